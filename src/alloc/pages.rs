@@ -1,0 +1,352 @@
+//! The page manager: 2 MiB pages of a pool, each owned by one engine structure.
+//!
+//! Layout: the first 2 MiB of the pool are metadata (the pmem header page, then this manager's
+//! superblock at 4 KiB and its page table from 8 KiB); page `k` (k ≥ 1) is the 2 MiB at `k × 2 MiB`.
+//! A page's descriptor is one 8-byte word: 0 when free, else a [`PageTag`]. Allocating is a CAS of
+//! the descriptor from 0 to the tag followed by a persist, so a page is durably owned before its
+//! `allocate` call returns, and a crash can never leave a page owned twice: at worst a page
+//! allocated just before the crash is free again after it (its owner had not yet published any
+//! durable reference to it).
+
+use crate::pmem::{Pool, PoolError};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Bytes in a page.
+pub const PAGE_SIZE: u64 = 2 << 20;
+
+const SUPERBLOCK: u64 = 4096;
+const SUPER_MAGIC: u64 = u64::from_le_bytes(*b"PMTXPAGE");
+const SUPER_VERSION: u64 = 1;
+const TABLE: u64 = 8192;
+/// Descriptors that fit between the table start and the first page.
+const MAX_PAGES: u64 = (PAGE_SIZE - TABLE) / 8;
+
+/// Who owns a page: a kind (non-zero, engine-defined), the owning thread slot, and a 48-bit
+/// engine-defined value (a table id, a log ring number, ...).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PageTag {
+    /// What the page holds (engine-defined, non-zero).
+    pub kind: u8,
+    /// The thread slot that owns the page.
+    pub owner: u8,
+    /// An engine-defined value of at most 48 bits.
+    pub value: u64,
+}
+
+impl PageTag {
+    fn encode(self) -> u64 {
+        debug_assert!(self.kind != 0 && self.value < (1 << 48));
+        (u64::from(self.kind) << 56) | (u64::from(self.owner) << 48) | self.value
+    }
+
+    fn decode(word: u64) -> Option<PageTag> {
+        let kind = (word >> 56) as u8;
+        (kind != 0).then_some(PageTag {
+            kind,
+            owner: (word >> 48) as u8,
+            value: word & ((1 << 48) - 1),
+        })
+    }
+}
+
+/// Errors of the page manager.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AllocError {
+    /// Every page of the pool is in use.
+    #[error("persistent memory is full: all {pages} pages of {page_mib} MiB are in use")]
+    PmFull {
+        /// Pages in the pool.
+        pages: u64,
+        /// Page size in MiB.
+        page_mib: u64,
+    },
+    /// The pool is too small to hold even one page.
+    #[error("a pool of {size} bytes is too small: pages need at least {min} bytes")]
+    PoolTooSmall {
+        /// The pool size.
+        size: u64,
+        /// The minimum size.
+        min: u64,
+    },
+    /// The page manager's metadata is damaged or missing.
+    #[error("page table is corrupt: {0}")]
+    Corrupt(String),
+    /// A tag that cannot be stored.
+    #[error("invalid page tag {0:?}: kind must be non-zero and value below 2^48")]
+    BadTag(PageTag),
+    /// An error of the pool underneath.
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+}
+
+/// How much of a pool is in use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct SpaceUsage {
+    /// Pages in the pool.
+    pub pages_total: u64,
+    /// Pages allocated.
+    pub pages_used: u64,
+    /// Bytes in use: the metadata region plus the allocated pages.
+    pub bytes_used: u64,
+    /// The pool size.
+    pub bytes_total: u64,
+}
+
+/// Hands out the 2 MiB pages of one pool. Cheap to share between threads by reference.
+pub struct PageManager {
+    pages: u64,
+    /// Where the next search for a free page starts (DRAM only: a hint).
+    next_hint: AtomicU64,
+}
+
+impl PageManager {
+    /// Pages that fit in a pool of `size` bytes.
+    pub fn pages_for(size: u64) -> u64 {
+        (size / PAGE_SIZE).saturating_sub(1).min(MAX_PAGES)
+    }
+
+    /// Writes an empty page table into a fresh pool (crash-safe: the superblock magic is
+    /// persisted last, so a crash leaves either no page manager or a complete one).
+    pub fn format(pool: &Pool) -> Result<PageManager, AllocError> {
+        let pages = Self::pages_for(pool.len());
+        if pages == 0 {
+            return Err(AllocError::PoolTooSmall {
+                size: pool.len(),
+                min: 2 * PAGE_SIZE,
+            });
+        }
+        pool.write_u64(SUPERBLOCK + 8, SUPER_VERSION);
+        pool.write_u64(SUPERBLOCK + 16, pages);
+        // The table of a fresh pool is zero (new files read as zero); clear it anyway, since the
+        // caller may be re-formatting a used pool.
+        pool.fill(TABLE, 0, pages * 8);
+        pool.persist(SUPERBLOCK + 8, 16);
+        pool.persist(TABLE, pages * 8);
+        pool.write_u64(SUPERBLOCK, SUPER_MAGIC);
+        pool.persist(SUPERBLOCK, 8);
+        Ok(PageManager {
+            pages,
+            next_hint: AtomicU64::new(0),
+        })
+    }
+
+    /// Opens the page table of a formatted pool, checking it against the pool.
+    pub fn open(pool: &Pool) -> Result<PageManager, AllocError> {
+        if pool.read_u64(SUPERBLOCK) != SUPER_MAGIC {
+            return Err(AllocError::Corrupt(
+                "no page-table superblock (pool never formatted?)".into(),
+            ));
+        }
+        let version = pool.read_u64(SUPERBLOCK + 8);
+        if version != SUPER_VERSION {
+            return Err(AllocError::Corrupt(format!(
+                "page-table version {version}, expected {SUPER_VERSION}"
+            )));
+        }
+        let pages = pool.read_u64(SUPERBLOCK + 16);
+        if pages == 0 || pages != Self::pages_for(pool.len()) {
+            return Err(AllocError::Corrupt(format!(
+                "page table says {pages} pages but a pool of {} bytes has {}",
+                pool.len(),
+                Self::pages_for(pool.len())
+            )));
+        }
+        Ok(PageManager {
+            pages,
+            next_hint: AtomicU64::new(0),
+        })
+    }
+
+    /// Whether `pool` holds a page table.
+    pub fn is_formatted(pool: &Pool) -> bool {
+        pool.read_u64(SUPERBLOCK) == SUPER_MAGIC
+    }
+
+    /// Pages in the pool.
+    pub fn page_count(&self) -> u64 {
+        self.pages
+    }
+
+    /// The pool offset of page `index` (0-based).
+    pub fn page_offset(&self, index: u64) -> u64 {
+        debug_assert!(index < self.pages);
+        (index + 1) * PAGE_SIZE
+    }
+
+    /// The page index holding pool offset `off`, if it is in a page.
+    pub fn page_of(&self, off: u64) -> Option<u64> {
+        let index = (off / PAGE_SIZE).checked_sub(1)?;
+        (index < self.pages).then_some(index)
+    }
+
+    fn descriptor(index: u64) -> u64 {
+        TABLE + index * 8
+    }
+
+    /// Allocates a page for `tag`, durably, and returns its index. Its contents are whatever the
+    /// previous owner left: the caller initialises what it needs.
+    pub fn allocate(&self, pool: &Pool, tag: PageTag) -> Result<u64, AllocError> {
+        if tag.kind == 0 || tag.value >= (1 << 48) {
+            return Err(AllocError::BadTag(tag));
+        }
+        let word = tag.encode();
+        let start = self.next_hint.load(Ordering::Relaxed) % self.pages;
+        for step in 0..self.pages {
+            let index = (start + step) % self.pages;
+            let at = Self::descriptor(index);
+            if pool.read_u64(at) == 0 && pool.cas_u64(at, 0, word).is_ok() {
+                pool.persist(at, 8);
+                self.next_hint.store(index + 1, Ordering::Relaxed);
+                return Ok(index);
+            }
+        }
+        Err(AllocError::PmFull {
+            pages: self.pages,
+            page_mib: PAGE_SIZE >> 20,
+        })
+    }
+
+    /// Returns a page to the free pool, durably. The caller guarantees nothing durable refers to it.
+    pub fn free(&self, pool: &Pool, index: u64) {
+        let at = Self::descriptor(index);
+        pool.write_u64(at, 0);
+        pool.persist(at, 8);
+    }
+
+    /// The owner of page `index`, if allocated.
+    pub fn tag(&self, pool: &Pool, index: u64) -> Option<PageTag> {
+        PageTag::decode(pool.read_u64(Self::descriptor(index)))
+    }
+
+    /// Every allocated page with its tag, in index order (recovery walks these).
+    pub fn allocated(&self, pool: &Pool) -> Vec<(u64, PageTag)> {
+        (0..self.pages)
+            .filter_map(|i| self.tag(pool, i).map(|t| (i, t)))
+            .collect()
+    }
+
+    /// Space in use.
+    pub fn usage(&self, pool: &Pool) -> SpaceUsage {
+        let used = (0..self.pages)
+            .filter(|&i| pool.read_u64(Self::descriptor(i)) != 0)
+            .count() as u64;
+        SpaceUsage {
+            pages_total: self.pages,
+            pages_used: used,
+            bytes_used: PAGE_SIZE + used * PAGE_SIZE,
+            bytes_total: pool.len(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pmem::{PersistenceDomain, PoolOptions};
+
+    fn pool(mib: u64) -> Pool {
+        Pool::create_in_memory(mib << 20, &PoolOptions::new("t", PersistenceDomain::Adr)).unwrap()
+    }
+
+    #[test]
+    fn allocates_every_page_once_then_reports_full_and_reuses_freed() {
+        let pool = pool(10);
+        let pm = PageManager::format(&pool).unwrap();
+        assert_eq!(pm.page_count(), 4);
+        let tag = PageTag {
+            kind: 3,
+            owner: 1,
+            value: 77,
+        };
+        let mut got: Vec<u64> = (0..4).map(|_| pm.allocate(&pool, tag).unwrap()).collect();
+        got.sort();
+        assert_eq!(got, vec![0, 1, 2, 3]);
+        assert!(matches!(
+            pm.allocate(&pool, tag),
+            Err(AllocError::PmFull { pages: 4, .. })
+        ));
+        assert_eq!(pm.usage(&pool).pages_used, 4);
+        pm.free(&pool, 2);
+        assert_eq!(pm.allocate(&pool, tag).unwrap(), 2);
+        assert_eq!(pm.tag(&pool, 2), Some(tag));
+        assert_eq!(pm.page_of(pm.page_offset(3) + 5), Some(3));
+        assert_eq!(pm.page_of(100), None);
+    }
+
+    #[test]
+    fn reopen_sees_the_same_table_and_corruption_is_refused() {
+        let pool = pool(8);
+        assert!(!PageManager::is_formatted(&pool));
+        assert!(matches!(
+            PageManager::open(&pool),
+            Err(AllocError::Corrupt(_))
+        ));
+        let pm = PageManager::format(&pool).unwrap();
+        let tag = PageTag {
+            kind: 1,
+            owner: 0,
+            value: 5,
+        };
+        let i = pm.allocate(&pool, tag).unwrap();
+        let again = PageManager::open(&pool).unwrap();
+        assert_eq!(again.allocated(&pool), vec![(i, tag)]);
+        pool.write_u64(SUPERBLOCK + 16, 999);
+        assert!(matches!(
+            PageManager::open(&pool),
+            Err(AllocError::Corrupt(_))
+        ));
+    }
+
+    #[test]
+    fn too_small_pools_and_bad_tags_are_refused() {
+        let small = pool(3);
+        assert!(matches!(
+            PageManager::format(&small),
+            Err(AllocError::PoolTooSmall { .. })
+        ));
+        let pool = pool(6);
+        let pm = PageManager::format(&pool).unwrap();
+        assert!(matches!(
+            pm.allocate(
+                &pool,
+                PageTag {
+                    kind: 0,
+                    owner: 0,
+                    value: 0
+                }
+            ),
+            Err(AllocError::BadTag(_))
+        ));
+    }
+
+    #[test]
+    fn concurrent_allocation_never_hands_out_a_page_twice() {
+        let pool = pool(70);
+        let pm = PageManager::format(&pool).unwrap();
+        let per_thread: Vec<Vec<u64>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..2u8)
+                .map(|t| {
+                    let (pool, pm) = (&pool, &pm);
+                    s.spawn(move || {
+                        let tag = PageTag {
+                            kind: 2,
+                            owner: t,
+                            value: 0,
+                        };
+                        std::iter::from_fn(|| pm.allocate(pool, tag).ok()).collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let mut all: Vec<u64> = per_thread.concat();
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len() as u64, pm.page_count());
+        assert_eq!(
+            per_thread.iter().map(Vec::len).sum::<usize>() as u64,
+            pm.page_count()
+        );
+    }
+}

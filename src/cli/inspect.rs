@@ -1,0 +1,119 @@
+//! `pmtx inspect POOL`: what a pool file is and how it maps here.
+
+use super::{human_bytes, CliResult};
+use crate::alloc::PageManager;
+use crate::pmem::{MappingKind, PersistenceDomain, Pool, PoolError};
+use std::path::PathBuf;
+
+/// Arguments of `pmtx inspect`.
+#[derive(clap::Args, Debug)]
+pub struct InspectArgs {
+    /// The pool file.
+    pub pool: PathBuf,
+    /// The persistence domain to open the pool with.
+    #[arg(long, default_value = "adr")]
+    pub domain: PersistenceDomain,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub(crate) fn run(args: InspectArgs) -> CliResult {
+    // Open as an engine would (writable, trying MAP_SYNC, taking the lock); if another process
+    // holds the lock, fall back to a read-only mapping and say so.
+    let (pool, note) = match Pool::open_any_layout(&args.pool, args.domain) {
+        Ok(pool) => (pool, None),
+        Err(PoolError::Locked { .. }) => (
+            Pool::open_read_only(&args.pool)?,
+            Some("in use by another process: mapped read-only, no lock taken"),
+        ),
+        Err(e) => return Err(e.into()),
+    };
+    let info = pool.info();
+    let usage = PageManager::is_formatted(&pool)
+        .then(|| PageManager::open(&pool).map(|pm| pm.usage(&pool)))
+        .transpose()?;
+    let domain = match (pool.mapping_kind(), note) {
+        (MappingKind::ReadOnly, _) => None,
+        _ => Some(pool.domain()),
+    };
+    if args.json {
+        let json = serde_json::json!({
+            "path": info.path,
+            "header": info.header,
+            "mapping": info.mapping,
+            "dax_map_sync": info.mapping == MappingKind::DaxSync,
+            "domain": domain,
+            "flush_instruction": info.flush_instruction,
+            "root": info.root,
+            "space": usage,
+            "note": note,
+        });
+        println!("{}", serde_json::to_string_pretty(&json)?);
+        return Ok(());
+    }
+    let created =
+        std::time::UNIX_EPOCH + std::time::Duration::from_nanos(info.header.created_unix_ns);
+    let age = std::time::SystemTime::now()
+        .duration_since(created)
+        .unwrap_or_default();
+    println!("pool          {}", args.pool.display());
+    println!("layout        {}", info.header.layout);
+    println!("format        version {}", info.header.version);
+    println!("uuid          {}", info.header.uuid);
+    println!(
+        "size          {} ({} bytes)",
+        human_bytes(info.header.size),
+        info.header.size
+    );
+    println!(
+        "created       {} ns after the Unix epoch ({}s ago)",
+        info.header.created_unix_ns,
+        age.as_secs()
+    );
+    println!(
+        "mapping       {}",
+        match info.mapping {
+            MappingKind::DaxSync => "DAX, MAP_SYNC (stores reach the media without the page cache)",
+            MappingKind::Shared => "MAP_SHARED, not DAX (the file system refused MAP_SYNC)",
+            MappingKind::ReadOnly => "read-only MAP_SHARED",
+            MappingKind::Heap => "heap",
+        }
+    );
+    match domain {
+        Some(d) => println!("domain        {d}{}", domain_note(d)),
+        None => println!("domain        none (read-only)"),
+    }
+    println!("flush         {}", info.flush_instruction.name());
+    println!(
+        "root          {}",
+        if info.root == 0 {
+            "none".to_string()
+        } else {
+            format!("offset {}", info.root)
+        }
+    );
+    match usage {
+        Some(u) => println!(
+            "space used    {} of {} ({} of {} pages of 2 MiB)",
+            human_bytes(u.bytes_used),
+            human_bytes(u.bytes_total),
+            u.pages_used,
+            u.pages_total
+        ),
+        None => println!("space used    no page table yet (nothing allocated)"),
+    }
+    if let Some(note) = note {
+        println!("note          {note}");
+    }
+    Ok(())
+}
+
+fn domain_note(d: PersistenceDomain) -> &'static str {
+    match d {
+        PersistenceDomain::Volatile => " (no durability)",
+        PersistenceDomain::Adr => " (durable after flush + fence)",
+        PersistenceDomain::Eadr => " (durable once visible; flushes are hints)",
+        PersistenceDomain::Msync => " (durable after msync at each fence)",
+    }
+}

@@ -1,0 +1,79 @@
+//! The `pmtx` command line: one subcommand per file.
+
+mod demo;
+mod inspect;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// pmtx: transactional storage engines for persistent memory.
+#[derive(Parser, Debug)]
+#[command(name = "pmtx", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Print a pool's header, mapping (DAX/MAP_SYNC or not), domain, size and space used.
+    Inspect(inspect::InspectArgs),
+    /// Create a scratch pool, write and persist through the pmem layer, and show what a simulated
+    /// crash can lose under ADR and under eADR.
+    Demo(demo::DemoArgs),
+}
+
+/// Parses the process arguments and runs the command; errors are printed and give exit status 1.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Inspect(args) => inspect::run(args),
+        Command::Demo(args) => demo::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("pmtx: error: {e}");
+            let mut source = e.source();
+            while let Some(cause) = source {
+                eprintln!("  caused by: {cause}");
+                source = cause.source();
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Any command's error.
+pub type CliResult = Result<(), Box<dyn std::error::Error>>;
+
+/// Formats a byte count for people.
+pub(crate) fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_well_formed_and_sizes_print_well() {
+        Cli::command().debug_assert();
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(3 << 20), "3.0 MiB");
+    }
+}

@@ -1,0 +1,17 @@
+//! pmtx: a transactional storage engine for persistent memory.
+//!
+//! The crate is organised in layers, bottom up (see `docs/ARCHITECTURE.md`):
+//!
+//! - [`pmem`]: the pool file and its mapping, persistence primitives, persistence domains,
+//!   instrumentation and crash simulation. The only layer with raw-pointer `unsafe` for PM.
+//! - [`alloc`]: PM space in 2 MiB pages.
+//! - [`cli`]: the `pmtx` command line.
+//! - [`workload`]: workload generators (YCSB, ...).
+
+#![warn(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod alloc;
+pub mod cli;
+pub mod pmem;
+pub mod workload;

@@ -1,0 +1,122 @@
+//! The cache-line flush and store-fence instructions, chosen once at start-up.
+//!
+//! Stable Rust has intrinsics for `clflush` and `sfence` but not for `clwb` or `clflushopt`, so those
+//! two are issued with inline assembly. CPUID leaf 7 (sub-leaf 0) reports them in EBX: bit 24 is
+//! CLWB and bit 23 CLFLUSHOPT; `is_x86_feature_detected!` does not know either. Under Miri, which
+//! rejects inline assembly, every instruction here is a no-op.
+
+use std::sync::OnceLock;
+
+/// Bytes in a CPU cache line: the unit of flushing and of the crash simulator's bookkeeping.
+pub const CACHE_LINE: u64 = 64;
+
+/// The instruction used to write a cache line back to memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FlushInstruction {
+    /// Write back, keep the line cached (best: later reads still hit).
+    Clwb,
+    /// Write back and invalidate, weakly ordered.
+    Clflushopt,
+    /// Write back and invalidate, serialising (the slowest; every x86-64 has it).
+    Clflush,
+    /// No flush instruction: a non-x86 target or Miri. Only the volatile domain is honest there.
+    None,
+}
+
+impl FlushInstruction {
+    /// The instruction's mnemonic.
+    pub fn name(self) -> &'static str {
+        match self {
+            FlushInstruction::Clwb => "clwb",
+            FlushInstruction::Clflushopt => "clflushopt",
+            FlushInstruction::Clflush => "clflush",
+            FlushInstruction::None => "none",
+        }
+    }
+}
+
+/// The best flush instruction this CPU offers: `clwb`, else `clflushopt`, else `clflush`.
+pub fn flush_instruction() -> FlushInstruction {
+    static DETECTED: OnceLock<FlushInstruction> = OnceLock::new();
+    *DETECTED.get_or_init(detect)
+}
+
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+fn detect() -> FlushInstruction {
+    // CPUID is safe on every x86-64 CPU; leaf 7 is valid once the maximum basic leaf (EAX of
+    // leaf 0) is at least 7, which is checked first.
+    let max_leaf = std::arch::x86_64::__cpuid(0).eax;
+    let ebx7 = if max_leaf >= 7 {
+        std::arch::x86_64::__cpuid_count(7, 0).ebx
+    } else {
+        0
+    };
+    if ebx7 & (1 << 24) != 0 {
+        FlushInstruction::Clwb
+    } else if ebx7 & (1 << 23) != 0 {
+        FlushInstruction::Clflushopt
+    } else {
+        FlushInstruction::Clflush
+    }
+}
+
+#[cfg(not(all(target_arch = "x86_64", not(miri))))]
+fn detect() -> FlushInstruction {
+    FlushInstruction::None
+}
+
+/// Writes back the cache line holding `addr` with `instruction`.
+///
+/// # Safety
+/// `addr` must point into a live mapping of this process (the instruction touches the line).
+#[inline(always)]
+pub(crate) unsafe fn flush_line(instruction: FlushInstruction, addr: *const u8) {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    // SAFETY: the caller guarantees `addr` is mapped; these instructions only write back (and
+    // possibly invalidate) the line, they never change its contents.
+    unsafe {
+        match instruction {
+            FlushInstruction::Clwb => {
+                std::arch::asm!("clwb [{0}]", in(reg) addr, options(nostack, preserves_flags))
+            }
+            FlushInstruction::Clflushopt => {
+                std::arch::asm!("clflushopt [{0}]", in(reg) addr, options(nostack, preserves_flags))
+            }
+            FlushInstruction::Clflush => std::arch::x86_64::_mm_clflush(addr),
+            FlushInstruction::None => {}
+        }
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    {
+        let _ = (instruction, addr);
+    }
+}
+
+/// Orders every earlier flush and store before every later store (`sfence`).
+#[inline(always)]
+pub(crate) fn store_fence() {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    // SAFETY: `sfence` has no memory operands and no preconditions.
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detection_is_stable_and_flushing_a_local_line_is_harmless() {
+        let first = flush_instruction();
+        assert_eq!(first, flush_instruction());
+        let data = [7u8; 128];
+        // SAFETY: `data` is a live local array.
+        unsafe { flush_line(first, data.as_ptr()) };
+        store_fence();
+        assert_eq!(data[0], 7);
+    }
+}

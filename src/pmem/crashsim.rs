@@ -1,0 +1,448 @@
+//! The crash simulator: which states could persistent memory be left in if power failed *now*?
+//!
+//! It follows the x86 persistence model of Vinter and pmreorder (shared/DESIGN.md, "The persistence
+//! model"). Beside the live mapping it keeps a *durable image* (what certainly survives) and, for every
+//! 64-byte cache line, the ordered list of stores not yet known durable plus, per thread, "flushed up
+//! to" marks:
+//!
+//! - **ADR** (and `Msync`, modelled the same way at cache-line rather than page granularity, which
+//!   allows more states, never fewer): `flush(range)` sets the calling thread's mark of each line to
+//!   the end of that line's list; `fence()` makes every write up to the calling thread's marks durable.
+//!   A legal crash image is the durable image plus, for every line, an in-order *prefix* of its pending
+//!   stores: a line may be evicted silently at any moment, but a line's stores reach memory in program
+//!   order. Stores are split at 8-byte boundaries, so an aligned 8-byte store is never torn while a
+//!   larger one may be (its words land in ascending address order).
+//! - **eADR**: every executed store is durable; the crash image is the live image at the crash point.
+//!
+//! Every PM event (store, atomic, flush, fence) goes through one mutex here, so events have one global
+//! order and a single-threaded run is deterministic. A [`CrashTrigger`] names the event *before* which
+//! power fails. At that point the state freezes; later events are no longer recorded and, with
+//! [`OnCrash::Unwind`], the thread making them unwinds (with [`SimulatedCrash`] as payload, and
+//! without running the panic hook) so that workers stop at their next PM event.
+
+use super::cpu::CACHE_LINE;
+use super::domain::PersistenceDomain;
+use super::mapping::Mapping;
+use parking_lot::Mutex;
+use rand::{Rng, SeedableRng};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::ThreadId;
+
+/// Where the simulated power failure happens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CrashTrigger {
+    /// Never by itself; call [`Pool::crash_now`](super::Pool::crash_now) (e.g. at the end of a run).
+    Never,
+    /// Before the N-th PM event of the process (counting from 0).
+    AtEvent(u64),
+    /// Before the N-th PM event of one thread (counting from 0).
+    AtThreadEvent {
+        /// The thread whose events are counted.
+        thread: ThreadId,
+        /// Its event number.
+        event: u64,
+    },
+}
+
+impl CrashTrigger {
+    /// A reproducible random event in `[0, max_event)` drawn from `seed`.
+    pub fn random(seed: u64, max_event: u64) -> CrashTrigger {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        CrashTrigger::AtEvent(rng.gen_range(0..max_event.max(1)))
+    }
+}
+
+/// What a thread does when it reaches a PM event after the crash point.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum OnCrash {
+    /// Unwind with a [`SimulatedCrash`] payload (catch it with `std::panic::catch_unwind`).
+    #[default]
+    Unwind,
+    /// Go on running against the live mapping; the crash state stays as it was frozen.
+    Continue,
+}
+
+/// The unwind payload of a thread stopped by a simulated crash.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SimulatedCrash {
+    /// The global event number before which power failed.
+    pub event: u64,
+}
+
+impl SimulatedCrash {
+    /// Whether a caught unwind payload is a simulated crash (rather than a real panic).
+    pub fn is(payload: &(dyn std::any::Any + Send)) -> bool {
+        payload.is::<SimulatedCrash>()
+    }
+}
+
+/// A store (or part of one) not yet known to be durable: at most 8 bytes, within one aligned word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Chunk {
+    addr: u64,
+    len: u8,
+    data: [u8; 8],
+}
+
+#[derive(Default)]
+struct LineLog {
+    /// Stores of this line already made durable and dropped from `pending`.
+    drained: u64,
+    pending: std::collections::VecDeque<Chunk>,
+}
+
+struct SimState {
+    durable: Vec<u8>,
+    lines: HashMap<u64, LineLog>,
+    /// Per thread: (line, absolute store count) marks set by flushes not yet fenced.
+    marks: HashMap<ThreadId, Vec<(u64, u64)>>,
+    events: u64,
+    thread_events: HashMap<ThreadId, u64>,
+    trigger: CrashTrigger,
+    crashed_at: Option<u64>,
+}
+
+/// The crash simulator attached to one pool. Share it with `Arc`; the pool records into it.
+pub struct CrashSim {
+    domain: PersistenceDomain,
+    on_crash: OnCrash,
+    crashed: AtomicBool,
+    state: Mutex<SimState>,
+}
+
+/// The kinds of PM event, for [`CrashSim`] bookkeeping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Event {
+    Store,
+    Flush,
+    Fence,
+}
+
+impl CrashSim {
+    pub(crate) fn new(
+        domain: PersistenceDomain,
+        map: &Mapping,
+        trigger: CrashTrigger,
+        on_crash: OnCrash,
+    ) -> CrashSim {
+        CrashSim {
+            domain,
+            on_crash,
+            crashed: AtomicBool::new(false),
+            state: Mutex::new(SimState {
+                durable: map.to_vec(),
+                lines: HashMap::new(),
+                marks: HashMap::new(),
+                events: 0,
+                thread_events: HashMap::new(),
+                trigger,
+                crashed_at: None,
+            }),
+        }
+    }
+
+    /// The domain whose rules decide what a crash may lose.
+    pub fn domain(&self) -> PersistenceDomain {
+        self.domain
+    }
+
+    /// PM events recorded so far (all threads). Run a workload once to count its events, then pick
+    /// crash points among them.
+    pub fn events(&self) -> u64 {
+        self.state.lock().events
+    }
+
+    /// Whether the crash point has been reached.
+    pub fn has_crashed(&self) -> bool {
+        self.crashed.load(Ordering::Acquire)
+    }
+
+    /// The global event number before which power failed, once it has.
+    pub fn crashed_at(&self) -> Option<u64> {
+        self.state.lock().crashed_at
+    }
+
+    /// Sets a new trigger (only before the crash).
+    pub fn arm(&self, trigger: CrashTrigger) {
+        self.state.lock().trigger = trigger;
+    }
+
+    /// Fails power here and now (if it has not failed yet). Later events are no longer recorded.
+    pub(crate) fn crash_now(&self, map: &Mapping) {
+        let mut st = self.state.lock();
+        if st.crashed_at.is_none() {
+            self.freeze(&mut st, map);
+        }
+    }
+
+    fn freeze(&self, st: &mut SimState, map: &Mapping) {
+        st.crashed_at = Some(st.events);
+        if self.domain == PersistenceDomain::Eadr {
+            // Every executed store is durable: the image is the live image at this point.
+            st.durable = map.to_vec();
+            st.lines.clear();
+        }
+        st.marks.clear();
+        self.crashed.store(true, Ordering::Release);
+    }
+
+    /// Records one event over `[off, off + len)`. `apply` performs the live operation under the
+    /// simulator's lock (so the live image and the logs agree) and says whether it stored anything;
+    /// a store is logged as the bytes the range holds afterwards. Returns false when power has
+    /// failed: `apply` has not run and is handed back, for the caller to act on [`OnCrash`].
+    pub(crate) fn record<F: FnOnce() -> bool>(
+        &self,
+        map: &Mapping,
+        event: Event,
+        off: u64,
+        len: u64,
+        apply: F,
+    ) -> Result<(), F> {
+        let mut st = self.state.lock();
+        if st.crashed_at.is_some() {
+            return Err(apply);
+        }
+        let tid = std::thread::current().id();
+        let thread_event = *st.thread_events.get(&tid).unwrap_or(&0);
+        let hit = match st.trigger {
+            CrashTrigger::Never => false,
+            CrashTrigger::AtEvent(n) => st.events == n,
+            CrashTrigger::AtThreadEvent { thread, event } => thread == tid && thread_event == event,
+        };
+        if hit {
+            self.freeze(&mut st, map);
+            return Err(apply);
+        }
+        st.events += 1;
+        *st.thread_events.entry(tid).or_default() += 1;
+        let stored = apply();
+        match event {
+            Event::Store if stored && self.domain != PersistenceDomain::Eadr && len > 0 => {
+                let mut data = vec![0u8; len as usize];
+                map.load(off, &mut data);
+                self.log_store(&mut st, off, &data);
+            }
+            Event::Store => {}
+            Event::Flush => self.log_flush(&mut st, tid, (off, len)),
+            Event::Fence => self.log_fence(&mut st, tid),
+        }
+        Ok(())
+    }
+
+    fn log_store(&self, st: &mut SimState, off: u64, data: &[u8]) {
+        let mut pos = 0usize;
+        while pos < data.len() {
+            let addr = off + pos as u64;
+            let word_end = (addr & !7) + 8;
+            let len = ((word_end - addr) as usize).min(data.len() - pos);
+            let mut chunk = Chunk {
+                addr,
+                len: len as u8,
+                data: [0; 8],
+            };
+            chunk.data[..len].copy_from_slice(&data[pos..pos + len]);
+            st.lines
+                .entry(addr / CACHE_LINE)
+                .or_default()
+                .pending
+                .push_back(chunk);
+            pos += len;
+        }
+    }
+
+    fn log_flush(&self, st: &mut SimState, tid: ThreadId, (off, len): (u64, u64)) {
+        if len == 0 || self.domain == PersistenceDomain::Eadr {
+            return;
+        }
+        let first = off / CACHE_LINE;
+        let last = (off + len - 1) / CACHE_LINE;
+        let SimState { lines, marks, .. } = st;
+        let my_marks = marks.entry(tid).or_default();
+        for line in first..=last {
+            if let Some(log) = lines.get(&line) {
+                if !log.pending.is_empty() {
+                    my_marks.push((line, log.drained + log.pending.len() as u64));
+                }
+            }
+        }
+    }
+
+    fn log_fence(&self, st: &mut SimState, tid: ThreadId) {
+        let Some(my_marks) = st.marks.remove(&tid) else {
+            return;
+        };
+        let SimState { lines, durable, .. } = st;
+        for (line, mark) in my_marks {
+            let Some(log) = lines.get_mut(&line) else {
+                continue;
+            };
+            while log.drained < mark {
+                let Some(chunk) = log.pending.pop_front() else {
+                    break;
+                };
+                let a = chunk.addr as usize;
+                durable[a..a + chunk.len as usize]
+                    .copy_from_slice(&chunk.data[..chunk.len as usize]);
+                log.drained += 1;
+            }
+            if log.pending.is_empty() {
+                lines.remove(&line);
+            }
+        }
+    }
+
+    /// What a thread does at an event after the crash: unwind, unless it is already unwinding
+    /// (a destructor touching PM during the unwind must not abort the process). When it returns,
+    /// the caller goes on with the live operation, unrecorded.
+    pub(crate) fn after_crash(&self) {
+        if self.on_crash == OnCrash::Unwind && !std::thread::panicking() {
+            let event = self.state.lock().crashed_at.unwrap_or(0);
+            std::panic::resume_unwind(Box::new(SimulatedCrash { event }));
+        }
+    }
+
+    /// The frozen crash state, from which crash images are drawn; `None` before the crash.
+    pub fn crash_state(&self) -> Option<CrashState> {
+        let st = self.state.lock();
+        let event = st.crashed_at?;
+        let mut pending: Vec<(u64, Vec<Chunk>)> = st
+            .lines
+            .iter()
+            .filter(|(_, log)| !log.pending.is_empty())
+            .map(|(&line, log)| (line, log.pending.iter().copied().collect()))
+            .collect();
+        pending.sort_by_key(|(line, _)| *line);
+        Some(CrashState {
+            event,
+            domain: self.domain,
+            durable: st.durable.clone(),
+            pending,
+        })
+    }
+}
+
+/// The state of PM at a crash point: the durable image and, per line, the stores that may or may not
+/// have reached it.
+pub struct CrashState {
+    event: u64,
+    domain: PersistenceDomain,
+    durable: Vec<u8>,
+    pending: Vec<(u64, Vec<Chunk>)>,
+}
+
+impl CrashState {
+    /// The global event number before which power failed.
+    pub fn event(&self) -> u64 {
+        self.event
+    }
+
+    /// The domain whose rules produced this state.
+    pub fn domain(&self) -> PersistenceDomain {
+        self.domain
+    }
+
+    /// Cache lines with stores that may or may not survive.
+    pub fn pending_lines(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Stores (8-byte pieces) that may or may not survive, over all lines.
+    pub fn pending_stores(&self) -> usize {
+        self.pending.iter().map(|(_, c)| c.len()).sum()
+    }
+
+    /// How many distinct legal images there are (saturating at `u128::MAX`).
+    pub fn image_count(&self) -> u128 {
+        self.pending
+            .iter()
+            .fold(1u128, |n, (_, c)| n.saturating_mul(c.len() as u128 + 1))
+    }
+
+    /// The image in which, for line `i` (in address order), the first `prefixes[i]` pending stores
+    /// survive.
+    pub fn image(&self, prefixes: &[usize]) -> CrashImage {
+        assert_eq!(
+            prefixes.len(),
+            self.pending.len(),
+            "one prefix length per pending line"
+        );
+        let mut bytes = self.durable.clone();
+        for ((_, chunks), &keep) in self.pending.iter().zip(prefixes) {
+            for chunk in &chunks[..keep.min(chunks.len())] {
+                let a = chunk.addr as usize;
+                bytes[a..a + chunk.len as usize].copy_from_slice(&chunk.data[..chunk.len as usize]);
+            }
+        }
+        CrashImage {
+            bytes,
+            prefixes: prefixes.to_vec(),
+            event: self.event,
+        }
+    }
+
+    /// Only what was certainly durable: every pending store lost.
+    pub fn durable_image(&self) -> CrashImage {
+        self.image(&vec![0; self.pending.len()])
+    }
+
+    /// Every pending store survived (what the live image was at the crash).
+    pub fn full_image(&self) -> CrashImage {
+        self.image(
+            &self
+                .pending
+                .iter()
+                .map(|(_, c)| c.len())
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    /// Up to `max` images: all of them when there are at most `max`, else the two extremes
+    /// (nothing pending survived, everything survived) and random prefixes drawn from `seed`.
+    pub fn images(&self, max: usize, seed: u64) -> impl Iterator<Item = CrashImage> + '_ {
+        let total = self.image_count();
+        let enumerate = total <= max as u128;
+        let count = if enumerate { total as usize } else { max };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let radices: Vec<usize> = self.pending.iter().map(|(_, c)| c.len() + 1).collect();
+        let mut counter = vec![0usize; radices.len()];
+        (0..count).map(move |i| {
+            let prefixes = if enumerate {
+                let current = counter.clone();
+                for (digit, radix) in counter.iter_mut().zip(&radices) {
+                    *digit += 1;
+                    if *digit < *radix {
+                        break;
+                    }
+                    *digit = 0;
+                }
+                current
+            } else if i == 0 {
+                vec![0; radices.len()]
+            } else if i == 1 {
+                radices.iter().map(|r| r - 1).collect()
+            } else {
+                radices.iter().map(|&r| rng.gen_range(0..r)).collect()
+            };
+            self.image(&prefixes)
+        })
+    }
+}
+
+/// One legal state of PM after the crash: the bytes of a whole pool.
+#[derive(Clone)]
+pub struct CrashImage {
+    /// The pool's bytes.
+    pub bytes: Vec<u8>,
+    /// Per pending line (address order), how many of its pending stores survived.
+    pub prefixes: Vec<usize>,
+    /// The global event number before which power failed.
+    pub event: u64,
+}
+
+impl CrashImage {
+    /// Writes the image as a pool file that [`Pool::open`](super::Pool::open) accepts.
+    pub fn write_to(&self, path: &std::path::Path) -> std::io::Result<()> {
+        std::fs::write(path, &self.bytes)
+    }
+}

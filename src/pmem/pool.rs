@@ -1,0 +1,831 @@
+//! The pool: a fixed-size file of persistent memory, mapped into the process, and the only API
+//! through which PM is mutated (so that counting, crash simulation and, later, NVM latency emulation
+//! and the media model can observe every store, flush and fence).
+
+use super::cpu::{self, FlushInstruction, CACHE_LINE};
+use super::crashsim::{CrashSim, CrashTrigger, Event, OnCrash};
+use super::domain::PersistenceDomain;
+use super::error::{PoolError, PoolResult};
+use super::header::{Header, FORMAT_VERSION, RESERVED_BYTES, ROOT_OFFSET_WORD};
+use super::mapping::{Mapping, MappingKind};
+use super::stats;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// The smallest pool: the reserved header page plus room to work.
+pub const MIN_POOL_SIZE: u64 = 64 * 1024;
+
+/// How to create or open a pool.
+#[derive(Clone, Debug)]
+pub struct PoolOptions {
+    /// The persistence domain: decides what flush, fence and persist do.
+    pub domain: PersistenceDomain,
+    /// The layout (engine) name recorded at creation and required at open.
+    pub layout: String,
+    /// Count PM bytes, flushes and fences per thread (see [`stats`](super::stats)).
+    pub counting: bool,
+    /// Attach a crash simulator (needs a durable domain).
+    pub crash_sim: Option<CrashSimOptions>,
+    /// Delete the pool file when the pool is dropped (for scratch pools).
+    pub remove_on_drop: bool,
+}
+
+/// Settings of a crash simulator attached at open.
+#[derive(Clone, Copy, Debug)]
+pub struct CrashSimOptions {
+    /// Where power fails.
+    pub trigger: CrashTrigger,
+    /// What threads do at PM events after the crash.
+    pub on_crash: OnCrash,
+}
+
+impl PoolOptions {
+    /// Options for `layout` in `domain`, counting on, no simulator.
+    pub fn new(layout: &str, domain: PersistenceDomain) -> PoolOptions {
+        PoolOptions {
+            domain,
+            layout: layout.to_string(),
+            counting: true,
+            crash_sim: None,
+            remove_on_drop: false,
+        }
+    }
+
+    /// Attaches a crash simulator with `trigger`, unwinding threads after the crash.
+    pub fn with_crash_sim(mut self, trigger: CrashTrigger) -> PoolOptions {
+        self.crash_sim = Some(CrashSimOptions {
+            trigger,
+            on_crash: OnCrash::Unwind,
+        });
+        self
+    }
+
+    /// Turns counting on or off.
+    pub fn with_counting(mut self, counting: bool) -> PoolOptions {
+        self.counting = counting;
+        self
+    }
+
+    /// Deletes the file when the pool is dropped.
+    pub fn removing_on_drop(mut self) -> PoolOptions {
+        self.remove_on_drop = true;
+        self
+    }
+}
+
+/// What `pmtx inspect` reports about a pool.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PoolInfo {
+    /// The pool file, if any.
+    pub path: Option<PathBuf>,
+    /// The decoded header.
+    pub header: Header,
+    /// How the pool is mapped.
+    pub mapping: MappingKind,
+    /// The domain it was opened with.
+    pub domain: PersistenceDomain,
+    /// The flush instruction in use.
+    pub flush_instruction: FlushInstruction,
+    /// The root offset (0: none yet).
+    pub root: u64,
+}
+
+/// A mapped pool. Share it between threads with `Arc<Pool>`.
+///
+/// Offsets are bytes from the start of the pool. The first [`RESERVED_BYTES`] hold the header and
+/// root word and cannot be written through this API. Accesses out of range, and misaligned atomic
+/// or word accesses, panic: they are bugs in the layer above, which must validate any offset it
+/// reads from PM (see [`Pool::check_range`]) before using it.
+pub struct Pool {
+    map: Mapping,
+    header: Header,
+    path: Option<PathBuf>,
+    domain: PersistenceDomain,
+    flush_insn: FlushInstruction,
+    counting: bool,
+    /// One past the last writable byte: the pool size, or 0 for a read-only pool.
+    write_end: u64,
+    sim: Option<Arc<CrashSim>>,
+    msync_dirty: parking_lot::Mutex<Vec<(u64, u64)>>,
+    remove_on_drop: bool,
+    /// Holds the `flock` for as long as the pool is open.
+    _file: Option<File>,
+}
+
+fn io_err<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(std::io::Error) -> PoolError + 'a {
+    move |source| PoolError::Io {
+        path: path.to_path_buf(),
+        op,
+        source,
+    }
+}
+
+/// Where a pool goes when the caller gives no path: a new file under /dev/shm when it exists (DRAM
+/// standing in for PM), else under the temporary directory.
+pub fn default_pool_path(layout: &str) -> PathBuf {
+    let shm = Path::new("/dev/shm");
+    let dir = if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    dir.join(format!("pmtx-{layout}-{}.pool", &id[..12]))
+}
+
+#[cfg(not(miri))]
+fn lock_exclusive(file: &File, path: &Path) -> PoolResult<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a file descriptor we own; it has no memory effects.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = std::io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        Err(PoolError::Locked {
+            path: path.to_path_buf(),
+        })
+    } else {
+        Err(PoolError::Io {
+            path: path.to_path_buf(),
+            op: "flock",
+            source: err,
+        })
+    }
+}
+
+#[cfg(miri)]
+fn lock_exclusive(_: &File, _: &Path) -> PoolResult<()> {
+    Ok(())
+}
+
+#[cfg(not(miri))]
+fn preallocate(file: &File, path: &Path, size: u64) -> PoolResult<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: posix_fallocate on a file descriptor we own; it only changes the file's extent.
+    // Reserving the blocks now means a full /dev/shm fails here, not with SIGBUS on a later store.
+    let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, size as libc::off_t) };
+    match rc {
+        0 => Ok(()),
+        libc::ENOSPC | libc::EFBIG => Err(PoolError::NoSpace {
+            path: path.to_path_buf(),
+            size,
+        }),
+        libc::EOPNOTSUPP | libc::EINVAL => file.set_len(size).map_err(io_err(path, "set_len")),
+        other => Err(PoolError::Io {
+            path: path.to_path_buf(),
+            op: "posix_fallocate",
+            source: std::io::Error::from_raw_os_error(other),
+        }),
+    }
+}
+
+#[cfg(miri)]
+fn preallocate(file: &File, path: &Path, size: u64) -> PoolResult<()> {
+    file.set_len(size).map_err(io_err(path, "set_len"))
+}
+
+impl Pool {
+    /// Creates a pool of `size` bytes (rounded up to 4 KiB) at `path`, or at
+    /// [`default_pool_path`] when `path` is `None`. Never overwrites an existing file.
+    pub fn create(path: Option<&Path>, size: u64, opts: &PoolOptions) -> PoolResult<Pool> {
+        let size = Self::validate_new(size, opts)?;
+        let path = path
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| default_pool_path(&opts.layout));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::AlreadyExists => {
+                    PoolError::AlreadyExists { path: path.clone() }
+                }
+                _ => PoolError::Io {
+                    path: path.clone(),
+                    op: "create",
+                    source: e,
+                },
+            })?;
+        let made = (|| {
+            lock_exclusive(&file, &path)?;
+            preallocate(&file, &path, size)?;
+            let header = Self::new_header(size, &opts.layout);
+            // The magic goes last, so a crash during creation leaves "not a pool", never a pool
+            // with a half-written header.
+            let mut bytes = header.encode();
+            let magic: [u8; 8] = bytes[..8].try_into().unwrap();
+            bytes[..8].fill(0);
+            file.write_all_at(&bytes, 0)
+                .map_err(io_err(&path, "write header"))?;
+            file.sync_data().map_err(io_err(&path, "fdatasync"))?;
+            file.write_all_at(&magic, 0)
+                .map_err(io_err(&path, "write header"))?;
+            file.sync_data().map_err(io_err(&path, "fdatasync"))?;
+            let map = Mapping::map_file(&file, &path, size, true)?;
+            Self::assemble(map, header, Some(path.clone()), Some(file), opts)
+        })();
+        if made.is_err() {
+            let _ = std::fs::remove_file(&path);
+        }
+        made
+    }
+
+    /// Opens an existing pool for writing, taking its lock. Refuses, without writing a byte, a file
+    /// that is not a pool, is truncated, has a bad header, an unknown version, a size that disagrees
+    /// with its header, or another layout than `opts.layout`.
+    pub fn open(path: &Path, opts: &PoolOptions) -> PoolResult<Pool> {
+        let (file, header) = Self::open_and_validate(path, true)?;
+        Self::check_layout(path, &header, &opts.layout)?;
+        Self::check_domain_fits(opts, false)?;
+        let map = Mapping::map_file(&file, path, header.size, true)?;
+        Self::assemble(map, header, Some(path.to_path_buf()), Some(file), opts)
+    }
+
+    /// Opens a pool for inspection: as [`Pool::open`] (writable mapping, so `MAP_SYNC` is tried,
+    /// and the lock is taken), but whatever its layout. Nothing is written unless the caller writes.
+    pub fn open_any_layout(path: &Path, domain: PersistenceDomain) -> PoolResult<Pool> {
+        let (file, header) = Self::open_and_validate(path, true)?;
+        let opts = PoolOptions::new(&header.layout.clone(), domain);
+        let map = Mapping::map_file(&file, path, header.size, true)?;
+        Self::assemble(map, header, Some(path.to_path_buf()), Some(file), &opts)
+    }
+
+    /// Opens a pool read-only, without its lock and whatever its layout (for `pmtx inspect`).
+    /// Any write through the returned pool panics.
+    pub fn open_read_only(path: &Path) -> PoolResult<Pool> {
+        let (file, header) = Self::open_and_validate(path, false)?;
+        let map = Mapping::map_file(&file, path, header.size, false)?;
+        let opts = PoolOptions::new(&header.layout.clone(), PersistenceDomain::Volatile);
+        let mut pool = Self::assemble(map, header, Some(path.to_path_buf()), None, &opts)?;
+        pool.write_end = 0;
+        Ok(pool)
+    }
+
+    /// Creates a pool in DRAM (nothing outlives the process): for the volatile engine, for tests,
+    /// and under Miri.
+    pub fn create_in_memory(size: u64, opts: &PoolOptions) -> PoolResult<Pool> {
+        let size = Self::validate_new(size, opts)?;
+        Self::check_domain_fits(opts, true)?;
+        let header = Self::new_header(size, &opts.layout);
+        let map = Mapping::heap(size)?;
+        map.store(0, &header.encode());
+        Self::assemble(map, header, None, None, opts)
+    }
+
+    /// Opens a pool held in memory, such as a crash image, validating it as [`Pool::open`] would.
+    pub fn from_image(bytes: &[u8], opts: &PoolOptions) -> PoolResult<Pool> {
+        let name = Path::new("<in-memory image>");
+        let header = Header::decode(name, bytes, bytes.len() as u64)?;
+        Self::check_layout(name, &header, &opts.layout)?;
+        Self::check_domain_fits(opts, true)?;
+        let map = Mapping::heap(header.size)?;
+        map.store(0, bytes);
+        Self::assemble(map, header, None, None, opts)
+    }
+
+    fn validate_new(size: u64, opts: &PoolOptions) -> PoolResult<u64> {
+        Header::validate_layout(&opts.layout)?;
+        let rounded = size
+            .checked_add(4095)
+            .map(|s| s & !4095)
+            .ok_or_else(|| PoolError::InvalidArgument(format!("pool size {size} is too large")))?;
+        if rounded < MIN_POOL_SIZE {
+            return Err(PoolError::InvalidArgument(format!(
+                "pool size {size} is below the minimum of {MIN_POOL_SIZE} bytes"
+            )));
+        }
+        Self::check_domain_fits(opts, false)?;
+        Ok(rounded)
+    }
+
+    fn check_domain_fits(opts: &PoolOptions, in_memory: bool) -> PoolResult<()> {
+        if in_memory && opts.domain == PersistenceDomain::Msync {
+            return Err(PoolError::InvalidArgument(
+                "the msync domain needs a pool file; an in-memory pool has nothing to msync".into(),
+            ));
+        }
+        if opts.crash_sim.is_some() && !opts.domain.is_durable() {
+            return Err(PoolError::InvalidArgument(
+                "crash simulation needs a durable domain (adr, eadr or msync), not volatile".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn new_header(size: u64, layout: &str) -> Header {
+        let created_unix_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        Header {
+            version: FORMAT_VERSION,
+            uuid: uuid::Uuid::new_v4(),
+            size,
+            created_unix_ns,
+            layout: layout.to_string(),
+        }
+    }
+
+    fn open_and_validate(path: &Path, writable: bool) -> PoolResult<(File, Header)> {
+        match std::fs::metadata(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(PoolError::NotFound {
+                    path: path.to_path_buf(),
+                })
+            }
+            Ok(meta) if !meta.is_file() => {
+                return Err(PoolError::NotAPool {
+                    path: path.to_path_buf(),
+                })
+            }
+            _ => {}
+        }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(writable)
+            .open(path)
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => PoolError::NotFound {
+                    path: path.to_path_buf(),
+                },
+                _ => PoolError::Io {
+                    path: path.to_path_buf(),
+                    op: "open",
+                    source: e,
+                },
+            })?;
+        let meta = file.metadata().map_err(io_err(path, "stat"))?;
+        if !meta.is_file() {
+            return Err(PoolError::NotAPool {
+                path: path.to_path_buf(),
+            });
+        }
+        if writable {
+            lock_exclusive(&file, path)?;
+        }
+        let file_len = meta.len();
+        let mut first = vec![0u8; file_len.min(RESERVED_BYTES) as usize];
+        file.read_exact_at(&mut first, 0)
+            .map_err(io_err(path, "read header"))?;
+        let header = Header::decode(path, &first, file_len)?;
+        Ok((file, header))
+    }
+
+    fn check_layout(path: &Path, header: &Header, expected: &str) -> PoolResult<()> {
+        if header.layout != expected {
+            return Err(PoolError::LayoutMismatch {
+                path: path.to_path_buf(),
+                expected: expected.to_string(),
+                found: header.layout.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    fn assemble(
+        map: Mapping,
+        header: Header,
+        path: Option<PathBuf>,
+        file: Option<File>,
+        opts: &PoolOptions,
+    ) -> PoolResult<Pool> {
+        let sim = opts
+            .crash_sim
+            .map(|s| Arc::new(CrashSim::new(opts.domain, &map, s.trigger, s.on_crash)));
+        Ok(Pool {
+            write_end: map.len(),
+            map,
+            header,
+            path,
+            domain: opts.domain,
+            flush_insn: cpu::flush_instruction(),
+            counting: opts.counting,
+            sim,
+            msync_dirty: parking_lot::Mutex::new(Vec::new()),
+            remove_on_drop: opts.remove_on_drop,
+            _file: file,
+        })
+    }
+
+    // ---- facts ----
+
+    /// Pool size in bytes.
+    pub fn len(&self) -> u64 {
+        self.map.len()
+    }
+
+    /// Always false: a pool has at least [`MIN_POOL_SIZE`] bytes.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The pool file, if the pool has one.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// The decoded header.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// The persistence domain the pool was opened with.
+    pub fn domain(&self) -> PersistenceDomain {
+        self.domain
+    }
+
+    /// How the pool is mapped (DAX with `MAP_SYNC`, shared, read-only, heap).
+    pub fn mapping_kind(&self) -> MappingKind {
+        self.map.kind()
+    }
+
+    /// The flush instruction this pool issues.
+    pub fn flush_instruction(&self) -> FlushInstruction {
+        self.flush_insn
+    }
+
+    /// The crash simulator, if one is attached.
+    pub fn crash_sim(&self) -> Option<&Arc<CrashSim>> {
+        self.sim.as_ref()
+    }
+
+    /// Fails power now in the attached simulator (no-op without one). Later events are not recorded.
+    pub fn crash_now(&self) {
+        if let Some(sim) = &self.sim {
+            sim.crash_now(&self.map);
+        }
+    }
+
+    /// The first offset the layers above may use.
+    pub fn first_usable(&self) -> u64 {
+        RESERVED_BYTES
+    }
+
+    /// The root offset recorded in the pool (0: none yet). Recovery starts from it.
+    pub fn root(&self) -> u64 {
+        self.map.word(ROOT_OFFSET_WORD).load(Ordering::Acquire)
+    }
+
+    /// Records `root` as the pool's root offset, durably (one atomic 8-byte store, then persist).
+    pub fn set_root(&self, root: u64) -> PoolResult<()> {
+        self.check_range(root, 0)?;
+        self.assert_writable(ROOT_OFFSET_WORD, 8);
+        self.store_word_raw(ROOT_OFFSET_WORD, root);
+        self.persist_raw(ROOT_OFFSET_WORD, 8);
+        Ok(())
+    }
+
+    /// A summary for `pmtx inspect`.
+    pub fn info(&self) -> PoolInfo {
+        PoolInfo {
+            path: self.path.clone(),
+            header: self.header.clone(),
+            mapping: self.map.kind(),
+            domain: self.domain,
+            flush_instruction: self.flush_insn,
+            root: self.root(),
+        }
+    }
+
+    /// Checks that `[off, off + len)` lies in the pool's usable range, for offsets read from PM
+    /// (which a corrupt pool could make anything).
+    pub fn check_range(&self, off: u64, len: u64) -> PoolResult<()> {
+        match off.checked_add(len) {
+            Some(end) if off >= RESERVED_BYTES && end <= self.map.len() => Ok(()),
+            _ => Err(PoolError::InvalidArgument(format!(
+                "range {off}+{len} is outside the usable pool range {RESERVED_BYTES}..{}",
+                self.map.len()
+            ))),
+        }
+    }
+
+    // ---- bounds ----
+
+    #[inline(always)]
+    fn assert_readable(&self, off: u64, len: u64) {
+        match off.checked_add(len) {
+            Some(end) if end <= self.map.len() => {}
+            _ => out_of_range("read", off, len, self.map.len()),
+        }
+    }
+
+    #[inline(always)]
+    fn assert_writable(&self, off: u64, len: u64) {
+        match off.checked_add(len) {
+            Some(end) if end <= self.write_end && off >= ROOT_OFFSET_WORD => {}
+            _ => out_of_range_write(off, len, self.write_end),
+        }
+    }
+
+    #[inline(always)]
+    fn assert_user_writable(&self, off: u64, len: u64) {
+        if off < RESERVED_BYTES {
+            out_of_range_write(off, len, self.write_end);
+        }
+        self.assert_writable(off, len);
+    }
+
+    #[inline(always)]
+    fn assert_aligned(off: u64) {
+        if off % 8 != 0 {
+            misaligned(off);
+        }
+    }
+
+    // ---- reads ----
+
+    /// Reads the 8-byte word at `off` (8-byte aligned) with `ordering`.
+    #[inline]
+    pub fn load_u64(&self, off: u64, ordering: Ordering) -> u64 {
+        self.assert_readable(off, 8);
+        Self::assert_aligned(off);
+        self.map.word(off).load(ordering)
+    }
+
+    /// Reads the 8-byte word at `off` (8-byte aligned), relaxed.
+    #[inline]
+    pub fn read_u64(&self, off: u64) -> u64 {
+        self.load_u64(off, Ordering::Relaxed)
+    }
+
+    /// Copies `dst.len()` bytes at `off` into `dst`.
+    #[inline]
+    pub fn read_bytes(&self, off: u64, dst: &mut [u8]) {
+        self.assert_readable(off, dst.len() as u64);
+        self.map.load(off, dst);
+    }
+
+    /// Returns `len` bytes at `off` as a new vector.
+    pub fn read_vec(&self, off: u64, len: usize) -> Vec<u8> {
+        let mut v = vec![0u8; len];
+        self.read_bytes(off, &mut v);
+        v
+    }
+
+    // ---- stores ----
+
+    /// Runs one store event: through the simulator when attached, else directly.
+    #[inline(always)]
+    fn store_event(&self, off: u64, len: u64, apply: impl FnOnce() -> bool) {
+        match &self.sim {
+            None => {
+                apply();
+            }
+            Some(sim) => {
+                if let Err(apply) = sim.record(&self.map, Event::Store, off, len, apply) {
+                    sim.after_crash();
+                    // OnCrash::Continue: the program goes on against the live image, unrecorded.
+                    apply();
+                }
+            }
+        }
+        if self.counting {
+            stats::count_write(len);
+        }
+    }
+
+    /// Stores the 8-byte word `value` at `off` (8-byte aligned). Aligned 8-byte stores are never
+    /// torn by a crash.
+    #[inline]
+    pub fn write_u64(&self, off: u64, value: u64) {
+        self.store_u64(off, value, Ordering::Relaxed)
+    }
+
+    /// Stores the 8-byte word `value` at `off` (8-byte aligned) with `ordering`.
+    #[inline]
+    pub fn store_u64(&self, off: u64, value: u64, ordering: Ordering) {
+        self.assert_user_writable(off, 8);
+        Self::assert_aligned(off);
+        let word = self.map.word(off);
+        self.store_event(off, 8, || {
+            word.store(value, ordering);
+            true
+        });
+    }
+
+    /// Copies `src` to PM at `off`.
+    #[inline]
+    pub fn write_bytes(&self, off: u64, src: &[u8]) {
+        self.assert_user_writable(off, src.len() as u64);
+        self.store_event(off, src.len() as u64, || {
+            self.map.store(off, src);
+            true
+        });
+    }
+
+    /// Sets `len` bytes at `off` to `byte`.
+    pub fn fill(&self, off: u64, byte: u8, len: u64) {
+        self.assert_user_writable(off, len);
+        self.store_event(off, len, || {
+            self.map.fill(off, byte, len);
+            true
+        });
+    }
+
+    /// Copies `len` bytes from `src` to `dst`, both in this pool (the ranges may overlap).
+    pub fn copy(&self, src: u64, dst: u64, len: u64) {
+        self.assert_readable(src, len);
+        self.assert_user_writable(dst, len);
+        self.store_event(dst, len, || {
+            self.map.copy_within(src, dst, len);
+            true
+        });
+    }
+
+    /// Compare-and-swap of the word at `off` (8-byte aligned): `Ok(previous)` when it held
+    /// `current` and now holds `new`, else `Err(actual)`. Acquire-release ordering.
+    #[inline]
+    pub fn cas_u64(&self, off: u64, current: u64, new: u64) -> Result<u64, u64> {
+        self.assert_user_writable(off, 8);
+        Self::assert_aligned(off);
+        let word = self.map.word(off);
+        let mut result = Err(current);
+        self.store_event(off, 8, || {
+            result = word.compare_exchange(current, new, Ordering::AcqRel, Ordering::Acquire);
+            result.is_ok()
+        });
+        result
+    }
+
+    /// Adds `delta` (wrapping) to the word at `off` (8-byte aligned); returns the previous value.
+    #[inline]
+    pub fn fetch_add_u64(&self, off: u64, delta: u64) -> u64 {
+        self.rmw_u64(off, |w| w.fetch_add(delta, Ordering::AcqRel))
+    }
+
+    /// ORs `bits` into the word at `off`; returns the previous value.
+    #[inline]
+    pub fn fetch_or_u64(&self, off: u64, bits: u64) -> u64 {
+        self.rmw_u64(off, |w| w.fetch_or(bits, Ordering::AcqRel))
+    }
+
+    /// ANDs `bits` into the word at `off`; returns the previous value.
+    #[inline]
+    pub fn fetch_and_u64(&self, off: u64, bits: u64) -> u64 {
+        self.rmw_u64(off, |w| w.fetch_and(bits, Ordering::AcqRel))
+    }
+
+    #[inline(always)]
+    fn rmw_u64(&self, off: u64, op: impl FnOnce(&std::sync::atomic::AtomicU64) -> u64) -> u64 {
+        self.assert_user_writable(off, 8);
+        Self::assert_aligned(off);
+        let word = self.map.word(off);
+        let mut previous = 0;
+        self.store_event(off, 8, || {
+            previous = op(word);
+            true
+        });
+        previous
+    }
+
+    fn store_word_raw(&self, off: u64, value: u64) {
+        let word = self.map.word(off);
+        self.store_event(off, 8, || {
+            word.store(value, Ordering::Release);
+            true
+        });
+    }
+
+    // ---- persistence ----
+
+    /// Writes back the cache lines covering `[off, off + len)`: durable after the next [`fence`].
+    /// Under eADR the lines are already durable and this is a write-combining hint (Falcon §4.3);
+    /// under `Msync` the pages are queued for the next fence's `msync`; volatile: nothing.
+    ///
+    /// [`fence`]: Pool::fence
+    #[inline]
+    pub fn flush(&self, off: u64, len: u64) {
+        if len == 0 || self.domain == PersistenceDomain::Volatile {
+            return;
+        }
+        self.assert_readable(off, len);
+        let first = off & !(CACHE_LINE - 1);
+        let lines = (off + len - first).div_ceil(CACHE_LINE);
+        if let Some(sim) = &self.sim {
+            if sim
+                .record(&self.map, Event::Flush, off, len, || false)
+                .is_err()
+            {
+                sim.after_crash();
+            }
+        } else {
+            match self.domain {
+                PersistenceDomain::Msync => self.msync_dirty.lock().push((off, len)),
+                _ => {
+                    for i in 0..lines {
+                        // SAFETY: the range was bounds-checked above, so every line start
+                        // from `first` up to `off + len` lies in the live mapping.
+                        unsafe {
+                            cpu::flush_line(self.flush_insn, self.map.ptr(first + i * CACHE_LINE))
+                        };
+                    }
+                }
+            }
+        }
+        if self.counting {
+            stats::count_flush(lines);
+        }
+    }
+
+    /// Orders earlier flushes and stores before later stores (`sfence`); under ADR this is what
+    /// makes flushed lines durable. Under `Msync` it `msync`s every page flushed since the last
+    /// fence. Volatile: a compiler fence only.
+    #[inline]
+    pub fn fence(&self) {
+        if self.domain == PersistenceDomain::Volatile {
+            std::sync::atomic::compiler_fence(Ordering::SeqCst);
+            return;
+        }
+        if let Some(sim) = &self.sim {
+            if sim.record(&self.map, Event::Fence, 0, 0, || false).is_err() {
+                sim.after_crash();
+            }
+        } else if self.domain == PersistenceDomain::Msync {
+            let dirty = std::mem::take(&mut *self.msync_dirty.lock());
+            for (off, len) in dirty {
+                if let Err(e) = self.map.msync(off, len) {
+                    // A failed msync means the durability promise cannot be kept: stop loudly
+                    // rather than report a commit that is not durable.
+                    panic!("msync of pool {:?} failed: {e}", self.path);
+                }
+            }
+        } else {
+            cpu::store_fence();
+        }
+        if self.counting {
+            stats::count_fence();
+        }
+    }
+
+    /// Makes `[off, off + len)` durable before returning: flush then fence under ADR and `Msync`.
+    /// Under eADR stores are durable once visible and x86 keeps them in program order, so only the
+    /// compiler is fenced; volatile does nothing.
+    #[inline]
+    pub fn persist(&self, off: u64, len: u64) {
+        match self.domain {
+            PersistenceDomain::Adr | PersistenceDomain::Msync => {
+                self.flush(off, len);
+                self.fence();
+            }
+            PersistenceDomain::Eadr | PersistenceDomain::Volatile => {
+                std::sync::atomic::compiler_fence(Ordering::SeqCst);
+            }
+        }
+    }
+
+    fn persist_raw(&self, off: u64, len: u64) {
+        self.persist(off, len)
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        if self.remove_on_drop {
+            if let Some(path) = &self.path {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("path", &self.path)
+            .field("size", &self.map.len())
+            .field("layout", &self.header.layout)
+            .field("domain", &self.domain)
+            .field("mapping", &self.map.kind())
+            .field("crash_sim", &self.sim.is_some())
+            .finish()
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn out_of_range(what: &str, off: u64, len: u64, size: u64) -> ! {
+    panic!("PM {what} of {len} bytes at offset {off} is outside the pool (size {size})")
+}
+
+#[cold]
+#[inline(never)]
+fn out_of_range_write(off: u64, len: u64, write_end: u64) -> ! {
+    if write_end == 0 {
+        panic!("PM write at offset {off}: the pool is open read-only")
+    }
+    panic!(
+        "PM write of {len} bytes at offset {off} is outside the writable range {RESERVED_BYTES}..{write_end}"
+    )
+}
+
+#[cold]
+#[inline(never)]
+fn misaligned(off: u64) -> ! {
+    panic!("PM word access at offset {off} is not 8-byte aligned")
+}

@@ -1,0 +1,3 @@
+//! Workloads: key and operation generators and, later, the drivers that run them against an engine.
+
+pub mod ycsb;
