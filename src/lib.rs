@@ -12,6 +12,12 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod alloc;
+pub mod bench;
+pub mod catalog;
+pub mod cc;
 pub mod cli;
+pub mod db;
+pub mod engine;
+pub mod index;
 pub mod pmem;
 pub mod workload;

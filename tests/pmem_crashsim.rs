@@ -922,13 +922,12 @@ fn on_crash_continue_freezes_the_crash_state() {
     assert_eq!(later.full_image().bytes, at_crash.full_image().bytes);
 }
 
-/// BUG (src/pmem/pool.rs, `Pool::store_event`, and crashsim.rs `CrashSim::record`): under
-/// `OnCrash::Continue` the documented behaviour is "go on running against the live mapping", but
-/// after the crash `record` returns false without running `apply`, and `store_event` does not run
-/// it either, so every store after the crash point is silently dropped from the live image, and
-/// `cas_u64` / `fetch_add_u64` return made-up results. This test fails until that is fixed.
+/// Regression: under `OnCrash::Continue` stores after the crash point must still reach the live
+/// image (they are only left out of the crash state). An earlier `CrashSim::record` returned a bare
+/// `false` after the crash without running `apply`, and `Pool::store_event` then dropped the store,
+/// so the live image lost it and `cas_u64` / `fetch_add_u64` returned made-up results.
 #[test]
-fn bug_on_crash_continue_keeps_running_live_writes() {
+fn on_crash_continue_keeps_running_live_writes() {
     let pool = continue_pool(CrashTrigger::AtEvent(0));
     let b = pool.first_usable();
     pool.write_u64(b, 7); // power fails before this store; it must still happen live

@@ -1,0 +1,371 @@
+//! Schemas, tables and their persistence: what recovery reads first.
+//!
+//! Tables have fixed-size columns and an 8-byte primary key supplied by the caller (composite keys,
+//! such as TPC-C's, are packed into it by the workload). A row is the concatenation of its columns
+//! in declaration order, each at its natural size, with no padding.
+//!
+//! The catalog is stored in PM as JSON in two alternating slots, each with a sequence number and a
+//! CRC: a new version is written to the slot not holding the newest valid one and persisted; open
+//! picks the valid slot with the highest sequence number. A crash while writing leaves the previous
+//! version in the other slot intact.
+
+use crate::index::PrimaryIndexKind;
+use crate::pmem::Pool;
+use serde::{Deserialize, Serialize};
+
+/// Identifies a table within a database: its position in the catalog.
+pub type TableId = u32;
+
+/// A column's type; all are fixed-size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ColumnType {
+    /// Unsigned 64-bit integer.
+    U64,
+    /// Signed 64-bit integer.
+    I64,
+    /// 64-bit float.
+    F64,
+    /// Exactly this many bytes (shorter values are zero-padded on write).
+    Bytes(u32),
+}
+
+impl ColumnType {
+    /// The column's size in bytes.
+    pub fn size(self) -> usize {
+        match self {
+            ColumnType::U64 | ColumnType::I64 | ColumnType::F64 => 8,
+            ColumnType::Bytes(n) => n as usize,
+        }
+    }
+}
+
+/// A named column.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Column {
+    /// Column name, unique within its table.
+    pub name: String,
+    /// Column type.
+    pub ty: ColumnType,
+}
+
+/// A non-unique secondary index over some columns (e.g. TPC-C customer by last name).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecondaryIndexDef {
+    /// Index name, unique within its table.
+    pub name: String,
+    /// The indexed columns, by position.
+    pub columns: Vec<usize>,
+}
+
+/// A table's definition.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Schema {
+    /// Table name, unique within the database.
+    pub name: String,
+    /// Columns in row order.
+    pub columns: Vec<Column>,
+    /// The primary index: hash (point lookups) or ordered (range scans too).
+    pub primary_index: PrimaryIndexKind,
+    /// Secondary indexes.
+    pub secondary: Vec<SecondaryIndexDef>,
+}
+
+/// Why a schema or catalog was refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CatalogError {
+    /// The schema is not valid.
+    #[error("invalid schema for table '{table}': {reason}")]
+    InvalidSchema {
+        /// The table.
+        table: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A table of that name exists already.
+    #[error("table '{0}' already exists")]
+    DuplicateTable(String),
+    /// The catalog's serialised form outgrew its slot.
+    #[error("the catalog needs {needed} bytes but its slot holds {capacity}")]
+    Full {
+        /// Bytes needed.
+        needed: usize,
+        /// Slot capacity.
+        capacity: usize,
+    },
+    /// Neither catalog slot holds a valid catalog.
+    #[error("catalog is corrupt: {0}")]
+    Corrupt(String),
+}
+
+impl Schema {
+    /// A schema with a hash primary index and no secondary index.
+    pub fn new(name: &str, columns: &[(&str, ColumnType)]) -> Schema {
+        Schema {
+            name: name.to_string(),
+            columns: columns
+                .iter()
+                .map(|(n, ty)| Column {
+                    name: n.to_string(),
+                    ty: *ty,
+                })
+                .collect(),
+            primary_index: PrimaryIndexKind::Hash,
+            secondary: Vec::new(),
+        }
+    }
+
+    /// Uses an ordered primary index (needed for range scans).
+    pub fn ordered(mut self) -> Schema {
+        self.primary_index = PrimaryIndexKind::Ordered;
+        self
+    }
+
+    /// Adds a secondary index over the named columns.
+    pub fn with_secondary(mut self, name: &str, columns: &[&str]) -> Schema {
+        let cols = columns
+            .iter()
+            .map(|c| self.column_index(c).unwrap_or(usize::MAX))
+            .collect();
+        self.secondary.push(SecondaryIndexDef {
+            name: name.to_string(),
+            columns: cols,
+        });
+        self
+    }
+
+    /// Checks names, sizes and index definitions; `max_row` is the configured tuple size limit.
+    pub fn validate(&self, max_row: usize) -> Result<(), CatalogError> {
+        let bad = |reason: String| CatalogError::InvalidSchema {
+            table: self.name.clone(),
+            reason,
+        };
+        if self.name.is_empty() || self.name.len() > 64 {
+            return Err(bad("the table name must be 1 to 64 bytes".into()));
+        }
+        if self.columns.is_empty() {
+            return Err(bad("a table needs at least one column".into()));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for c in &self.columns {
+            if !seen.insert(c.name.as_str()) {
+                return Err(bad(format!("column '{}' appears twice", c.name)));
+            }
+            if c.ty.size() == 0 {
+                return Err(bad(format!("column '{}' has size 0", c.name)));
+            }
+        }
+        if self.row_size() > max_row {
+            return Err(bad(format!(
+                "rows of {} bytes exceed the tuple size limit of {max_row} bytes",
+                self.row_size()
+            )));
+        }
+        for s in &self.secondary {
+            if s.columns.is_empty() || s.columns.iter().any(|&c| c >= self.columns.len()) {
+                return Err(bad(format!(
+                    "secondary index '{}' names an unknown column",
+                    s.name
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes in a row.
+    pub fn row_size(&self) -> usize {
+        self.columns.iter().map(|c| c.ty.size()).sum()
+    }
+
+    /// Byte offset of column `index` within a row.
+    pub fn column_offset(&self, index: usize) -> usize {
+        self.columns[..index].iter().map(|c| c.ty.size()).sum()
+    }
+
+    /// The position of the column called `name`.
+    pub fn column_index(&self, name: &str) -> Option<usize> {
+        self.columns.iter().position(|c| c.name == name)
+    }
+}
+
+/// Every table of a database, in creation order (a table's id is its position).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Catalog {
+    /// The tables.
+    pub tables: Vec<Schema>,
+}
+
+impl Catalog {
+    /// The id of the table called `name`.
+    pub fn table_id(&self, name: &str) -> Option<TableId> {
+        self.tables
+            .iter()
+            .position(|t| t.name == name)
+            .map(|i| i as TableId)
+    }
+
+    /// Adds `schema` (validated against `max_row`) and returns its id.
+    pub fn add(&mut self, schema: Schema, max_row: usize) -> Result<TableId, CatalogError> {
+        schema.validate(max_row)?;
+        if self.table_id(&schema.name).is_some() {
+            return Err(CatalogError::DuplicateTable(schema.name));
+        }
+        self.tables.push(schema);
+        Ok(self.tables.len() as TableId - 1)
+    }
+}
+
+/// Where a catalog lives in PM: two slots of `slot_bytes` each, starting at `base`.
+#[derive(Clone, Copy, Debug)]
+pub struct CatalogStore {
+    /// Offset of the first slot.
+    pub base: u64,
+    /// Bytes per slot, header included.
+    pub slot_bytes: u64,
+}
+
+/// Slot header: sequence number, payload length, CRC-32 of (sequence, length, payload).
+const SLOT_HEADER: u64 = 24;
+
+impl CatalogStore {
+    fn slot(&self, i: u64) -> u64 {
+        self.base + i * self.slot_bytes
+    }
+
+    fn read_slot(&self, pool: &Pool, i: u64) -> Option<(u64, Catalog)> {
+        let at = self.slot(i);
+        let seq = pool.read_u64(at);
+        let len = pool.read_u64(at + 8);
+        if seq == 0 || len > self.slot_bytes - SLOT_HEADER {
+            return None;
+        }
+        let payload = pool.read_vec(at + SLOT_HEADER, len as usize);
+        let crc = pool.read_u64(at + 16);
+        if crc != Self::crc(seq, &payload) {
+            return None;
+        }
+        serde_json::from_slice(&payload).ok().map(|c| (seq, c))
+    }
+
+    fn crc(seq: u64, payload: &[u8]) -> u64 {
+        let mut h = crc32fast::Hasher::new();
+        h.update(&seq.to_le_bytes());
+        h.update(&(payload.len() as u64).to_le_bytes());
+        h.update(payload);
+        u64::from(h.finalize())
+    }
+
+    /// Loads the newest valid catalog.
+    pub fn load(&self, pool: &Pool) -> Result<Catalog, CatalogError> {
+        let a = self.read_slot(pool, 0);
+        let b = self.read_slot(pool, 1);
+        match (a, b) {
+            (Some((sa, ca)), Some((sb, cb))) => Ok(if sa > sb { ca } else { cb }),
+            (Some((_, c)), None) | (None, Some((_, c))) => Ok(c),
+            (None, None) => Err(CatalogError::Corrupt(
+                "neither catalog slot holds a valid catalog".into(),
+            )),
+        }
+    }
+
+    /// Durably stores `catalog` as the newest version (crash-safe: the older slot is overwritten).
+    pub fn store(&self, pool: &Pool, catalog: &Catalog) -> Result<(), CatalogError> {
+        let payload = serde_json::to_vec(catalog).expect("a catalog always serialises");
+        let capacity = (self.slot_bytes - SLOT_HEADER) as usize;
+        if payload.len() > capacity {
+            return Err(CatalogError::Full {
+                needed: payload.len(),
+                capacity,
+            });
+        }
+        let seqs = [0, 1].map(|i| self.read_slot(pool, i).map_or(0, |(s, _)| s));
+        let (target, seq) = if seqs[0] <= seqs[1] {
+            (0, seqs[1] + 1)
+        } else {
+            (1, seqs[0] + 1)
+        };
+        let at = self.slot(target);
+        // Invalidate the target first so that a torn write is never mistaken for a valid slot even
+        // if the CRC were to collide; then payload, header, and one persist of the whole slot.
+        pool.write_u64(at, 0);
+        pool.persist(at, 8);
+        pool.write_bytes(at + SLOT_HEADER, &payload);
+        pool.write_u64(at + 8, payload.len() as u64);
+        pool.write_u64(at + 16, Self::crc(seq, &payload));
+        pool.persist(at + 8, SLOT_HEADER - 8 + payload.len() as u64);
+        pool.write_u64(at, seq);
+        pool.persist(at, 8);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pmem::{PersistenceDomain, PoolOptions};
+
+    fn schema() -> Schema {
+        Schema::new(
+            "usertable",
+            &[("f0", ColumnType::Bytes(100)), ("n", ColumnType::U64)],
+        )
+    }
+
+    #[test]
+    fn row_layout_and_validation() {
+        let s = schema();
+        assert_eq!(s.row_size(), 108);
+        assert_eq!(s.column_offset(1), 100);
+        assert!(s.validate(1000).is_ok());
+        assert!(matches!(
+            s.validate(64),
+            Err(CatalogError::InvalidSchema { .. })
+        ));
+        let dup = Schema::new("t", &[("a", ColumnType::U64), ("a", ColumnType::U64)]);
+        assert!(dup.validate(100).is_err());
+        let bad_sec = schema().with_secondary("by_x", &["x"]);
+        assert!(bad_sec.validate(1000).is_err());
+        let mut c = Catalog::default();
+        assert_eq!(c.add(schema(), 1000).unwrap(), 0);
+        assert!(matches!(
+            c.add(schema(), 1000),
+            Err(CatalogError::DuplicateTable(_))
+        ));
+    }
+
+    #[test]
+    fn store_and_load_alternate_slots_and_survive_a_torn_slot() {
+        let pool = Pool::create_in_memory(1 << 20, &PoolOptions::new("t", PersistenceDomain::Adr))
+            .unwrap();
+        let store = CatalogStore {
+            base: 8192,
+            slot_bytes: 16384,
+        };
+        assert!(store.load(&pool).is_err());
+        let mut c = Catalog::default();
+        c.add(schema(), 1000).unwrap();
+        store.store(&pool, &c).unwrap();
+        assert_eq!(store.load(&pool).unwrap(), c);
+        let mut c2 = c.clone();
+        c2.add(Schema::new("other", &[("v", ColumnType::I64)]), 1000)
+            .unwrap();
+        store.store(&pool, &c2).unwrap();
+        assert_eq!(store.load(&pool).unwrap(), c2);
+        // Corrupt the newest slot: the previous version is still there.
+        let newest = if pool.read_u64(8192) > pool.read_u64(8192 + 16384) {
+            8192
+        } else {
+            8192 + 16384
+        };
+        pool.write_u64(newest + SLOT_HEADER, 0xdead);
+        assert_eq!(store.load(&pool).unwrap(), c);
+        let huge = Catalog {
+            tables: vec![schema(); 200],
+        };
+        assert!(matches!(
+            store.store(&pool, &huge),
+            Err(CatalogError::Full { .. })
+        ));
+    }
+}

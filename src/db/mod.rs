@@ -1,0 +1,739 @@
+//! The public API: open a database (recovering automatically), create tables, run transactions.
+//!
+//! ```
+//! use pmtx::db::{Db, DbConfig, Value};
+//! use pmtx::catalog::{ColumnType, Schema};
+//!
+//! let db = Db::create(DbConfig::default().pool_size(16 << 20)).unwrap();
+//! let accounts = db
+//!     .create_table(Schema::new("accounts", &[("owner", ColumnType::Bytes(16)), ("balance", ColumnType::I64)]))
+//!     .unwrap();
+//! db.run(|tx| tx.insert(accounts, 1, &[Value::Bytes(b"ada"), Value::I64(100)])).unwrap();
+//! let balance = db.run(|tx| Ok(tx.get(accounts, 1)?.i64(1))).unwrap();
+//! assert_eq!(balance, 100);
+//! ```
+
+use crate::catalog::{ColumnType, Schema, TableId};
+use crate::cc::Protocol;
+use crate::engine::falcon::{FalconConfig, FalconEngine};
+use crate::engine::{
+    DbError, Engine, EngineKind, EngineWorker, FieldWrite, RecoveryReport, TxError,
+};
+use crate::pmem::{PersistenceDomain, Pool, PoolOptions};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// How to create or open a database.
+#[derive(Clone, Debug)]
+pub struct DbConfig {
+    /// The engine (design).
+    pub engine: EngineKind,
+    /// The concurrency-control protocol.
+    pub protocol: Protocol,
+    /// The persistence domain.
+    pub domain: PersistenceDomain,
+    /// The pool file; `None` creates a scratch pool under /dev/shm (or the temp dir) that is
+    /// removed when the database is dropped.
+    pub path: Option<PathBuf>,
+    /// Pool size for a new database, in bytes.
+    pub pool_size: u64,
+    /// Worker slots (threads that may run transactions at once).
+    pub max_threads: usize,
+    /// The tuple size limit: larger rows are refused.
+    pub max_row_bytes: usize,
+    /// Log window slots per thread (Falcon).
+    pub window_slots: Option<usize>,
+    /// Bytes per log window slot (Falcon).
+    pub window_slot_bytes: Option<usize>,
+    /// Hot tuples tracked per thread (Falcon; 0 disables).
+    pub hot_tuples: usize,
+    /// Conflict aborts `run` retries before giving up.
+    pub max_retries: u32,
+    /// Count PM traffic (see `pmem::stats`).
+    pub counting: bool,
+}
+
+impl Default for DbConfig {
+    fn default() -> Self {
+        DbConfig {
+            engine: EngineKind::Falcon,
+            protocol: Protocol::Occ,
+            domain: PersistenceDomain::Eadr,
+            path: None,
+            pool_size: 256 << 20,
+            max_threads: 16,
+            max_row_bytes: 4096,
+            window_slots: None,
+            window_slot_bytes: None,
+            hot_tuples: 64,
+            max_retries: 1000,
+            counting: true,
+        }
+    }
+}
+
+impl DbConfig {
+    /// Sets the engine.
+    pub fn engine(mut self, engine: EngineKind) -> Self {
+        self.engine = engine;
+        self
+    }
+    /// Sets the protocol.
+    pub fn protocol(mut self, protocol: Protocol) -> Self {
+        self.protocol = protocol;
+        self
+    }
+    /// Sets the domain.
+    pub fn domain(mut self, domain: PersistenceDomain) -> Self {
+        self.domain = domain;
+        self
+    }
+    /// Sets the pool path.
+    pub fn path(mut self, path: impl Into<PathBuf>) -> Self {
+        self.path = Some(path.into());
+        self
+    }
+    /// Sets the pool size of a new database.
+    pub fn pool_size(mut self, bytes: u64) -> Self {
+        self.pool_size = bytes;
+        self
+    }
+    /// Sets the number of worker slots.
+    pub fn max_threads(mut self, n: usize) -> Self {
+        self.max_threads = n;
+        self
+    }
+
+    fn falcon(&self) -> FalconConfig {
+        let mut c = FalconConfig::new(self.engine, self.protocol);
+        c.max_threads = self.max_threads;
+        c.max_row_bytes = self.max_row_bytes;
+        c.hot_tuples = self.hot_tuples;
+        if let Some(n) = self.window_slots {
+            c.window_slots = n;
+        }
+        if let Some(n) = self.window_slot_bytes {
+            c.window_slot_bytes = n;
+        }
+        c
+    }
+
+    fn pool_options(&self, crash_sim: Option<crate::pmem::CrashTrigger>) -> PoolOptions {
+        let domain = if self.engine == EngineKind::Volatile {
+            PersistenceDomain::Volatile
+        } else {
+            self.domain
+        };
+        let mut o = PoolOptions::new(self.engine.layout(), domain).with_counting(self.counting);
+        if let Some(t) = crash_sim {
+            o = o.with_crash_sim(t);
+        }
+        if self.path.is_none() {
+            o = o.removing_on_drop();
+        }
+        o
+    }
+}
+
+/// A database: one engine over one pool.
+pub struct Db {
+    engine: Arc<dyn Engine>,
+    config: DbConfig,
+    slots: parking_lot::Mutex<Vec<usize>>,
+}
+
+/// A value for a column, by position.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Value<'a> {
+    /// For `U64` columns.
+    U64(u64),
+    /// For `I64` columns.
+    I64(i64),
+    /// For `F64` columns.
+    F64(f64),
+    /// For `Bytes(n)` columns: at most n bytes, zero-padded.
+    Bytes(&'a [u8]),
+}
+
+impl Db {
+    /// Creates a new database (and its pool).
+    pub fn create(config: DbConfig) -> Result<Db, DbError> {
+        let engine = Self::make_engine(&config, None, true)?;
+        Ok(Self::assemble(engine, config))
+    }
+
+    /// Opens an existing database, recovering it; see [`Db::recovery_report`].
+    pub fn open(config: DbConfig) -> Result<Db, DbError> {
+        if config.path.is_none() {
+            return Err(DbError::Config(
+                "opening a database needs the path of its pool".into(),
+            ));
+        }
+        let engine = Self::make_engine(&config, None, false)?;
+        Ok(Self::assemble(engine, config))
+    }
+
+    /// Opens the database at `config.path` if it exists, else creates it.
+    pub fn open_or_create(config: DbConfig) -> Result<Db, DbError> {
+        match &config.path {
+            Some(p) if p.exists() => Self::open(config),
+            _ => Self::create(config),
+        }
+    }
+
+    /// Opens a pool that is already mapped (e.g. a crash image), recovering it.
+    pub fn open_pool(pool: Pool, config: DbConfig) -> Result<Db, DbError> {
+        let engine = Self::engine_on(Arc::new(pool), &config, false)?;
+        Ok(Self::assemble(engine, config))
+    }
+
+    /// Creates a database on a pool the caller made (e.g. one with a crash simulator attached).
+    pub fn create_on_pool(pool: Pool, config: DbConfig) -> Result<Db, DbError> {
+        let engine = Self::engine_on(Arc::new(pool), &config, true)?;
+        Ok(Self::assemble(engine, config))
+    }
+
+    fn make_engine(
+        config: &DbConfig,
+        crash_sim: Option<crate::pmem::CrashTrigger>,
+        create: bool,
+    ) -> Result<Arc<dyn Engine>, DbError> {
+        let opts = config.pool_options(crash_sim);
+        let pool = if config.engine == EngineKind::Volatile {
+            Pool::create_in_memory(config.pool_size, &opts)?
+        } else if create {
+            Pool::create(config.path.as_deref(), config.pool_size, &opts)?
+        } else {
+            Pool::open(config.path.as_deref().expect("checked by open"), &opts)?
+        };
+        Self::engine_on(Arc::new(pool), config, create)
+    }
+
+    fn engine_on(
+        pool: Arc<Pool>,
+        config: &DbConfig,
+        create: bool,
+    ) -> Result<Arc<dyn Engine>, DbError> {
+        let falcon = config.falcon();
+        let engine = if create {
+            FalconEngine::create(pool, falcon)?
+        } else {
+            FalconEngine::open(pool, falcon)?
+        };
+        Ok(engine)
+    }
+
+    fn assemble(engine: Arc<dyn Engine>, config: DbConfig) -> Db {
+        let slots = (0..config.max_threads).rev().collect();
+        Db {
+            engine,
+            config,
+            slots: parking_lot::Mutex::new(slots),
+        }
+    }
+
+    /// The engine underneath (for tools and tests).
+    pub fn engine(&self) -> &Arc<dyn Engine> {
+        &self.engine
+    }
+
+    /// The configuration the database was opened with.
+    pub fn config(&self) -> &DbConfig {
+        &self.config
+    }
+
+    /// What recovery did when the database was opened (None for a new one).
+    pub fn recovery_report(&self) -> Option<RecoveryReport> {
+        self.engine.recovery_report()
+    }
+
+    /// Creates a table, durably, and returns its id.
+    pub fn create_table(&self, schema: Schema) -> Result<TableId, DbError> {
+        self.engine.create_table(schema)
+    }
+
+    /// The id of the table called `name`.
+    pub fn table(&self, name: &str) -> Option<TableId> {
+        self.engine.catalog().table_id(name)
+    }
+
+    /// The schema of table `id`.
+    pub fn schema(&self, id: TableId) -> Option<Schema> {
+        self.engine.catalog().tables.get(id as usize).cloned()
+    }
+
+    /// Claims a worker slot for the calling thread; released when the worker drops.
+    pub fn worker(&self) -> Result<Worker<'_>, DbError> {
+        let slot = self
+            .slots
+            .lock()
+            .pop()
+            .ok_or(DbError::NoWorkerSlot(self.config.max_threads))?;
+        match self.engine.clone().worker(slot) {
+            Ok(inner) => Ok(Worker {
+                db: self,
+                slot,
+                inner,
+                schemas: Vec::new(),
+                rng: slot as u64 * 7919 + 1,
+            }),
+            Err(e) => {
+                self.slots.lock().push(slot);
+                Err(e)
+            }
+        }
+    }
+
+    /// Runs `f` as a transaction on a temporary worker, retrying conflicts (see [`Worker::run`]).
+    pub fn run<T>(&self, f: impl FnMut(&mut Tx<'_>) -> Result<T, TxError>) -> Result<T, DbError> {
+        self.worker()?.run(f)
+    }
+
+    /// Checks that indexes and storage agree; returns live rows per table.
+    pub fn check_structure(&self) -> Result<Vec<u64>, String> {
+        self.engine.check_structure()
+    }
+}
+
+/// A thread's handle for running transactions.
+pub struct Worker<'db> {
+    db: &'db Db,
+    slot: usize,
+    inner: Box<dyn EngineWorker>,
+    schemas: Vec<Schema>,
+    rng: u64,
+}
+
+impl Drop for Worker<'_> {
+    fn drop(&mut self) {
+        // Drop the engine worker (which hands its state back) before freeing the slot.
+        let inner = std::mem::replace(&mut self.inner, Box::new(NoWorker));
+        drop(inner);
+        self.db.slots.lock().push(self.slot);
+    }
+}
+
+/// Stands in for a dropped engine worker.
+struct NoWorker;
+impl EngineWorker for NoWorker {
+    fn begin(&mut self, _: bool) {}
+    fn read(&mut self, _: TableId, _: u64, _: &mut [u8]) -> Result<(), TxError> {
+        Err(TxError::Unsupported("worker dropped".into()))
+    }
+    fn update(&mut self, _: TableId, _: u64, _: &[FieldWrite<'_>]) -> Result<(), TxError> {
+        Err(TxError::Unsupported("worker dropped".into()))
+    }
+    fn insert(&mut self, _: TableId, _: u64, _: &[u8]) -> Result<(), TxError> {
+        Err(TxError::Unsupported("worker dropped".into()))
+    }
+    fn delete(&mut self, _: TableId, _: u64) -> Result<(), TxError> {
+        Err(TxError::Unsupported("worker dropped".into()))
+    }
+    fn scan(
+        &mut self,
+        _: TableId,
+        _: u64,
+        _: bool,
+        _: usize,
+        _: &mut dyn FnMut(u64, &[u8]) -> bool,
+    ) -> Result<(), TxError> {
+        Err(TxError::Unsupported("worker dropped".into()))
+    }
+    fn lookup_secondary(
+        &mut self,
+        _: TableId,
+        _: usize,
+        _: u64,
+        _: &mut Vec<u64>,
+    ) -> Result<(), TxError> {
+        Err(TxError::Unsupported("worker dropped".into()))
+    }
+    fn commit(&mut self) -> Result<u64, TxError> {
+        Err(TxError::Unsupported("worker dropped".into()))
+    }
+    fn abort(&mut self) {}
+}
+
+/// The result of one call of [`Worker::run`]: the value and the conflict aborts it took.
+pub struct RunOutcome<T> {
+    /// What the transaction returned.
+    pub value: T,
+    /// Conflict aborts before it committed.
+    pub aborts: u32,
+    /// Its commit tid.
+    pub tid: u64,
+}
+
+impl<'db> Worker<'db> {
+    /// The worker's slot (its thread id in transaction ids).
+    pub fn slot(&self) -> usize {
+        self.slot
+    }
+
+    fn refresh_schemas(&mut self) {
+        let catalog = self.db.engine.catalog();
+        self.schemas = catalog.tables;
+    }
+
+    /// Runs `f` as a read-write transaction, retrying conflict aborts with randomised exponential
+    /// backoff up to the configured limit. Any other error aborts and is returned.
+    pub fn run<T>(
+        &mut self,
+        f: impl FnMut(&mut Tx<'_>) -> Result<T, TxError>,
+    ) -> Result<T, DbError> {
+        self.run_counted(false, f).map(|o| o.value)
+    }
+
+    /// Runs `f` as a read-only transaction (writes fail with `TxError::ReadOnly`).
+    pub fn run_read_only<T>(
+        &mut self,
+        f: impl FnMut(&mut Tx<'_>) -> Result<T, TxError>,
+    ) -> Result<T, DbError> {
+        self.run_counted(true, f).map(|o| o.value)
+    }
+
+    /// As [`Worker::run`], also reporting the aborts it took and the commit tid.
+    pub fn run_counted<T>(
+        &mut self,
+        read_only: bool,
+        mut f: impl FnMut(&mut Tx<'_>) -> Result<T, TxError>,
+    ) -> Result<RunOutcome<T>, DbError> {
+        let max_retries = self.db.config.max_retries;
+        let mut aborts = 0u32;
+        loop {
+            if self.schemas.len() < self.db.engine.catalog().tables.len() {
+                self.refresh_schemas();
+            }
+            self.inner.begin(read_only);
+            let mut tx = Tx {
+                inner: &mut *self.inner,
+                schemas: &self.schemas,
+                row: Vec::new(),
+            };
+            let result = f(&mut tx).and_then(|v| tx.inner.commit().map(|tid| (v, tid)));
+            match result {
+                Ok((value, tid)) => return Ok(RunOutcome { value, aborts, tid }),
+                Err(e) => {
+                    self.inner.abort();
+                    if !e.is_retryable() || aborts >= max_retries {
+                        return Err(DbError::Tx(e));
+                    }
+                    aborts += 1;
+                    self.backoff(aborts);
+                }
+            }
+        }
+    }
+
+    fn backoff(&mut self, aborts: u32) {
+        // xorshift: a cheap per-worker random spin, growing with consecutive aborts.
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        let cap = 1u64 << aborts.min(10);
+        for _ in 0..(self.rng % cap) * 16 {
+            std::hint::spin_loop();
+        }
+        if aborts > 10 {
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// A transaction in progress: the argument of the closure given to `run`.
+pub struct Tx<'w> {
+    inner: &'w mut dyn EngineWorker,
+    schemas: &'w [Schema],
+    row: Vec<u8>,
+}
+
+/// A row read by a transaction, with typed accessors by column position.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Row {
+    bytes: Vec<u8>,
+    offsets: Vec<usize>,
+}
+
+impl Row {
+    /// The row's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+    fn col(&self, i: usize) -> &[u8] {
+        let end = self.offsets.get(i + 1).copied().unwrap_or(self.bytes.len());
+        &self.bytes[self.offsets[i]..end]
+    }
+    /// Column `i` as u64.
+    pub fn u64(&self, i: usize) -> u64 {
+        u64::from_le_bytes(self.col(i).try_into().expect("column is 8 bytes"))
+    }
+    /// Column `i` as i64.
+    pub fn i64(&self, i: usize) -> i64 {
+        i64::from_le_bytes(self.col(i).try_into().expect("column is 8 bytes"))
+    }
+    /// Column `i` as f64.
+    pub fn f64(&self, i: usize) -> f64 {
+        f64::from_le_bytes(self.col(i).try_into().expect("column is 8 bytes"))
+    }
+    /// Column `i`'s bytes.
+    pub fn bytes_at(&self, i: usize) -> &[u8] {
+        self.col(i)
+    }
+}
+
+/// Encodes `value` for column `i` of `schema` into `out` (which must hold the column).
+fn encode_value(
+    schema: &Schema,
+    i: usize,
+    value: &Value<'_>,
+    out: &mut [u8],
+) -> Result<(), TxError> {
+    let column = schema.columns.get(i).ok_or_else(|| {
+        TxError::SchemaMismatch(format!("table {} has no column {i}", schema.name))
+    })?;
+    let mismatch = || {
+        TxError::SchemaMismatch(format!(
+            "column '{}' of table {} is {:?}, the value is {value:?}",
+            column.name, schema.name, column.ty
+        ))
+    };
+    match (column.ty, value) {
+        (ColumnType::U64, Value::U64(v)) => out.copy_from_slice(&v.to_le_bytes()),
+        (ColumnType::I64, Value::I64(v)) => out.copy_from_slice(&v.to_le_bytes()),
+        (ColumnType::F64, Value::F64(v)) => out.copy_from_slice(&v.to_le_bytes()),
+        (ColumnType::Bytes(n), Value::Bytes(b)) => {
+            if b.len() > n as usize {
+                return Err(TxError::RowTooLarge(format!(
+                    "{} bytes for column '{}' of table {}, which holds {n}",
+                    b.len(),
+                    column.name,
+                    schema.name
+                )));
+            }
+            out[..b.len()].copy_from_slice(b);
+            out[b.len()..].fill(0);
+        }
+        _ => return Err(mismatch()),
+    }
+    Ok(())
+}
+
+impl Tx<'_> {
+    fn schema(&self, table: TableId) -> Result<&Schema, TxError> {
+        self.schemas
+            .get(table as usize)
+            .ok_or_else(|| TxError::SchemaMismatch(format!("no table with id {table}")))
+    }
+
+    fn row_of(&self, table: TableId, bytes: Vec<u8>) -> Result<Row, TxError> {
+        let schema = self.schema(table)?;
+        let offsets = (0..schema.columns.len())
+            .map(|i| schema.column_offset(i))
+            .collect();
+        Ok(Row { bytes, offsets })
+    }
+
+    /// Reads the row with `key`.
+    pub fn get(&mut self, table: TableId, key: u64) -> Result<Row, TxError> {
+        let mut bytes = vec![0u8; self.schema(table)?.row_size()];
+        self.inner.read(table, key, &mut bytes)?;
+        self.row_of(table, bytes)
+    }
+
+    /// Reads the row with `key` into `out` (exactly the row size); no allocation.
+    pub fn read_into(&mut self, table: TableId, key: u64, out: &mut [u8]) -> Result<(), TxError> {
+        self.inner.read(table, key, out)
+    }
+
+    /// Whether a row with `key` exists.
+    pub fn exists(&mut self, table: TableId, key: u64) -> Result<bool, TxError> {
+        match self.get(table, key) {
+            Ok(_) => Ok(true),
+            Err(TxError::NotFound { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Sets some columns of the row with `key`: `(column position, value)` pairs.
+    pub fn update(
+        &mut self,
+        table: TableId,
+        key: u64,
+        values: &[(usize, Value<'_>)],
+    ) -> Result<(), TxError> {
+        let schema = self.schema(table)?.clone();
+        let mut buf = std::mem::take(&mut self.row);
+        buf.clear();
+        let mut spans = Vec::with_capacity(values.len());
+        for (col, value) in values {
+            if *col >= schema.columns.len() {
+                self.row = buf;
+                return Err(TxError::SchemaMismatch(format!(
+                    "table {} has no column {col}",
+                    schema.name
+                )));
+            }
+            let size = schema.columns[*col].ty.size();
+            let start = buf.len();
+            buf.resize(start + size, 0);
+            if let Err(e) = encode_value(&schema, *col, value, &mut buf[start..]) {
+                self.row = buf;
+                return Err(e);
+            }
+            spans.push((schema.column_offset(*col), start, size));
+        }
+        let writes: Vec<FieldWrite<'_>> = spans
+            .iter()
+            .map(|&(offset, start, size)| FieldWrite {
+                offset,
+                bytes: &buf[start..start + size],
+            })
+            .collect();
+        let result = self.inner.update(table, key, &writes);
+        self.row = buf;
+        result
+    }
+
+    /// Replaces raw byte ranges of the row with `key` (for workloads that manage their own layout).
+    pub fn update_bytes(
+        &mut self,
+        table: TableId,
+        key: u64,
+        writes: &[FieldWrite<'_>],
+    ) -> Result<(), TxError> {
+        self.inner.update(table, key, writes)
+    }
+
+    /// Inserts a row given one value per column.
+    pub fn insert(
+        &mut self,
+        table: TableId,
+        key: u64,
+        values: &[Value<'_>],
+    ) -> Result<(), TxError> {
+        let schema = self.schema(table)?.clone();
+        if values.len() != schema.columns.len() {
+            return Err(TxError::SchemaMismatch(format!(
+                "table {} has {} columns, the insert gives {}",
+                schema.name,
+                schema.columns.len(),
+                values.len()
+            )));
+        }
+        let mut row = vec![0u8; schema.row_size()];
+        for (i, v) in values.iter().enumerate() {
+            let at = schema.column_offset(i);
+            encode_value(
+                &schema,
+                i,
+                v,
+                &mut row[at..at + schema.columns[i].ty.size()],
+            )?;
+        }
+        self.inner.insert(table, key, &row)
+    }
+
+    /// Inserts a row given as raw bytes (exactly the row size).
+    pub fn insert_bytes(&mut self, table: TableId, key: u64, row: &[u8]) -> Result<(), TxError> {
+        self.inner.insert(table, key, row)
+    }
+
+    /// Deletes the row with `key`.
+    pub fn delete(&mut self, table: TableId, key: u64) -> Result<(), TxError> {
+        self.inner.delete(table, key)
+    }
+
+    /// Rows with keys `>= from`, ascending, at most `limit` (needs an ordered primary index).
+    pub fn scan(
+        &mut self,
+        table: TableId,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, Row)>, TxError> {
+        self.scan_dir(table, from, false, limit)
+    }
+
+    /// Rows with keys `<= from`, descending, at most `limit`.
+    pub fn scan_rev(
+        &mut self,
+        table: TableId,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, Row)>, TxError> {
+        self.scan_dir(table, from, true, limit)
+    }
+
+    fn scan_dir(
+        &mut self,
+        table: TableId,
+        from: u64,
+        reverse: bool,
+        limit: usize,
+    ) -> Result<Vec<(u64, Row)>, TxError> {
+        let mut raw = Vec::new();
+        self.inner.scan(table, from, reverse, limit, &mut |k, r| {
+            raw.push((k, r.to_vec()));
+            true
+        })?;
+        raw.into_iter()
+            .map(|(k, b)| Ok((k, self.row_of(table, b)?)))
+            .collect()
+    }
+
+    /// Visits rows with keys `>= from` (or `<= from` when `reverse`) until `f` returns false.
+    pub fn scan_with(
+        &mut self,
+        table: TableId,
+        from: u64,
+        reverse: bool,
+        limit: usize,
+        f: &mut dyn FnMut(u64, &[u8]) -> bool,
+    ) -> Result<(), TxError> {
+        self.inner.scan(table, from, reverse, limit, f)
+    }
+
+    /// Primary keys whose secondary index `index` maps `values` (one per indexed column); callers
+    /// re-check the rows, since distinct values can share a secondary key.
+    pub fn lookup_secondary(
+        &mut self,
+        table: TableId,
+        index: usize,
+        values: &[Value<'_>],
+    ) -> Result<Vec<u64>, TxError> {
+        let schema = self.schema(table)?.clone();
+        let def = schema.secondary.get(index).ok_or_else(|| {
+            TxError::SchemaMismatch(format!(
+                "table {} has no secondary index {index}",
+                schema.name
+            ))
+        })?;
+        if def.columns.len() != values.len() {
+            return Err(TxError::SchemaMismatch(format!(
+                "secondary index '{}' has {} columns",
+                def.name,
+                def.columns.len()
+            )));
+        }
+        let mut parts = Vec::new();
+        for (&c, v) in def.columns.iter().zip(values) {
+            let mut b = vec![0u8; schema.columns[c].ty.size()];
+            encode_value(&schema, c, v, &mut b)?;
+            parts.push(b);
+        }
+        let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+        let mut out = Vec::new();
+        self.inner
+            .lookup_secondary(table, index, crate::index::secondary_key(&refs), &mut out)?;
+        Ok(out)
+    }
+
+    /// Aborts the transaction: `run` returns `TxError::UserAbort` without retrying.
+    pub fn abort<T>(&mut self) -> Result<T, TxError> {
+        Err(TxError::UserAbort)
+    }
+}
+
+/// Whether `path` names an existing pool file.
+pub fn pool_exists(path: &Path) -> bool {
+    path.is_file()
+}

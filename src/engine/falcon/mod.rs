@@ -1,0 +1,433 @@
+//! The Falcon engine (Falcon, SOSP'23, §4–5) and its variants: in-place updates of a single
+//! version on PM, a per-thread **small log window** of redo entries, and **selective data flush**
+//! (hinted flush + hot-tuple tracking). The variants `falcon-noflush`, `falcon-allflush`, `inp`
+//! (§6.2's baseline: in place with a flushed redo log and no window) and `volatile` (durability off)
+//! share this code and differ only in [`Policy`].
+//!
+//! Commit (`worker.rs`, Algorithm 1): lock (OCC: at commit; 2PL: during execution), validate, take
+//! a commit tid, write the redo entries and the COMMITTED mark to the window slot, apply the
+//! after-images in place, set each tuple's `write_ts` and release its lock, then the selective flush.
+//!
+//! **Departures from the paper, and why.**
+//! - *ADR.* The paper assumes eADR. Under ADR the window slot (entries + mark, with a CRC so a torn
+//!   slot is detected) is flushed and fenced before any in-place store, so the mark is durable
+//!   before the data it covers changes; the updated lines are flushed and fenced before each
+//!   tuple's `write_ts` is set and its lock released, so a durable `write_ts` implies durable data
+//!   (recovery's replay filter relies on it). Hot-tuple tracking and `falcon-noflush` are refused
+//!   under ADR: skipping the flush of committed data whose log slot will be reused loses it. Cost:
+//!   two fences per writing transaction instead of none.
+//! - *Replay filter.* A tuple's `write_ts` (the commit tid of its last writer) is written after its
+//!   data; recovery replays a committed entry only if its tid exceeds the tuple's `write_ts`, in
+//!   tid order across threads. Without it, replaying an older window entry could overwrite a newer
+//!   durable update by another thread whose own slot was already reused.
+//! - *Spill.* A transaction whose redo does not fit its window slot writes the redo to a per-thread
+//!   chain of spill pages and marks the slot SPILLED; after applying it fences and frees the slot
+//!   at once, so the chain can be reused by the next large transaction.
+//! - *Deleted tuples* (§5.4) are kept in a per-thread DRAM queue ordered by delete tid and reused
+//!   once no running transaction is older; the paper persists this list in the heap, pmtx rebuilds
+//!   it from the DELETED flags at recovery, which it scans anyway to rebuild the DRAM indexes.
+//! - *Indexes* are DRAM only for now (rebuilt by a heap scan at recovery); persistent indexes for
+//!   instant recovery come later.
+
+pub mod layout;
+mod recovery;
+pub mod window;
+mod worker;
+
+use crate::alloc::{PageManager, PageTag};
+use crate::catalog::{Catalog, CatalogStore, Schema, TableId};
+use crate::cc::{Protocol, TidClock, MAX_THREADS};
+use crate::engine::{DbError, Engine, EngineKind, EngineWorker, RecoveryReport};
+use crate::index::{PrimaryIndex, PrimaryIndexKind, SecondaryIndex};
+use crate::pmem::{PersistenceDomain, Pool};
+use crossbeam_utils::CachePadded;
+use layout::{kind, meta, tuple};
+use parking_lot::{Mutex, RwLock};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Parameters of a Falcon database.
+#[derive(Clone, Debug)]
+pub struct FalconConfig {
+    /// Which variant.
+    pub kind: EngineKind,
+    /// Concurrency control.
+    pub protocol: Protocol,
+    /// Worker slots (threads), at most 256.
+    pub max_threads: usize,
+    /// Redo slots per thread window (Falcon: 2–3 transactions).
+    pub window_slots: usize,
+    /// Bytes per window slot, header included.
+    pub window_slot_bytes: usize,
+    /// Largest row, in bytes.
+    pub max_row_bytes: usize,
+    /// Hot tuples tracked per thread (0 disables hot-tuple tracking).
+    pub hot_tuples: usize,
+}
+
+impl FalconConfig {
+    /// Defaults for `kind`: 3 window slots of 4 KiB (Inp: a 1 MiB log ring per thread), 16 threads,
+    /// rows up to 4 KiB, 64 hot tuples.
+    pub fn new(kind: EngineKind, protocol: Protocol) -> FalconConfig {
+        let inp = kind == EngineKind::Inp;
+        FalconConfig {
+            kind,
+            protocol,
+            max_threads: 16,
+            window_slots: if inp { 256 } else { 3 },
+            window_slot_bytes: 4096,
+            max_row_bytes: 4096,
+            hot_tuples: 64,
+        }
+    }
+}
+
+/// What the variant does at commit, derived from the kind and the domain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Policy {
+    /// Write redo entries at all (false: volatile).
+    pub log: bool,
+    /// Flush the window slot and fence before applying (ADR/msync always; Inp always).
+    pub persist_log: bool,
+    /// Flush the updated lines and fence before setting `write_ts` (ADR/msync; Inp).
+    pub persist_data: bool,
+    /// After release, `sfence` then `clwb` of the updated lines (Falcon's hinted flush, eADR).
+    pub hinted_flush: bool,
+    /// Skip the hinted flush of tuples in the hot set.
+    pub track_hot: bool,
+    /// Store a CRC in the slot (when one fence covers payload and mark).
+    pub crc: bool,
+}
+
+impl Policy {
+    fn new(
+        kind: EngineKind,
+        domain: PersistenceDomain,
+        hot_tuples: usize,
+    ) -> Result<Policy, DbError> {
+        let flushing = domain.needs_flush();
+        if kind == EngineKind::Volatile {
+            return Ok(Policy {
+                log: false,
+                persist_log: false,
+                persist_data: false,
+                hinted_flush: false,
+                track_hot: false,
+                crc: false,
+            });
+        }
+        if !domain.is_durable() {
+            return Err(DbError::Config(format!(
+                "engine {kind} needs a durable domain (adr, eadr or msync); use the volatile engine for no durability"
+            )));
+        }
+        if kind == EngineKind::FalconNoflush && flushing {
+            return Err(DbError::Config(format!(
+                "falcon-noflush is crash-consistent only under eADR (data must reach PM by eviction); \
+                 under {domain} use falcon or falcon-allflush"
+            )));
+        }
+        let inp = kind == EngineKind::Inp;
+        Ok(Policy {
+            log: true,
+            persist_log: flushing || inp,
+            persist_data: flushing || inp,
+            hinted_flush: !flushing
+                && matches!(kind, EngineKind::Falcon | EngineKind::FalconAllflush),
+            track_hot: !flushing && kind == EngineKind::Falcon && hot_tuples > 0,
+            crc: flushing || inp,
+        })
+    }
+}
+
+/// A table at run time: its schema, slot geometry and DRAM indexes.
+pub(crate) struct TableRt {
+    pub id: TableId,
+    pub schema: Schema,
+    pub row: usize,
+    pub slot: u64,
+    pub index: PrimaryIndex,
+    pub secondary: Vec<SecondaryIndex>,
+}
+
+impl TableRt {
+    fn new(id: TableId, schema: Schema) -> TableRt {
+        let row = schema.row_size();
+        let index = match schema.primary_index {
+            PrimaryIndexKind::Hash => PrimaryIndex::Hash(crate::index::HashIndex::new()),
+            PrimaryIndexKind::Ordered => PrimaryIndex::Ordered(crate::index::OrderedIndex::new()),
+        };
+        let secondary = schema
+            .secondary
+            .iter()
+            .map(|_| SecondaryIndex::new())
+            .collect();
+        TableRt {
+            id,
+            row,
+            slot: tuple::slot_size(row),
+            index,
+            secondary,
+            schema,
+        }
+    }
+
+    /// The secondary key of `row` for index `i`.
+    pub fn secondary_key(&self, i: usize, row: &[u8]) -> u64 {
+        let parts: Vec<&[u8]> = self.schema.secondary[i]
+            .columns
+            .iter()
+            .map(|&c| {
+                let at = self.schema.column_offset(c);
+                &row[at..at + self.schema.columns[c].ty.size()]
+            })
+            .collect();
+        crate::index::secondary_key(&parts)
+    }
+}
+
+/// A thread slot's allocation state for one table (DRAM only; rebuilt at recovery).
+#[derive(Default)]
+pub(crate) struct TableAlloc {
+    /// Next never-used slot in the current page, and the page's end.
+    pub bump: u64,
+    pub end: u64,
+    /// Free slots (from recovery, aborted inserts, reclaimed deletes).
+    pub free: Vec<u64>,
+    /// Deleted slots with their delete tid, oldest first (Falcon §5.4).
+    pub deleted: VecDeque<(u64, u64)>,
+}
+
+/// A thread slot's state, handed to the worker that claims the slot.
+#[derive(Default)]
+pub(crate) struct ThreadState {
+    pub window: Option<u64>,
+    pub cursor: usize,
+    pub spill_pages: Vec<u64>,
+    pub tables: Vec<TableAlloc>,
+    pub last_tid: u64,
+}
+
+/// The Falcon engine, shared by its workers.
+pub struct FalconEngine {
+    pub(crate) kind: EngineKind,
+    pub(crate) domain: PersistenceDomain,
+    pub(crate) protocol: Protocol,
+    pub(crate) policy: Policy,
+    pub(crate) pool: Arc<Pool>,
+    pub(crate) pages: PageManager,
+    pub(crate) config: FalconConfig,
+    catalog_store: CatalogStore,
+    catalog: Mutex<Catalog>,
+    pub(crate) tables: RwLock<Vec<Arc<TableRt>>>,
+    pub(crate) clock: TidClock,
+    /// Per thread: start timestamp of its running transaction, or `u64::MAX`.
+    pub(crate) active: Box<[CachePadded<AtomicU64>]>,
+    pub(crate) threads: Box<[Mutex<Option<ThreadState>>]>,
+    pub(crate) last_commit: AtomicU64,
+    report: Option<RecoveryReport>,
+}
+
+impl FalconEngine {
+    fn validate(config: &FalconConfig) -> Result<(), DbError> {
+        if config.max_threads == 0 || config.max_threads > MAX_THREADS {
+            return Err(DbError::Config(format!(
+                "max_threads must be 1 to {MAX_THREADS}"
+            )));
+        }
+        if config.window_slots < 2 {
+            return Err(DbError::Config(
+                "the log window needs at least 2 slots: a slot is reused only after the next \
+                 transaction's fence has made the previous one's data durable"
+                    .into(),
+            ));
+        }
+        let window_bytes = config.window_slots * config.window_slot_bytes;
+        if config.window_slot_bytes < 256 || window_bytes as u64 > crate::alloc::PAGE_SIZE {
+            return Err(DbError::Config(format!(
+                "window slots of {} bytes × {} must be at least 256 bytes each and fit in one 2 MiB page",
+                config.window_slot_bytes, config.window_slots
+            )));
+        }
+        if config.max_row_bytes == 0
+            || tuple::slot_size(config.max_row_bytes) > crate::alloc::PAGE_SIZE
+        {
+            return Err(DbError::Config(
+                "max_row_bytes must be between 1 byte and a 2 MiB page".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Formats a fresh pool for Falcon.
+    pub fn create(pool: Arc<Pool>, config: FalconConfig) -> Result<Arc<FalconEngine>, DbError> {
+        Self::validate(&config)?;
+        let policy = Policy::new(config.kind, pool.domain(), config.hot_tuples)?;
+        let pages = PageManager::format(&pool)?;
+        let meta_index = pages.allocate(
+            &pool,
+            PageTag {
+                kind: kind::META,
+                owner: 0,
+                value: 0,
+            },
+        )?;
+        let meta_page = pages.page_offset(meta_index);
+        let catalog_store = CatalogStore {
+            base: meta_page + meta::CATALOG_AT,
+            slot_bytes: meta::CATALOG_SLOT_BYTES,
+        };
+        catalog_store.store(&pool, &Catalog::default())?;
+        let m = |f: u64, v: u64| pool.write_u64(meta_page + f, v);
+        m(meta::F_VERSION, meta::VERSION);
+        m(meta::F_MAX_THREADS, config.max_threads as u64);
+        m(meta::F_WINDOW_SLOTS, config.window_slots as u64);
+        m(meta::F_WINDOW_SLOT_BYTES, config.window_slot_bytes as u64);
+        m(meta::F_MAX_ROW, config.max_row_bytes as u64);
+        m(meta::F_CATALOG_SLOT, meta::CATALOG_SLOT_BYTES);
+        pool.persist(meta_page + 8, 48);
+        // The magic last, then the root: a crash before either leaves a pool that open refuses as
+        // not formatted rather than half formatted.
+        pool.write_u64(meta_page + meta::F_MAGIC, meta::MAGIC);
+        pool.persist(meta_page, 8);
+        pool.set_root(meta_page)?;
+        Ok(Arc::new(Self::assemble(
+            pool,
+            pages,
+            meta_page,
+            config,
+            policy,
+            Catalog::default(),
+            0,
+            None,
+        )))
+    }
+
+    /// Opens a Falcon pool, running recovery (§5.3). The window geometry and row limit come from
+    /// the pool; `config` supplies the variant, protocol and thread count (which must not be
+    /// smaller than the pool's).
+    pub fn open(pool: Arc<Pool>, mut config: FalconConfig) -> Result<Arc<FalconEngine>, DbError> {
+        let meta_page = pool.root();
+        if meta_page == 0 {
+            return Err(DbError::Corrupt(
+                "the pool has no root: it was never formatted for Falcon".into(),
+            ));
+        }
+        pool.check_range(meta_page, crate::alloc::PAGE_SIZE)
+            .map_err(|e| DbError::Corrupt(e.to_string()))?;
+        let pages = PageManager::open(&pool)?;
+        let r = |f: u64| pool.read_u64(meta_page + f);
+        if r(meta::F_MAGIC) != meta::MAGIC || r(meta::F_VERSION) != meta::VERSION {
+            return Err(DbError::Corrupt(
+                "the Falcon meta page is missing or of another version".into(),
+            ));
+        }
+        let stored_threads = r(meta::F_MAX_THREADS) as usize;
+        config.max_threads = config.max_threads.max(stored_threads);
+        config.window_slots = r(meta::F_WINDOW_SLOTS) as usize;
+        config.window_slot_bytes = r(meta::F_WINDOW_SLOT_BYTES) as usize;
+        config.max_row_bytes = r(meta::F_MAX_ROW) as usize;
+        Self::validate(&config)
+            .map_err(|e| DbError::Corrupt(format!("meta page parameters: {e}")))?;
+        let policy = Policy::new(config.kind, pool.domain(), config.hot_tuples)?;
+        let catalog_store = CatalogStore {
+            base: meta_page + meta::CATALOG_AT,
+            slot_bytes: r(meta::F_CATALOG_SLOT),
+        };
+        let catalog = catalog_store.load(&pool)?;
+        let mut engine = Self::assemble(pool, pages, meta_page, config, policy, catalog, 0, None);
+        let (report, floor) = recovery::recover(&mut engine)?;
+        engine.clock = TidClock::new(floor);
+        engine.report = Some(report);
+        Ok(Arc::new(engine))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn assemble(
+        pool: Arc<Pool>,
+        pages: PageManager,
+        meta_page: u64,
+        config: FalconConfig,
+        policy: Policy,
+        catalog: Catalog,
+        floor: u64,
+        report: Option<RecoveryReport>,
+    ) -> FalconEngine {
+        let tables = catalog
+            .tables
+            .iter()
+            .enumerate()
+            .map(|(i, s)| Arc::new(TableRt::new(i as TableId, s.clone())))
+            .collect();
+        let threads = (0..config.max_threads)
+            .map(|_| Mutex::new(Some(ThreadState::default())))
+            .collect();
+        FalconEngine {
+            kind: config.kind,
+            domain: pool.domain(),
+            protocol: config.protocol,
+            policy,
+            catalog_store: CatalogStore {
+                base: meta_page + meta::CATALOG_AT,
+                slot_bytes: meta::CATALOG_SLOT_BYTES,
+            },
+            catalog: Mutex::new(catalog),
+            tables: RwLock::new(tables),
+            clock: TidClock::new(floor),
+            active: (0..config.max_threads)
+                .map(|_| CachePadded::new(AtomicU64::new(u64::MAX)))
+                .collect(),
+            threads,
+            last_commit: AtomicU64::new(0),
+            report,
+            pages,
+            config,
+            pool,
+        }
+    }
+}
+
+impl Engine for FalconEngine {
+    fn kind(&self) -> EngineKind {
+        self.kind
+    }
+
+    fn domain(&self) -> PersistenceDomain {
+        self.domain
+    }
+
+    fn catalog(&self) -> Catalog {
+        self.catalog.lock().clone()
+    }
+
+    fn create_table(&self, schema: Schema) -> Result<TableId, DbError> {
+        let mut catalog = self.catalog.lock();
+        let mut next = catalog.clone();
+        let id = next.add(schema.clone(), self.config.max_row_bytes)?;
+        self.catalog_store.store(&self.pool, &next)?;
+        *catalog = next;
+        self.tables.write().push(Arc::new(TableRt::new(id, schema)));
+        Ok(id)
+    }
+
+    fn worker(self: Arc<Self>, thread: usize) -> Result<Box<dyn EngineWorker>, DbError> {
+        Ok(Box::new(worker::FalconWorker::new(self, thread)?))
+    }
+
+    fn recovery_report(&self) -> Option<RecoveryReport> {
+        self.report.clone()
+    }
+
+    fn pool(&self) -> Option<&Arc<Pool>> {
+        Some(&self.pool)
+    }
+
+    fn durable_tid(&self) -> u64 {
+        self.last_commit.load(Ordering::Acquire)
+    }
+
+    fn check_structure(&self) -> Result<Vec<u64>, String> {
+        recovery::check_structure(self)
+    }
+}

@@ -1,0 +1,378 @@
+//! Falcon recovery (§5.3): replay COMMITTED window entries, discard the rest, then rebuild the DRAM
+//! indexes, free lists and the tid clock from one scan of the tuple heap, clearing stale locks.
+//!
+//! Replay is idempotent and survives a crash of its own: entries are applied in commit-tid order,
+//! each only if its tid exceeds the tuple's durable `write_ts`; data is made durable (flush + fence)
+//! before any `write_ts` or flag, and the window slots are freed only at the very end.
+
+use super::layout::{kind, slot, tuple};
+use super::window::{self, EntryKind};
+use super::{FalconEngine, TableAlloc, ThreadState};
+use crate::alloc::PAGE_SIZE;
+use crate::cc::{tid_timestamp, Protocol, LOCK_BIT};
+use crate::engine::{DbError, RecoveryReport};
+use std::collections::HashMap;
+use std::time::Instant;
+
+struct CommittedTxn {
+    tid: u64,
+    payload: Vec<u8>,
+}
+
+fn corrupt(msg: impl Into<String>) -> DbError {
+    DbError::Corrupt(msg.into())
+}
+
+/// Runs recovery; returns the report and the timestamp floor for the tid clock.
+pub(super) fn recover(engine: &mut FalconEngine) -> Result<(RecoveryReport, u64), DbError> {
+    let started = Instant::now();
+    let mut report = RecoveryReport::default();
+    let mut phase_start = Instant::now();
+    let mut phase = |report: &mut RecoveryReport, name: &str| {
+        report
+            .phases
+            .push((name.to_string(), phase_start.elapsed().as_secs_f64() * 1e3));
+        phase_start = Instant::now();
+    };
+    let pool = engine.pool.clone();
+    let threads = engine.config.max_threads;
+    let ntables = engine.tables.read().len();
+
+    // Phase 1: the page table says which pages are windows, spill chains and heap.
+    let mut windows: HashMap<usize, u64> = HashMap::new();
+    let mut spills: HashMap<usize, Vec<(u64, u64)>> = HashMap::new();
+    let mut heap: Vec<(u32, usize, u64)> = Vec::new();
+    for (index, tag) in engine.pages.allocated(&pool) {
+        let owner = tag.owner as usize;
+        let off = engine.pages.page_offset(index);
+        match tag.kind {
+            kind::META => {}
+            kind::WINDOW if owner < threads => {
+                windows.insert(owner, off);
+            }
+            kind::SPILL if owner < threads => spills.entry(owner).or_default().push((tag.value, off)),
+            kind::HEAP if (tag.value as usize) < ntables && owner < threads => {
+                heap.push((tag.value as u32, owner, off))
+            }
+            other => {
+                return Err(corrupt(format!(
+                    "page {index} has tag kind {other}, owner {owner}, value {} that the Falcon layout does not use",
+                    tag.value
+                )))
+            }
+        }
+    }
+    for chain in spills.values_mut() {
+        chain.sort();
+    }
+    phase(&mut report, "page table");
+
+    // Phase 2: collect committed window slots.
+    let slots = engine.config.window_slots as u64;
+    let slot_bytes = engine.config.window_slot_bytes as u64;
+    let mut committed = Vec::new();
+    let mut max_tid = 0u64;
+    for (&owner, &win) in &windows {
+        for s in 0..slots {
+            let at = win + s * slot_bytes;
+            let state = pool.read_u64(at + slot::STATE);
+            if state == slot::FREE {
+                continue;
+            }
+            let tid = pool.read_u64(at + slot::TID);
+            let len = pool.read_u64(at + slot::LEN);
+            let spilled = pool.read_u64(at + slot::SPILLED) == 1;
+            let payload = if spilled {
+                read_spill(
+                    &pool,
+                    spills.get(&owner).map(Vec::as_slice).unwrap_or(&[]),
+                    len,
+                )
+            } else if len <= slot_bytes - slot::HEADER {
+                Some(pool.read_vec(at + slot::HEADER, len as usize))
+            } else {
+                None
+            };
+            let valid = match (state, &payload) {
+                (slot::COMMITTED, Some(_)) => true,
+                (slot::COMMITTED_CRC, Some(p)) => {
+                    pool.read_u64(at + slot::CRC) == window::slot_crc(tid, p)
+                }
+                _ => false,
+            };
+            match payload {
+                Some(payload) if valid && window::decode(&payload).is_some() => {
+                    max_tid = max_tid.max(tid);
+                    committed.push(CommittedTxn { tid, payload });
+                }
+                _ => report.discarded_in_log += 1,
+            }
+        }
+    }
+    committed.sort_by_key(|t| t.tid);
+    report.committed_in_log = committed.len() as u64;
+    phase(&mut report, "read log windows");
+
+    // Phase 3: replay. Pass 1 writes data, pass 2 headers, each made durable before the next step.
+    let heap_tables: HashMap<u64, u32> = heap.iter().map(|&(t, _, off)| (off, t)).collect();
+    let tables = engine.tables.read().clone();
+    let mut effective_ts: HashMap<u64, u64> = HashMap::new();
+    let mut headers: HashMap<u64, (u64, u64, Option<u64>)> = HashMap::new(); // tuple -> (tid, flags, key)
+    for txn in &committed {
+        for e in window::decode(&txn.payload).expect("validated above") {
+            let table = tables.get(e.table as usize).ok_or_else(|| {
+                corrupt(format!(
+                    "log entry names table {} which does not exist",
+                    e.table
+                ))
+            })?;
+            let page = e.tuple - e.tuple % PAGE_SIZE;
+            if heap_tables.get(&page) != Some(&e.table) || (e.tuple - page) % table.slot != 0 {
+                return Err(corrupt(format!(
+                    "log entry points at {} which is not a slot of table {}",
+                    e.tuple, e.table
+                )));
+            }
+            if e.field_offset as usize + e.bytes.len() > table.row {
+                return Err(corrupt(format!(
+                    "log entry writes past the row end of table {}",
+                    e.table
+                )));
+            }
+            let current = *effective_ts
+                .entry(e.tuple)
+                .or_insert_with(|| pool.read_u64(e.tuple + tuple::WRITE_TS));
+            if txn.tid <= current {
+                continue;
+            }
+            let row_at = e.tuple + tuple::HEADER + u64::from(e.field_offset);
+            match e.kind {
+                EntryKind::Update => pool.write_bytes(row_at, e.bytes),
+                EntryKind::Insert => pool.write_bytes(row_at, e.bytes),
+                EntryKind::Delete => {}
+            }
+            pool.flush(row_at, e.bytes.len() as u64);
+            let (flags, key) = match e.kind {
+                EntryKind::Update => (tuple::LIVE, None),
+                EntryKind::Insert => (tuple::LIVE, Some(e.key)),
+                EntryKind::Delete => (tuple::LIVE | tuple::DELETED, None),
+            };
+            let h = headers.entry(e.tuple).or_insert((txn.tid, flags, key));
+            h.0 = txn.tid;
+            if e.kind != EntryKind::Update {
+                h.1 = flags;
+            }
+            h.2 = key.or(h.2);
+            report.replayed_entries += 1;
+        }
+        // Entries of one transaction on one tuple share the tid: later ones of the same txn apply.
+        for e in window::decode(&txn.payload).expect("validated above") {
+            effective_ts.insert(e.tuple, effective_ts[&e.tuple].max(txn.tid));
+        }
+    }
+    pool.fence();
+    for (&t, &(tid, flags, key)) in &headers {
+        if let Some(key) = key {
+            pool.write_u64(t + tuple::KEY, key);
+        }
+        if flags != tuple::LIVE || key.is_some() {
+            pool.write_u64(t + tuple::FLAGS, flags);
+        }
+        pool.write_u64(t + tuple::WRITE_TS, tid);
+        pool.flush(t, tuple::HEADER);
+    }
+    pool.fence();
+    for &win in windows.values() {
+        for s in 0..slots {
+            let at = win + s * slot_bytes;
+            if pool.read_u64(at + slot::STATE) != slot::FREE {
+                pool.write_u64(at + slot::STATE, slot::FREE);
+                pool.flush(at, 8);
+            }
+        }
+    }
+    pool.fence();
+    phase(&mut report, "replay");
+
+    // Phase 4: scan the heap in parallel; rebuild indexes, free lists, clear locks.
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(heap.len().max(1));
+    let protocol = engine.protocol;
+    let results: Vec<Result<ScanResult, DbError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers)
+            .map(|w| {
+                let (pool, tables, heap) = (&pool, &tables, &heap);
+                s.spawn(move || {
+                    let mut out = ScanResult::default();
+                    for &(table_id, owner, page) in heap.iter().skip(w).step_by(workers) {
+                        let table = &tables[table_id as usize];
+                        let per_page = PAGE_SIZE / table.slot;
+                        for i in 0..per_page {
+                            let t = page + i * table.slot;
+                            let flags = pool.read_u64(t + tuple::FLAGS);
+                            let write_ts = pool.read_u64(t + tuple::WRITE_TS);
+                            out.max_ts = out.max_ts.max(write_ts);
+                            if flags == tuple::LIVE {
+                                let key = pool.read_u64(t + tuple::KEY);
+                                if let Err(other) = table.index.insert_new(key, t) {
+                                    return Err(corrupt(format!(
+                                        "table {}: key {key} is live in two slots ({other} and {t})",
+                                        table.schema.name
+                                    )));
+                                }
+                                if !table.secondary.is_empty() {
+                                    let row = pool.read_vec(t + tuple::HEADER, table.row);
+                                    for (si, sec) in table.secondary.iter().enumerate() {
+                                        sec.insert(table.secondary_key(si, &row), key);
+                                    }
+                                }
+                                let unlocked = match protocol {
+                                    Protocol::Occ => write_ts & !LOCK_BIT,
+                                    Protocol::NoWait => 0,
+                                };
+                                if pool.read_u64(t + tuple::CC) != unlocked {
+                                    pool.write_u64(t + tuple::CC, unlocked);
+                                    pool.flush(t, 8);
+                                    out.locks_cleared += 1;
+                                }
+                                out.rows += 1;
+                            } else {
+                                out.free.entry((owner, table_id)).or_default().push(t);
+                            }
+                        }
+                    }
+                    pool.fence();
+                    Ok(out)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("recovery scan thread panicked"))
+            .collect()
+    });
+    let mut states: Vec<ThreadState> = (0..threads).map(|_| ThreadState::default()).collect();
+    for st in states.iter_mut() {
+        st.tables = (0..ntables).map(|_| TableAlloc::default()).collect();
+    }
+    let mut max_ts = max_tid;
+    for r in results {
+        let r = r?;
+        report.rows += r.rows;
+        report.locks_cleared += r.locks_cleared;
+        max_ts = max_ts.max(r.max_ts);
+        for ((owner, table), mut free) in r.free {
+            // Pop from the end: keep the lowest offsets first for locality.
+            free.sort_unstable_by(|a, b| b.cmp(a));
+            states[owner].tables[table as usize].free.extend(free);
+        }
+    }
+    for (owner, st) in states.iter_mut().enumerate() {
+        st.window = windows.get(&owner).copied();
+        st.spill_pages = spills
+            .get(&owner)
+            .map(|c| c.iter().map(|&(_, p)| p).collect())
+            .unwrap_or_default();
+        st.last_tid = max_ts;
+    }
+    for (slot_state, st) in engine.threads.iter().zip(states) {
+        *slot_state.lock() = Some(st);
+    }
+    phase(&mut report, "heap scan and index rebuild");
+    report.total_ms = started.elapsed().as_secs_f64() * 1e3;
+    Ok((report, tid_timestamp(max_ts)))
+}
+
+#[derive(Default)]
+struct ScanResult {
+    rows: u64,
+    locks_cleared: u64,
+    max_ts: u64,
+    free: HashMap<(usize, u32), Vec<u64>>,
+}
+
+fn read_spill(pool: &crate::pmem::Pool, chain: &[(u64, u64)], len: u64) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(len as usize);
+    for (i, &(position, page)) in chain.iter().enumerate() {
+        if position != i as u64 {
+            return None;
+        }
+        let take = (len - out.len() as u64).min(PAGE_SIZE);
+        out.extend_from_slice(&pool.read_vec(page, take as usize));
+        if out.len() as u64 == len {
+            return Some(out);
+        }
+    }
+    None
+}
+
+/// Indexes and heap agree: every index entry points at a live slot of its table holding its key,
+/// and every live slot is indexed. Returns live rows per table.
+pub(super) fn check_structure(engine: &FalconEngine) -> Result<Vec<u64>, String> {
+    let pool = &engine.pool;
+    let tables = engine.tables.read().clone();
+    let mut heap_pages: HashMap<u64, u32> = HashMap::new();
+    for (index, tag) in engine.pages.allocated(pool) {
+        if tag.kind == kind::HEAP {
+            heap_pages.insert(engine.pages.page_offset(index), tag.value as u32);
+        }
+    }
+    let mut counts = Vec::new();
+    for table in &tables {
+        let mut problem = None;
+        table.index.for_each(|key, t| {
+            if problem.is_some() {
+                return;
+            }
+            let page = t - t % PAGE_SIZE;
+            if heap_pages.get(&page) != Some(&table.id) || (t - page) % table.slot != 0 {
+                problem = Some(format!(
+                    "table {}: key {key} points at {t}, not a slot of the table",
+                    table.schema.name
+                ));
+            } else if pool.read_u64(t + tuple::FLAGS) != tuple::LIVE {
+                problem = Some(format!(
+                    "table {}: key {key} points at a slot that is not live",
+                    table.schema.name
+                ));
+            } else if pool.read_u64(t + tuple::KEY) != key {
+                problem = Some(format!(
+                    "table {}: key {key} points at a slot holding another key",
+                    table.schema.name
+                ));
+            }
+        });
+        if let Some(p) = problem {
+            return Err(p);
+        }
+        let mut live = 0u64;
+        for (&page, &tid) in &heap_pages {
+            if tid != table.id {
+                continue;
+            }
+            for i in 0..PAGE_SIZE / table.slot {
+                let t = page + i * table.slot;
+                if pool.read_u64(t + tuple::FLAGS) == tuple::LIVE {
+                    live += 1;
+                    let key = pool.read_u64(t + tuple::KEY);
+                    if table.index.get(key) != Some(t) {
+                        return Err(format!(
+                            "table {}: live slot {t} with key {key} is not indexed",
+                            table.schema.name
+                        ));
+                    }
+                }
+            }
+        }
+        if live != table.index.len() as u64 {
+            return Err(format!(
+                "table {}: {live} live slots but {} index entries",
+                table.schema.name,
+                table.index.len()
+            ));
+        }
+        counts.push(live);
+    }
+    Ok(counts)
+}

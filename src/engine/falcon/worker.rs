@@ -1,0 +1,988 @@
+//! A Falcon worker: one thread's transactions (Falcon §5.2, Algorithm 1).
+
+use super::layout::{kind, slot, tuple};
+use super::window::{self, EntryKind};
+use super::{FalconEngine, TableAlloc, TableRt, ThreadState};
+use crate::alloc::{AllocError, PageTag, PAGE_SIZE};
+use crate::catalog::TableId;
+use crate::cc::{no_wait, occ, tid_timestamp, MetaWord, Protocol, LOCK_BIT};
+use crate::engine::{DbError, EngineWorker, FieldWrite, TxError};
+use crate::pmem::Pool;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// How long an OCC reader or locker spins on a locked word before giving up (aborting).
+const SPIN_LIMIT: u32 = 256;
+
+/// A tuple's CC word in its PM header.
+struct PmWord<'a> {
+    pool: &'a Pool,
+    at: u64,
+}
+
+impl MetaWord for PmWord<'_> {
+    fn load(&self) -> u64 {
+        self.pool.load_u64(self.at, Ordering::Acquire)
+    }
+    fn cas(&self, current: u64, new: u64) -> bool {
+        self.pool.cas_u64(self.at, current, new).is_ok()
+    }
+    fn store(&self, value: u64) {
+        self.pool.store_u64(self.at, value, Ordering::Release)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WriteKind {
+    Update,
+    Insert,
+    Delete,
+    /// An insert deleted again by the same transaction: nothing reaches PM.
+    Cancelled,
+}
+
+struct WriteRec {
+    table: TableId,
+    key: u64,
+    tuple: u64,
+    kind: WriteKind,
+    /// OCC: the lock is held (taken at commit). 2PL: always true once recorded.
+    locked: bool,
+}
+
+/// One after-image range of a write, in program order.
+struct RangeRec {
+    write: u32,
+    offset: u32,
+    len: u32,
+    data: u32,
+}
+
+/// A small LRU of recently flushed tuples (Falcon §4.4, "hot tuple tracking").
+struct HotSet {
+    capacity: usize,
+    tick: u64,
+    last_use: HashMap<u64, u64>,
+}
+
+impl HotSet {
+    /// Whether `tuple` is hot; marks it used either way (Algorithm 1, lines 9–11).
+    fn check_and_touch(&mut self, tuple: u64) -> bool {
+        self.tick += 1;
+        if let Some(t) = self.last_use.get_mut(&tuple) {
+            *t = self.tick;
+            return true;
+        }
+        if self.last_use.len() >= self.capacity {
+            if let Some((&coldest, _)) = self.last_use.iter().min_by_key(|(_, &t)| t) {
+                self.last_use.remove(&coldest);
+            }
+        }
+        self.last_use.insert(tuple, self.tick);
+        false
+    }
+}
+
+pub(crate) struct FalconWorker {
+    eng: Arc<FalconEngine>,
+    pool: Arc<Pool>,
+    thread: usize,
+    state: Option<ThreadState>,
+    tables: Vec<Arc<TableRt>>,
+    in_txn: bool,
+    read_only: bool,
+    /// OCC: (tuple, version read). 2PL: tuples read-locked (version unused).
+    reads: Vec<(u64, u64)>,
+    writes: Vec<WriteRec>,
+    ranges: Vec<RangeRec>,
+    data: Vec<u8>,
+    payload: Vec<u8>,
+    /// Largest version / write_ts seen: the commit tid must exceed it.
+    max_seen: u64,
+    hot: HotSet,
+    scratch: Vec<u8>,
+    scan_hits: Vec<(u64, u64)>,
+}
+
+impl FalconWorker {
+    pub(crate) fn new(eng: Arc<FalconEngine>, thread: usize) -> Result<FalconWorker, DbError> {
+        if thread >= eng.config.max_threads {
+            return Err(DbError::NoWorkerSlot(eng.config.max_threads));
+        }
+        let state = eng.threads[thread]
+            .lock()
+            .take()
+            .ok_or_else(|| DbError::Config(format!("worker slot {thread} is already in use")))?;
+        let tables = eng.tables.read().clone();
+        Ok(FalconWorker {
+            pool: eng.pool.clone(),
+            hot: HotSet {
+                capacity: eng.config.hot_tuples.max(1),
+                tick: 0,
+                last_use: HashMap::new(),
+            },
+            thread,
+            state: Some(state),
+            tables,
+            in_txn: false,
+            read_only: false,
+            reads: Vec::new(),
+            writes: Vec::new(),
+            ranges: Vec::new(),
+            data: Vec::new(),
+            payload: Vec::new(),
+            max_seen: 0,
+            scratch: Vec::new(),
+            scan_hits: Vec::new(),
+            eng,
+        })
+    }
+
+    fn st(&mut self) -> &mut ThreadState {
+        self.state
+            .as_mut()
+            .expect("state is present while the worker lives")
+    }
+
+    fn table(&mut self, id: TableId) -> Result<Arc<TableRt>, TxError> {
+        if id as usize >= self.tables.len() {
+            self.tables = self.eng.tables.read().clone();
+        }
+        self.tables
+            .get(id as usize)
+            .cloned()
+            .ok_or_else(|| TxError::SchemaMismatch(format!("no table with id {id}")))
+    }
+
+    fn word(&self, tuple: u64) -> PmWord<'_> {
+        PmWord {
+            pool: &self.pool,
+            at: tuple + tuple::CC,
+        }
+    }
+
+    fn find_write(&self, table: TableId, key: u64) -> Option<usize> {
+        self.writes
+            .iter()
+            .position(|w| w.table == table && w.key == key)
+    }
+
+    fn holds_read_lock(&self, tuple: u64) -> bool {
+        self.reads.iter().any(|&(t, _)| t == tuple)
+    }
+
+    /// Reads a committed row under the protocol into `out`; NotFound if the slot no longer holds
+    /// a live row with `key`.
+    fn cc_read(
+        &mut self,
+        tuple: u64,
+        key: u64,
+        table: TableId,
+        out: &mut [u8],
+    ) -> Result<(), TxError> {
+        let not_found = TxError::NotFound { table, key };
+        match self.eng.protocol {
+            Protocol::Occ => {
+                for _ in 0..SPIN_LIMIT {
+                    let Some(v1) = occ::stable_version(&self.word(tuple)) else {
+                        std::hint::spin_loop();
+                        continue;
+                    };
+                    let flags = self.pool.read_u64(tuple + tuple::FLAGS);
+                    let stored_key = self.pool.read_u64(tuple + tuple::KEY);
+                    self.pool.read_bytes(tuple + tuple::HEADER, out);
+                    std::sync::atomic::fence(Ordering::Acquire);
+                    if self.word(tuple).load() != v1 {
+                        continue;
+                    }
+                    self.reads.push((tuple, v1));
+                    self.max_seen = self.max_seen.max(v1);
+                    return if flags == tuple::LIVE && stored_key == key {
+                        Ok(())
+                    } else {
+                        Err(not_found)
+                    };
+                }
+                Err(TxError::Conflict)
+            }
+            Protocol::NoWait => {
+                let mine = self.holds_read_lock(tuple)
+                    || self.writes.iter().any(|w| w.tuple == tuple && w.locked);
+                if !mine {
+                    if !no_wait::try_read_lock(&self.word(tuple)) {
+                        return Err(TxError::Conflict);
+                    }
+                    self.reads.push((tuple, 0));
+                }
+                self.max_seen = self
+                    .max_seen
+                    .max(self.pool.read_u64(tuple + tuple::WRITE_TS));
+                let flags = self.pool.read_u64(tuple + tuple::FLAGS);
+                let stored_key = self.pool.read_u64(tuple + tuple::KEY);
+                self.pool.read_bytes(tuple + tuple::HEADER, out);
+                if flags == tuple::LIVE && stored_key == key {
+                    Ok(())
+                } else {
+                    Err(not_found)
+                }
+            }
+        }
+    }
+
+    /// 2PL: takes the write lock of `tuple` (upgrading a read lock) and checks it still holds `key`.
+    fn lock_for_write(&mut self, tuple: u64, key: u64, table: TableId) -> Result<(), TxError> {
+        let held = self.reads.iter().position(|&(t, _)| t == tuple);
+        if !no_wait::try_write_lock(&self.word(tuple), held.is_some()) {
+            return Err(TxError::Conflict);
+        }
+        if let Some(i) = held {
+            self.reads.swap_remove(i);
+        }
+        self.max_seen = self
+            .max_seen
+            .max(self.pool.read_u64(tuple + tuple::WRITE_TS));
+        if self.pool.read_u64(tuple + tuple::FLAGS) != tuple::LIVE
+            || self.pool.read_u64(tuple + tuple::KEY) != key
+        {
+            // Keep the lock recorded so abort releases it.
+            self.writes.push(WriteRec {
+                table,
+                key,
+                tuple,
+                kind: WriteKind::Cancelled,
+                locked: true,
+            });
+            return Err(TxError::NotFound { table, key });
+        }
+        Ok(())
+    }
+
+    fn push_range(&mut self, write: usize, offset: usize, bytes: &[u8]) {
+        self.ranges.push(RangeRec {
+            write: write as u32,
+            offset: offset as u32,
+            len: bytes.len() as u32,
+            data: self.data.len() as u32,
+        });
+        self.data.extend_from_slice(bytes);
+    }
+
+    fn overlay(&self, write: usize, out: &mut [u8]) {
+        for r in self.ranges.iter().filter(|r| r.write as usize == write) {
+            let (o, l, d) = (r.offset as usize, r.len as usize, r.data as usize);
+            out[o..o + l].copy_from_slice(&self.data[d..d + l]);
+        }
+    }
+
+    /// A free slot of `table` owned by this thread: a reclaimable deleted slot (§5.4), a free one,
+    /// or a new one from the current page (allocating a page when it is full).
+    fn alloc_slot(&mut self, table: &TableRt) -> Result<u64, TxError> {
+        let oldest = self.eng.oldest_active_excluding(self.thread);
+        let (eng, thread) = (self.eng.clone(), self.thread);
+        let st = self.st();
+        if st.tables.len() <= table.id as usize {
+            st.tables
+                .resize_with(table.id as usize + 1, TableAlloc::default);
+        }
+        let ta = &mut st.tables[table.id as usize];
+        if let Some(&(t, tid)) = ta.deleted.front() {
+            if tid_timestamp(tid) < oldest {
+                ta.deleted.pop_front();
+                return Ok(t);
+            }
+        }
+        if let Some(t) = ta.free.pop() {
+            return Ok(t);
+        }
+        if ta.bump + table.slot > ta.end {
+            let tag = PageTag {
+                kind: kind::HEAP,
+                owner: thread as u8,
+                value: u64::from(table.id),
+            };
+            let page = eng.pages.allocate(&eng.pool, tag).map_err(pm_full)?;
+            ta.bump = eng.pages.page_offset(page);
+            ta.end = ta.bump + (PAGE_SIZE / table.slot) * table.slot;
+        }
+        let t = ta.bump;
+        ta.bump += table.slot;
+        Ok(t)
+    }
+
+    fn release_slot(&mut self, table: TableId, tuple: u64) {
+        let st = self.st();
+        if st.tables.len() <= table as usize {
+            st.tables
+                .resize_with(table as usize + 1, TableAlloc::default);
+        }
+        st.tables[table as usize].free.push(tuple);
+    }
+
+    fn end_txn(&mut self) {
+        self.reads.clear();
+        self.writes.clear();
+        self.ranges.clear();
+        self.data.clear();
+        self.in_txn = false;
+        self.eng.active[self.thread].store(u64::MAX, Ordering::Release);
+    }
+
+    /// Releases every lock and returns unpublished insert slots; used by abort and failed commits.
+    fn rollback(&mut self, published_inserts: usize) {
+        let mut inserts_seen = 0;
+        for i in 0..self.writes.len() {
+            let (table, key, t, kind, locked) = {
+                let w = &self.writes[i];
+                (w.table, w.key, w.tuple, w.kind, w.locked)
+            };
+            match kind {
+                WriteKind::Insert => {
+                    if inserts_seen < published_inserts {
+                        if let Ok(rt) = self.table(table) {
+                            rt.index.remove_if(key, t);
+                        }
+                    }
+                    inserts_seen += 1;
+                    if locked {
+                        self.word(t).store(0);
+                    }
+                    self.release_slot(table, t);
+                }
+                WriteKind::Cancelled if t == 0 => {}
+                _ if locked => match self.eng.protocol {
+                    Protocol::Occ => {
+                        let v = self.word(t).load() & !LOCK_BIT;
+                        occ::unlock(&self.word(t), v);
+                    }
+                    Protocol::NoWait => no_wait::write_unlock(&self.word(t)),
+                },
+                _ => {}
+            }
+        }
+        if self.eng.protocol == Protocol::NoWait {
+            for i in 0..self.reads.len() {
+                no_wait::read_unlock(&self.word(self.reads[i].0));
+            }
+        }
+        self.end_txn();
+    }
+
+    /// Writes the redo entries and the COMMITTED mark to the next window slot (Algorithm 1,
+    /// "Before Update" and line 2). Returns the slot offset and whether it spilled.
+    fn log_commit(&mut self, tid: u64) -> Result<(u64, bool), TxError> {
+        self.payload.clear();
+        for r in &self.ranges {
+            let w = &self.writes[r.write as usize];
+            let kind = match w.kind {
+                WriteKind::Insert
+                    if r.offset == 0 && r.len as usize == self.tables[w.table as usize].row =>
+                {
+                    EntryKind::Insert
+                }
+                WriteKind::Cancelled | WriteKind::Delete => continue,
+                _ => EntryKind::Update,
+            };
+            let d = r.data as usize;
+            window::encode(
+                &mut self.payload,
+                kind,
+                w.table,
+                w.tuple,
+                w.key,
+                r.offset,
+                &self.data[d..d + r.len as usize],
+            );
+        }
+        for w in self.writes.iter().filter(|w| w.kind == WriteKind::Delete) {
+            window::encode(
+                &mut self.payload,
+                EntryKind::Delete,
+                w.table,
+                w.tuple,
+                w.key,
+                0,
+                &[],
+            );
+        }
+        let eng = self.eng.clone();
+        let (slots, slot_bytes) = (eng.config.window_slots, eng.config.window_slot_bytes as u64);
+        let thread = self.thread;
+        let st = self.state.as_mut().expect("state present");
+        let win = match st.window {
+            Some(w) => w,
+            None => {
+                let page = eng
+                    .pages
+                    .allocate(
+                        &eng.pool,
+                        PageTag {
+                            kind: kind::WINDOW,
+                            owner: thread as u8,
+                            value: 0,
+                        },
+                    )
+                    .map_err(pm_full)?;
+                let w = eng.pages.page_offset(page);
+                st.window = Some(w);
+                w
+            }
+        };
+        let at = win + st.cursor as u64 * slot_bytes;
+        st.cursor = (st.cursor + 1) % slots;
+        let pool = &self.pool;
+        // Invalidate first: under eADR stores are durable in program order, so the old mark must
+        // be gone before the old payload is overwritten.
+        pool.write_u64(at + slot::STATE, slot::FREE);
+        let len = self.payload.len() as u64;
+        let spilled = len > slot_bytes - slot::HEADER;
+        if spilled {
+            let needed = len.div_ceil(PAGE_SIZE) as usize;
+            while st.spill_pages.len() < needed {
+                let position = st.spill_pages.len() as u64;
+                let page = eng
+                    .pages
+                    .allocate(
+                        &eng.pool,
+                        PageTag {
+                            kind: kind::SPILL,
+                            owner: thread as u8,
+                            value: position,
+                        },
+                    )
+                    .map_err(pm_full)?;
+                st.spill_pages.push(eng.pages.page_offset(page));
+            }
+            for (i, chunk) in self.payload.chunks(PAGE_SIZE as usize).enumerate() {
+                pool.write_bytes(st.spill_pages[i], chunk);
+                if eng.policy.persist_log {
+                    pool.flush(st.spill_pages[i], chunk.len() as u64);
+                }
+            }
+        } else {
+            pool.write_bytes(at + slot::HEADER, &self.payload);
+        }
+        pool.write_u64(at + slot::TID, tid);
+        pool.write_u64(at + slot::LEN, len);
+        pool.write_u64(at + slot::SPILLED, u64::from(spilled));
+        let mark = if eng.policy.crc {
+            pool.write_u64(at + slot::CRC, window::slot_crc(tid, &self.payload));
+            slot::COMMITTED_CRC
+        } else {
+            slot::COMMITTED
+        };
+        pool.write_u64(at + slot::STATE, mark);
+        if eng.policy.persist_log {
+            let inline = if spilled { 0 } else { len };
+            pool.flush(at, slot::HEADER + inline);
+            pool.fence();
+        }
+        Ok((at, spilled))
+    }
+}
+
+fn pm_full(e: AllocError) -> TxError {
+    TxError::PmFull(e.to_string())
+}
+
+impl FalconEngine {
+    /// The oldest start timestamp of running transactions other than `thread`'s own.
+    pub(crate) fn oldest_active_excluding(&self, thread: usize) -> u64 {
+        self.active
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| i != thread)
+            .map(|(_, a)| a.load(Ordering::Acquire))
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+}
+
+impl EngineWorker for FalconWorker {
+    fn begin(&mut self, read_only: bool) {
+        if self.in_txn {
+            self.abort();
+        }
+        self.in_txn = true;
+        self.read_only = read_only;
+        self.max_seen = 0;
+        self.eng.active[self.thread].store(self.eng.clock.now(), Ordering::Release);
+    }
+
+    fn read(&mut self, table: TableId, key: u64, out: &mut [u8]) -> Result<(), TxError> {
+        let rt = self.table(table)?;
+        if out.len() != rt.row {
+            return Err(TxError::SchemaMismatch(format!(
+                "table {} has rows of {} bytes, the buffer has {}",
+                rt.schema.name,
+                rt.row,
+                out.len()
+            )));
+        }
+        if let Some(w) = self.find_write(table, key) {
+            let (kind, t) = (self.writes[w].kind, self.writes[w].tuple);
+            match kind {
+                WriteKind::Delete | WriteKind::Cancelled => {
+                    return Err(TxError::NotFound { table, key })
+                }
+                WriteKind::Insert => {}
+                WriteKind::Update => self.cc_read(t, key, table, out)?,
+            }
+            self.overlay(w, out);
+            return Ok(());
+        }
+        let t = rt.index.get(key).ok_or(TxError::NotFound { table, key })?;
+        self.cc_read(t, key, table, out)
+    }
+
+    fn update(
+        &mut self,
+        table: TableId,
+        key: u64,
+        writes: &[FieldWrite<'_>],
+    ) -> Result<(), TxError> {
+        if self.read_only {
+            return Err(TxError::ReadOnly);
+        }
+        let rt = self.table(table)?;
+        for f in writes {
+            if f.offset + f.bytes.len() > rt.row {
+                return Err(TxError::RowTooLarge(format!(
+                    "a write of {} bytes at offset {} does not fit rows of {} bytes in table {}",
+                    f.bytes.len(),
+                    f.offset,
+                    rt.row,
+                    rt.schema.name
+                )));
+            }
+        }
+        let w = match self.find_write(table, key) {
+            Some(w) => match self.writes[w].kind {
+                WriteKind::Delete | WriteKind::Cancelled => {
+                    return Err(TxError::NotFound { table, key })
+                }
+                _ => w,
+            },
+            None => {
+                let t = rt.index.get(key).ok_or(TxError::NotFound { table, key })?;
+                let locked = self.eng.protocol == Protocol::NoWait;
+                if locked {
+                    self.lock_for_write(t, key, table)?;
+                }
+                self.writes.push(WriteRec {
+                    table,
+                    key,
+                    tuple: t,
+                    kind: WriteKind::Update,
+                    locked,
+                });
+                self.writes.len() - 1
+            }
+        };
+        for f in writes {
+            self.push_range(w, f.offset, f.bytes);
+        }
+        Ok(())
+    }
+
+    fn insert(&mut self, table: TableId, key: u64, row: &[u8]) -> Result<(), TxError> {
+        if self.read_only {
+            return Err(TxError::ReadOnly);
+        }
+        let rt = self.table(table)?;
+        if row.len() > self.eng.config.max_row_bytes {
+            return Err(TxError::RowTooLarge(format!(
+                "a row of {} bytes exceeds the limit of {} bytes",
+                row.len(),
+                self.eng.config.max_row_bytes
+            )));
+        }
+        if row.len() != rt.row {
+            return Err(TxError::SchemaMismatch(format!(
+                "table {} has rows of {} bytes, the insert has {}",
+                rt.schema.name,
+                rt.row,
+                row.len()
+            )));
+        }
+        if let Some(w) = self.find_write(table, key) {
+            if self.writes[w].kind != WriteKind::Delete {
+                return Err(TxError::DuplicateKey { table, key });
+            }
+            // Deleted earlier in this transaction: the insert becomes a full-row update.
+            self.writes[w].kind = WriteKind::Update;
+            self.push_range(w, 0, row);
+            return Ok(());
+        }
+        if rt.index.get(key).is_some() {
+            return Err(TxError::DuplicateKey { table, key });
+        }
+        let t = self.alloc_slot(&rt)?;
+        self.writes.push(WriteRec {
+            table,
+            key,
+            tuple: t,
+            kind: WriteKind::Insert,
+            locked: false,
+        });
+        let w = self.writes.len() - 1;
+        self.push_range(w, 0, row);
+        Ok(())
+    }
+
+    fn delete(&mut self, table: TableId, key: u64) -> Result<(), TxError> {
+        if self.read_only {
+            return Err(TxError::ReadOnly);
+        }
+        let rt = self.table(table)?;
+        if let Some(w) = self.find_write(table, key) {
+            match self.writes[w].kind {
+                WriteKind::Delete | WriteKind::Cancelled => {
+                    return Err(TxError::NotFound { table, key })
+                }
+                WriteKind::Insert => {
+                    let t = self.writes[w].tuple;
+                    self.writes[w].kind = WriteKind::Cancelled;
+                    self.release_slot(table, t);
+                    self.writes[w].tuple = 0;
+                }
+                WriteKind::Update => self.writes[w].kind = WriteKind::Delete,
+            }
+            return Ok(());
+        }
+        let t = rt.index.get(key).ok_or(TxError::NotFound { table, key })?;
+        let locked = self.eng.protocol == Protocol::NoWait;
+        if locked {
+            self.lock_for_write(t, key, table)?;
+        }
+        self.writes.push(WriteRec {
+            table,
+            key,
+            tuple: t,
+            kind: WriteKind::Delete,
+            locked,
+        });
+        Ok(())
+    }
+
+    fn scan(
+        &mut self,
+        table: TableId,
+        from: u64,
+        reverse: bool,
+        limit: usize,
+        f: &mut dyn FnMut(u64, &[u8]) -> bool,
+    ) -> Result<(), TxError> {
+        let rt = self.table(table)?;
+        let mut hits = std::mem::take(&mut self.scan_hits);
+        hits.clear();
+        let collect = |k: u64, t: u64| {
+            hits.push((k, t));
+            true
+        };
+        let scanned = if reverse {
+            rt.index.scan_rev(from, limit, collect)
+        } else {
+            rt.index.scan(from, limit, collect)
+        };
+        if let Err(e) = scanned {
+            self.scan_hits = hits;
+            return Err(TxError::Unsupported(format!(
+                "table {}: {e}",
+                rt.schema.name
+            )));
+        }
+        let mut row = std::mem::take(&mut self.scratch);
+        row.resize(rt.row, 0);
+        let mut result = Ok(());
+        for &(key, _) in &hits {
+            match self.read(table, key, &mut row) {
+                Ok(()) => {
+                    if !f(key, &row) {
+                        break;
+                    }
+                }
+                Err(TxError::NotFound { .. }) => continue,
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        self.scratch = row;
+        self.scan_hits = hits;
+        result
+    }
+
+    fn lookup_secondary(
+        &mut self,
+        table: TableId,
+        index: usize,
+        secondary: u64,
+        out: &mut Vec<u64>,
+    ) -> Result<(), TxError> {
+        let rt = self.table(table)?;
+        let sec = rt.secondary.get(index).ok_or_else(|| {
+            TxError::SchemaMismatch(format!(
+                "table {} has no secondary index {index}",
+                rt.schema.name
+            ))
+        })?;
+        sec.lookup(secondary, out);
+        Ok(())
+    }
+
+    fn commit(&mut self) -> Result<u64, TxError> {
+        if !self.in_txn {
+            return Ok(0);
+        }
+        let protocol = self.eng.protocol;
+        let policy = self.eng.policy;
+        // 1. OCC: lock the write set in address order (no deadlock), spinning briefly.
+        if protocol == Protocol::Occ {
+            let mut order: Vec<usize> = (0..self.writes.len())
+                .filter(|&i| matches!(self.writes[i].kind, WriteKind::Update | WriteKind::Delete))
+                .collect();
+            order.sort_unstable_by_key(|&i| self.writes[i].tuple);
+            for i in order {
+                let t = self.writes[i].tuple;
+                let mut got = None;
+                for _ in 0..SPIN_LIMIT {
+                    if let Some(v) = occ::try_lock(&self.word(t)) {
+                        got = Some(v);
+                        break;
+                    }
+                    std::hint::spin_loop();
+                }
+                match got {
+                    Some(v) => {
+                        self.writes[i].locked = true;
+                        self.max_seen = self.max_seen.max(v);
+                    }
+                    None => {
+                        self.rollback(0);
+                        return Err(TxError::Conflict);
+                    }
+                }
+            }
+        }
+        // 2. Publish inserts, locked, so readers wait until they are applied.
+        let mut published = 0;
+        for i in 0..self.writes.len() {
+            if self.writes[i].kind != WriteKind::Insert {
+                continue;
+            }
+            let (table, key, t) = (
+                self.writes[i].table,
+                self.writes[i].key,
+                self.writes[i].tuple,
+            );
+            self.word(t).store(LOCK_BIT);
+            self.writes[i].locked = true;
+            let rt = self.tables[table as usize].clone();
+            if rt.index.insert_new(key, t).is_err() {
+                self.rollback(published);
+                return Err(TxError::DuplicateKey { table, key });
+            }
+            published += 1;
+        }
+        // 3. OCC: validate the read set.
+        if protocol == Protocol::Occ {
+            for i in 0..self.reads.len() {
+                let (t, v) = self.reads[i];
+                let mine = self.writes.iter().any(|w| w.tuple == t && w.locked);
+                if !occ::validate(&self.word(t), v, mine) {
+                    self.rollback(published);
+                    return Err(TxError::Conflict);
+                }
+            }
+        }
+        let has_writes = self.writes.iter().any(|w| w.kind != WriteKind::Cancelled);
+        if !has_writes {
+            self.rollback(0);
+            return Ok(self.st().last_tid);
+        }
+        // 4. The commit tid: above the thread's last and every version this transaction saw.
+        let last = self.st().last_tid;
+        let tid = self
+            .eng
+            .clock
+            .next_tid(self.thread, last, tid_timestamp(self.max_seen));
+        self.st().last_tid = tid;
+        // 5. Log window: entries and the COMMITTED mark (Algorithm 1, line 2).
+        let logged = if policy.log {
+            match self.log_commit(tid) {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    self.rollback(published);
+                    return Err(e);
+                }
+            }
+        } else {
+            None
+        };
+        // Secondary keys before the update, for rows whose indexed columns change.
+        let mut secondary_changes: Vec<(TableId, usize, u64, u64)> = Vec::new();
+        for (i, w) in self.writes.iter().enumerate() {
+            let rt = &self.tables[w.table as usize];
+            if rt.secondary.is_empty()
+                || w.kind == WriteKind::Cancelled
+                || w.kind == WriteKind::Insert
+            {
+                continue;
+            }
+            let old = self.pool.read_vec(w.tuple + tuple::HEADER, rt.row);
+            for si in 0..rt.secondary.len() {
+                let touched = w.kind == WriteKind::Delete
+                    || self
+                        .ranges
+                        .iter()
+                        .filter(|r| r.write as usize == i)
+                        .any(|r| {
+                            rt.schema.secondary[si].columns.iter().any(|&c| {
+                                let (co, cl) =
+                                    (rt.schema.column_offset(c), rt.schema.columns[c].ty.size());
+                                (r.offset as usize) < co + cl && co < (r.offset + r.len) as usize
+                            })
+                        });
+                if touched {
+                    secondary_changes.push((w.table, si, w.key, rt.secondary_key(si, &old)));
+                }
+            }
+        }
+        // 6. Apply in place (Algorithm 1, lines 3–4).
+        for r in &self.ranges {
+            let w = &self.writes[r.write as usize];
+            if w.kind == WriteKind::Cancelled {
+                continue;
+            }
+            let d = r.data as usize;
+            self.pool.write_bytes(
+                w.tuple + tuple::HEADER + u64::from(r.offset),
+                &self.data[d..d + r.len as usize],
+            );
+        }
+        if policy.persist_data {
+            for r in &self.ranges {
+                let w = &self.writes[r.write as usize];
+                if w.kind != WriteKind::Cancelled {
+                    self.pool.flush(
+                        w.tuple + tuple::HEADER + u64::from(r.offset),
+                        u64::from(r.len),
+                    );
+                }
+            }
+            self.pool.fence();
+        }
+        // 7. Headers, write_ts, lock release (line 5); index maintenance.
+        for i in 0..self.writes.len() {
+            let (table, key, t, kind) = (
+                self.writes[i].table,
+                self.writes[i].key,
+                self.writes[i].tuple,
+                self.writes[i].kind,
+            );
+            match kind {
+                WriteKind::Cancelled => continue,
+                WriteKind::Insert => {
+                    self.pool.write_u64(t + tuple::KEY, key);
+                    self.pool.write_u64(t + tuple::FLAGS, tuple::LIVE);
+                }
+                WriteKind::Delete => self
+                    .pool
+                    .write_u64(t + tuple::FLAGS, tuple::LIVE | tuple::DELETED),
+                WriteKind::Update => {}
+            }
+            self.pool.write_u64(t + tuple::WRITE_TS, tid);
+            match protocol {
+                Protocol::Occ => occ::unlock(&self.word(t), tid & !LOCK_BIT),
+                Protocol::NoWait => no_wait::write_unlock(&self.word(t)),
+            }
+            if policy.persist_data {
+                self.pool.flush(t, tuple::HEADER);
+            }
+            let rt = self.tables[table as usize].clone();
+            match kind {
+                WriteKind::Delete => {
+                    rt.index.remove_if(key, t);
+                    let st = self.st();
+                    if st.tables.len() <= table as usize {
+                        st.tables
+                            .resize_with(table as usize + 1, TableAlloc::default);
+                    }
+                    st.tables[table as usize].deleted.push_back((t, tid));
+                }
+                WriteKind::Insert if !rt.secondary.is_empty() => {
+                    let row = self.pool.read_vec(t + tuple::HEADER, rt.row);
+                    for (si, sec) in rt.secondary.iter().enumerate() {
+                        sec.insert(rt.secondary_key(si, &row), key);
+                    }
+                }
+                _ => {}
+            }
+        }
+        for (table, si, key, old_key) in secondary_changes {
+            let rt = self.tables[table as usize].clone();
+            rt.secondary[si].remove(old_key, key);
+            if let Some(i) = self.find_write(table, key) {
+                if self.writes[i].kind == WriteKind::Update {
+                    let row = self
+                        .pool
+                        .read_vec(self.writes[i].tuple + tuple::HEADER, rt.row);
+                    rt.secondary[si].insert(rt.secondary_key(si, &row), key);
+                }
+            }
+        }
+        // 8. Selective data flush (lines 7–11): sfence, then clwb the updated lines of tuples that
+        // are not hot. The clwbs complete at a later fence; eADR needs none for correctness.
+        if policy.hinted_flush {
+            self.pool.fence();
+            for i in 0..self.writes.len() {
+                let (t, kind) = (self.writes[i].tuple, self.writes[i].kind);
+                if kind == WriteKind::Cancelled || (policy.track_hot && self.hot.check_and_touch(t))
+                {
+                    continue;
+                }
+                for r in self.ranges.iter().filter(|r| r.write as usize == i) {
+                    self.pool
+                        .flush(t + tuple::HEADER + u64::from(r.offset), u64::from(r.len));
+                }
+                self.pool.flush(t, tuple::HEADER);
+            }
+        }
+        // 2PL: read locks go last (strict 2PL).
+        if protocol == Protocol::NoWait {
+            for i in 0..self.reads.len() {
+                no_wait::read_unlock(&self.word(self.reads[i].0));
+            }
+        }
+        // A spilled redo is closed at once, so the spill chain can be reused by the next one.
+        if let Some((at, true)) = logged {
+            if policy.persist_data {
+                self.pool.fence();
+            }
+            self.pool.write_u64(at + slot::STATE, slot::FREE);
+            self.pool.persist(at, 8);
+        }
+        self.eng.last_commit.fetch_max(tid, Ordering::AcqRel);
+        self.end_txn();
+        Ok(tid)
+    }
+
+    fn abort(&mut self) {
+        if self.in_txn {
+            self.rollback(0);
+        }
+    }
+}
+
+impl Drop for FalconWorker {
+    fn drop(&mut self) {
+        if self.in_txn && !std::thread::panicking() {
+            self.abort();
+        }
+        if let Some(state) = self.state.take() {
+            *self.eng.threads[self.thread].lock() = Some(state);
+        }
+    }
+}

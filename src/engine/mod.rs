@@ -1,0 +1,263 @@
+//! Durability designs: how a commit becomes durable and how recovery rebuilds state.
+//!
+//! Every engine implements [`Engine`] (tables, workers, recovery facts) and hands out one
+//! [`EngineWorker`] per thread, which executes transactions: reads, writes, inserts, deletes and
+//! scans buffered until `commit`. The contract is deliberately narrow so that designs as different
+//! as in-place update with a log window (Falcon), out-of-place log-free versions with a DRAM cache
+//! (Zen), append-only regions (FIR), copy-on-write objects (ArchTM) and shadow DRAM with background
+//! persistence (DUDETx) all fit:
+//!
+//! - the worker owns everything thread-local (log window, allocators, caches);
+//! - writes are buffered until commit, so an engine decides where and when they reach PM;
+//! - [`Engine::durable_tid`] tells which commits are durable, for engines whose durability is
+//!   asynchronous (DUDETx): for the others it is the last commit that returned.
+
+pub mod falcon;
+
+use crate::catalog::{Catalog, CatalogError, Schema, TableId};
+use crate::pmem::{PersistenceDomain, Pool, PoolError};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+/// Which engine (design) runs the database.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EngineKind {
+    /// Falcon (SOSP'23): in-place updates, small log window, selective data flush.
+    Falcon,
+    /// Falcon without any data flush (eADR only: data reaches PM by eviction).
+    FalconNoflush,
+    /// Falcon flushing every updated tuple (no hot-tuple tracking).
+    FalconAllflush,
+    /// In place with a flushed redo log in PM and no window (Falcon §6.2's "Inp").
+    Inp,
+    /// The same code with durability off: the ceiling every design is measured against.
+    Volatile,
+}
+
+impl EngineKind {
+    /// Every engine, in CLI order.
+    pub const ALL: [EngineKind; 5] = [
+        EngineKind::Falcon,
+        EngineKind::FalconNoflush,
+        EngineKind::FalconAllflush,
+        EngineKind::Inp,
+        EngineKind::Volatile,
+    ];
+
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            EngineKind::Falcon => "falcon",
+            EngineKind::FalconNoflush => "falcon-noflush",
+            EngineKind::FalconAllflush => "falcon-allflush",
+            EngineKind::Inp => "inp",
+            EngineKind::Volatile => "volatile",
+        }
+    }
+
+    /// The pool layout name: variants of one design share a layout, so a pool written by `falcon`
+    /// can be reopened by `falcon-allflush`.
+    pub fn layout(self) -> &'static str {
+        match self {
+            EngineKind::Falcon
+            | EngineKind::FalconNoflush
+            | EngineKind::FalconAllflush
+            | EngineKind::Inp => "falcon",
+            EngineKind::Volatile => "volatile",
+        }
+    }
+}
+
+impl std::fmt::Display for EngineKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The error of parsing an unknown engine name.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("unknown engine '{0}' (expected one of: falcon, falcon-noflush, falcon-allflush, inp, volatile)")]
+pub struct UnknownEngine(pub String);
+
+impl std::str::FromStr for EngineKind {
+    type Err = UnknownEngine;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        EngineKind::ALL
+            .into_iter()
+            .find(|e| e.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| UnknownEngine(s.to_string()))
+    }
+}
+
+/// Why a transaction operation failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TxError {
+    /// A concurrency conflict: the transaction was aborted and may be retried.
+    #[error("transaction aborted by a conflict (retryable)")]
+    Conflict,
+    /// No row with that key.
+    #[error("no row with key {key} in table {table}")]
+    NotFound {
+        /// The table.
+        table: TableId,
+        /// The key.
+        key: u64,
+    },
+    /// A row with that key exists already.
+    #[error("a row with key {key} already exists in table {table}")]
+    DuplicateKey {
+        /// The table.
+        table: TableId,
+        /// The key.
+        key: u64,
+    },
+    /// Persistent memory is full.
+    #[error("persistent memory is full: {0}")]
+    PmFull(String),
+    /// A row or value larger than the schema or the configured limit allows.
+    #[error("row too large: {0}")]
+    RowTooLarge(String),
+    /// An operation that does not match the table's schema.
+    #[error("schema mismatch: {0}")]
+    SchemaMismatch(String),
+    /// The transaction called abort.
+    #[error("transaction aborted by the caller")]
+    UserAbort,
+    /// A write in a read-only transaction.
+    #[error("write in a read-only transaction")]
+    ReadOnly,
+    /// The operation needs something the table lacks (e.g. a range scan on a hash index).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+}
+
+impl TxError {
+    /// Whether retrying the transaction may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, TxError::Conflict)
+    }
+}
+
+/// Why a database could not be created, opened or configured.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DbError {
+    /// The pool underneath.
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+    /// Space management.
+    #[error(transparent)]
+    Alloc(#[from] crate::alloc::AllocError),
+    /// Schemas and the catalog.
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
+    /// A transaction that failed for good (not retryable, or out of retries).
+    #[error(transparent)]
+    Tx(#[from] TxError),
+    /// A configuration that cannot work.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The pool's engine metadata is damaged.
+    #[error("corrupt database: {0}")]
+    Corrupt(String),
+    /// Every worker slot is taken.
+    #[error("all {0} worker slots are in use (raise max_threads)")]
+    NoWorkerSlot(usize),
+}
+
+/// A column write: `bytes` replace the row's bytes at `offset`.
+#[derive(Clone, Copy, Debug)]
+pub struct FieldWrite<'a> {
+    /// Byte offset within the row.
+    pub offset: usize,
+    /// The new bytes.
+    pub bytes: &'a [u8],
+}
+
+/// What recovery did, phase by phase.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RecoveryReport {
+    /// Phases in order: name and duration in milliseconds.
+    pub phases: Vec<(String, f64)>,
+    /// Log entries replayed.
+    pub replayed_entries: u64,
+    /// Committed transactions found in logs.
+    pub committed_in_log: u64,
+    /// Uncommitted transactions discarded.
+    pub discarded_in_log: u64,
+    /// Rows found live.
+    pub rows: u64,
+    /// Stale locks cleared.
+    pub locks_cleared: u64,
+    /// Total milliseconds.
+    pub total_ms: f64,
+}
+
+/// An engine: one design's storage and durability, shared by all threads.
+pub trait Engine: Send + Sync {
+    /// The engine's name.
+    fn kind(&self) -> EngineKind;
+    /// The persistence domain it runs under.
+    fn domain(&self) -> PersistenceDomain;
+    /// The tables.
+    fn catalog(&self) -> Catalog;
+    /// Creates a table, durably.
+    fn create_table(&self, schema: Schema) -> Result<TableId, DbError>;
+    /// A worker for thread slot `thread` (each slot used by one thread at a time).
+    fn worker(self: Arc<Self>, thread: usize) -> Result<Box<dyn EngineWorker>, DbError>;
+    /// What the last recovery did (None for a new database).
+    fn recovery_report(&self) -> Option<RecoveryReport>;
+    /// The pool, for engines that have one.
+    fn pool(&self) -> Option<&Arc<Pool>>;
+    /// The largest transaction id known durable (synchronous engines: the last committed).
+    fn durable_tid(&self) -> u64;
+    /// Checks that indexes and storage agree and space accounting is consistent; returns the
+    /// number of live rows per table, or a description of the first inconsistency.
+    fn check_structure(&self) -> Result<Vec<u64>, String>;
+}
+
+/// One thread's transaction executor. Operations between `begin` and `commit`/`abort` form a
+/// transaction; after an error other than `NotFound`/`DuplicateKey`/`RowTooLarge`/`SchemaMismatch`
+/// the caller must `abort`.
+pub trait EngineWorker: Send {
+    /// Starts a transaction.
+    fn begin(&mut self, read_only: bool);
+    /// Copies the row with `key` into `out` (exactly the row size).
+    fn read(&mut self, table: TableId, key: u64, out: &mut [u8]) -> Result<(), TxError>;
+    /// Replaces byte ranges of the row with `key`.
+    fn update(
+        &mut self,
+        table: TableId,
+        key: u64,
+        writes: &[FieldWrite<'_>],
+    ) -> Result<(), TxError>;
+    /// Inserts a row.
+    fn insert(&mut self, table: TableId, key: u64, row: &[u8]) -> Result<(), TxError>;
+    /// Deletes the row with `key`.
+    fn delete(&mut self, table: TableId, key: u64) -> Result<(), TxError>;
+    /// Visits rows with keys `>= from` (or `<= from` when `reverse`) in key order, at most `limit`,
+    /// until `f` returns false. Needs an ordered primary index.
+    fn scan(
+        &mut self,
+        table: TableId,
+        from: u64,
+        reverse: bool,
+        limit: usize,
+        f: &mut dyn FnMut(u64, &[u8]) -> bool,
+    ) -> Result<(), TxError>;
+    /// Primary keys of rows whose secondary index `index` has key `secondary` (callers re-check
+    /// the columns: distinct values can share a secondary key).
+    fn lookup_secondary(
+        &mut self,
+        table: TableId,
+        index: usize,
+        secondary: u64,
+        out: &mut Vec<u64>,
+    ) -> Result<(), TxError>;
+    /// Commits; on `Err(Conflict)` the transaction was aborted.
+    fn commit(&mut self) -> Result<u64, TxError>;
+    /// Aborts, discarding every buffered write.
+    fn abort(&mut self);
+}

@@ -1,0 +1,218 @@
+//! DRAM indexes.
+//!
+//! Engines map a table's 8-byte primary key to an opaque 8-byte tuple address (a PM offset, a
+//! cache-entry id, ...). Indexes live only in DRAM: engines rebuild them at recovery by scanning
+//! their storage, so nothing here is persisted and bulk insertion is the path that matters.
+//!
+//! - [`HashIndex`]: point operations only, over a sharded hash map.
+//! - [`OrderedIndex`]: point operations plus ascending/descending range scans, over a skiplist.
+//! - [`PrimaryIndex`]: either of the two, chosen at run time by [`PrimaryIndexKind`].
+//! - [`SecondaryIndex`]: a non-unique ordered set of `(secondary key, primary key)` pairs, keyed
+//!   by [`secondary_key`], a stable hash of the indexed columns.
+//!
+//! All indexes are safe to share between threads (`&self` methods). Every single-key operation is
+//! atomic with respect to the others on the same key; scans and `for_each` are not snapshots.
+
+mod hash;
+mod ordered;
+mod primary;
+mod secondary;
+
+pub use hash::HashIndex;
+pub use ordered::OrderedIndex;
+pub use primary::{PrimaryIndex, PrimaryIndexKind};
+pub use secondary::{secondary_key, SecondaryIndex};
+
+/// Errors reported by the index layer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum IndexError {
+    /// A range scan was requested from an index that keeps no key order.
+    #[error("range scans need an ordered index, but this primary index is a hash index")]
+    ScanUnsupported,
+    /// An index kind name did not parse.
+    #[error("unknown index kind `{0}` (expected `hash` or `ordered`)")]
+    UnknownKind(String),
+}
+
+/// The murmur3 64-bit finaliser: a bijection whose every output bit depends on every input bit.
+///
+/// Used wherever a key picks a bucket, shard or lock stripe, so that keys sharing low bits
+/// (composite keys, strided ids) still spread evenly.
+#[inline]
+pub(crate) fn mix64(mut x: u64) -> u64 {
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    x ^= x >> 33;
+    x
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn mix64_is_a_bijection_on_samples_and_spreads_low_bits() {
+        assert_eq!(mix64(0), 0);
+        let mut seen = std::collections::HashSet::new();
+        for k in 0..10_000u64 {
+            assert!(seen.insert(mix64(k << 20)));
+        }
+        // Keys differing only in high bits must still land in different low-bit buckets.
+        let buckets: std::collections::HashSet<u64> =
+            (0..64u64).map(|k| mix64(k << 32) & 63).collect();
+        assert!(
+            buckets.len() > 32,
+            "only {} of 64 buckets used",
+            buckets.len()
+        );
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Get(u64),
+        InsertNew(u64, u64),
+        Upsert(u64, u64),
+        Remove(u64),
+        RemoveIf(u64, u64),
+        ReplaceIf(u64, u64, u64),
+        Scan(u64, usize),
+        ScanRev(u64, usize),
+    }
+
+    // A small key and address space so that ops hit existing keys and matching addresses often.
+    fn op_strategy() -> impl Strategy<Value = Op> {
+        let key = 0u64..24;
+        let addr = 0u64..4;
+        prop_oneof![
+            key.clone().prop_map(Op::Get),
+            (key.clone(), addr.clone()).prop_map(|(k, a)| Op::InsertNew(k, a)),
+            (key.clone(), addr.clone()).prop_map(|(k, a)| Op::Upsert(k, a)),
+            key.clone().prop_map(Op::Remove),
+            (key.clone(), addr.clone()).prop_map(|(k, a)| Op::RemoveIf(k, a)),
+            (key.clone(), addr.clone(), addr).prop_map(|(k, e, n)| Op::ReplaceIf(k, e, n)),
+            (key.clone(), 0usize..8).prop_map(|(k, l)| Op::Scan(k, l)),
+            (key, 0usize..8).prop_map(|(k, l)| Op::ScanRev(k, l)),
+        ]
+    }
+
+    fn apply_to_model(model: &mut BTreeMap<u64, u64>, op: &Op) -> String {
+        match *op {
+            Op::Get(k) => format!("{:?}", model.get(&k).copied()),
+            Op::InsertNew(k, a) => {
+                let result = match model.get(&k) {
+                    Some(&existing) => Err(existing),
+                    None => {
+                        model.insert(k, a);
+                        Ok(())
+                    }
+                };
+                format!("{result:?}")
+            }
+            Op::Upsert(k, a) => format!("{:?}", model.insert(k, a)),
+            Op::Remove(k) => format!("{:?}", model.remove(&k)),
+            Op::RemoveIf(k, a) => {
+                let hit = model.get(&k) == Some(&a);
+                if hit {
+                    model.remove(&k);
+                }
+                format!("{hit}")
+            }
+            Op::ReplaceIf(k, e, n) => {
+                let hit = model.get(&k) == Some(&e);
+                if hit {
+                    model.insert(k, n);
+                }
+                format!("{hit}")
+            }
+            Op::Scan(from, limit) => {
+                let seen: Vec<_> = model.range(from..).take(limit).collect();
+                format!("{seen:?}")
+            }
+            Op::ScanRev(upto, limit) => {
+                let seen: Vec<_> = model.range(..=upto).rev().take(limit).collect();
+                format!("{seen:?}")
+            }
+        }
+    }
+
+    fn apply_to_index(index: &PrimaryIndex, op: &Op) -> String {
+        match *op {
+            Op::Get(k) => format!("{:?}", index.get(k)),
+            Op::InsertNew(k, a) => format!("{:?}", index.insert_new(k, a)),
+            Op::Upsert(k, a) => format!("{:?}", index.upsert(k, a)),
+            Op::Remove(k) => format!("{:?}", index.remove(k)),
+            Op::RemoveIf(k, a) => format!("{}", index.remove_if(k, a)),
+            Op::ReplaceIf(k, e, n) => format!("{}", index.replace_if(k, e, n)),
+            Op::Scan(from, limit) => {
+                let mut seen = Vec::new();
+                match index.scan(from, limit, |k, a| {
+                    seen.push((k, a));
+                    true
+                }) {
+                    Ok(visited) => assert_eq!(visited, seen.len()),
+                    Err(IndexError::ScanUnsupported) => return "no-scan".into(),
+                    Err(e) => panic!("unexpected error {e}"),
+                }
+                format!("{seen:?}")
+            }
+            Op::ScanRev(upto, limit) => {
+                let mut seen = Vec::new();
+                match index.scan_rev(upto, limit, |k, a| {
+                    seen.push((k, a));
+                    true
+                }) {
+                    Ok(visited) => assert_eq!(visited, seen.len()),
+                    Err(IndexError::ScanUnsupported) => return "no-scan".into(),
+                    Err(e) => panic!("unexpected error {e}"),
+                }
+                format!("{seen:?}")
+            }
+        }
+    }
+
+    fn check_against_model(kind: PrimaryIndexKind, ops: &[Op]) -> Result<(), TestCaseError> {
+        let index = PrimaryIndex::new(kind);
+        let mut model = BTreeMap::new();
+        for (step, op) in ops.iter().enumerate() {
+            let expected = apply_to_model(&mut model, op);
+            let actual = apply_to_index(&index, op);
+            let scan_on_hash =
+                kind == PrimaryIndexKind::Hash && matches!(op, Op::Scan(..) | Op::ScanRev(..));
+            if scan_on_hash {
+                prop_assert_eq!(actual, "no-scan", "step {}: {:?}", step, op);
+            } else {
+                prop_assert_eq!(actual, expected, "step {}: {:?}", step, op);
+            }
+            prop_assert_eq!(
+                index.len(),
+                model.len(),
+                "len after step {}: {:?}",
+                step,
+                op
+            );
+        }
+        let mut contents = BTreeMap::new();
+        index.for_each(|k, a| {
+            assert!(contents.insert(k, a).is_none(), "key {k} visited twice");
+        });
+        prop_assert_eq!(contents, model);
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(100))]
+
+        #[test]
+        fn ordered_and_hash_indexes_match_a_btreemap_model(
+            ops in proptest::collection::vec(op_strategy(), 1..80)
+        ) {
+            check_against_model(PrimaryIndexKind::Ordered, &ops)?;
+            check_against_model(PrimaryIndexKind::Hash, &ops)?;
+        }
+    }
+}
