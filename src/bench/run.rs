@@ -142,10 +142,10 @@ impl Drop for StopOnPanic<'_> {
 /// and is returned. A driver that never returns from `run_txn` blocks the run.
 ///
 /// `config` may be passed by value or by reference.
-pub fn run<C, F, E>(config: C, factory: F) -> Result<BenchResult, BenchError>
+pub fn run<'d, C, F, E>(config: C, factory: F) -> Result<BenchResult, BenchError>
 where
     C: Borrow<BenchConfig>,
-    F: Fn(usize) -> Result<Box<dyn TxnDriver>, E> + Sync,
+    F: Fn(usize) -> Result<Box<dyn TxnDriver + 'd>, E> + Sync,
     E: Display,
 {
     let config = config.borrow();
@@ -254,9 +254,9 @@ fn sleep_unless_stopped(shared: &Shared, total: Duration) -> bool {
     }
 }
 
-fn worker<F, E>(thread: usize, n_kinds: usize, shared: &Shared, factory: &F) -> ThreadStats
+fn worker<'d, F, E>(thread: usize, n_kinds: usize, shared: &Shared, factory: &F) -> ThreadStats
 where
-    F: Fn(usize) -> Result<Box<dyn TxnDriver>, E>,
+    F: Fn(usize) -> Result<Box<dyn TxnDriver + 'd>, E>,
     E: Display,
 {
     let _guard = StopOnPanic(shared);

@@ -1,7 +1,9 @@
 //! The `pmtx` command line: one subcommand per file.
 
+mod bench;
 mod demo;
 mod inspect;
+mod recover;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -20,6 +22,11 @@ pub struct Cli {
 pub enum Command {
     /// Print a pool's header, mapping (DAX/MAP_SYNC or not), domain, size and space used.
     Inspect(inspect::InspectArgs),
+    /// Run a benchmark: load a workload, warm up, measure; print a table and optionally JSON.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+    /// Open a pool, run its engine's recovery, and report each phase and its duration.
+    Recover(recover::RecoverArgs),
     /// Create a scratch pool, write and persist through the pmem layer, and show what a simulated
     /// crash can lose under ADR and under eADR.
     Demo(demo::DemoArgs),
@@ -31,6 +38,8 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Inspect(args) => inspect::run(args),
         Command::Demo(args) => demo::run(args),
+        Command::Bench(cmd) => bench::run(cmd),
+        Command::Recover(args) => recover::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

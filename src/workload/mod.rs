@@ -1,3 +1,4 @@
 //! Workloads: key and operation generators and, later, the drivers that run them against an engine.
 
+pub mod bank;
 pub mod ycsb;

@@ -68,7 +68,7 @@ pub struct FalconConfig {
 
 impl FalconConfig {
     /// Defaults for `kind`: 3 window slots of 4 KiB (Inp: a 1 MiB log ring per thread), 16 threads,
-    /// rows up to 4 KiB, 64 hot tuples.
+    /// rows up to 4 KiB, 1024 hot tuples.
     pub fn new(kind: EngineKind, protocol: Protocol) -> FalconConfig {
         let inp = kind == EngineKind::Inp;
         FalconConfig {
@@ -78,7 +78,7 @@ impl FalconConfig {
             window_slots: if inp { 256 } else { 3 },
             window_slot_bytes: 4096,
             max_row_bytes: 4096,
-            hot_tuples: 64,
+            hot_tuples: 1024,
         }
     }
 }

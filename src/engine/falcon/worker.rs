@@ -8,7 +8,6 @@ use crate::catalog::TableId;
 use crate::cc::{no_wait, occ, tid_timestamp, MetaWord, Protocol, LOCK_BIT};
 use crate::engine::{DbError, EngineWorker, FieldWrite, TxError};
 use crate::pmem::Pool;
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -59,28 +58,37 @@ struct RangeRec {
     data: u32,
 }
 
-/// A small LRU of recently flushed tuples (Falcon §4.4, "hot tuple tracking").
+/// The hot-tuple set (Falcon §4.4, "hot tuple tracking"): a small set-associative LRU of recently
+/// flushed tuples. Each tuple maps to one set of `WAYS` entries kept in recency order, so a lookup
+/// and an update cost a few compares whatever the capacity; within a set it is exact LRU (the paper
+/// says "a small LRU cache" without more detail).
 struct HotSet {
-    capacity: usize,
-    tick: u64,
-    last_use: HashMap<u64, u64>,
+    sets: Vec<[u64; HotSet::WAYS]>,
 }
 
 impl HotSet {
-    /// Whether `tuple` is hot; marks it used either way (Algorithm 1, lines 9–11).
+    const WAYS: usize = 4;
+
+    fn new(capacity: usize) -> HotSet {
+        let sets = capacity.div_ceil(Self::WAYS).next_power_of_two().max(1);
+        HotSet {
+            sets: vec![[u64::MAX; Self::WAYS]; sets],
+        }
+    }
+
+    /// Whether `tuple` is hot; makes it the most recent entry of its set either way (Algorithm 1,
+    /// lines 9–11: a tuple not in the set is flushed and cached).
     fn check_and_touch(&mut self, tuple: u64) -> bool {
-        self.tick += 1;
-        if let Some(t) = self.last_use.get_mut(&tuple) {
-            *t = self.tick;
-            return true;
-        }
-        if self.last_use.len() >= self.capacity {
-            if let Some((&coldest, _)) = self.last_use.iter().min_by_key(|(_, &t)| t) {
-                self.last_use.remove(&coldest);
-            }
-        }
-        self.last_use.insert(tuple, self.tick);
-        false
+        let h = (tuple >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let mask = self.sets.len() - 1;
+        let set = &mut self.sets[(h >> 40) as usize & mask];
+        let (hit, at) = match set.iter().position(|&t| t == tuple) {
+            Some(i) => (true, i),
+            None => (false, Self::WAYS - 1),
+        };
+        set.copy_within(0..at, 1);
+        set[0] = tuple;
+        hit
     }
 }
 
@@ -103,6 +111,7 @@ pub(crate) struct FalconWorker {
     hot: HotSet,
     scratch: Vec<u8>,
     scan_hits: Vec<(u64, u64)>,
+    spans: Vec<(u64, u64)>,
 }
 
 impl FalconWorker {
@@ -117,11 +126,7 @@ impl FalconWorker {
         let tables = eng.tables.read().clone();
         Ok(FalconWorker {
             pool: eng.pool.clone(),
-            hot: HotSet {
-                capacity: eng.config.hot_tuples.max(1),
-                tick: 0,
-                last_use: HashMap::new(),
-            },
+            hot: HotSet::new(eng.config.hot_tuples.max(1)),
             thread,
             state: Some(state),
             tables,
@@ -135,6 +140,7 @@ impl FalconWorker {
             max_seen: 0,
             scratch: Vec::new(),
             scan_hits: Vec::new(),
+            spans: Vec::new(),
             eng,
         })
     }
@@ -478,6 +484,31 @@ impl FalconWorker {
             pool.fence();
         }
         Ok((at, spilled))
+    }
+}
+
+/// Flushes the cache lines covering `spans` (absolute offset, length) once each: spans are sorted
+/// and merged when they share or touch a line, so a header and a field in one line cost one clwb.
+fn flush_merged(pool: &Pool, spans: &mut [(u64, u64)]) {
+    use crate::pmem::CACHE_LINE;
+    spans.sort_unstable_by_key(|s| s.0);
+    let mut current: Option<(u64, u64)> = None;
+    for &(start, len) in spans.iter() {
+        let (lo, hi) = (
+            start & !(CACHE_LINE - 1),
+            (start + len).next_multiple_of(CACHE_LINE),
+        );
+        current = match current {
+            Some((clo, chi)) if lo <= chi => Some((clo, chi.max(hi))),
+            Some((clo, chi)) => {
+                pool.flush(clo, chi - clo);
+                Some((lo, hi))
+            }
+            None => Some((lo, hi)),
+        };
+    }
+    if let Some((lo, hi)) = current {
+        pool.flush(lo, hi - lo);
     }
 }
 
@@ -863,15 +894,19 @@ impl EngineWorker for FalconWorker {
             );
         }
         if policy.persist_data {
+            let mut spans = std::mem::take(&mut self.spans);
+            spans.clear();
             for r in &self.ranges {
                 let w = &self.writes[r.write as usize];
                 if w.kind != WriteKind::Cancelled {
-                    self.pool.flush(
+                    spans.push((
                         w.tuple + tuple::HEADER + u64::from(r.offset),
                         u64::from(r.len),
-                    );
+                    ));
                 }
             }
+            flush_merged(&self.pool, &mut spans);
+            self.spans = spans;
             self.pool.fence();
         }
         // 7. Headers, write_ts, lock release (line 5); index maintenance.
@@ -934,20 +969,28 @@ impl EngineWorker for FalconWorker {
             }
         }
         // 8. Selective data flush (lines 7–11): sfence, then clwb the updated lines of tuples that
-        // are not hot. The clwbs complete at a later fence; eADR needs none for correctness.
+        // are not hot. The clwbs complete at a later fence; eADR needs none for correctness. The
+        // sfence only orders the hinted flush, so it is skipped when every tuple is hot.
         if policy.hinted_flush {
-            self.pool.fence();
+            let mut fenced = false;
             for i in 0..self.writes.len() {
                 let (t, kind) = (self.writes[i].tuple, self.writes[i].kind);
                 if kind == WriteKind::Cancelled || (policy.track_hot && self.hot.check_and_touch(t))
                 {
                     continue;
                 }
-                for r in self.ranges.iter().filter(|r| r.write as usize == i) {
-                    self.pool
-                        .flush(t + tuple::HEADER + u64::from(r.offset), u64::from(r.len));
+                if !fenced {
+                    self.pool.fence();
+                    fenced = true;
                 }
-                self.pool.flush(t, tuple::HEADER);
+                let mut spans = std::mem::take(&mut self.spans);
+                spans.clear();
+                spans.push((t, tuple::HEADER));
+                for r in self.ranges.iter().filter(|r| r.write as usize == i) {
+                    spans.push((t + tuple::HEADER + u64::from(r.offset), u64::from(r.len)));
+                }
+                flush_merged(&self.pool, &mut spans);
+                self.spans = spans;
             }
         }
         // 2PL: read locks go last (strict 2PL).

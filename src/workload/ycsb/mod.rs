@@ -17,6 +17,7 @@
 //! Nothing here touches storage, and every generator takes the RNG as an argument so
 //! that a run is reproducible from its seed.
 
+pub mod driver;
 mod generators;
 mod keys;
 mod values;

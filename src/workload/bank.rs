@@ -1,0 +1,164 @@
+//! The bank-transfer workload: accounts with balances, transfers between random pairs. Its
+//! invariant — the total never changes and no balance is negative — must hold after any crash.
+
+use crate::bench::{DriverError, TxnDriver, TxnOutcome};
+use crate::catalog::{ColumnType, Schema, TableId};
+use crate::db::{Db, Value, Worker};
+use crate::engine::{DbError, TxError};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// Every account's opening balance.
+pub const INITIAL_BALANCE: i64 = 1_000;
+
+/// The accounts table: balance and a transfer counter.
+pub fn schema() -> Schema {
+    Schema::new(
+        "bank_accounts",
+        &[("balance", ColumnType::I64), ("transfers", ColumnType::U64)],
+    )
+}
+
+/// Creates the table and opens `accounts` accounts in one transaction, so that a crash leaves
+/// either none or all of them.
+pub fn load(db: &Db, accounts: u64) -> Result<TableId, DbError> {
+    let table = db.create_table(schema())?;
+    db.run(|tx| {
+        (0..accounts)
+            .try_for_each(|k| tx.insert(table, k, &[Value::I64(INITIAL_BALANCE), Value::U64(0)]))
+    })?;
+    Ok(table)
+}
+
+/// Checks the invariant: either no accounts (the load never committed) or exactly `accounts`
+/// accounts whose balances sum to `accounts × INITIAL_BALANCE`, none negative.
+pub fn check(db: &Db, accounts: u64) -> Result<(), String> {
+    let Some(table) = db.table("bank_accounts") else {
+        return Ok(());
+    };
+    let rows = db.check_structure()?;
+    let count = rows[table as usize];
+    if count == 0 {
+        return Ok(());
+    }
+    if count != accounts {
+        return Err(format!("{count} accounts, expected 0 or {accounts}"));
+    }
+    let balances: Vec<i64> = db
+        .run(|tx| {
+            (0..accounts)
+                .map(|k| Ok(tx.get(table, k)?.i64(0)))
+                .collect()
+        })
+        .map_err(|e| e.to_string())?;
+    if let Some((k, b)) = balances.iter().enumerate().find(|(_, &b)| b < 0) {
+        return Err(format!("account {k} has a negative balance {b}"));
+    }
+    let total: i64 = balances.iter().sum();
+    if total != accounts as i64 * INITIAL_BALANCE {
+        return Err(format!(
+            "total balance {total}, expected {}",
+            accounts as i64 * INITIAL_BALANCE
+        ));
+    }
+    Ok(())
+}
+
+/// One transfer: moves a random amount between two distinct random accounts, if the payer has it.
+pub fn transfer(
+    worker: &mut Worker<'_>,
+    table: TableId,
+    accounts: u64,
+    rng: &mut StdRng,
+) -> Result<u32, DbError> {
+    let from = rng.gen_range(0..accounts);
+    let to = (from + rng.gen_range(1..accounts.max(2))) % accounts;
+    let amount = rng.gen_range(1..=100i64);
+    let outcome = worker.run_counted(false, |tx| {
+        let a = tx.get(table, from)?;
+        let b = tx.get(table, to)?;
+        if a.i64(0) < amount {
+            return Ok(());
+        }
+        tx.update(
+            table,
+            from,
+            &[
+                (0, Value::I64(a.i64(0) - amount)),
+                (1, Value::U64(a.u64(1) + 1)),
+            ],
+        )?;
+        tx.update(
+            table,
+            to,
+            &[
+                (0, Value::I64(b.i64(0) + amount)),
+                (1, Value::U64(b.u64(1) + 1)),
+            ],
+        )?;
+        Ok::<(), TxError>(())
+    })?;
+    Ok(outcome.aborts)
+}
+
+/// One thread's transfers, for the benchmark harness.
+pub struct BankDriver<'db> {
+    worker: Worker<'db>,
+    table: TableId,
+    accounts: u64,
+    rng: StdRng,
+}
+
+impl<'db> BankDriver<'db> {
+    /// A driver on its own worker.
+    pub fn new(
+        db: &'db Db,
+        table: TableId,
+        accounts: u64,
+        seed: u64,
+    ) -> Result<BankDriver<'db>, DbError> {
+        Ok(BankDriver {
+            worker: db.worker()?,
+            table,
+            accounts,
+            rng: StdRng::seed_from_u64(seed),
+        })
+    }
+}
+
+impl TxnDriver for BankDriver<'_> {
+    fn run_txn(&mut self) -> Result<TxnOutcome, DriverError> {
+        let aborts = transfer(&mut self.worker, self.table, self.accounts, &mut self.rng)
+            .map_err(|e| Box::new(e) as DriverError)?;
+        Ok(TxnOutcome {
+            kind: 0,
+            committed: true,
+            aborts,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::db::DbConfig;
+
+    #[test]
+    fn transfers_keep_the_invariant_and_the_check_catches_a_broken_one() {
+        let db = Db::create(DbConfig::default().pool_size(32 << 20)).unwrap();
+        let table = load(&db, 50).unwrap();
+        let mut w = db.worker().unwrap();
+        let mut rng = StdRng::seed_from_u64(3);
+        for _ in 0..500 {
+            transfer(&mut w, table, 50, &mut rng).unwrap();
+        }
+        drop(w);
+        check(&db, 50).unwrap();
+        db.run(|tx| tx.update(table, 7, &[(0, Value::I64(1))]))
+            .unwrap();
+        assert!(check(&db, 50).unwrap_err().contains("total balance"));
+        db.run(|tx| tx.update(table, 7, &[(0, Value::I64(-5))]))
+            .unwrap();
+        assert!(check(&db, 50).unwrap_err().contains("negative"));
+    }
+}
