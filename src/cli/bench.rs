@@ -316,7 +316,11 @@ pub(crate) fn check_common(common: &CommonArgs) -> CliResult {
     if common.threads.iter().any(|&t| t == 0 || t > 255) {
         return Err("--threads must be between 1 and 255".into());
     }
-    if !(common.duration > 0.0) || common.warmup < 0.0 {
+    if common.duration.is_nan()
+        || common.duration <= 0.0
+        || common.warmup.is_nan()
+        || common.warmup < 0.0
+    {
         return Err("--duration must be positive and --warmup not negative".into());
     }
     Ok(())

@@ -51,6 +51,8 @@ pub struct DbConfig {
     pub max_retries: u32,
     /// Count PM traffic (see `pmem::stats`).
     pub counting: bool,
+    /// A deliberate ordering bug, for showing that the crash harness catches it (test-only).
+    pub fault: Option<crate::engine::falcon::Fault>,
 }
 
 impl Default for DbConfig {
@@ -68,6 +70,7 @@ impl Default for DbConfig {
             hot_tuples: 1024,
             max_retries: 1000,
             counting: true,
+            fault: None,
         }
     }
 }
@@ -109,6 +112,7 @@ impl DbConfig {
         c.max_threads = self.max_threads;
         c.max_row_bytes = self.max_row_bytes;
         c.hot_tuples = self.hot_tuples;
+        c.fault = self.fault;
         if let Some(n) = self.window_slots {
             c.window_slots = n;
         }
@@ -641,12 +645,7 @@ impl Tx<'_> {
         let mut row = vec![0u8; schema.row_size()];
         for (i, v) in values.iter().enumerate() {
             let at = schema.column_offset(i);
-            encode_value(
-                &schema,
-                i,
-                v,
-                &mut row[at..at + schema.columns[i].ty.size()],
-            )?;
+            encode_value(schema, i, v, &mut row[at..at + schema.columns[i].ty.size()])?;
         }
         self.inner.insert(table, key, &row)
     }

@@ -47,6 +47,80 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+/// A deliberate bug, for showing that the crash-consistency harness catches it (test-only: no
+/// production configuration sets one). Each removes one ordering step that ADR needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fault {
+    /// Do not flush the window slot before its fence: the mark can be durable without its entries.
+    SkipLogFlush,
+    /// Do not fence after flushing the window slot: in-place stores can reach PM before the log.
+    SkipLogFence,
+    /// Make the COMMITTED mark durable first (without a CRC), then write the entries.
+    CommitMarkFirst,
+    /// Do not flush the updated lines before setting `write_ts` and releasing the locks.
+    SkipDataFlush,
+    /// Do not fence between the data flush and the `write_ts` stores.
+    SkipDataFence,
+}
+
+impl Fault {
+    /// Every fault.
+    pub const ALL: [Fault; 5] = [
+        Fault::SkipLogFlush,
+        Fault::SkipLogFence,
+        Fault::CommitMarkFirst,
+        Fault::SkipDataFlush,
+        Fault::SkipDataFence,
+    ];
+
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::SkipLogFlush => "skip-log-flush",
+            Fault::SkipLogFence => "skip-log-fence",
+            Fault::CommitMarkFirst => "commit-mark-first",
+            Fault::SkipDataFlush => "skip-data-flush",
+            Fault::SkipDataFence => "skip-data-fence",
+        }
+    }
+
+    /// What the fault breaks, for `--list-faults`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Fault::SkipLogFlush => "the log window slot is not flushed before its fence",
+            Fault::SkipLogFence => "no fence between the log flush and the in-place stores",
+            Fault::CommitMarkFirst => "the COMMITTED mark is made durable before the redo entries",
+            Fault::SkipDataFlush => {
+                "updated lines are not flushed before write_ts and lock release"
+            }
+            Fault::SkipDataFence => "no fence between the data flush and the write_ts stores",
+        }
+    }
+}
+
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Fault {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Fault::ALL
+            .into_iter()
+            .find(|f| f.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Fault::ALL.iter().map(|f| f.name()).collect();
+                format!(
+                    "unknown fault '{s}' (expected one of: {})",
+                    names.join(", ")
+                )
+            })
+    }
+}
+
 /// Parameters of a Falcon database.
 #[derive(Clone, Debug)]
 pub struct FalconConfig {
@@ -64,6 +138,8 @@ pub struct FalconConfig {
     pub max_row_bytes: usize,
     /// Hot tuples tracked per thread (0 disables hot-tuple tracking).
     pub hot_tuples: usize,
+    /// A deliberate ordering bug for the crash-consistency harness (never set in production).
+    pub fault: Option<Fault>,
 }
 
 impl FalconConfig {
@@ -79,6 +155,7 @@ impl FalconConfig {
             window_slot_bytes: 4096,
             max_row_bytes: 4096,
             hot_tuples: 1024,
+            fault: None,
         }
     }
 }

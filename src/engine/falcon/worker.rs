@@ -2,7 +2,7 @@
 
 use super::layout::{kind, slot, tuple};
 use super::window::{self, EntryKind};
-use super::{FalconEngine, TableAlloc, TableRt, ThreadState};
+use super::{FalconEngine, Fault, TableAlloc, TableRt, ThreadState};
 use crate::alloc::{AllocError, PageTag, PAGE_SIZE};
 use crate::catalog::TableId;
 use crate::cc::{no_wait, occ, tid_timestamp, MetaWord, Protocol, LOCK_BIT};
@@ -151,14 +151,15 @@ impl FalconWorker {
             .expect("state is present while the worker lives")
     }
 
-    fn table(&mut self, id: TableId) -> Result<Arc<TableRt>, TxError> {
+    /// Makes sure the cached table list covers `id` (tables are only ever appended).
+    fn ensure_table(&mut self, id: TableId) -> Result<(), TxError> {
         if id as usize >= self.tables.len() {
             self.tables = self.eng.tables.read().clone();
         }
-        self.tables
-            .get(id as usize)
-            .cloned()
-            .ok_or_else(|| TxError::SchemaMismatch(format!("no table with id {id}")))
+        if id as usize >= self.tables.len() {
+            return Err(TxError::SchemaMismatch(format!("no table with id {id}")));
+        }
+        Ok(())
     }
 
     fn word(&self, tuple: u64) -> PmWord<'_> {
@@ -283,10 +284,11 @@ impl FalconWorker {
 
     /// A free slot of `table` owned by this thread: a reclaimable deleted slot (§5.4), a free one,
     /// or a new one from the current page (allocating a page when it is full).
-    fn alloc_slot(&mut self, table: &TableRt) -> Result<u64, TxError> {
+    fn alloc_slot(&mut self, table_id: TableId) -> Result<u64, TxError> {
         let oldest = self.eng.oldest_active_excluding(self.thread);
-        let (eng, thread) = (self.eng.clone(), self.thread);
-        let st = self.st();
+        let table = &self.tables[table_id as usize];
+        let (eng, thread) = (&self.eng, self.thread);
+        let st = self.state.as_mut().expect("state present");
         if st.tables.len() <= table.id as usize {
             st.tables
                 .resize_with(table.id as usize + 1, TableAlloc::default);
@@ -345,7 +347,7 @@ impl FalconWorker {
             match kind {
                 WriteKind::Insert => {
                     if inserts_seen < published_inserts {
-                        if let Ok(rt) = self.table(table) {
+                        if let Some(rt) = self.tables.get(table as usize) {
                             rt.index.remove_if(key, t);
                         }
                     }
@@ -411,7 +413,7 @@ impl FalconWorker {
                 &[],
             );
         }
-        let eng = self.eng.clone();
+        let eng = &self.eng;
         let (slots, slot_bytes) = (eng.config.window_slots, eng.config.window_slot_bytes as u64);
         let thread = self.thread;
         let st = self.state.as_mut().expect("state present");
@@ -437,9 +439,16 @@ impl FalconWorker {
         let at = win + st.cursor as u64 * slot_bytes;
         st.cursor = (st.cursor + 1) % slots;
         let pool = &self.pool;
+        let fault = eng.config.fault;
         // Invalidate first: under eADR stores are durable in program order, so the old mark must
         // be gone before the old payload is overwritten.
         pool.write_u64(at + slot::STATE, slot::FREE);
+        if fault == Some(Fault::CommitMarkFirst) {
+            pool.write_u64(at + slot::TID, tid);
+            pool.write_u64(at + slot::LEN, self.payload.len() as u64);
+            pool.write_u64(at + slot::STATE, slot::COMMITTED);
+            pool.persist(at, slot::HEADER);
+        }
         let len = self.payload.len() as u64;
         let spilled = len > slot_bytes - slot::HEADER;
         if spilled {
@@ -471,7 +480,9 @@ impl FalconWorker {
         pool.write_u64(at + slot::TID, tid);
         pool.write_u64(at + slot::LEN, len);
         pool.write_u64(at + slot::SPILLED, u64::from(spilled));
-        let mark = if eng.policy.crc {
+        let mark = if fault == Some(Fault::CommitMarkFirst) {
+            slot::COMMITTED
+        } else if eng.policy.crc {
             pool.write_u64(at + slot::CRC, window::slot_crc(tid, &self.payload));
             slot::COMMITTED_CRC
         } else {
@@ -480,8 +491,12 @@ impl FalconWorker {
         pool.write_u64(at + slot::STATE, mark);
         if eng.policy.persist_log {
             let inline = if spilled { 0 } else { len };
-            pool.flush(at, slot::HEADER + inline);
-            pool.fence();
+            if fault != Some(Fault::SkipLogFlush) {
+                pool.flush(at, slot::HEADER + inline);
+            }
+            if fault != Some(Fault::SkipLogFence) {
+                pool.fence();
+            }
         }
         Ok((at, spilled))
     }
@@ -541,12 +556,12 @@ impl EngineWorker for FalconWorker {
     }
 
     fn read(&mut self, table: TableId, key: u64, out: &mut [u8]) -> Result<(), TxError> {
-        let rt = self.table(table)?;
-        if out.len() != rt.row {
+        self.ensure_table(table)?;
+        if out.len() != self.tables[table as usize].row {
             return Err(TxError::SchemaMismatch(format!(
                 "table {} has rows of {} bytes, the buffer has {}",
-                rt.schema.name,
-                rt.row,
+                self.tables[table as usize].schema.name,
+                self.tables[table as usize].row,
                 out.len()
             )));
         }
@@ -562,7 +577,10 @@ impl EngineWorker for FalconWorker {
             self.overlay(w, out);
             return Ok(());
         }
-        let t = rt.index.get(key).ok_or(TxError::NotFound { table, key })?;
+        let t = self.tables[table as usize]
+            .index
+            .get(key)
+            .ok_or(TxError::NotFound { table, key })?;
         self.cc_read(t, key, table, out)
     }
 
@@ -575,15 +593,15 @@ impl EngineWorker for FalconWorker {
         if self.read_only {
             return Err(TxError::ReadOnly);
         }
-        let rt = self.table(table)?;
+        self.ensure_table(table)?;
         for f in writes {
-            if f.offset + f.bytes.len() > rt.row {
+            if f.offset + f.bytes.len() > self.tables[table as usize].row {
                 return Err(TxError::RowTooLarge(format!(
                     "a write of {} bytes at offset {} does not fit rows of {} bytes in table {}",
                     f.bytes.len(),
                     f.offset,
-                    rt.row,
-                    rt.schema.name
+                    self.tables[table as usize].row,
+                    self.tables[table as usize].schema.name
                 )));
             }
         }
@@ -595,7 +613,10 @@ impl EngineWorker for FalconWorker {
                 _ => w,
             },
             None => {
-                let t = rt.index.get(key).ok_or(TxError::NotFound { table, key })?;
+                let t = self.tables[table as usize]
+                    .index
+                    .get(key)
+                    .ok_or(TxError::NotFound { table, key })?;
                 let locked = self.eng.protocol == Protocol::NoWait;
                 if locked {
                     self.lock_for_write(t, key, table)?;
@@ -620,7 +641,7 @@ impl EngineWorker for FalconWorker {
         if self.read_only {
             return Err(TxError::ReadOnly);
         }
-        let rt = self.table(table)?;
+        self.ensure_table(table)?;
         if row.len() > self.eng.config.max_row_bytes {
             return Err(TxError::RowTooLarge(format!(
                 "a row of {} bytes exceeds the limit of {} bytes",
@@ -628,11 +649,11 @@ impl EngineWorker for FalconWorker {
                 self.eng.config.max_row_bytes
             )));
         }
-        if row.len() != rt.row {
+        if row.len() != self.tables[table as usize].row {
             return Err(TxError::SchemaMismatch(format!(
                 "table {} has rows of {} bytes, the insert has {}",
-                rt.schema.name,
-                rt.row,
+                self.tables[table as usize].schema.name,
+                self.tables[table as usize].row,
                 row.len()
             )));
         }
@@ -645,10 +666,10 @@ impl EngineWorker for FalconWorker {
             self.push_range(w, 0, row);
             return Ok(());
         }
-        if rt.index.get(key).is_some() {
+        if self.tables[table as usize].index.get(key).is_some() {
             return Err(TxError::DuplicateKey { table, key });
         }
-        let t = self.alloc_slot(&rt)?;
+        let t = self.alloc_slot(table)?;
         self.writes.push(WriteRec {
             table,
             key,
@@ -665,7 +686,7 @@ impl EngineWorker for FalconWorker {
         if self.read_only {
             return Err(TxError::ReadOnly);
         }
-        let rt = self.table(table)?;
+        self.ensure_table(table)?;
         if let Some(w) = self.find_write(table, key) {
             match self.writes[w].kind {
                 WriteKind::Delete | WriteKind::Cancelled => {
@@ -681,7 +702,10 @@ impl EngineWorker for FalconWorker {
             }
             return Ok(());
         }
-        let t = rt.index.get(key).ok_or(TxError::NotFound { table, key })?;
+        let t = self.tables[table as usize]
+            .index
+            .get(key)
+            .ok_or(TxError::NotFound { table, key })?;
         let locked = self.eng.protocol == Protocol::NoWait;
         if locked {
             self.lock_for_write(t, key, table)?;
@@ -704,7 +728,7 @@ impl EngineWorker for FalconWorker {
         limit: usize,
         f: &mut dyn FnMut(u64, &[u8]) -> bool,
     ) -> Result<(), TxError> {
-        let rt = self.table(table)?;
+        self.ensure_table(table)?;
         let mut hits = std::mem::take(&mut self.scan_hits);
         hits.clear();
         let collect = |k: u64, t: u64| {
@@ -712,19 +736,21 @@ impl EngineWorker for FalconWorker {
             true
         };
         let scanned = if reverse {
-            rt.index.scan_rev(from, limit, collect)
+            self.tables[table as usize]
+                .index
+                .scan_rev(from, limit, collect)
         } else {
-            rt.index.scan(from, limit, collect)
+            self.tables[table as usize].index.scan(from, limit, collect)
         };
         if let Err(e) = scanned {
             self.scan_hits = hits;
             return Err(TxError::Unsupported(format!(
                 "table {}: {e}",
-                rt.schema.name
+                self.tables[table as usize].schema.name
             )));
         }
         let mut row = std::mem::take(&mut self.scratch);
-        row.resize(rt.row, 0);
+        row.resize(self.tables[table as usize].row, 0);
         let mut result = Ok(());
         for &(key, _) in &hits {
             match self.read(table, key, &mut row) {
@@ -752,13 +778,16 @@ impl EngineWorker for FalconWorker {
         secondary: u64,
         out: &mut Vec<u64>,
     ) -> Result<(), TxError> {
-        let rt = self.table(table)?;
-        let sec = rt.secondary.get(index).ok_or_else(|| {
-            TxError::SchemaMismatch(format!(
-                "table {} has no secondary index {index}",
-                rt.schema.name
-            ))
-        })?;
+        self.ensure_table(table)?;
+        let sec = self.tables[table as usize]
+            .secondary
+            .get(index)
+            .ok_or_else(|| {
+                TxError::SchemaMismatch(format!(
+                    "table {} has no secondary index {index}",
+                    self.tables[table as usize].schema.name
+                ))
+            })?;
         sec.lookup(secondary, out);
         Ok(())
     }
@@ -810,8 +839,11 @@ impl EngineWorker for FalconWorker {
             );
             self.word(t).store(LOCK_BIT);
             self.writes[i].locked = true;
-            let rt = self.tables[table as usize].clone();
-            if rt.index.insert_new(key, t).is_err() {
+            if self.tables[table as usize]
+                .index
+                .insert_new(key, t)
+                .is_err()
+            {
                 self.rollback(published);
                 return Err(TxError::DuplicateKey { table, key });
             }
@@ -905,9 +937,13 @@ impl EngineWorker for FalconWorker {
                     ));
                 }
             }
-            flush_merged(&self.pool, &mut spans);
+            if self.eng.config.fault != Some(Fault::SkipDataFlush) {
+                flush_merged(&self.pool, &mut spans);
+            }
             self.spans = spans;
-            self.pool.fence();
+            if self.eng.config.fault != Some(Fault::SkipDataFence) {
+                self.pool.fence();
+            }
         }
         // 7. Headers, write_ts, lock release (line 5); index maintenance.
         for i in 0..self.writes.len() {
@@ -936,11 +972,11 @@ impl EngineWorker for FalconWorker {
             if policy.persist_data {
                 self.pool.flush(t, tuple::HEADER);
             }
-            let rt = self.tables[table as usize].clone();
+            let rt = &self.tables[table as usize];
             match kind {
                 WriteKind::Delete => {
                     rt.index.remove_if(key, t);
-                    let st = self.st();
+                    let st = self.state.as_mut().expect("state present");
                     if st.tables.len() <= table as usize {
                         st.tables
                             .resize_with(table as usize + 1, TableAlloc::default);
@@ -957,7 +993,7 @@ impl EngineWorker for FalconWorker {
             }
         }
         for (table, si, key, old_key) in secondary_changes {
-            let rt = self.tables[table as usize].clone();
+            let rt = &self.tables[table as usize];
             rt.secondary[si].remove(old_key, key);
             if let Some(i) = self.find_write(table, key) {
                 if self.writes[i].kind == WriteKind::Update {
