@@ -2,7 +2,7 @@
 //! version on PM, a per-thread **small log window** of redo entries, and **selective data flush**
 //! (hinted flush + hot-tuple tracking). The variants `falcon-noflush`, `falcon-allflush`, `inp`
 //! (§6.2's baseline: in place with a flushed redo log and no window) and `volatile` (durability off)
-//! share this code and differ only in [`Policy`].
+//! share this code and differ only in their commit policy (`Policy`, derived from the kind and domain).
 //!
 //! Commit (`worker.rs`, Algorithm 1): lock (OCC: at commit; 2PL: during execution), validate, take
 //! a commit tid, write the redo entries and the COMMITTED mark to the window slot, apply the
