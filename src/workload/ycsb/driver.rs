@@ -1,5 +1,5 @@
 //! Runs YCSB against a database: the `usertable` schema, a multi-threaded loader, and a
-//! [`TxnDriver`](crate::bench::TxnDriver) executing generated operations as transactions.
+//! `TxnDriver` executing generated operations as transactions.
 
 use super::{
     build_key, deterministic_field, key_to_record, AcknowledgedCounter, Op, OpGenerator, Workload,
