@@ -244,6 +244,7 @@ fn a_clean_reopen_recovers_everything_on_every_durable_variant() {
         let path = dir.path().join(format!("db{i}.pool"));
         let cfg = cfg.path(&path);
         let label = format!("{} {} {}", cfg.engine, cfg.protocol, cfg.domain);
+        let last_tid_before;
         {
             let db = Db::create(cfg.clone()).unwrap();
             let t = db.create_table(accounts()).unwrap();
@@ -264,6 +265,9 @@ fn a_clean_reopen_recovers_everything_on_every_durable_variant() {
             for k in 40..50u64 {
                 db.run(|tx| tx.delete(t, k)).unwrap();
             }
+            let mut w = db.worker().unwrap();
+            let update = |tx: &mut pmtx::db::Tx<'_>| tx.update(t, 0, &[(2, Value::U64(1))]);
+            last_tid_before = w.run_counted(false, update).unwrap().tid;
         }
         let db = Db::open(cfg).unwrap();
         let report = db.recovery_report().expect("open recovers");
@@ -283,15 +287,18 @@ fn a_clean_reopen_recovers_everything_on_every_durable_variant() {
                 .len(),
             40
         );
-        // New transactions get larger tids than any before the restart.
-        db.run(|tx| {
-            tx.insert(
-                t,
-                100,
-                &[Value::Bytes(b"new"), Value::I64(0), Value::U64(0)],
-            )
-        })
-        .unwrap();
+        // New transactions get larger tids than any before the restart (Falcon §5.2.1 footnote).
+        let mut w = db.worker().unwrap();
+        let row = [Value::Bytes(b"new"), Value::I64(0), Value::U64(0)];
+        let tid = w
+            .run_counted(false, |tx| tx.insert(t, 100, &row))
+            .unwrap()
+            .tid;
+        assert!(
+            tid > last_tid_before,
+            "{label}: tid {tid} after restart <= {last_tid_before}"
+        );
+        drop(w);
         assert_eq!(db.check_structure().unwrap(), vec![41], "{label}");
     }
 }

@@ -184,8 +184,8 @@ impl PageManager {
         TABLE + index * 8
     }
 
-    /// Allocates a page for `tag`, durably, and returns its index. Its contents are whatever the
-    /// previous owner left: the caller initialises what it needs.
+    /// Allocates a page for `tag`, durably, and returns its index. The page is all zero (see
+    /// [`PageManager::free`]).
     pub fn allocate(&self, pool: &Pool, tag: PageTag) -> Result<u64, AllocError> {
         if tag.kind == 0 || tag.value >= (1 << 48) {
             return Err(AllocError::BadTag(tag));
@@ -207,8 +207,13 @@ impl PageManager {
         })
     }
 
-    /// Returns a page to the free pool, durably. The caller guarantees nothing durable refers to it.
+    /// Returns a page to the free pool, durably, zeroing it first: every free page is all zero
+    /// (a fresh pool is, and `free` keeps it so), so a new owner finds no stale data and engines
+    /// can treat a zero header as "never used". The caller guarantees nothing durable refers to it.
     pub fn free(&self, pool: &Pool, index: u64) {
+        let page = self.page_offset(index);
+        pool.fill(page, 0, PAGE_SIZE);
+        pool.persist(page, PAGE_SIZE);
         let at = Self::descriptor(index);
         pool.write_u64(at, 0);
         pool.persist(at, 8);
@@ -267,8 +272,14 @@ mod tests {
             Err(AllocError::PmFull { pages: 4, .. })
         ));
         assert_eq!(pm.usage(&pool).pages_used, 4);
+        pool.write_u64(pm.page_offset(2) + 64, 0xdead);
         pm.free(&pool, 2);
         assert_eq!(pm.allocate(&pool, tag).unwrap(), 2);
+        assert_eq!(
+            pool.read_u64(pm.page_offset(2) + 64),
+            0,
+            "a freed page comes back zeroed"
+        );
         assert_eq!(pm.tag(&pool, 2), Some(tag));
         assert_eq!(pm.page_of(pm.page_offset(3) + 5), Some(3));
         assert_eq!(pm.page_of(100), None);

@@ -159,6 +159,151 @@ pub mod no_wait {
     }
 }
 
+/// How a protocol answers a request to read a tuple the transaction does not hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadStart {
+    /// Read the row now; pass the token to `read_end` and keep it for `validate_read`.
+    Go(u64),
+    /// Someone is writing the tuple: spin and ask again (OCC waits for the lock to clear).
+    Retry,
+    /// Conflict: abort the transaction (no-wait).
+    Abort,
+}
+
+/// A concurrency-control protocol, as the engines drive it: at fixed points of a transaction, over
+/// one tuple's metadata word at a time. Where the word lives is the engine's business
+/// ([`MetaWord`]); this is what lets Falcon keep it in the PM tuple header and Zen in a DRAM cache
+/// entry with the same protocol code (Falcon §5.2.1, Zen §3.3.2).
+pub trait CcProtocol: Send + Sync {
+    /// Which protocol this is.
+    fn protocol(&self) -> Protocol;
+    /// Whether writes are locked as they happen (2PL) rather than at commit (OCC).
+    fn locks_writes_early(&self) -> bool;
+    /// Whether reads hold a lock until the transaction ends (2PL).
+    fn holds_read_locks(&self) -> bool;
+    /// Whether the read set must be validated at commit (OCC).
+    fn validates_reads(&self) -> bool;
+    /// Begins reading a tuple the transaction does not hold.
+    fn read_begin(&self, word: &dyn MetaWord) -> ReadStart;
+    /// After copying the row: whether the copy is consistent with `token`.
+    fn read_end(&self, word: &dyn MetaWord, token: u64) -> bool;
+    /// Tries to take the write lock; `holds_read` says the caller holds a read lock to upgrade.
+    fn try_write_lock(&self, word: &dyn MetaWord, holds_read: bool) -> bool;
+    /// At commit: whether a read with `token` is still valid (`locked_by_me`: the caller holds the
+    /// write lock of the same tuple).
+    fn validate_read(&self, word: &dyn MetaWord, token: u64, locked_by_me: bool) -> bool;
+    /// Releases a write lock, installing `tid` as the new version (commit) or restoring the old
+    /// one (`None`: abort).
+    fn release_write(&self, word: &dyn MetaWord, tid: Option<u64>);
+    /// Releases a read lock.
+    fn release_read(&self, word: &dyn MetaWord);
+    /// The word of a tuple nobody holds, whose last writer committed `write_ts` (recovery).
+    fn idle_word(&self, write_ts: u64) -> u64;
+}
+
+impl<W: MetaWord + ?Sized> MetaWord for &W {
+    fn load(&self) -> u64 {
+        (**self).load()
+    }
+    fn cas(&self, current: u64, new: u64) -> bool {
+        (**self).cas(current, new)
+    }
+    fn store(&self, value: u64) {
+        (**self).store(value)
+    }
+}
+
+/// Silo-style OCC (Tu et al. SOSP'13; Falcon §5.2.1).
+pub struct Occ;
+
+impl CcProtocol for Occ {
+    fn protocol(&self) -> Protocol {
+        Protocol::Occ
+    }
+    fn locks_writes_early(&self) -> bool {
+        false
+    }
+    fn holds_read_locks(&self) -> bool {
+        false
+    }
+    fn validates_reads(&self) -> bool {
+        true
+    }
+    fn read_begin(&self, word: &dyn MetaWord) -> ReadStart {
+        occ::stable_version(&word).map_or(ReadStart::Retry, ReadStart::Go)
+    }
+    fn read_end(&self, word: &dyn MetaWord, token: u64) -> bool {
+        word.load() == token
+    }
+    fn try_write_lock(&self, word: &dyn MetaWord, _holds_read: bool) -> bool {
+        occ::try_lock(&word).is_some()
+    }
+    fn validate_read(&self, word: &dyn MetaWord, token: u64, locked_by_me: bool) -> bool {
+        occ::validate(&word, token, locked_by_me)
+    }
+    fn release_write(&self, word: &dyn MetaWord, tid: Option<u64>) {
+        let version = tid.unwrap_or_else(|| word.load()) & !LOCK_BIT;
+        occ::unlock(&word, version)
+    }
+    fn release_read(&self, _word: &dyn MetaWord) {}
+    fn idle_word(&self, write_ts: u64) -> u64 {
+        write_ts & !LOCK_BIT
+    }
+}
+
+/// Two-phase locking with the no-wait policy (Falcon §5.2.1).
+pub struct NoWait;
+
+impl CcProtocol for NoWait {
+    fn protocol(&self) -> Protocol {
+        Protocol::NoWait
+    }
+    fn locks_writes_early(&self) -> bool {
+        true
+    }
+    fn holds_read_locks(&self) -> bool {
+        true
+    }
+    fn validates_reads(&self) -> bool {
+        false
+    }
+    fn read_begin(&self, word: &dyn MetaWord) -> ReadStart {
+        if no_wait::try_read_lock(&word) {
+            ReadStart::Go(0)
+        } else {
+            ReadStart::Abort
+        }
+    }
+    fn read_end(&self, _word: &dyn MetaWord, _token: u64) -> bool {
+        true
+    }
+    fn try_write_lock(&self, word: &dyn MetaWord, holds_read: bool) -> bool {
+        no_wait::try_write_lock(&word, holds_read)
+    }
+    fn validate_read(&self, _word: &dyn MetaWord, _token: u64, _locked_by_me: bool) -> bool {
+        true
+    }
+    fn release_write(&self, word: &dyn MetaWord, _tid: Option<u64>) {
+        no_wait::write_unlock(&word)
+    }
+    fn release_read(&self, word: &dyn MetaWord) {
+        no_wait::read_unlock(&word)
+    }
+    fn idle_word(&self, _write_ts: u64) -> u64 {
+        0
+    }
+}
+
+impl Protocol {
+    /// The protocol's implementation.
+    pub fn implementation(self) -> &'static dyn CcProtocol {
+        match self {
+            Protocol::Occ => &Occ,
+            Protocol::NoWait => &NoWait,
+        }
+    }
+}
+
 /// Bits of a transaction id that hold the thread id.
 pub const TID_THREAD_BITS: u32 = 8;
 /// The most threads a database can run (one id each).

@@ -46,6 +46,13 @@ pub struct CommonArgs {
     /// Hot tuples tracked per thread by falcon (0 disables).
     #[arg(long, default_value_t = 1024)]
     pub hot_tuples: usize,
+    /// Bytes per log-window slot (falcon); a transaction whose redo exceeds it spills.
+    #[arg(long)]
+    pub window_slot_bytes: Option<usize>,
+    /// Rounds: every engine × thread count runs this many times, interleaved, and a summary gives
+    /// the median ratio to volatile (use ≥ 3 on a noisy machine).
+    #[arg(long, default_value_t = 1)]
+    pub repeat: usize,
 }
 
 /// Arguments of `pmtx bench ycsb`.
@@ -105,6 +112,114 @@ pub(crate) fn run(cmd: BenchCommand) -> CliResult {
     }
 }
 
+impl CommonArgs {
+    /// The database configuration for one run of `engine` on `threads` threads.
+    pub(crate) fn db_config(&self, engine: EngineKind, threads: usize, pool_size: u64) -> DbConfig {
+        let mut config = DbConfig::default()
+            .engine(engine)
+            .protocol(self.cc)
+            .domain(self.domain)
+            .pool_size(pool_size)
+            .max_threads(threads + 1);
+        config.hot_tuples = self.hot_tuples;
+        config.window_slot_bytes = self.window_slot_bytes;
+        if let Some(p) = &self.pool {
+            config = config.path(p);
+        }
+        config
+    }
+
+    /// The engines to run: the requested ones, plus volatile with `--compare-volatile`.
+    pub(crate) fn engines(&self) -> Vec<EngineKind> {
+        let mut engines = self.engine.clone();
+        if self.compare_volatile && !engines.contains(&EngineKind::Volatile) {
+            engines.push(EngineKind::Volatile);
+        }
+        engines
+    }
+
+    /// `(round, threads, engine)` in run order: rounds outermost, so repeats interleave.
+    pub(crate) fn plan(&self) -> Vec<(usize, usize, EngineKind)> {
+        let mut plan = Vec::new();
+        for round in 0..self.repeat.max(1) {
+            for &threads in &self.threads {
+                for engine in self.engines() {
+                    plan.push((round, threads, engine));
+                }
+            }
+        }
+        plan
+    }
+
+    /// The domain a run of `engine` reports.
+    pub(crate) fn domain_of(&self, engine: EngineKind) -> PersistenceDomain {
+        if engine == EngineKind::Volatile {
+            PersistenceDomain::Volatile
+        } else {
+            self.domain
+        }
+    }
+
+    /// The harness configuration for `threads` threads and these transaction kinds.
+    pub(crate) fn bench_config(&self, threads: usize, kinds: &[&str]) -> BenchConfig {
+        BenchConfig {
+            threads,
+            warmup: Duration::from_secs_f64(self.warmup),
+            duration: Duration::from_secs_f64(self.duration),
+            txn_kinds: kinds.iter().map(|k| k.to_string()).collect(),
+        }
+    }
+}
+
+/// Sets ratios within each (round, threads) group, prints the table, the median ratio per engine
+/// and thread count when there are several rounds, and writes the JSON.
+pub(crate) fn finish(common: &CommonArgs, reports: &mut [RunReport]) -> CliResult {
+    let mut groups: std::collections::BTreeMap<(u64, usize), Vec<usize>> = Default::default();
+    for (i, r) in reports.iter().enumerate() {
+        let round = r.params.get("round").and_then(|v| v.as_u64()).unwrap_or(0);
+        groups.entry((round, r.result.threads)).or_default().push(i);
+    }
+    for idx in groups.values() {
+        let mut group: Vec<RunReport> = idx.iter().map(|&i| reports[i].clone()).collect();
+        attach_volatile(&mut group, common.compare_volatile);
+        for (&i, r) in idx.iter().zip(group) {
+            reports[i] = r;
+        }
+    }
+    bench::print_table(reports, &mut std::io::stdout())?;
+    if common.repeat > 1 && common.compare_volatile {
+        println!(
+            "\nmedian over {} rounds (each ratio measured against volatile in the same round):",
+            common.repeat
+        );
+        let mut by_engine: std::collections::BTreeMap<(usize, String), (Vec<f64>, Vec<f64>)> =
+            Default::default();
+        for r in reports.iter() {
+            let e = by_engine
+                .entry((r.result.threads, r.engine.clone()))
+                .or_default();
+            e.0.push(r.result.throughput_tps);
+            e.1.extend(r.ratio_to_volatile);
+        }
+        for ((threads, engine), (mut tps, mut ratios)) in by_engine {
+            tps.sort_by(f64::total_cmp);
+            ratios.sort_by(f64::total_cmp);
+            let mid = |v: &[f64]| v.get(v.len() / 2).copied().unwrap_or(0.0);
+            println!(
+                "  {engine:<16} {threads} thr  {:>12.0} tx/s  ×volatile {:.3} (range {:.3}–{:.3})",
+                mid(&tps),
+                mid(&ratios),
+                ratios.first().copied().unwrap_or(0.0),
+                ratios.last().copied().unwrap_or(0.0)
+            );
+        }
+    }
+    if let Some(path) = &common.json {
+        bench::write_json(reports, path)?;
+    }
+    Ok(())
+}
+
 fn run_bank(args: BankArgs) -> CliResult {
     let common = args.common.clone();
     check_common(&common)?;
@@ -113,62 +228,30 @@ fn run_bank(args: BankArgs) -> CliResult {
     }
     let max_threads = common.threads.iter().copied().max().unwrap_or(1) + 1;
     let pool_size = args.accounts * 64 * 2 + (32 + 8 * max_threads as u64) * (2 << 20);
-    let mut engines = common.engine.clone();
-    if common.compare_volatile && !engines.contains(&EngineKind::Volatile) {
-        engines.push(EngineKind::Volatile);
-    }
     let mut reports = Vec::new();
-    for &threads in &common.threads {
-        let first = reports.len();
-        for &engine in &engines {
-            let mut config = DbConfig::default()
-                .engine(engine)
-                .protocol(common.cc)
-                .domain(common.domain)
-                .pool_size(pool_size)
-                .max_threads(max_threads);
-            config.hot_tuples = common.hot_tuples;
-            if let Some(p) = &common.pool {
-                config = config.path(p);
-            }
-            let db = Db::create(config)?;
-            let table = crate::workload::bank::load(&db, args.accounts)?;
-            let config = BenchConfig {
-                threads,
-                warmup: Duration::from_secs_f64(common.warmup),
-                duration: Duration::from_secs_f64(common.duration),
-                txn_kinds: vec!["transfer".into()],
-            };
-            let result = bench::run(&config, |t| {
-                crate::workload::bank::BankDriver::new(&db, table, args.accounts, 0xba4c + t as u64)
-                    .map(|d| Box::new(d) as Box<dyn bench::TxnDriver>)
-            })?;
-            if args.check {
-                crate::workload::bank::check(&db, args.accounts)
-                    .map_err(|e| format!("bank invariant violated: {e}"))?;
-            }
-            let domain = if engine == EngineKind::Volatile {
-                PersistenceDomain::Volatile
-            } else {
-                common.domain
-            };
-            let params = serde_json::json!({ "accounts": args.accounts, "pool_bytes": pool_size });
-            reports.push(RunReport::new(
-                engine.name(),
-                common.cc.name(),
-                domain.name(),
-                "bank",
-                result,
-                params,
-            ));
+    for (round, threads, engine) in common.plan() {
+        let db = Db::create(common.db_config(engine, threads, pool_size))?;
+        let table = crate::workload::bank::load(&db, args.accounts)?;
+        let result = bench::run(common.bench_config(threads, &["transfer"]), |t| {
+            crate::workload::bank::BankDriver::new(&db, table, args.accounts, 0xba4c + t as u64)
+                .map(|d| Box::new(d) as Box<dyn bench::TxnDriver>)
+        })?;
+        if args.check {
+            crate::workload::bank::check(&db, args.accounts)
+                .map_err(|e| format!("bank invariant violated: {e}"))?;
         }
-        attach_volatile(&mut reports[first..], common.compare_volatile);
+        let params = serde_json::json!({ "accounts": args.accounts, "pool_bytes": pool_size, "round": round });
+        let domain = common.domain_of(engine);
+        reports.push(RunReport::new(
+            engine.name(),
+            common.cc.name(),
+            domain.name(),
+            "bank",
+            result,
+            params,
+        ));
     }
-    bench::print_table(&reports, &mut std::io::stdout())?;
-    if let Some(path) = &common.json {
-        bench::write_json(&reports, path)?;
-    }
-    Ok(())
+    finish(&common, &mut reports)
 }
 
 fn workload_of(args: &YcsbArgs) -> Result<Workload, Box<dyn std::error::Error>> {
@@ -210,92 +293,64 @@ fn run_ycsb(args: YcsbArgs) -> CliResult {
     // Room for the records, YCSB-D/E inserts, per-thread pages and windows.
     let max_threads = common.threads.iter().copied().max().unwrap_or(1) + 1;
     let pool_size = (args.records * slot) * 3 / 2 + (64 + 8 * max_threads as u64) * (2 << 20);
-    let mut engines = common.engine.clone();
-    if common.compare_volatile && !engines.contains(&EngineKind::Volatile) {
-        engines.push(EngineKind::Volatile);
-    }
     let mut reports: Vec<RunReport> = Vec::new();
-    for &threads in &common.threads {
-        let first = reports.len();
-        for &engine in &engines {
-            let mut config = DbConfig::default()
-                .engine(engine)
-                .protocol(common.cc)
-                .domain(common.domain)
-                .pool_size(pool_size)
-                .max_threads(max_threads);
-            config.hot_tuples = common.hot_tuples;
-            config.max_row_bytes = config.max_row_bytes.max(row as usize);
-            if let Some(p) = &common.pool {
-                config = config.path(p);
+    for (round, threads, engine) in common.plan() {
+        let mut config = common.db_config(engine, threads, pool_size);
+        config.max_row_bytes = config.max_row_bytes.max(row as usize);
+        let dram_before = rss_anon_bytes();
+        let db = Db::create(config)?;
+        let table = db.create_table(driver::schema(&workload))?;
+        let bar = bench::loading_bar(args.records, &format!("loading {engine}"));
+        let loaded = AtomicU64::new(0);
+        driver::load(&db, table, &workload, args.records, 2, &|n| {
+            bar.set_position(loaded.fetch_add(n, Ordering::Relaxed) + n);
+        })?;
+        bar.finish_and_clear();
+        let dram_after_load = rss_anon_bytes();
+        let inserts = Arc::new(AcknowledgedCounter::new(args.records));
+        let result = bench::run(common.bench_config(threads, &["ycsb"]), |t| {
+            driver::YcsbDriver::new(
+                &db,
+                table,
+                &workload,
+                args.records,
+                inserts.clone(),
+                0x5eed + t as u64,
+            )
+            .map(|d| Box::new(d) as Box<dyn bench::TxnDriver>)
+        })?;
+        let dram_per_record = match (dram_before, dram_after_load) {
+            (Some(b), Some(a)) if engine != EngineKind::Volatile => {
+                Some(a.saturating_sub(b) as f64 / args.records as f64)
             }
-            let dram_before = rss_anon_bytes();
-            let db = Db::create(config)?;
-            let table = db.create_table(driver::schema(&workload))?;
-            let bar = bench::loading_bar(args.records, &format!("loading {engine}"));
-            let loaded = AtomicU64::new(0);
-            driver::load(&db, table, &workload, args.records, 2, &|n| {
-                bar.set_position(loaded.fetch_add(n, Ordering::Relaxed) + n);
-            })?;
-            bar.finish_and_clear();
-            let dram_after_load = rss_anon_bytes();
-            let inserts = Arc::new(AcknowledgedCounter::new(args.records));
-            let config = BenchConfig {
-                threads,
-                warmup: Duration::from_secs_f64(common.warmup),
-                duration: Duration::from_secs_f64(common.duration),
-                txn_kinds: vec!["ycsb".into()],
-            };
-            let result = bench::run(&config, |t| {
-                driver::YcsbDriver::new(
-                    &db,
-                    table,
-                    &workload,
-                    args.records,
-                    inserts.clone(),
-                    0x5eed + t as u64,
-                )
-                .map(|d| Box::new(d) as Box<dyn bench::TxnDriver>)
-            })?;
-            let dram_per_record = match (dram_before, dram_after_load) {
-                (Some(b), Some(a)) if engine != EngineKind::Volatile => {
-                    Some(a.saturating_sub(b) as f64 / args.records as f64)
-                }
-                _ => None,
-            };
-            let params = serde_json::json!({
-                "records": args.records,
-                "theta": args.theta,
-                "ops_per_txn": workload.ops_per_txn,
-                "field_count": workload.field_count,
-                "field_len": workload.field_len,
-                "write_all_fields": workload.write_all_fields,
-                "hot_tuples": common.hot_tuples,
-                "pool_bytes": pool_size,
-                "dram_bytes_per_record_after_load": dram_per_record,
-                "peak_rss_bytes": peak_rss_bytes(),
-            });
-            let domain = if engine == EngineKind::Volatile {
-                PersistenceDomain::Volatile
-            } else {
-                common.domain
-            };
-            reports.push(RunReport::new(
-                engine.name(),
-                common.cc.name(),
-                domain.name(),
-                format!("ycsb-{}", workload.name),
-                result,
-                params,
-            ));
-        }
-        attach_volatile(&mut reports[first..], common.compare_volatile);
+            _ => None,
+        };
+        let params = serde_json::json!({
+            "records": args.records,
+            "theta": args.theta,
+            "ops_per_txn": workload.ops_per_txn,
+            "field_count": workload.field_count,
+            "field_len": workload.field_len,
+            "write_all_fields": workload.write_all_fields,
+            "hot_tuples": common.hot_tuples,
+            "window_slot_bytes": common.window_slot_bytes,
+            "pool_bytes": pool_size,
+            "dram_bytes_per_record_after_load": dram_per_record,
+            "peak_rss_bytes": peak_rss_bytes(),
+            "round": round,
+        });
+        let domain = common.domain_of(engine);
+        let name = format!("ycsb-{}", workload.name);
+        reports.push(RunReport::new(
+            engine.name(),
+            common.cc.name(),
+            domain.name(),
+            name,
+            result,
+            params,
+        ));
     }
-    bench::print_table(&reports, &mut std::io::stdout())?;
-    if let Some(path) = &common.json {
-        bench::write_json(&reports, path)?;
-    }
-    Ok(())
+    finish(&common, &mut reports)
 }
 
 pub(crate) fn check_common(common: &CommonArgs) -> CliResult {

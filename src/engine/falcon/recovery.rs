@@ -9,7 +9,7 @@ use super::layout::{kind, slot, tuple};
 use super::window::{self, EntryKind};
 use super::{FalconEngine, TableAlloc, ThreadState};
 use crate::alloc::PAGE_SIZE;
-use crate::cc::{tid_timestamp, Protocol, LOCK_BIT};
+use crate::cc::tid_timestamp;
 use crate::engine::{DbError, RecoveryReport};
 use std::collections::HashMap;
 use std::time::Instant;
@@ -227,10 +227,7 @@ pub(super) fn recover(engine: &mut FalconEngine) -> Result<(RecoveryReport, u64)
                                         sec.insert(table.secondary_key(si, &row), key);
                                     }
                                 }
-                                let unlocked = match protocol {
-                                    Protocol::Occ => write_ts & !LOCK_BIT,
-                                    Protocol::NoWait => 0,
-                                };
+                                let unlocked = protocol.implementation().idle_word(write_ts);
                                 if pool.read_u64(t + tuple::CC) != unlocked {
                                     pool.write_u64(t + tuple::CC, unlocked);
                                     pool.flush(t, 8);

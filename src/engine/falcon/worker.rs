@@ -5,7 +5,7 @@ use super::window::{self, EntryKind};
 use super::{FalconEngine, Fault, TableAlloc, TableRt, ThreadState};
 use crate::alloc::{AllocError, PageTag, PAGE_SIZE};
 use crate::catalog::TableId;
-use crate::cc::{no_wait, occ, tid_timestamp, MetaWord, Protocol, LOCK_BIT};
+use crate::cc::{tid_timestamp, CcProtocol, MetaWord, ReadStart, LOCK_BIT};
 use crate::engine::{DbError, EngineWorker, FieldWrite, TxError};
 use crate::pmem::Pool;
 use std::sync::atomic::Ordering;
@@ -94,6 +94,8 @@ impl HotSet {
 
 pub(crate) struct FalconWorker {
     eng: Arc<FalconEngine>,
+    /// The concurrency-control protocol (its metadata word is the tuple header's CC word).
+    cc: &'static dyn CcProtocol,
     pool: Arc<Pool>,
     thread: usize,
     state: Option<ThreadState>,
@@ -125,6 +127,7 @@ impl FalconWorker {
             .ok_or_else(|| DbError::Config(format!("worker slot {thread} is already in use")))?;
         let tables = eng.tables.read().clone();
         Ok(FalconWorker {
+            cc: eng.protocol.implementation(),
             pool: eng.pool.clone(),
             hot: HotSet::new(eng.config.hot_tuples.max(1)),
             thread,
@@ -189,58 +192,49 @@ impl FalconWorker {
         out: &mut [u8],
     ) -> Result<(), TxError> {
         let not_found = TxError::NotFound { table, key };
-        match self.eng.protocol {
-            Protocol::Occ => {
-                for _ in 0..SPIN_LIMIT {
-                    let Some(v1) = occ::stable_version(&self.word(tuple)) else {
+        let cc = self.cc;
+        let held = cc.holds_read_locks()
+            && (self.holds_read_lock(tuple)
+                || self.writes.iter().any(|w| w.tuple == tuple && w.locked));
+        for _ in 0..SPIN_LIMIT {
+            let token = if held {
+                None
+            } else {
+                match cc.read_begin(&self.word(tuple)) {
+                    ReadStart::Go(token) => Some(token),
+                    ReadStart::Retry => {
                         std::hint::spin_loop();
                         continue;
-                    };
-                    let flags = self.pool.read_u64(tuple + tuple::FLAGS);
-                    let stored_key = self.pool.read_u64(tuple + tuple::KEY);
-                    self.pool.read_bytes(tuple + tuple::HEADER, out);
-                    std::sync::atomic::fence(Ordering::Acquire);
-                    if self.word(tuple).load() != v1 {
-                        continue;
                     }
-                    self.reads.push((tuple, v1));
-                    self.max_seen = self.max_seen.max(v1);
-                    return if flags == tuple::LIVE && stored_key == key {
-                        Ok(())
-                    } else {
-                        Err(not_found)
-                    };
+                    ReadStart::Abort => return Err(TxError::Conflict),
                 }
-                Err(TxError::Conflict)
+            };
+            let flags = self.pool.read_u64(tuple + tuple::FLAGS);
+            let stored_key = self.pool.read_u64(tuple + tuple::KEY);
+            let write_ts = self.pool.read_u64(tuple + tuple::WRITE_TS);
+            self.pool.read_bytes(tuple + tuple::HEADER, out);
+            if let Some(token) = token {
+                std::sync::atomic::fence(Ordering::Acquire);
+                if !cc.read_end(&self.word(tuple), token) {
+                    continue;
+                }
+                self.reads.push((tuple, token));
             }
-            Protocol::NoWait => {
-                let mine = self.holds_read_lock(tuple)
-                    || self.writes.iter().any(|w| w.tuple == tuple && w.locked);
-                if !mine {
-                    if !no_wait::try_read_lock(&self.word(tuple)) {
-                        return Err(TxError::Conflict);
-                    }
-                    self.reads.push((tuple, 0));
-                }
-                self.max_seen = self
-                    .max_seen
-                    .max(self.pool.read_u64(tuple + tuple::WRITE_TS));
-                let flags = self.pool.read_u64(tuple + tuple::FLAGS);
-                let stored_key = self.pool.read_u64(tuple + tuple::KEY);
-                self.pool.read_bytes(tuple + tuple::HEADER, out);
-                if flags == tuple::LIVE && stored_key == key {
-                    Ok(())
-                } else {
-                    Err(not_found)
-                }
-            }
+            self.max_seen = self.max_seen.max(write_ts);
+            return if flags == tuple::LIVE && stored_key == key {
+                Ok(())
+            } else {
+                Err(not_found)
+            };
         }
+        Err(TxError::Conflict)
     }
 
-    /// 2PL: takes the write lock of `tuple` (upgrading a read lock) and checks it still holds `key`.
+    /// Locks `tuple` for writing during execution (protocols that lock early, e.g. 2PL), upgrading
+    /// a read lock, and checks it still holds `key`.
     fn lock_for_write(&mut self, tuple: u64, key: u64, table: TableId) -> Result<(), TxError> {
         let held = self.reads.iter().position(|&(t, _)| t == tuple);
-        if !no_wait::try_write_lock(&self.word(tuple), held.is_some()) {
+        if !self.cc.try_write_lock(&self.word(tuple), held.is_some()) {
             return Err(TxError::Conflict);
         }
         if let Some(i) = held {
@@ -358,19 +352,13 @@ impl FalconWorker {
                     self.release_slot(table, t);
                 }
                 WriteKind::Cancelled if t == 0 => {}
-                _ if locked => match self.eng.protocol {
-                    Protocol::Occ => {
-                        let v = self.word(t).load() & !LOCK_BIT;
-                        occ::unlock(&self.word(t), v);
-                    }
-                    Protocol::NoWait => no_wait::write_unlock(&self.word(t)),
-                },
+                _ if locked => self.cc.release_write(&self.word(t), None),
                 _ => {}
             }
         }
-        if self.eng.protocol == Protocol::NoWait {
+        if self.cc.holds_read_locks() {
             for i in 0..self.reads.len() {
-                no_wait::read_unlock(&self.word(self.reads[i].0));
+                self.cc.release_read(&self.word(self.reads[i].0));
             }
         }
         self.end_txn();
@@ -617,7 +605,7 @@ impl EngineWorker for FalconWorker {
                     .index
                     .get(key)
                     .ok_or(TxError::NotFound { table, key })?;
-                let locked = self.eng.protocol == Protocol::NoWait;
+                let locked = self.cc.locks_writes_early();
                 if locked {
                     self.lock_for_write(t, key, table)?;
                 }
@@ -706,7 +694,7 @@ impl EngineWorker for FalconWorker {
             .index
             .get(key)
             .ok_or(TxError::NotFound { table, key })?;
-        let locked = self.eng.protocol == Protocol::NoWait;
+        let locked = self.cc.locks_writes_early();
         if locked {
             self.lock_for_write(t, key, table)?;
         }
@@ -796,30 +784,32 @@ impl EngineWorker for FalconWorker {
         if !self.in_txn {
             return Ok(0);
         }
-        let protocol = self.eng.protocol;
+        let cc = self.cc;
         let policy = self.eng.policy;
-        // 1. OCC: lock the write set in address order (no deadlock), spinning briefly.
-        if protocol == Protocol::Occ {
+        // 1. Protocols that lock at commit (OCC): lock the write set in address order (so no
+        // deadlock can form), spinning briefly on each lock.
+        if !cc.locks_writes_early() {
             let mut order: Vec<usize> = (0..self.writes.len())
                 .filter(|&i| matches!(self.writes[i].kind, WriteKind::Update | WriteKind::Delete))
                 .collect();
             order.sort_unstable_by_key(|&i| self.writes[i].tuple);
             for i in order {
                 let t = self.writes[i].tuple;
-                let mut got = None;
+                let mut got = false;
                 for _ in 0..SPIN_LIMIT {
-                    if let Some(v) = occ::try_lock(&self.word(t)) {
-                        got = Some(v);
+                    if cc.try_write_lock(&self.word(t), false) {
+                        got = true;
                         break;
                     }
                     std::hint::spin_loop();
                 }
                 match got {
-                    Some(v) => {
+                    true => {
                         self.writes[i].locked = true;
-                        self.max_seen = self.max_seen.max(v);
+                        let write_ts = self.pool.read_u64(t + tuple::WRITE_TS);
+                        self.max_seen = self.max_seen.max(write_ts);
                     }
-                    None => {
+                    false => {
                         self.rollback(0);
                         return Err(TxError::Conflict);
                     }
@@ -849,12 +839,12 @@ impl EngineWorker for FalconWorker {
             }
             published += 1;
         }
-        // 3. OCC: validate the read set.
-        if protocol == Protocol::Occ {
+        // 3. Validate the read set (OCC).
+        if cc.validates_reads() {
             for i in 0..self.reads.len() {
                 let (t, v) = self.reads[i];
                 let mine = self.writes.iter().any(|w| w.tuple == t && w.locked);
-                if !occ::validate(&self.word(t), v, mine) {
+                if !cc.validate_read(&self.word(t), v, mine) {
                     self.rollback(published);
                     return Err(TxError::Conflict);
                 }
@@ -965,10 +955,7 @@ impl EngineWorker for FalconWorker {
                 WriteKind::Update => {}
             }
             self.pool.write_u64(t + tuple::WRITE_TS, tid);
-            match protocol {
-                Protocol::Occ => occ::unlock(&self.word(t), tid & !LOCK_BIT),
-                Protocol::NoWait => no_wait::write_unlock(&self.word(t)),
-            }
+            cc.release_write(&self.word(t), Some(tid));
             if policy.persist_data {
                 self.pool.flush(t, tuple::HEADER);
             }
@@ -1029,10 +1016,10 @@ impl EngineWorker for FalconWorker {
                 self.spans = spans;
             }
         }
-        // 2PL: read locks go last (strict 2PL).
-        if protocol == Protocol::NoWait {
+        // Read locks go last (strict 2PL).
+        if cc.holds_read_locks() {
             for i in 0..self.reads.len() {
-                no_wait::read_unlock(&self.word(self.reads[i].0));
+                cc.release_read(&self.word(self.reads[i].0));
             }
         }
         // A spilled redo is closed at once, so the spill chain can be reused by the next one.

@@ -1,0 +1,38 @@
+//! The README's embedding example, run as written (with a temporary pool path), twice: the second
+//! run reopens the pool, recovers it, and finds the first run's transfer.
+
+use pmtx::catalog::{ColumnType, Schema};
+use pmtx::db::{Db, DbConfig, Value};
+use pmtx::engine::EngineKind;
+use pmtx::pmem::PersistenceDomain;
+
+fn readme_example(path: &std::path::Path) -> Result<(i64, i64), Box<dyn std::error::Error>> {
+    let config = DbConfig::default()
+        .engine(EngineKind::Falcon)
+        .domain(PersistenceDomain::Adr)
+        .path(path);
+    let db = Db::open_or_create(config)?;
+    let accounts = match db.table("accounts") {
+        Some(t) => t,
+        None => db.create_table(Schema::new("accounts", &[("balance", ColumnType::I64)]))?,
+    };
+    db.run(|tx| {
+        if !tx.exists(accounts, 1)? {
+            tx.insert(accounts, 1, &[Value::I64(100)])?;
+            tx.insert(accounts, 2, &[Value::I64(0)])?;
+        }
+        let a = tx.get(accounts, 1)?.i64(0);
+        let b = tx.get(accounts, 2)?.i64(0);
+        tx.update(accounts, 1, &[(0, Value::I64(a - 10))])?;
+        tx.update(accounts, 2, &[(0, Value::I64(b + 10))])
+    })?;
+    Ok(db.run(|tx| Ok((tx.get(accounts, 1)?.i64(0), tx.get(accounts, 2)?.i64(0))))?)
+}
+
+#[test]
+fn the_readme_example_runs_and_survives_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bank.pool");
+    assert_eq!(readme_example(&path).unwrap(), (90, 10));
+    assert_eq!(readme_example(&path).unwrap(), (80, 20));
+}
