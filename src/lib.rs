@@ -16,6 +16,7 @@ pub mod bench;
 pub mod catalog;
 pub mod cc;
 pub mod cli;
+pub mod crashtest;
 pub mod db;
 pub mod engine;
 pub mod index;

@@ -103,12 +103,20 @@ pub enum BenchCommand {
     Ycsb(YcsbArgs),
     /// Bank transfers between random accounts; checks the total balance afterwards.
     Bank(BankArgs),
+    /// TPC-C: the five transactions, with its consistency checks.
+    Tpcc(super::bench_tpcc::Args),
+    /// TPC-C-NP: New-Order and Payment only.
+    TpccNp(super::bench_tpcc::Args),
+    /// TATP: the seven telecom transactions.
+    Tatp(super::bench_tatp::Args),
 }
 
 pub(crate) fn run(cmd: BenchCommand) -> CliResult {
     match cmd {
         BenchCommand::Ycsb(args) => run_ycsb(args),
         BenchCommand::Bank(args) => run_bank(args),
+        BenchCommand::Tpcc(args) | BenchCommand::TpccNp(args) => super::bench_tpcc::run(args),
+        BenchCommand::Tatp(args) => super::bench_tatp::run(args),
     }
 }
 

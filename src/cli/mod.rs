@@ -1,8 +1,12 @@
 //! The `pmtx` command line: one subcommand per file.
 
 mod bench;
+mod bench_tatp;
+mod bench_tpcc;
+mod crashtest;
 mod demo;
 mod inspect;
+mod plot;
 mod recover;
 
 use clap::{Parser, Subcommand};
@@ -30,6 +34,10 @@ pub enum Command {
     /// Create a scratch pool, write and persist through the pmem layer, and show what a simulated
     /// crash can lose under ADR and under eADR.
     Demo(demo::DemoArgs),
+    /// Crash-consistency suite: crash a workload at PM events, recover each image, check it.
+    Crashtest(crashtest::Args),
+    /// Plot the JSON results of `pmtx bench` runs as PNG figures.
+    Plot(plot::Args),
 }
 
 /// Parses the process arguments and runs the command; errors are printed and give exit status 1.
@@ -40,6 +48,8 @@ pub fn main() -> ExitCode {
         Command::Demo(args) => demo::run(args),
         Command::Bench(cmd) => bench::run(cmd),
         Command::Recover(args) => recover::run(args),
+        Command::Crashtest(args) => crashtest::run(args),
+        Command::Plot(args) => plot::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,4 +1,6 @@
 //! Workloads: key and operation generators and, later, the drivers that run them against an engine.
 
 pub mod bank;
+pub mod tatp;
+pub mod tpcc;
 pub mod ycsb;

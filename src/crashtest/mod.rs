@@ -1,0 +1,1 @@
+//! Crash-consistency harness (placeholder: issue 4 replaces this file).

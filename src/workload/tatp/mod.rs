@@ -1,0 +1,1 @@
+//! TATP (placeholder: issue 5 replaces this file).

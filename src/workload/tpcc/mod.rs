@@ -1,0 +1,1 @@
+//! TPC-C (placeholder: issue 5 replaces this file).
