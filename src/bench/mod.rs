@@ -16,7 +16,9 @@ mod result;
 mod run;
 
 pub use report::{loading_bar, print_table, write_json, RunReport};
-pub use result::{BenchResult, KindResult, LatencySummary, PmPerTxn};
+pub use result::{
+    BenchResult, KindResult, LatencySummary, PmPerTxn, KINDS_CDF_POINTS, RUN_CDF_POINTS,
+};
 pub use run::{run, BenchConfig, BenchError, DriverError, TxnDriver, TxnOutcome};
 
 #[cfg(test)]
