@@ -89,7 +89,7 @@ impl RunReport {
 }
 
 /// Writes `reports` as an aligned table, one row per report, then (if any report has more than
-/// one transaction kind) a per-kind table of those reports: each kind's share of the outcomes
+/// one transaction kind, or expected failures) a per-kind table of those reports: each kind's share of the outcomes
 /// (`mix%`), throughput, conflict aborts, expected failures (`fail%`, see
 /// [`super::KindResult::fail_rate`]) and latency percentiles.
 pub fn print_table(reports: &[RunReport], out: &mut impl Write) -> io::Result<()> {
@@ -144,7 +144,7 @@ pub fn print_table(reports: &[RunReport], out: &mut impl Write) -> io::Result<()
 
     let multi: Vec<&RunReport> = reports
         .iter()
-        .filter(|r| r.result.per_kind.len() > 1)
+        .filter(|r| r.result.per_kind.len() > 1 || r.result.expected_failures > 0)
         .collect();
     if multi.is_empty() {
         return Ok(());
