@@ -44,8 +44,8 @@ pub(crate) fn run(args: Args) -> CliResult {
     let kinds = kind_names(only);
     let max_threads = common.threads.iter().copied().max().unwrap_or(1);
     // Tuples, inserted call forwardings, and a tuple page per table per thread (loaders too).
-    let pool_size =
-        tatp::data_bytes(args.subscribers) * 3 / 2 + (64 + 16 * (max_threads as u64 + 2)) * (2 << 20);
+    let pool_size = tatp::data_bytes(args.subscribers) * 3 / 2
+        + (64 + 16 * (max_threads as u64 + 2)) * (2 << 20);
     let workload = match only {
         Some(t) => format!("tatp-{}", t.name()),
         None => "tatp".to_string(),

@@ -227,8 +227,7 @@ pub fn get_new_destination(
     end: u8,
 ) -> Result<TxnResult<Vec<[u8; SUB_NBR_LEN]>>, DbError> {
     run_txn(w, true, never, |tx| {
-        let Some(sf) = get_opt(tx, t.special_facility, special_facility_key(s_id, sf_type))?
-        else {
+        let Some(sf) = get_opt(tx, t.special_facility, special_facility_key(s_id, sf_type))? else {
             return Ok(None);
         };
         if sf.bytes_at(special_facility::IS_ACTIVE)[0] != 1 {
@@ -276,7 +275,11 @@ pub fn update_subscriber_data(
         false,
         |e| matches!(e, TxError::UserAbort),
         |tx| {
-            tx.update(t.subscriber, s_id, &[(subscriber::BIT_1, Value::Bytes(&[bit_1]))])?;
+            tx.update(
+                t.subscriber,
+                s_id,
+                &[(subscriber::BIT_1, Value::Bytes(&[bit_1]))],
+            )?;
             let key = special_facility_key(s_id, sf_type);
             match tx.update(
                 t.special_facility,
@@ -358,7 +361,10 @@ pub fn delete_call_forwarding(
 ) -> Result<TxnResult<()>, DbError> {
     run_txn(w, false, never, |tx| {
         let s_id = s_id_of(tx, t, nbr)?;
-        match tx.delete(t.call_forwarding, call_forwarding_key(s_id, sf_type, start_time)) {
+        match tx.delete(
+            t.call_forwarding,
+            call_forwarding_key(s_id, sf_type, start_time),
+        ) {
             Ok(()) => Ok(Some(())),
             Err(TxError::NotFound { .. }) => Ok(None),
             Err(e) => Err(e),
@@ -419,9 +425,7 @@ impl<'db> TatpDriver<'db> {
                 let end = rng.gen_range(1..=24);
                 summary(get_new_destination(w, &t, s_id, sf_type, start, end)?)
             }
-            TxnType::GetAccessData => {
-                summary(get_access_data(w, &t, s_id, rng.gen_range(1..=4))?)
-            }
+            TxnType::GetAccessData => summary(get_access_data(w, &t, s_id, rng.gen_range(1..=4))?),
             TxnType::UpdateSubscriberData => {
                 let (bit, sf_type, data_a) =
                     (rng.gen_range(0..=1), rng.gen_range(1..=4), rng.gen());

@@ -554,8 +554,14 @@ pub fn decode_access_info(row: &Row) -> AccessInfoRow {
         ai_type: row.bytes_at(access_info::AI_TYPE)[0],
         data1: row.bytes_at(access_info::DATA1)[0],
         data2: row.bytes_at(access_info::DATA2)[0],
-        data3: row.bytes_at(access_info::DATA3).try_into().expect("3 bytes"),
-        data4: row.bytes_at(access_info::DATA4).try_into().expect("5 bytes"),
+        data3: row
+            .bytes_at(access_info::DATA3)
+            .try_into()
+            .expect("3 bytes"),
+        data4: row
+            .bytes_at(access_info::DATA4)
+            .try_into()
+            .expect("5 bytes"),
     }
 }
 
@@ -771,9 +777,7 @@ fn check_subscriber(
     }
     let found = tx.lookup_secondary(t.subscriber, 0, &[Value::Bytes(&sub_nbr(s_id))])?;
     if !found.contains(&s_id) {
-        problems.push(format!(
-            "the sub_nbr index does not find subscriber {s_id}"
-        ));
+        problems.push(format!("the sub_nbr index does not find subscriber {s_id}"));
     }
     for ai_type in 1..=4u8 {
         let expected = loaded.access_info.iter().find(|a| a.ai_type == ai_type);
