@@ -384,6 +384,18 @@ fn caption(runs: &[PlotRun], what: &str) -> String {
     format!("{}: {what}", workloads(runs).join(", "))
 }
 
+/// A line: its label, its engine (for the colour) and its points.
+type Series = (String, String, Vec<(f64, f64)>);
+
+/// One panel of the per-kind figure: where, the axis description, the value, whether it shows
+/// the kind names and legend.
+type KindPanel<'a, DB> = (
+    &'a DrawingArea<DB, Shift>,
+    &'a str,
+    fn(&PlotKind) -> f64,
+    bool,
+);
+
 type DrawResult<DB> = Result<(), DrawingAreaErrorKind<<DB as DrawingBackend>::ErrorType>>;
 
 /// Throughput (or ratio to volatile) against thread count, median over rounds.
@@ -414,7 +426,7 @@ fn draw_by_threads<DB: DrawingBackend>(
             .or_default()
             .push(value);
     }
-    let points: Vec<(String, String, Vec<(f64, f64)>)> = series
+    let points: Vec<Series> = series
         .into_iter()
         .map(|((name, engine), by_threads)| {
             let pts = by_threads
@@ -648,7 +660,7 @@ fn draw_kinds<DB: DrawingBackend>(
             })
             .map(value)
     };
-    let panels: [(&DrawingArea<DB, Shift>, &str, fn(&PlotKind) -> f64, bool); 2] = [
+    let panels: [KindPanel<'_, DB>; 2] = [
         (
             &left,
             "throughput (ktx/s)",

@@ -616,7 +616,7 @@ pub fn data_bytes(subscribers: u64) -> u64 {
 const LOAD_BATCH: u64 = 16;
 
 /// Creates the tables and loads `subscribers` subscribers drawn from `seed` on `threads` threads,
-/// [`LOAD_BATCH`] subscribers per transaction; `progress` is called with the number of
+/// 16 subscribers per transaction; `progress` is called with the number of
 /// subscribers just loaded (from any thread).
 pub fn load(
     db: &Db,
