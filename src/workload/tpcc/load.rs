@@ -15,9 +15,7 @@ pub fn total_rows(tpcc: &Tpcc) -> u64 {
     let c = &tpcc.config;
     let lines = c.orders_per_district * 10; // Expected O_OL_CNT is 10.
     let per_district = 1 + 2 * c.customers_per_district + c.orders_per_district + lines;
-    c.items
-        + c.warehouses
-            * (1 + c.items + DISTRICTS * (per_district + c.new_orders_per_district))
+    c.items + c.warehouses * (1 + c.items + DISTRICTS * (per_district + c.new_orders_per_district))
 }
 
 /// Loads the initial population on `threads` threads, calling `progress` with the rows each
@@ -243,64 +241,73 @@ impl Loader<'_, '_> {
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let c_last = t.load_constants.c_last;
         let last_max = t.config.last_name_max();
-        self.batched(1, t.config.customers_per_district + 1, BATCH / 2, |tx, rng, c| {
-            astring(rng, 8, 16, &mut first);
-            // The first 1 000 customers take the names 0..999 in order, the rest NURand names.
-            let number = if c <= 1000 {
-                c - 1
-            } else {
-                nurand(rng, 255, c_last, 0, last_max)
-            };
-            last_name(number, &mut last);
-            let address = Address::random(rng);
-            nstring(rng, 16, 16, &mut phone);
-            let credit: &[u8] = if rng.gen_range(0..10) == 0 { b"BC" } else { b"GC" };
-            astring(rng, 300, 500, &mut data);
-            let a = address.values();
-            tx.insert(
-                t.customer,
-                keys::customer(w, d, c),
-                &[
-                    Value::U64(c),
-                    Value::U64(d),
-                    Value::U64(w),
-                    Value::Bytes(&first),
-                    Value::Bytes(b"OE"),
-                    Value::Bytes(&last),
-                    a[0],
-                    a[1],
-                    a[2],
-                    a[3],
-                    a[4],
-                    Value::Bytes(&phone),
-                    Value::U64(now),
-                    Value::Bytes(credit),
-                    Value::I64(5_000_000),
-                    Value::I64(rng.gen_range(0..=5_000)),
-                    Value::I64(-1_000),
-                    Value::I64(1_000),
-                    Value::U64(1),
-                    Value::U64(0),
-                    Value::Bytes(&data),
-                ],
-            )?;
-            astring(rng, 12, 24, &mut h_data);
-            tx.insert(
-                t.history,
-                t.next_history_key(),
-                &[
-                    Value::U64(c),
-                    Value::U64(d),
-                    Value::U64(w),
-                    Value::U64(d),
-                    Value::U64(w),
-                    Value::U64(now),
-                    Value::I64(1_000),
-                    Value::Bytes(&h_data),
-                ],
-            )?;
-            Ok(2)
-        })
+        self.batched(
+            1,
+            t.config.customers_per_district + 1,
+            BATCH / 2,
+            |tx, rng, c| {
+                astring(rng, 8, 16, &mut first);
+                // The first 1 000 customers take the names 0..999 in order, the rest NURand names.
+                let number = if c <= 1000 {
+                    c - 1
+                } else {
+                    nurand(rng, 255, c_last, 0, last_max)
+                };
+                last_name(number, &mut last);
+                let address = Address::random(rng);
+                nstring(rng, 16, 16, &mut phone);
+                let credit: &[u8] = if rng.gen_range(0..10) == 0 {
+                    b"BC"
+                } else {
+                    b"GC"
+                };
+                astring(rng, 300, 500, &mut data);
+                let a = address.values();
+                tx.insert(
+                    t.customer,
+                    keys::customer(w, d, c),
+                    &[
+                        Value::U64(c),
+                        Value::U64(d),
+                        Value::U64(w),
+                        Value::Bytes(&first),
+                        Value::Bytes(b"OE"),
+                        Value::Bytes(&last),
+                        a[0],
+                        a[1],
+                        a[2],
+                        a[3],
+                        a[4],
+                        Value::Bytes(&phone),
+                        Value::U64(now),
+                        Value::Bytes(credit),
+                        Value::I64(5_000_000),
+                        Value::I64(rng.gen_range(0..=5_000)),
+                        Value::I64(-1_000),
+                        Value::I64(1_000),
+                        Value::U64(1),
+                        Value::U64(0),
+                        Value::Bytes(&data),
+                    ],
+                )?;
+                astring(rng, 12, 24, &mut h_data);
+                tx.insert(
+                    t.history,
+                    t.next_history_key(),
+                    &[
+                        Value::U64(c),
+                        Value::U64(d),
+                        Value::U64(w),
+                        Value::U64(d),
+                        Value::U64(w),
+                        Value::U64(now),
+                        Value::I64(1_000),
+                        Value::Bytes(&h_data),
+                    ],
+                )?;
+                Ok(2)
+            },
+        )
     }
 
     fn orders(&mut self, w: u64, d: u64) -> Result<(), TpccError> {

@@ -129,7 +129,10 @@ mod tests {
         }
         let max = *counts.iter().max().unwrap();
         let mean = 200_000 / 3000;
-        assert!(max > 3 * mean, "NURand is non-uniform: max {max}, mean {mean}");
+        assert!(
+            max > 3 * mean,
+            "NURand is non-uniform: max {max}, mean {mean}"
+        );
     }
 
     #[test]

@@ -360,10 +360,8 @@ pub fn schemas() -> Vec<Schema> {
     vec![
         Schema::new(TABLE_NAMES[0], &warehouse),
         Schema::new(TABLE_NAMES[1], &district),
-        Schema::new(TABLE_NAMES[2], &customer).with_secondary(
-            "customer_by_last_name",
-            &["c_w_id", "c_d_id", "c_last"],
-        ),
+        Schema::new(TABLE_NAMES[2], &customer)
+            .with_secondary("customer_by_last_name", &["c_w_id", "c_d_id", "c_last"]),
         Schema::new(TABLE_NAMES[3], &history).ordered(),
         Schema::new(TABLE_NAMES[4], &new_order).ordered(),
         Schema::new(TABLE_NAMES[5], &order)

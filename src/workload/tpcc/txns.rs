@@ -324,10 +324,9 @@ pub fn new_order(
         )?;
         out.push((amount, new_quantity, brand));
     }
-    let total = i128::from(sum)
-        * i128::from(10_000 - discount)
-        * i128::from(10_000 + w_tax + d_tax)
-        / 100_000_000;
+    let total =
+        i128::from(sum) * i128::from(10_000 - discount) * i128::from(10_000 + w_tax + d_tax)
+            / 100_000_000;
     Ok(NewOrderOutput {
         o_id,
         lines: out,
@@ -630,7 +629,10 @@ pub fn delivery(
             t.customer,
             ckey,
             &[
-                (customer::BALANCE, Value::I64(c.i64(customer::BALANCE) + sum)),
+                (
+                    customer::BALANCE,
+                    Value::I64(c.i64(customer::BALANCE) + sum),
+                ),
                 (
                     customer::DELIVERY_CNT,
                     Value::U64(c.u64(customer::DELIVERY_CNT) + 1),
