@@ -622,15 +622,10 @@ fn the_mixes_have_their_proportions() {
     let mut rng = StdRng::seed_from_u64(5);
     let mut full = [0u32; 5];
     let mut np = [0u32; 5];
+    let index = |ty: TxnType| TxnType::ALL.iter().position(|&x| x == ty).unwrap();
     for _ in 0..100_000 {
-        full[TxnType::ALL
-            .iter()
-            .position(|&x| x == Mix::Full.pick(&mut rng))
-            .unwrap()] += 1;
-        np[TxnType::ALL
-            .iter()
-            .position(|&x| x == Mix::NewOrderPayment.pick(&mut rng))
-            .unwrap()] += 1;
+        full[index(Mix::Full.pick(&mut rng))] += 1;
+        np[index(Mix::NewOrderPayment.pick(&mut rng))] += 1;
     }
     let pct = |n: u32| (n as f64 / 1000.0).round() as u32;
     assert_eq!(full.map(pct), [45, 43, 4, 4, 4]);
@@ -735,5 +730,47 @@ fn a_reopened_database_is_still_consistent() {
     check_consistency(&db).unwrap();
     // New history keys continue after the recovered ones.
     run_concurrently(&db, &t, Mix::NewOrderPayment, 2, 100, false);
+    check_consistency(&db).unwrap();
+}
+
+/// Two New-Orders of one district race: the one whose D_NEXT_O_ID read went stale should abort
+/// with a (retryable) conflict and then succeed with the next order id. Falcon checks insert
+/// duplicates at commit before validating reads, so it reports DuplicateKey (not retryable)
+/// instead; the benchmark driver retries that case (WORKAROUND(dup-vs-conflict) in
+/// src/workload/tpcc/driver.rs). Ignored until the engine validates reads first.
+#[test]
+#[ignore = "engine quirk dup-vs-conflict: Falcon reports DuplicateKey before read validation"]
+fn a_stale_new_order_conflicts_rather_than_failing_as_a_duplicate() {
+    let (db, t) = tiny_db(EngineKind::Falcon, 1);
+    let line = OrderLineInput {
+        item: 1,
+        supply_w: 1,
+        quantity: 1,
+    };
+    let input = txns::NewOrderInput {
+        w: 1,
+        d: 1,
+        c: 1,
+        lines: vec![line; 5],
+        entry_d: 1,
+    };
+    let mut first = db.worker().unwrap();
+    let mut second = db.worker().unwrap();
+    let mut raced = false;
+    let result = first.run(|tx| {
+        let out = txns::new_order(tx, &t, &input)?;
+        if !raced {
+            raced = true;
+            // A concurrent New-Order of the same district commits first, taking the same O_ID.
+            second.run(|tx2| txns::new_order(tx2, &t, &input)).unwrap();
+        }
+        Ok(out.o_id)
+    });
+    let next = t.config.orders_per_district + 1;
+    assert_eq!(
+        result.unwrap(),
+        next + 1,
+        "the stale one retries and takes the next id"
+    );
     check_consistency(&db).unwrap();
 }
