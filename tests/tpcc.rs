@@ -734,12 +734,9 @@ fn a_reopened_database_is_still_consistent() {
 }
 
 /// Two New-Orders of one district race: the one whose D_NEXT_O_ID read went stale should abort
-/// with a (retryable) conflict and then succeed with the next order id. Falcon checks insert
-/// duplicates at commit before validating reads, so it reports DuplicateKey (not retryable)
-/// instead; the benchmark driver retries that case (WORKAROUND(dup-vs-conflict) in
-/// src/workload/tpcc/driver.rs). Ignored until the engine validates reads first.
+/// with a (retryable) conflict and then succeed with the next order id (the engine treats an
+/// insert whose key appeared after it was checked as a conflict, not a duplicate).
 #[test]
-#[ignore = "engine quirk dup-vs-conflict: Falcon reports DuplicateKey before read validation"]
 fn a_stale_new_order_conflicts_rather_than_failing_as_a_duplicate() {
     let (db, t) = tiny_db(EngineKind::Falcon, 1);
     let line = OrderLineInput {

@@ -549,16 +549,27 @@ impl Tx<'_> {
         Ok(Row { bytes, offsets })
     }
 
+    /// Lets the engine turn a miss caused by a stale read into a conflict
+    /// ([`EngineWorker::resolve_miss`](crate::engine::EngineWorker::resolve_miss)).
+    fn miss<T>(&mut self, result: Result<T, TxError>) -> Result<T, TxError> {
+        result.map_err(|e| match e {
+            TxError::NotFound { .. } | TxError::DuplicateKey { .. } => self.inner.resolve_miss(e),
+            other => other,
+        })
+    }
+
     /// Reads the row with `key`.
     pub fn get(&mut self, table: TableId, key: u64) -> Result<Row, TxError> {
         let mut bytes = vec![0u8; self.schema(table)?.row_size()];
-        self.inner.read(table, key, &mut bytes)?;
+        let read = self.inner.read(table, key, &mut bytes);
+        self.miss(read)?;
         self.row_of(table, bytes)
     }
 
     /// Reads the row with `key` into `out` (exactly the row size); no allocation.
     pub fn read_into(&mut self, table: TableId, key: u64, out: &mut [u8]) -> Result<(), TxError> {
-        self.inner.read(table, key, out)
+        let read = self.inner.read(table, key, out);
+        self.miss(read)
     }
 
     /// Whether a row with `key` exists.
@@ -609,6 +620,7 @@ impl Tx<'_> {
             })
             .collect();
         let result = self.inner.update(table, key, &writes);
+        let result = self.miss(result);
         self.row = buf;
         result
     }
@@ -620,7 +632,8 @@ impl Tx<'_> {
         key: u64,
         writes: &[FieldWrite<'_>],
     ) -> Result<(), TxError> {
-        self.inner.update(table, key, writes)
+        let result = self.inner.update(table, key, writes);
+        self.miss(result)
     }
 
     /// Inserts a row given one value per column.
@@ -647,17 +660,20 @@ impl Tx<'_> {
             let at = schema.column_offset(i);
             encode_value(schema, i, v, &mut row[at..at + schema.columns[i].ty.size()])?;
         }
-        self.inner.insert(table, key, &row)
+        let result = self.inner.insert(table, key, &row);
+        self.miss(result)
     }
 
     /// Inserts a row given as raw bytes (exactly the row size).
     pub fn insert_bytes(&mut self, table: TableId, key: u64, row: &[u8]) -> Result<(), TxError> {
-        self.inner.insert(table, key, row)
+        let result = self.inner.insert(table, key, row);
+        self.miss(result)
     }
 
     /// Deletes the row with `key`.
     pub fn delete(&mut self, table: TableId, key: u64) -> Result<(), TxError> {
-        self.inner.delete(table, key)
+        let result = self.inner.delete(table, key);
+        self.miss(result)
     }
 
     /// Rows with keys `>= from`, ascending, at most `limit` (needs an ordered primary index).

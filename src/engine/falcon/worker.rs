@@ -165,6 +165,14 @@ impl FalconWorker {
         Ok(())
     }
 
+    /// Whether every version this transaction has read is still current (an early OCC
+    /// validation, used to tell a stale read from a real duplicate key).
+    fn reads_still_valid(&self) -> bool {
+        self.reads
+            .iter()
+            .all(|&(t, v)| self.cc.validate_read(&self.word(t), v, false))
+    }
+
     fn word(&self, tuple: u64) -> PmWord<'_> {
         PmWord {
             pool: &self.pool,
@@ -654,7 +662,13 @@ impl EngineWorker for FalconWorker {
             self.push_range(w, 0, row);
             return Ok(());
         }
-        if self.tables[table as usize].index.get(key).is_some() {
+        if let Some(existing) = self.tables[table as usize].index.get(key) {
+            // A locked entry may be another transaction's insert, published at its commit and
+            // possibly about to be withdrawn if that commit fails validation: its fate is not
+            // known yet, so this is a conflict to retry, not a duplicate.
+            if self.word(existing).load() & LOCK_BIT != 0 {
+                return Err(TxError::Conflict);
+            }
             return Err(TxError::DuplicateKey { table, key });
         }
         let t = self.alloc_slot(table)?;
@@ -1038,6 +1052,14 @@ impl EngineWorker for FalconWorker {
         self.eng.last_commit.fetch_max(tid, Ordering::AcqRel);
         self.end_txn();
         Ok(tid)
+    }
+
+    fn resolve_miss(&mut self, error: TxError) -> TxError {
+        let stale = self.cc.validates_reads() && !self.reads_still_valid();
+        match error {
+            TxError::NotFound { .. } | TxError::DuplicateKey { .. } if stale => TxError::Conflict,
+            other => other,
+        }
     }
 
     fn abort(&mut self) {

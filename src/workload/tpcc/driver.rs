@@ -67,9 +67,6 @@ pub fn bound_home(tpcc: &Tpcc, thread: usize) -> u64 {
     thread as u64 % tpcc.config.warehouses + 1
 }
 
-/// New-Orders retried after an insert found its order id taken (see the WORKAROUND below).
-const DUPLICATE_RETRIES: u32 = 1000;
-
 /// One thread's TPC-C transactions.
 pub struct TpccDriver<'a> {
     worker: Worker<'a>,
@@ -154,26 +151,9 @@ impl<'a> TpccDriver<'a> {
         let result = match ty {
             TxnType::NewOrder => {
                 let input = NewOrderInput::generate(rng, t, w);
-                let mut duplicates = 0;
-                loop {
-                    match worker.run_counted(false, |tx| txns::new_order(tx, t, &input)) {
-                        // WORKAROUND(dup-vs-conflict): the engine reports a New-Order whose
-                        // D_NEXT_O_ID read went stale (a concurrent New-Order of the same
-                        // district committed first) as DuplicateKey on the ORDER insert, which
-                        // is not retryable, instead of the Conflict its read validation would
-                        // find; Falcon's commit checks insert duplicates before validating
-                        // reads. Retry it as the conflict it is, until the engine does.
-                        Err(DbError::Tx(TxError::DuplicateKey { table, .. }))
-                            if (table == t.order
-                                || table == t.new_order
-                                || table == t.order_line)
-                                && duplicates < DUPLICATE_RETRIES =>
-                        {
-                            duplicates += 1;
-                        }
-                        other => break other.map(|o| o.aborts + duplicates),
-                    }
-                }
+                worker
+                    .run_counted(false, |tx| txns::new_order(tx, t, &input))
+                    .map(|o| o.aborts)
             }
             TxnType::Payment => {
                 let input = PaymentInput::generate(rng, t, w);
