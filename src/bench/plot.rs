@@ -7,7 +7,7 @@
 //! | [`Figure::Throughput`] | threads | committed tx/s (median over rounds) | workload × engine |
 //! | [`Figure::Ratio`] | threads | throughput ÷ volatile, same round (median) | workload × non-volatile engine |
 //! | [`Figure::Cdf`] | latency (µs, log scale) | fraction of transactions ≤ x | workload × engine × threads (round 0) |
-//! | [`Figure::Kinds`] | per transaction type: throughput (left), p50 latency (right) | type | engine (largest thread count, round 0) |
+//! | [`Figure::Kinds`] | per transaction type: throughput (left), p50 latency (right), median over rounds | type | engine (largest thread count) |
 //!
 //! PNG (bitmap) or SVG, chosen by the output's extension. Text is drawn with DejaVu Sans, shipped
 //! in `assets/fonts` and compiled in, so no system font configuration is needed.
@@ -536,7 +536,7 @@ fn draw_cdf<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, runs: &[PlotRun])
         (0.1, 10.0)
     };
     let mut chart = ChartBuilder::on(root)
-        .caption(caption(runs, "latency CDF"), title_style())
+        .caption(caption(runs, "latency CDF (first round)"), title_style())
         .margin(20)
         .x_label_area_size(50)
         .y_label_area_size(70)
@@ -610,25 +610,32 @@ fn draw_cdf<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, runs: &[PlotRun])
 }
 
 /// Per-kind bars: throughput (left) and p50 latency (right), one bar per engine, for the runs
-/// with the largest thread count in the first round.
+/// with the largest thread count (median over rounds).
 fn draw_kinds<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
     runs: &[PlotRun],
 ) -> DrawResult<DB> {
-    let min_round = runs.iter().map(PlotRun::round).min().unwrap_or(0);
-    let with_kinds: Vec<&PlotRun> = runs
-        .iter()
-        .filter(|r| r.round() == min_round && r.per_kind.len() > 1)
-        .collect();
+    let with_kinds: Vec<&PlotRun> = runs.iter().filter(|r| r.per_kind.len() > 1).collect();
     let threads = with_kinds.iter().map(|r| r.threads).max().unwrap_or(1);
-    let chosen: Vec<&PlotRun> = with_kinds
+    let at_threads: Vec<&PlotRun> = with_kinds
         .into_iter()
         .filter(|r| r.threads == threads)
         .collect();
+    // One bar series per workload × engine, over all its rounds (first-seen order).
+    let mut chosen: Vec<Vec<&PlotRun>> = Vec::new();
+    for r in at_threads {
+        match chosen
+            .iter_mut()
+            .find(|g| g[0].engine == r.engine && g[0].workload == r.workload)
+        {
+            Some(group) => group.push(r),
+            None => chosen.push(vec![r]),
+        }
+    }
     let many = workloads(runs).len() > 1;
     // Kinds in first-seen order, labelled with the workload when several are plotted.
     let mut kinds: Vec<String> = Vec::new();
-    for r in &chosen {
+    for r in chosen.iter().flatten() {
         for k in &r.per_kind {
             let label = if many {
                 format!("{}/{}", r.workload, k.name)
@@ -641,24 +648,30 @@ fn draw_kinds<DB: DrawingBackend>(
         }
     }
     let title = format!(
-        "{}: per transaction type, {threads} thread{}",
+        "{}: per transaction type, {threads} thread{} (median over rounds)",
         workloads(runs).join(", "),
         if threads == 1 { "" } else { "s" }
     );
     let root = root.titled(&title, title_style())?;
     let (left, right) = root.split_horizontally(SIZE.0 / 2 + 110);
     let n = kinds.len();
-    let bar = |r: &PlotRun, kind: &str, value: fn(&PlotKind) -> f64| -> Option<f64> {
-        r.per_kind
+    let bar = |group: &[&PlotRun], kind: &str, value: fn(&PlotKind) -> f64| -> Option<f64> {
+        let values: Vec<f64> = group
             .iter()
-            .find(|k| {
-                if many {
-                    format!("{}/{}", r.workload, k.name) == kind
-                } else {
-                    k.name == kind
-                }
+            .filter_map(|r| {
+                r.per_kind
+                    .iter()
+                    .find(|k| {
+                        if many {
+                            format!("{}/{}", r.workload, k.name) == kind
+                        } else {
+                            k.name == kind
+                        }
+                    })
+                    .map(value)
             })
-            .map(value)
+            .collect();
+        (!values.is_empty()).then(|| median(values))
     };
     let panels: [KindPanel<'_, DB>; 2] = [
         (
@@ -703,7 +716,7 @@ fn draw_kinds<DB: DrawingBackend>(
         let engines = chosen.len().max(1) as f64;
         let band = 0.8 / engines;
         for (e, r) in chosen.iter().enumerate() {
-            let color = engine_color(&r.engine, e);
+            let color = engine_color(&r[0].engine, e);
             let rects = kinds.iter().enumerate().filter_map(|(i, kind)| {
                 let v = bar(r, kind, value)?;
                 let y0 = i as f64 - 0.4 + e as f64 * band;
@@ -714,7 +727,7 @@ fn draw_kinds<DB: DrawingBackend>(
             });
             let s = chart.draw_series(rects)?;
             if with_names {
-                s.label(series_name(r, many)).legend(move |(x, y)| {
+                s.label(series_name(r[0], many)).legend(move |(x, y)| {
                     Rectangle::new([(x, y - 6), (x + 16, y + 6)], color.filled())
                 });
             }
