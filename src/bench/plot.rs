@@ -6,7 +6,7 @@
 //! | --- | --- | --- | --- |
 //! | [`Figure::Throughput`] | threads | committed tx/s (median over rounds) | workload × engine |
 //! | [`Figure::Ratio`] | threads | throughput ÷ volatile, same round (median) | workload × non-volatile engine |
-//! | [`Figure::Cdf`] | latency (µs, log scale) | fraction of transactions ≤ x | workload × engine × threads (round 0) |
+//! | [`Figure::Cdf`] | latency (µs, log scale, cut at 2 × the largest p99.9) | fraction of transactions ≤ x | workload × engine × threads (first round) |
 //! | [`Figure::Kinds`] | per transaction type: throughput (left), p50 latency (right), median over rounds | type | engine (largest thread count) |
 //!
 //! PNG (bitmap) or SVG, chosen by the output's extension. Text is drawn with DejaVu Sans, shipped
@@ -264,6 +264,10 @@ pub fn output_path(out: &Path, figure: Figure, only_one: bool) -> PathBuf {
         .unwrap_or_default();
     out.with_file_name(format!("{stem}-{}.{ext}", figure.name()))
 }
+
+/// The CDF figure's x axis ends at twice the latency where the slowest series reaches this
+/// fraction (when the recorded maximum lies further out).
+pub const CDF_CUT_FRACTION: f64 = 0.999;
 
 /// Image size in pixels.
 pub const SIZE: (u32, u32) = (960, 600);
@@ -529,14 +533,32 @@ fn draw_cdf<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, runs: &[PlotRun])
         .flat_map(|r| r.latency_cdf_us.iter().map(|&(x, _)| x))
         .filter(|&x| x > 0.0);
     let lo = positive.clone().fold(f64::INFINITY, f64::min);
-    let hi = positive.fold(0.0, f64::max);
+    let max = positive.fold(0.0, f64::max);
+    // Rare stalls (the scheduler, page faults) stretch the axis far past where the curves are; as
+    // in the papers' figures, cut it a little past the slowest series' 99.9th percentile.
+    let p999 = chosen
+        .iter()
+        .filter_map(|r| {
+            r.latency_cdf_us
+                .iter()
+                .find(|&&(_, y)| y >= CDF_CUT_FRACTION)
+                .map(|&(x, _)| x)
+        })
+        .fold(0.0, f64::max);
+    let cut = p999 > 0.0 && p999 * 2.0 < max;
+    let hi = if cut { p999 * 2.0 } else { max * 1.25 };
     let (lo, hi) = if lo.is_finite() && hi > lo {
-        (lo * 0.8, hi * 1.25)
+        (lo * 0.8, hi)
     } else {
         (0.1, 10.0)
     };
+    let what = if cut {
+        "latency CDF (first round; x axis cut at 2 × the largest p99.9)"
+    } else {
+        "latency CDF (first round)"
+    };
     let mut chart = ChartBuilder::on(root)
-        .caption(caption(runs, "latency CDF (first round)"), title_style())
+        .caption(caption(runs, what), title_style())
         .margin(20)
         .x_label_area_size(50)
         .y_label_area_size(70)
@@ -579,6 +601,14 @@ fn draw_cdf<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, runs: &[PlotRun])
             .copied()
             .collect();
         pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+        // Past the cut, the curve continues flat at the height it reached.
+        if let Some(last_in) = pts.iter().rposition(|&(x, _)| x <= hi) {
+            if last_in + 1 < pts.len() {
+                let y = pts[last_in].1;
+                pts.truncate(last_in + 1);
+                pts.push((hi, y));
+            }
+        }
         let style = ShapeStyle::from(&color).stroke_width(3);
         let label = format!("{} · {} thr", series_name(r, many), r.threads);
         let gap = if rank == 0 { 0 } else { 4 + 2 * rank };
