@@ -733,7 +733,11 @@ impl Tx<'_> {
         index: usize,
         values: &[Value<'_>],
     ) -> Result<Vec<u64>, TxError> {
-        let schema = self.schema(table)?.clone();
+        // `schemas` outlives `self`'s borrow: no clone of the schema (and its column names).
+        let schemas = self.schemas;
+        let schema = schemas
+            .get(table as usize)
+            .ok_or_else(|| TxError::SchemaMismatch(format!("no table with id {table}")))?;
         let def = schema.secondary.get(index).ok_or_else(|| {
             TxError::SchemaMismatch(format!(
                 "table {} has no secondary index {index}",
@@ -750,7 +754,7 @@ impl Tx<'_> {
         let mut parts = Vec::new();
         for (&c, v) in def.columns.iter().zip(values) {
             let mut b = vec![0u8; schema.columns[c].ty.size()];
-            encode_value(&schema, c, v, &mut b)?;
+            encode_value(schema, c, v, &mut b)?;
             parts.push(b);
         }
         let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
