@@ -771,3 +771,24 @@ fn a_stale_new_order_conflicts_rather_than_failing_as_a_duplicate() {
     );
     check_consistency(&db).unwrap();
 }
+
+#[test]
+fn the_bench_command_rejects_bad_arguments_without_panicking() {
+    for bad in [
+        &["tpcc", "--warehouses", "0"][..],
+        &["tpcc-np", "--load-threads", "0"],
+        &["tpcc", "--max-tps", "-3"],
+        &["tpcc", "--pool-mib", "0"],
+        &["tpcc", "--home", "nowhere"],
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_pmtx"))
+            .arg("bench")
+            .args(bad)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{bad:?} was accepted");
+        assert!(!stderr.contains("panicked"), "{bad:?}: {stderr}");
+        assert!(!stderr.is_empty(), "{bad:?} says why");
+    }
+}
