@@ -319,7 +319,14 @@ impl FalconWorker {
                         backoff(round);
                         continue;
                     }
-                    Some(_) => return Ok(self.read_chain(t, out, s)),
+                    Some(_) => match self.read_chain(t, out, s) {
+                        Some(c) => return Ok(Some(c)),
+                        // The writer failed validation and took its entry back: look again.
+                        None => {
+                            backoff(round);
+                            continue;
+                        }
+                    },
                     None => {}
                 }
             }
@@ -337,6 +344,7 @@ impl FalconWorker {
         let shared = &self.eng.cc;
         let limit = shared.options.wait_spins;
         let mut result = Err(TxError::Conflict);
+        let mut reader_waits = 0;
         for round in 0..limit {
             match attempt(&self.word(t)) {
                 Ok(()) => {
@@ -345,6 +353,15 @@ impl FalconWorker {
                 }
                 Err(holder) => match lock2pl::decide(self.proto, shared, self.thread, holder) {
                     lock2pl::Decision::Abort => break,
+                    // Readers are not named, so a wait on them cannot be checked for a cycle
+                    // (two readers upgrading deadlock): it gets a short time-out instead.
+                    lock2pl::Decision::Wait if holder == lock2pl::Holder::Readers => {
+                        reader_waits += 1;
+                        if reader_waits > SPIN_LIMIT {
+                            break;
+                        }
+                        backoff(round)
+                    }
                     lock2pl::Decision::Wait => backoff(round),
                 },
             }
