@@ -33,8 +33,10 @@ fn db(protocol: Protocol) -> (Db, TableId) {
     cfg.cc_options.partitions = 4;
     let db = Db::create(cfg).unwrap();
     let t = db.create_table(schema()).unwrap();
-    db.run(|tx| (0..OBJECTS).try_for_each(|k| tx.insert(t, k, &[Value::I64(INITIAL), Value::U64(0)])))
-        .unwrap();
+    db.run(|tx| {
+        (0..OBJECTS).try_for_each(|k| tx.insert(t, k, &[Value::I64(INITIAL), Value::U64(0)]))
+    })
+    .unwrap();
     (db, t)
 }
 
@@ -65,7 +67,10 @@ fn contended_history(db: &Db, t: TableId, txns: u32) -> History {
                         let amount = rng.gen_range(1..=50i64);
                         let mut rec = TxnRecord::default();
                         let out = w.run_counted(read_only, |tx| {
-                            rec = TxnRecord { id, ..TxnRecord::default() };
+                            rec = TxnRecord {
+                                id,
+                                ..TxnRecord::default()
+                            };
                             if read_only {
                                 for k in 0..OBJECTS {
                                     let r = tx.get(t, k)?;
@@ -91,8 +96,16 @@ fn contended_history(db: &Db, t: TableId, txns: u32) -> History {
                             if ra.i64(0) < amount {
                                 return Ok(());
                             }
-                            tx.update(t, a, &[(0, Value::I64(ra.i64(0) - amount)), (1, Value::U64(id))])?;
-                            tx.update(t, b, &[(0, Value::I64(rb.i64(0) + amount)), (1, Value::U64(id))])?;
+                            tx.update(
+                                t,
+                                a,
+                                &[(0, Value::I64(ra.i64(0) - amount)), (1, Value::U64(id))],
+                            )?;
+                            tx.update(
+                                t,
+                                b,
+                                &[(0, Value::I64(rb.i64(0) + amount)), (1, Value::U64(id))],
+                            )?;
                             rec.writes.push((a, ra.u64(1)));
                             rec.writes.push((b, rb.u64(1)));
                             Ok(())
@@ -167,14 +180,23 @@ fn multi_version_read_only_transactions_never_abort() {
                 for _ in 0..400 {
                     let out = w
                         .run_counted(true, |tx| {
-                            (0..OBJECTS).map(|k| Ok(tx.get(t, k)?.i64(0))).sum::<Result<i64, TxError>>()
+                            (0..OBJECTS)
+                                .map(|k| Ok(tx.get(t, k)?.i64(0)))
+                                .sum::<Result<i64, TxError>>()
                         })
                         .unwrap();
-                    assert_eq!(out.value, OBJECTS as i64 * INITIAL, "{protocol}: a consistent snapshot");
+                    assert_eq!(
+                        out.value,
+                        OBJECTS as i64 * INITIAL,
+                        "{protocol}: a consistent snapshot"
+                    );
                     if protocol != Protocol::Mvto {
                         // MVTO's readers wait (bounded) for an older writer in flight; the
                         // snapshot protocols never wait on a lock.
-                        assert_eq!(out.aborts, 0, "{protocol}: read-only transactions never abort");
+                        assert_eq!(
+                            out.aborts, 0,
+                            "{protocol}: read-only transactions never abort"
+                        );
                     }
                 }
             });
@@ -201,7 +223,9 @@ fn write_skew_occurs_under_si_and_nowhere_else() {
             for k in [x, y] {
                 if ok[i] {
                     match w.read(t, k, &mut row) {
-                        Ok(()) => reads[i].push((k, u64::from_le_bytes(row[8..16].try_into().unwrap()))),
+                        Ok(()) => {
+                            reads[i].push((k, u64::from_le_bytes(row[8..16].try_into().unwrap())))
+                        }
                         Err(TxError::Conflict) => ok[i] = false,
                         Err(e) => panic!("{protocol}: {e}"),
                     }
@@ -212,7 +236,10 @@ fn write_skew_occurs_under_si_and_nowhere_else() {
         for (i, (w, k)) in [(&mut w1, x), (&mut w2, y)].into_iter().enumerate() {
             if ok[i] {
                 let id = writer(i as u64 + 1);
-                let fw = [FieldWrite { offset: 8, bytes: &id }];
+                let fw = [FieldWrite {
+                    offset: 8,
+                    bytes: &id,
+                }];
                 match w.update(t, k, &fw) {
                     Ok(()) => {}
                     Err(TxError::Conflict) => ok[i] = false,
@@ -239,7 +266,10 @@ fn write_skew_occurs_under_si_and_nowhere_else() {
         }
         if protocol == Protocol::Si {
             assert_eq!(ok, [true, true], "SI admits write skew");
-            assert!(matches!(h.check_serializable(), Err(HistoryError::Cycle(_))));
+            assert!(matches!(
+                h.check_serializable(),
+                Err(HistoryError::Cycle(_))
+            ));
             assert_eq!(h.check_snapshot_isolation(), Ok(()));
         } else {
             assert!(!(ok[0] && ok[1]), "{protocol} let both commit: write skew");

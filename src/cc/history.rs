@@ -138,21 +138,25 @@ impl History {
         for (i, t) in self.txns.iter().enumerate() {
             for &(object, old) in &t.writes {
                 if old != INITIAL {
-                    let &w = installed.get(&(object, old)).ok_or(HistoryError::PhantomVersion {
-                        reader: t.id,
-                        object,
-                        version: old,
-                    })?;
+                    let &w = installed
+                        .get(&(object, old))
+                        .ok_or(HistoryError::PhantomVersion {
+                            reader: t.id,
+                            object,
+                            version: old,
+                        })?;
                     edges[w].push((i, Edge::Ww));
                 }
             }
             for &(object, v) in &t.reads {
                 if v != INITIAL && v != t.id {
-                    let &w = installed.get(&(object, v)).ok_or(HistoryError::PhantomVersion {
-                        reader: t.id,
-                        object,
-                        version: v,
-                    })?;
+                    let &w = installed
+                        .get(&(object, v))
+                        .ok_or(HistoryError::PhantomVersion {
+                            reader: t.id,
+                            object,
+                            version: v,
+                        })?;
                     edges[w].push((i, Edge::Wr));
                 }
                 if let Some(&o) = overwriter.get(&(object, v)) {
@@ -206,7 +210,11 @@ impl History {
 }
 
 /// A path `from ⇝ to` over ww/wr edges, as (node, edge into the next node), breadth first.
-fn dependency_path(edges: &[Vec<(usize, Edge)>], from: usize, to: usize) -> Option<Vec<(usize, Edge)>> {
+fn dependency_path(
+    edges: &[Vec<(usize, Edge)>],
+    from: usize,
+    to: usize,
+) -> Option<Vec<(usize, Edge)>> {
     let mut came: Vec<Option<(usize, Edge)>> = vec![None; edges.len()];
     let mut seen = vec![false; edges.len()];
     let mut queue = std::collections::VecDeque::from([from]);
@@ -268,7 +276,8 @@ fn find_cycle(
                         let mut cycle = vec![(node, kind)];
                         let mut at = node;
                         while at != to {
-                            let (p, k) = parent[at].expect("grey nodes below the root have parents");
+                            let (p, k) =
+                                parent[at].expect("grey nodes below the root have parents");
                             cycle.push((p, k));
                             at = p;
                         }
@@ -352,7 +361,10 @@ mod tests {
         let mut h = History::new();
         h.record(t(1, &[(1, 0), (2, 0)], &[(1, 0), (2, 0)]));
         h.record(t(2, &[(1, 0), (2, 1)], &[]));
-        assert!(matches!(h.check_serializable(), Err(HistoryError::Cycle(_))));
+        assert!(matches!(
+            h.check_serializable(),
+            Err(HistoryError::Cycle(_))
+        ));
         assert!(matches!(
             h.check_snapshot_isolation(),
             Err(HistoryError::Cycle(_))

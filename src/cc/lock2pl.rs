@@ -185,6 +185,10 @@ mod tests {
         assert_eq!(d(1, Holder::Writer(2)), Decision::Wait);
         assert_eq!(d(2, Holder::Writer(0)), Decision::Abort, "2 → 0 → 1 → 2");
         assert_eq!(shared.waits_for[2].load(Ordering::Relaxed), 0);
-        assert_eq!(d(3, Holder::Writer(0)), Decision::Wait, "3 is not on the cycle");
+        assert_eq!(
+            d(3, Holder::Writer(0)),
+            Decision::Wait,
+            "3 is not on the cycle"
+        );
     }
 }

@@ -95,10 +95,7 @@ impl VersionStore {
     pub fn discard(&self, tuple: u64, begin: u64, end: u64) {
         let mut dropped = false;
         if let Some(mut chain) = self.chains.get_mut(&tuple) {
-            if let Some(i) = chain
-                .iter()
-                .rposition(|v| v.begin == begin && v.end == end)
-            {
+            if let Some(i) = chain.iter().rposition(|v| v.begin == begin && v.end == end) {
                 chain.remove(i);
                 dropped = true;
             }

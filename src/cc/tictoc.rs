@@ -67,12 +67,18 @@ mod tests {
     #[test]
     fn extension_and_conflicts() {
         let w = AtomicU64::new(10);
-        assert!(validate_and_extend(&w, 5, 8, || 5, false), "inside [wts, rts]");
+        assert!(
+            validate_and_extend(&w, 5, 8, || 5, false),
+            "inside [wts, rts]"
+        );
         assert!(validate_and_extend(&w, 5, 20, || 5, false), "extended");
         assert_eq!(rts(w.load(Ordering::Relaxed)), 20);
         assert!(!validate_and_extend(&w, 5, 30, || 21, false), "overwritten");
         assert_eq!(try_lock(&w), Some(20));
-        assert!(!validate_and_extend(&w, 5, 30, || 5, false), "locked by another");
+        assert!(
+            !validate_and_extend(&w, 5, 30, || 5, false),
+            "locked by another"
+        );
         assert!(validate_and_extend(&w, 5, 30, || 5, true));
         unlock(&w, 31);
         assert_eq!(w.load(Ordering::Relaxed), 31);

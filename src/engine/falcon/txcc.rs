@@ -172,7 +172,11 @@ impl FalconWorker {
     /// Reads committed tuple `t` under the protocol into `out`. `Ok(None)` means "not visible to
     /// this transaction" (NotFound for the caller); `Ok(Some(copied))` a visible row image whose
     /// flags and key the caller checks.
-    pub(super) fn protocol_read(&mut self, t: u64, out: &mut [u8]) -> Result<Option<Copied>, TxError> {
+    pub(super) fn protocol_read(
+        &mut self,
+        t: u64,
+        out: &mut [u8],
+    ) -> Result<Option<Copied>, TxError> {
         if self.write_locked_by_me(t) {
             return Ok(Some(self.copy_tuple(t, out)));
         }
@@ -289,12 +293,7 @@ impl FalconWorker {
     /// A snapshot read (MV read-only transactions, SI): the PM version if the snapshot sees it,
     /// else the DRAM chain. Never takes a lock; waits only while a writer that the snapshot must
     /// see is applying its commit (between its commit timestamp and its unlock).
-    fn read_snapshot(
-        &mut self,
-        t: u64,
-        out: &mut [u8],
-        s: u64,
-    ) -> Result<Option<Copied>, TxError> {
+    fn read_snapshot(&mut self, t: u64, out: &mut [u8], s: u64) -> Result<Option<Copied>, TxError> {
         let versions = &self.eng.cc.versions;
         for round in 0..self.eng.cc.options.wait_spins {
             let w1 = self.word(t).load();
