@@ -119,7 +119,11 @@ pub(crate) fn run(cmd: BenchCommand) -> CliResult {
     match cmd {
         BenchCommand::Ycsb(args) => run_ycsb(args),
         BenchCommand::Bank(args) => run_bank(args),
-        BenchCommand::Tpcc(args) | BenchCommand::TpccNp(args) => super::bench_tpcc::run(args),
+        BenchCommand::Tpcc(args) => super::bench_tpcc::run(args),
+        BenchCommand::TpccNp(mut args) => {
+            args.new_order_payment_only = true;
+            super::bench_tpcc::run(args)
+        }
         BenchCommand::Tatp(args) => super::bench_tatp::run(args),
     }
 }

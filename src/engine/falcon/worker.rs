@@ -823,8 +823,13 @@ impl EngineWorker for FalconWorker {
                 .insert_new(key, t)
                 .is_err()
             {
+                // The key was absent when `insert` checked; a transaction that committed since
+                // has inserted it. That invalidates this transaction's observation of absence,
+                // so it is a conflict (retryable), not a duplicate the caller made: on retry the
+                // transaction sees the new row and decides again (TPC-C New-Order re-reads the
+                // district's next order id and inserts a fresh key).
                 self.rollback(published);
-                return Err(TxError::DuplicateKey { table, key });
+                return Err(TxError::Conflict);
             }
             published += 1;
         }
