@@ -13,9 +13,9 @@
 //! read-modify-write of a row that carries its writer's id, so the overwritten version is known
 //! exactly (the test driver reads it in the same transaction).
 //!
-//! For snapshot isolation, [`History::si_anomalies`] reports what SI forbids (lost updates: two
-//! committed writers that overwrote the same version; reads of versions never installed), while a
-//! cycle that needs two consecutive `rw` edges (write skew) is allowed.
+//! For snapshot isolation, [`History::check_snapshot_isolation`] reports what SI forbids (lost
+//! updates: two committed writers that overwrote the same version; reads of versions never
+//! installed; cycles with fewer than two anti-dependencies), while write skew is allowed.
 
 use std::collections::HashMap;
 
