@@ -53,6 +53,8 @@ pub struct DbConfig {
     pub counting: bool,
     /// A deliberate ordering bug, for showing that the crash harness catches it (test-only).
     pub fault: Option<crate::engine::falcon::Fault>,
+    /// Options of the concurrency-control protocol (e.g. hstore's partitions).
+    pub cc_options: crate::cc::CcOptions,
 }
 
 impl Default for DbConfig {
@@ -71,6 +73,7 @@ impl Default for DbConfig {
             max_retries: 1000,
             counting: true,
             fault: None,
+            cc_options: crate::cc::CcOptions::default(),
         }
     }
 }
@@ -113,6 +116,7 @@ impl DbConfig {
         c.max_row_bytes = self.max_row_bytes;
         c.hot_tuples = self.hot_tuples;
         c.fault = self.fault;
+        c.cc_options = self.cc_options;
         if let Some(n) = self.window_slots {
             c.window_slots = n;
         }
