@@ -4,8 +4,9 @@
 //!
 //! Departure: H-Store declares a transaction's partitions up front and queues on them in
 //! timestamp order; pmtx's API does not declare them, so locks are taken as keys are first
-//! touched, with a short bounded wait and an abort on time-out (which is what keeps the lazy
-//! acquisition free of deadlock).
+//! touched, and a conflict is resolved wait-die style on the transactions' timestamps (an older
+//! transaction waits for a younger holder, a younger one aborts at once), which keeps the lazy
+//! acquisition free of deadlock and of the symmetric livelock a plain time-out falls into.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -49,6 +50,15 @@ impl PartitionLocks {
         }
     }
 
+    /// The thread holding partition `p`, if any.
+    #[inline]
+    pub fn owner(&self, p: usize) -> Option<usize> {
+        match self.locks[p].load(Ordering::Acquire) {
+            0 => None,
+            o => Some(o as usize - 1),
+        }
+    }
+
     /// Releases partition `p`.
     #[inline]
     pub fn unlock(&self, p: usize) {
@@ -67,6 +77,8 @@ mod tests {
         assert!(l.try_lock(1, 0));
         assert!(l.try_lock(1, 0), "re-entrant for the owner");
         assert!(!l.try_lock(1, 1));
+        assert_eq!(l.owner(1), Some(0));
+        assert_eq!(l.owner(3), None);
         assert!(l.try_lock(2, 1));
         l.unlock(1);
         assert!(l.try_lock(1, 1));

@@ -75,41 +75,37 @@ impl FalconWorker {
     /// Sets up the transaction's context (Falcon §5.2.1: TO takes its timestamp at begin; the MV
     /// protocols publish a snapshot; wait-die a priority).
     pub(super) fn cc_begin(&mut self) {
-        let eng = self.eng.clone();
-        let shared = &eng.cc;
-        let active = &eng.active[self.thread];
+        // No Arc clone of the engine here: its reference count is shared by every thread.
+        let thread = self.thread;
         self.snapshot = None;
         self.ts = 0;
         match self.proto {
             Protocol::Mvto => {
+                let (shared, active) = (&self.eng.cc, &self.eng.active[thread]);
                 // Publish a lower bound first, so a concurrent reclaimer never passes our
                 // snapshot; then reserve a timestamp (MVTO: the transaction's position).
                 active.store(shared.snapshots.current(), Ordering::SeqCst);
-                let ts = shared.snapshots.stamp(eng.clock.now());
+                let ts = shared.snapshots.stamp(self.eng.clock.now());
                 active.store(ts - 1, Ordering::SeqCst);
-                self.ts = (ts << TID_THREAD_BITS) | self.thread as u64;
+                self.ts = (ts << TID_THREAD_BITS) | thread as u64;
                 self.snapshot = Some(ts - 1);
             }
             Protocol::Mvocc | Protocol::Mv2pl | Protocol::Si => {
-                let s = shared.snapshots.snapshot(active);
+                let s = self.eng.cc.snapshots.snapshot(&self.eng.active[thread]);
                 if self.read_only || self.proto == Protocol::Si {
                     self.snapshot = Some(s);
                 }
             }
-            Protocol::To => {
+            Protocol::To | Protocol::WaitDie | Protocol::Hstore => {
                 let last = self.st().last_tid.max(self.ts_issued);
-                self.ts = self.eng.clock.next_tid(self.thread, last, 0);
+                self.ts = self.eng.clock.next_tid(thread, last, 0);
                 self.ts_issued = self.ts;
-                active.store(self.eng.clock.now(), Ordering::Release);
+                if self.proto != Protocol::To {
+                    self.eng.cc.txn_ts[thread].store(self.ts, Ordering::Release);
+                }
+                self.eng.active[thread].store(self.eng.clock.now(), Ordering::Release);
             }
-            Protocol::WaitDie => {
-                let last = self.st().last_tid.max(self.ts_issued);
-                self.ts = self.eng.clock.next_tid(self.thread, last, 0);
-                self.ts_issued = self.ts;
-                shared.txn_ts[self.thread].store(self.ts, Ordering::Release);
-                active.store(self.eng.clock.now(), Ordering::Release);
-            }
-            _ => active.store(self.eng.clock.now(), Ordering::Release),
+            _ => self.eng.active[thread].store(self.eng.clock.now(), Ordering::Release),
         }
     }
 
@@ -119,7 +115,7 @@ impl FalconWorker {
         for p in self.partitions.drain(..) {
             shared.partitions.unlock(p);
         }
-        if self.proto == Protocol::WaitDie {
+        if matches!(self.proto, Protocol::WaitDie | Protocol::Hstore) {
             shared.txn_ts[self.thread].store(u64::MAX, Ordering::Release);
         }
         if self.proto == Protocol::DlDetect {
@@ -127,20 +123,31 @@ impl FalconWorker {
         }
     }
 
-    /// H-Store: takes the lock of `key`'s partition (a short bounded wait, then abort).
+    /// H-Store: takes the lock of `key`'s partition. On a conflict an older transaction waits
+    /// for a younger holder and a younger one aborts (wait-die on the begin timestamps).
     pub(super) fn partition_lock(&mut self, key: u64) -> Result<(), TxError> {
         if self.proto != Protocol::Hstore {
             return Ok(());
         }
-        let locks = &self.eng.cc.partitions;
+        let shared = &self.eng.cc;
+        let locks = &shared.partitions;
         let p = locks.partition_of(key);
         if self.partitions.contains(&p) {
             return Ok(());
         }
-        for round in 0..SPIN_LIMIT {
+        for round in 0..shared.options.wait_spins {
             if locks.try_lock(p, self.thread) {
                 self.partitions.push(p);
                 return Ok(());
+            }
+            match locks.owner(p) {
+                Some(holder) if holder != self.thread => {
+                    let theirs = shared.txn_ts[holder].load(Ordering::Acquire);
+                    if self.ts >= theirs {
+                        return Err(TxError::Conflict);
+                    }
+                }
+                _ => {}
             }
             backoff(round);
         }
