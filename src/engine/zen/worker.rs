@@ -926,7 +926,8 @@ impl EngineWorker for ZenWorker {
         let watermark = self.collect_garbage();
         // 7. Persist (Algorithm 1).
         self.persist(tid, &order);
-        self.eng.gc_done[thread].store(watermark, Ordering::Release);
+        // This commit's own superseded versions (tid) are not zeroed yet either.
+        self.eng.gc_done[thread].store(watermark.min(tid), Ordering::Release);
         self.eng.region_commit[thread].store(tid, Ordering::Release);
         // 8. Install the new versions in the Met-Cache and the index, release the locks.
         fence(Ordering::Release);
