@@ -95,10 +95,15 @@ impl Entry {
     /// Copies the row into `out` (relaxed loads: the caller validates with the CC word).
     #[inline]
     pub fn copy_row(&self, out: &mut [u8]) {
-        let mut chunks = out.chunks_mut(8);
-        for (w, chunk) in self.data.iter().zip(&mut chunks) {
-            let bytes = w.load(Ordering::Relaxed).to_le_bytes();
-            chunk.copy_from_slice(&bytes[..chunk.len()]);
+        let mut words = self.data.iter();
+        let mut chunks = out.chunks_exact_mut(8);
+        for (chunk, w) in (&mut chunks).zip(&mut words) {
+            chunk.copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+        }
+        let tail = chunks.into_remainder();
+        if let Some(w) = words.next() {
+            let n = tail.len();
+            tail.copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes()[..n]);
         }
     }
 
@@ -106,9 +111,16 @@ impl Entry {
     /// and has issued a release fence after taking the lock).
     #[inline]
     pub fn store_row(&self, row: &[u8]) {
-        for (w, chunk) in self.data.iter().zip(row.chunks(8)) {
+        let mut words = self.data.iter();
+        let chunks = row.chunks_exact(8);
+        let tail = chunks.remainder();
+        for (chunk, w) in chunks.zip(&mut words) {
+            let word = u64::from_le_bytes(chunk.try_into().expect("8-byte chunk"));
+            w.store(word, Ordering::Relaxed);
+        }
+        if let Some(w) = words.next() {
             let mut bytes = [0u8; 8];
-            bytes[..chunk.len()].copy_from_slice(chunk);
+            bytes[..tail.len()].copy_from_slice(tail);
             w.store(u64::from_le_bytes(bytes), Ordering::Relaxed);
         }
     }

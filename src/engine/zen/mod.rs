@@ -282,6 +282,9 @@ pub struct ZenEngine {
     pub(crate) threads: Box<[Mutex<Option<ThreadState>>]>,
     pub(crate) last_commit: AtomicU64,
     pub(crate) txns: AtomicU64,
+    /// Workers alive: the cache budget is split over the regions of threads that process
+    /// transactions (§3.2), not over every configured slot.
+    pub(crate) workers: std::sync::atomic::AtomicUsize,
     report: Option<RecoveryReport>,
 }
 
@@ -441,6 +444,7 @@ impl ZenEngine {
                 .collect(),
             last_commit: AtomicU64::new(0),
             txns: AtomicU64::new(0),
+            workers: std::sync::atomic::AtomicUsize::new(0),
             report: None,
             pages,
             config,
@@ -473,7 +477,7 @@ impl ZenEngine {
             (nvm as f64 / self.config.cache_ratio) as u64
         });
         let split = split_budget(budget, &demands, self.config.cache_min_entries as u64);
-        let regions = self.config.max_threads as u64;
+        let regions = self.workers.load(Ordering::Relaxed).max(1) as u64;
         for (t, entries) in tables.iter().zip(split) {
             t.cache.set_capacity(entries.div_ceil(regions) as usize);
         }

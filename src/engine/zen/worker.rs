@@ -104,6 +104,8 @@ impl ZenWorker {
             .take()
             .ok_or_else(|| DbError::Config(format!("worker slot {thread} is already in use")))?;
         let tables = eng.tables.read().clone();
+        eng.workers.fetch_add(1, Ordering::Relaxed);
+        eng.rebalance();
         Ok(ZenWorker {
             cc: eng.protocol.implementation(),
             pool: eng.pool.clone(),
@@ -897,13 +899,14 @@ impl EngineWorker for ZenWorker {
             let at = self.rows.len();
             self.writes[i].row_at = at;
             self.rows.resize(at + t.row, 0);
-            old.resize(t.row, 0);
-            if kind != WriteKind::Insert {
+            let indexed = !t.secondary.is_empty();
+            if indexed && kind != WriteKind::Insert {
+                old.resize(t.row, 0);
                 t.cache.entry(eref).copy_row(&mut old);
             }
             if kind != WriteKind::Delete {
                 if kind == WriteKind::Update {
-                    self.rows[at..at + t.row].copy_from_slice(&old);
+                    t.cache.entry(eref).copy_row(&mut self.rows[at..at + t.row]);
                 }
                 Self::overlay(
                     &self.ranges,
@@ -913,6 +916,7 @@ impl EngineWorker for ZenWorker {
                 );
             }
             for si in 0..t.secondary.len() {
+                // Only tables with secondary indexes copied the old row.
                 let before = (kind != WriteKind::Insert).then(|| t.secondary_key(si, &old));
                 let after = (kind != WriteKind::Delete)
                     .then(|| t.secondary_key(si, &self.rows[at..at + t.row]));
@@ -1050,5 +1054,6 @@ impl Drop for ZenWorker {
         if let Some(state) = self.state.take() {
             *self.eng.threads[self.thread].lock() = Some(state);
         }
+        self.eng.workers.fetch_sub(1, Ordering::Relaxed);
     }
 }
