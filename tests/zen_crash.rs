@@ -218,7 +218,8 @@ fn acknowledged_commits_survive_and_transactions_stay_atomic_under_adr_and_eadr(
         (PersistenceDomain::Adr, Protocol::NoWait),
         (PersistenceDomain::Eadr, Protocol::Occ),
     ] {
-        let checked = sweep(&config(domain, protocol, None), 60, 6).unwrap_or_else(|e| panic!("{e}"));
+        let checked =
+            sweep(&config(domain, protocol, None), 60, 6).unwrap_or_else(|e| panic!("{e}"));
         assert!(checked >= 60, "{domain}: only {checked} images checked");
     }
 }
@@ -262,5 +263,8 @@ fn a_crash_during_recovery_is_survivable() {
             }
         }
     }
-    assert!(crashed_recoveries > 0, "no recovery ever crashed: the test tested nothing");
+    assert!(
+        crashed_recoveries > 0,
+        "no recovery ever crashed: the test tested nothing"
+    );
 }

@@ -273,8 +273,7 @@ impl MetCache {
                 e.state.fetch_and(!CLOCK, Ordering::AcqRel);
                 continue;
             }
-            if e
-                .state
+            if e.state
                 .compare_exchange(s, s | EVICTING, Ordering::AcqRel, Ordering::Acquire)
                 .is_err()
             {
@@ -365,7 +364,11 @@ mod tests {
         };
         // Table 1 is accessed as often but is 10x smaller: it is filled first.
         let split = split_budget(100 * 1_500, &[t(10_000, 1.0), t(1_000, 1.0)], 10);
-        assert_eq!(split, vec![500, 1_000], "the dense table is cached whole first");
+        assert_eq!(
+            split,
+            vec![500, 1_000],
+            "the dense table is cached whole first"
+        );
         // With a hot large table the order flips.
         let split = split_budget(100 * 1_500, &[t(10_000, 100.0), t(1_000, 1.0)], 10);
         assert_eq!(split, vec![1_490, 10]);
@@ -394,8 +397,15 @@ mod tests {
         cache.unpin(a); // a: CLOCK set
         assert!(cache.pin(b, 8)); // b: pinned
         let v = cache.claim(1, &mut hand, &index).unwrap();
-        assert_eq!(v, a, "a's clock bit was cleared on the first pass, b is pinned");
-        assert_eq!(index.get(7), Some(4096 * 7), "the victim's key points at NVM again");
+        assert_eq!(
+            v, a,
+            "a's clock bit was cleared on the first pass, b is pinned"
+        );
+        assert_eq!(
+            index.get(7),
+            Some(4096 * 7),
+            "the victim's key points at NVM again"
+        );
         assert!(!cache.pin(a, 7), "a claimed entry cannot be pinned");
         // Everything pinned: the region grows past its capacity up to the hard limit.
         cache.publish(v, 1);

@@ -189,9 +189,10 @@ impl TableRt {
         let threads = config.max_threads;
         let entry = row as u64 + cache::ENTRY_OVERHEAD;
         let per_region_min = config.cache_min_entries.div_ceil(threads).max(16);
-        // The hard limit per region: the whole budget if given, else 1 GiB of entries; the
-        // chunk table is allocated lazily, so a high limit costs only its pointer array.
-        let hard = config.cache_bytes.unwrap_or(1 << 30) / entry / threads as u64;
+        // The hard limit per region, reached only when every entry is pinned (a long-running
+        // transaction, e.g. a bulk load in one transaction): at least 4 Mi entries or the whole
+        // budget. Chunks are allocated lazily, so a high limit costs only its pointer array.
+        let hard = (config.cache_bytes.unwrap_or(0) / entry).max(4 << 20);
         let cache = MetCache::new(
             row,
             threads,
@@ -232,6 +233,9 @@ pub(crate) struct Garbage {
     pub slot: u64,
     pub tid: u64,
 }
+
+/// Slots freed into a region by other threads: (table, slot).
+pub(crate) type FreedSlots = Vec<(TableId, u64)>;
 
 /// A thread's NVM-tuple allocator for one table (DRAM only; rebuilt by recovery).
 #[derive(Default)]
@@ -278,7 +282,7 @@ pub struct ZenEngine {
     /// Per thread: every version it superseded with a tid below this is durably zeroed.
     pub(crate) gc_done: Box<[CachePadded<AtomicU64>]>,
     /// Per region: free slots handed over by other threads (table, slot).
-    pub(crate) inbox: Box<[Mutex<Vec<(TableId, u64)>>]>,
+    pub(crate) inbox: Box<[Mutex<FreedSlots>]>,
     pub(crate) threads: Box<[Mutex<Option<ThreadState>>]>,
     pub(crate) last_commit: AtomicU64,
     pub(crate) txns: AtomicU64,
@@ -422,7 +426,9 @@ impl ZenEngine {
             .collect();
         let n = config.max_threads;
         let padded = |v: u64| -> Box<[CachePadded<AtomicU64>]> {
-            (0..n).map(|_| CachePadded::new(AtomicU64::new(v))).collect()
+            (0..n)
+                .map(|_| CachePadded::new(AtomicU64::new(v)))
+                .collect()
         };
         ZenEngine {
             domain: pool.domain(),

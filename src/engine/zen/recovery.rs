@@ -47,7 +47,14 @@ struct RegionScan {
 
 /// Algorithm 2, `updateIndexGC`: keeps the newest version of `key` in the index (concurrent
 /// scanners may race on one key: the compare-and-replace loop settles it).
-fn update_index_gc(pool: &Pool, table: &TableRt, key: u64, slot: u64, cts: u64, out: &mut RegionScan) {
+fn update_index_gc(
+    pool: &Pool,
+    table: &TableRt,
+    key: u64,
+    slot: u64,
+    cts: u64,
+    out: &mut RegionScan,
+) {
     loop {
         match table.index.get(key) {
             None => {

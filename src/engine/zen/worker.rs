@@ -46,6 +46,9 @@ struct WriteRec {
     row_at: usize,
 }
 
+/// (table, secondary index, primary key, old secondary key, new secondary key).
+type SecondaryChange = (TableId, usize, u64, Option<u64>, Option<u64>);
+
 struct RangeRec {
     write: u32,
     offset: u32,
@@ -72,7 +75,7 @@ pub(crate) struct ZenWorker {
     /// New rows built at commit.
     rows: Vec<u8>,
     /// Secondary index changes: (table, index, key, old secondary key, new secondary key).
-    secondary: Vec<(TableId, usize, u64, Option<u64>, Option<u64>)>,
+    secondary: Vec<SecondaryChange>,
     max_seen: u64,
     row_buf: Vec<u8>,
     scratch: Vec<u8>,
@@ -186,8 +189,7 @@ impl ZenWorker {
                 .map_err(|_| exhausted(t))?;
             let word = self.pool.read_u64(v + tuple::WORD);
             let cts = tuple::cts(word);
-            if cts == 0 || word & tuple::DELETED != 0 || self.pool.read_u64(v + tuple::KEY) != key
-            {
+            if cts == 0 || word & tuple::DELETED != 0 || self.pool.read_u64(v + tuple::KEY) != key {
                 // The index moved on while we looked (the slot was reclaimed).
                 t.cache.release_claimed(r);
                 continue;
@@ -908,12 +910,7 @@ impl EngineWorker for ZenWorker {
                 if kind == WriteKind::Update {
                     t.cache.entry(eref).copy_row(&mut self.rows[at..at + t.row]);
                 }
-                Self::overlay(
-                    &self.ranges,
-                    &self.data,
-                    i,
-                    &mut self.rows[at..at + t.row],
-                );
+                Self::overlay(&self.ranges, &self.data, i, &mut self.rows[at..at + t.row]);
             }
             for si in 0..t.secondary.len() {
                 // Only tables with secondary indexes copied the old row.
