@@ -200,3 +200,113 @@ fn bad_zen_configurations_are_refused() {
     let c = config(Protocol::Occ, PersistenceDomain::Volatile);
     assert!(matches!(Db::create(c), Err(DbError::Config(m)) if m.contains("durable")));
 }
+
+#[test]
+fn a_long_running_transaction_gets_the_exclusive_mode_and_short_ones_resume() {
+    use pmtx::engine::zen::{ZenConfig, ZenEngine};
+    use pmtx::engine::{Engine, FieldWrite};
+    use pmtx::pmem::{Pool, PoolOptions};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let pool = Pool::create_in_memory(64 << 20, &PoolOptions::new("zen", PersistenceDomain::Eadr))
+        .unwrap();
+    let mut cfg = ZenConfig::new(Protocol::Occ);
+    cfg.max_threads = 2;
+    cfg.cache_bytes = Some(32 * 1024);
+    cfg.cache_min_entries = 16;
+    let engine = ZenEngine::create(Arc::new(pool), cfg).unwrap();
+    let t = engine
+        .create_table(Schema::new("t", &[("v", ColumnType::U64)]))
+        .unwrap();
+    const N: u64 = 4000;
+    {
+        let mut w = engine.clone().worker(0).unwrap();
+        for chunk in (0..N).collect::<Vec<_>>().chunks(50) {
+            w.begin(false);
+            for &k in chunk {
+                w.insert(t, k, &0u64.to_le_bytes()).unwrap();
+            }
+            w.commit().unwrap();
+        }
+    }
+    let done = AtomicBool::new(false);
+    let short_commits = std::thread::scope(|s| {
+        let short = s.spawn(|| {
+            let mut w = engine.clone().worker(1).unwrap();
+            let mut commits = 0u64;
+            let mut i = 0u64;
+            while !done.load(Ordering::Acquire) || commits < 10 {
+                i += 1;
+                w.begin(false);
+                let k = i % 16;
+                let mut row = [0u8; 8];
+                let r = w.read(t, k, &mut row).and_then(|()| {
+                    let v = u64::from_le_bytes(row) + 1;
+                    w.update(
+                        t,
+                        k,
+                        &[FieldWrite {
+                            offset: 0,
+                            bytes: &v.to_le_bytes(),
+                        }],
+                    )
+                });
+                match r.and_then(|()| w.commit()) {
+                    Ok(_) => commits += 1,
+                    Err(e) => {
+                        assert!(e.is_retryable(), "{e}");
+                        w.abort();
+                    }
+                }
+            }
+            commits
+        });
+        // The long transaction touches every row: far more than its region's budget.
+        let mut w = engine.clone().worker(0).unwrap();
+        loop {
+            w.begin(false);
+            let mut row = [0u8; 8];
+            let r = (16..N).try_for_each(|k| {
+                w.read(t, k, &mut row)?;
+                w.update(
+                    t,
+                    k,
+                    &[FieldWrite {
+                        offset: 0,
+                        bytes: &7u64.to_le_bytes(),
+                    }],
+                )
+            });
+            match r.and_then(|()| w.commit()) {
+                Ok(_) => break,
+                Err(e) => {
+                    assert!(e.is_retryable(), "{e}");
+                    w.abort();
+                }
+            }
+        }
+        done.store(true, Ordering::Release);
+        short.join().unwrap()
+    });
+    assert!(
+        engine.exclusive_runs() > 0,
+        "the long transaction was never detected"
+    );
+    let mut w = engine.clone().worker(0).unwrap();
+    w.begin(true);
+    let mut total = 0;
+    let mut row = [0u8; 8];
+    for k in 0..N {
+        w.read(t, k, &mut row).unwrap();
+        let v = u64::from_le_bytes(row);
+        if k >= 16 {
+            assert_eq!(v, 7);
+        } else {
+            total += v;
+        }
+    }
+    w.commit().unwrap();
+    assert_eq!(total, short_commits, "every short commit counted once");
+    assert_eq!(engine.check_structure().unwrap(), vec![N]);
+}

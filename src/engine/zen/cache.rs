@@ -211,26 +211,26 @@ impl MetCache {
         let e = self.entry(r);
         let s = e.state.fetch_add(1, Ordering::AcqRel) + 1;
         if s & (VALID | EVICTING | COPIED) == VALID && e.key.load(Ordering::Relaxed) == key {
+            if s & CLOCK == 0 {
+                e.state.fetch_or(CLOCK, Ordering::AcqRel); // referenced (CLOCK, §3.2)
+            }
             return true;
         }
         e.state.fetch_sub(1, Ordering::AcqRel);
         false
     }
 
-    /// Releases a pin, setting the CLOCK bit (recently used).
+    /// Releases a pin (the CLOCK bit was set when it was taken).
     #[inline]
     pub fn unpin(&self, r: u64) {
-        let e = self.entry(r);
-        let _ = e
-            .state
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
-                Some((s - 1) | CLOCK)
-            });
+        self.entry(r).state.fetch_sub(1, Ordering::AcqRel);
     }
 
-    /// Publishes a filled entry as VALID with `pins` pins.
+    /// Publishes a filled entry as VALID and referenced with `pins` pins.
     pub fn publish(&self, r: u64, pins: u64) {
-        self.entry(r).state.store(VALID | pins, Ordering::Release);
+        self.entry(r)
+            .state
+            .store(VALID | CLOCK | pins, Ordering::Release);
     }
 
     /// Marks a pinned entry superseded: the index no longer points at it.
@@ -250,11 +250,15 @@ impl MetCache {
     /// NVM-tuple; nothing is written to NVM: committed versions are persisted at commit). When
     /// every entry is pinned the region grows past its capacity up to the hard limit
     /// ([`RegionExhausted`] beyond it: the long-running-transaction condition of §3.3.4).
+    ///
+    /// `overflowed` is set when the region had to grow past its capacity because every entry was
+    /// pinned: the first detection condition of a long-running transaction (§3.3.4).
     pub fn claim(
         &self,
         region: usize,
         hand: &mut usize,
         index: &PrimaryIndex,
+        overflowed: &mut bool,
     ) -> Result<u64, RegionExhausted> {
         let reg = &self.regions[region];
         let len = reg.len.load(Ordering::Relaxed);
@@ -288,6 +292,7 @@ impl MetCache {
             return Ok(r);
         }
         if len < self.max_entries {
+            *overflowed = true;
             return Ok(self.grow(region));
         }
         Err(RegionExhausted)
@@ -382,8 +387,8 @@ mod tests {
         let cache = MetCache::new(16, 2, 2, 4);
         cache.set_capacity(2);
         let mut hand = 0;
-        let a = cache.claim(1, &mut hand, &index).unwrap();
-        let b = cache.claim(1, &mut hand, &index).unwrap();
+        let a = cache.claim(1, &mut hand, &index, &mut false).unwrap();
+        let b = cache.claim(1, &mut hand, &index, &mut false).unwrap();
         assert_eq!(region_of(a), 1);
         for (r, key) in [(a, 7u64), (b, 8u64)] {
             let e = cache.entry(r);
@@ -396,7 +401,7 @@ mod tests {
         assert!(!cache.pin(a, 8), "wrong key");
         cache.unpin(a); // a: CLOCK set
         assert!(cache.pin(b, 8)); // b: pinned
-        let v = cache.claim(1, &mut hand, &index).unwrap();
+        let v = cache.claim(1, &mut hand, &index, &mut false).unwrap();
         assert_eq!(
             v, a,
             "a's clock bit was cleared on the first pass, b is pinned"
@@ -409,7 +414,7 @@ mod tests {
         assert!(!cache.pin(a, 7), "a claimed entry cannot be pinned");
         // Everything pinned: the region grows past its capacity up to the hard limit.
         cache.publish(v, 1);
-        let g = cache.claim(1, &mut hand, &index).unwrap();
+        let g = cache.claim(1, &mut hand, &index, &mut false).unwrap();
         assert_ne!(g, a);
         assert_ne!(g, b);
     }

@@ -34,9 +34,13 @@
 //! - *Writes are buffered* in transaction-private data (the engine contract) and applied to the
 //!   Met-Cache at commit, so entries are never dirty; a write to an entry of another region makes
 //!   the copy in the writer's region at commit (the original gets the copy bit).
-//! - *Long-running transactions (§3.3.4).* Detection and the exclusive mode are not implemented:
-//!   a region whose entries are all pinned grows past its budget up to a hard limit instead, and
-//!   a transaction that exceeds even that fails with `PmFull`.
+//! - *Long-running transactions (§3.3.4).* Detected when a region has to grow past its budget
+//!   because every entry is pinned, or a garbage queue passes a threshold; the transaction with
+//!   the largest footprint gets G-EX, the others abort (retryably) at their next operation and
+//!   wait in `begin`, and it waits for them to finish before going on. Departure: the region
+//!   keeps growing past its budget for the long transaction (up to a hard limit, then `PmFull`)
+//!   instead of running out, and the wait for the others is bounded (exclusivity is a
+//!   performance mode here: correctness never depends on it, the protocol still runs).
 //! - Protocols: OCC (Silo) and 2PL no-wait, with their words in the Met-Cache entry (§3.3.2);
 //!   others are refused with [`DbError::UnsupportedProtocol`].
 
@@ -157,6 +161,10 @@ impl ZenConfig {
         }
     }
 }
+
+/// Garbage-queue length beyond which a thread reports a long-running transaction (§3.3.4: "the
+/// NVM space is about to be used up"): old versions that cannot be reclaimed while it runs.
+const GARBAGE_THRESHOLD: usize = 1 << 16;
 
 /// Commits between two re-runs of the knapsack split by one thread.
 const REBALANCE_EVERY: u64 = 256;
@@ -289,6 +297,12 @@ pub struct ZenEngine {
     /// Workers alive: the cache budget is split over the regions of threads that process
     /// transactions (§3.2), not over every configured slot.
     pub(crate) workers: std::sync::atomic::AtomicUsize,
+    /// G-EX (§3.3.4): 0, or 1 + the thread whose long-running transaction runs exclusively.
+    pub(crate) exclusive: std::sync::atomic::AtomicUsize,
+    /// Per thread: tuples its running transaction has accessed (to pick the long one).
+    pub(crate) footprint: Box<[CachePadded<AtomicU64>]>,
+    /// Times the exclusive mode was entered.
+    pub(crate) exclusive_runs: AtomicU64,
     report: Option<RecoveryReport>,
 }
 
@@ -451,6 +465,9 @@ impl ZenEngine {
             last_commit: AtomicU64::new(0),
             txns: AtomicU64::new(0),
             workers: std::sync::atomic::AtomicUsize::new(0),
+            exclusive: std::sync::atomic::AtomicUsize::new(0),
+            footprint: padded(0),
+            exclusive_runs: AtomicU64::new(0),
             report: None,
             pages,
             config,
@@ -506,6 +523,31 @@ impl ZenEngine {
             .page_of(slot)
             .and_then(|p| self.pages.tag(&self.pool, p))
             .map_or(0, |t| t.owner as usize)
+    }
+
+    /// Detects a long-running transaction (§3.3.4): picks the running transaction that has
+    /// accessed the most tuples and sets G-EX for it, unless G-EX is already set.
+    pub(crate) fn request_exclusive(&self) {
+        if self.exclusive.load(Ordering::Acquire) != 0 {
+            return;
+        }
+        let longest = (0..self.config.max_threads)
+            .filter(|&t| self.active[t].load(Ordering::Acquire) != u64::MAX)
+            .max_by_key(|&t| self.footprint[t].load(Ordering::Relaxed));
+        if let Some(t) = longest {
+            if self
+                .exclusive
+                .compare_exchange(0, t + 1, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                self.exclusive_runs.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// How many times a long-running transaction was run in the exclusive mode (§3.3.4).
+    pub fn exclusive_runs(&self) -> u64 {
+        self.exclusive_runs.load(Ordering::Relaxed)
     }
 
     /// Met-Cache entries allocated per table (for tools and tests).

@@ -3,7 +3,10 @@
 
 use super::cache::{is_cache_ref, region_of};
 use super::layout::{kind, tuple};
-use super::{Garbage, TableAlloc, TableRt, ThreadState, ZenEngine, ZenFault, REBALANCE_EVERY};
+use super::{
+    Garbage, TableAlloc, TableRt, ThreadState, ZenEngine, ZenFault, GARBAGE_THRESHOLD,
+    REBALANCE_EVERY,
+};
 use crate::alloc::{PageTag, PAGE_SIZE};
 use crate::catalog::TableId;
 use crate::cc::{tid_timestamp, CcProtocol, ReadStart, LOCK_BIT};
@@ -16,6 +19,8 @@ use std::sync::Arc;
 const SPIN_LIMIT: u32 = 256;
 /// How often a lookup retries when the entry it found was replaced under it.
 const LOCATE_ATTEMPTS: u32 = 64;
+/// How long a long-running transaction waits for the others to abort before going on.
+const EXCLUSIVE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// Garbage entries examined per commit (§3.4: "we limit the number of items to scan in the
 /// garbage queue per transaction").
 const GC_BUDGET: usize = 64;
@@ -83,6 +88,8 @@ pub(crate) struct ZenWorker {
     /// Tuples accessed per table since the last rebalance (f_i of §3.2).
     accesses: Vec<u64>,
     txns: u64,
+    /// This thread holds G-EX and the others have finished.
+    exclusive_ready: bool,
 }
 
 fn pm_full(e: impl std::fmt::Display) -> TxError {
@@ -130,6 +137,7 @@ impl ZenWorker {
             scratch: Vec::new(),
             scan_hits: Vec::new(),
             txns: 0,
+            exclusive_ready: false,
             eng,
         })
     }
@@ -159,6 +167,40 @@ impl ZenWorker {
         Ok(())
     }
 
+    /// Publishes how many tuples the transaction has touched (to pick the long one, §3.3.4).
+    #[inline]
+    fn note_footprint(&self) {
+        if self.pins.len() % 64 == 0 {
+            self.eng.footprint[self.thread].store(
+                (self.pins.len() + self.writes.len()) as u64,
+                Ordering::Relaxed,
+            );
+        }
+    }
+
+    /// §3.3.4: a transaction that is not the long-running one aborts when G-EX is set; the
+    /// long-running one waits (bounded) until every other transaction has finished.
+    #[inline]
+    fn check_exclusive(&mut self) -> Result<(), TxError> {
+        let g = self.eng.exclusive.load(Ordering::Acquire);
+        if g == 0 {
+            return Ok(());
+        }
+        if g != self.thread + 1 {
+            return Err(TxError::Conflict);
+        }
+        if !self.exclusive_ready {
+            let started = std::time::Instant::now();
+            while self.eng.oldest_active_excluding(self.thread) != u64::MAX
+                && started.elapsed() < EXCLUSIVE_WAIT
+            {
+                std::thread::yield_now();
+            }
+            self.exclusive_ready = true;
+        }
+        Ok(())
+    }
+
     fn find_write(&self, table: TableId, key: u64) -> Option<usize> {
         self.writes
             .iter()
@@ -176,6 +218,7 @@ impl ZenWorker {
             if is_cache_ref(v) {
                 if t.cache.pin(v, key) {
                     self.pins.push((table, v));
+                    self.note_footprint();
                     return Ok(v);
                 }
                 std::hint::spin_loop();
@@ -183,10 +226,14 @@ impl ZenWorker {
             }
             let st = self.state.as_mut().expect("state present");
             let hand = &mut Self::alloc_state(st, table).hand;
+            let mut overflowed = false;
             let r = t
                 .cache
-                .claim(self.thread, hand, &t.index)
+                .claim(self.thread, hand, &t.index, &mut overflowed)
                 .map_err(|_| exhausted(t))?;
+            if overflowed {
+                self.eng.request_exclusive();
+            }
             let word = self.pool.read_u64(v + tuple::WORD);
             let cts = tuple::cts(word);
             if cts == 0 || word & tuple::DELETED != 0 || self.pool.read_u64(v + tuple::KEY) != key {
@@ -209,6 +256,7 @@ impl ZenWorker {
             t.cache.publish(r, 1);
             if t.index.replace_if(key, v, r) {
                 self.pins.push((table, r));
+                self.note_footprint();
                 return Ok(r);
             }
             // Another thread cached it first: ours is garbage (superseded, unpinned).
@@ -418,6 +466,9 @@ impl ZenWorker {
                 }
             }
         }
+        if self.st().garbage.len() > GARBAGE_THRESHOLD {
+            self.eng.request_exclusive();
+        }
         let st = self.st();
         st.deferred = deferred;
         let pending = st.garbage.front().map_or(u64::MAX, |g| g.tid);
@@ -438,6 +489,11 @@ impl ZenWorker {
         self.secondary.clear();
         self.in_txn = false;
         self.eng.active[self.thread].store(u64::MAX, Ordering::Release);
+        self.eng.footprint[self.thread].store(0, Ordering::Relaxed);
+        if self.exclusive_ready || self.eng.exclusive.load(Ordering::Acquire) == self.thread + 1 {
+            self.exclusive_ready = false;
+            self.eng.exclusive.store(0, Ordering::Release);
+        }
     }
 
     /// Releases every lock, unpublishes inserts and frees claimed entries (abort, failed commit).
@@ -528,6 +584,22 @@ impl EngineWorker for ZenWorker {
         if self.in_txn {
             self.abort();
         }
+        // §3.3.4: threads resume normal execution once the long-running transaction clears G-EX.
+        let started = std::time::Instant::now();
+        loop {
+            let g = self.eng.exclusive.load(Ordering::Acquire);
+            if g == 0 || g == self.thread + 1 || started.elapsed() > EXCLUSIVE_WAIT {
+                break;
+            }
+            if self.eng.active[g - 1].load(Ordering::Acquire) == u64::MAX {
+                // The chosen transaction ended before it saw G-EX: clear it.
+                let _ =
+                    self.eng
+                        .exclusive
+                        .compare_exchange(g, 0, Ordering::AcqRel, Ordering::Acquire);
+            }
+            std::thread::yield_now();
+        }
         self.in_txn = true;
         self.read_only = read_only;
         self.max_seen = 0;
@@ -536,6 +608,7 @@ impl EngineWorker for ZenWorker {
 
     fn read(&mut self, table: TableId, key: u64, out: &mut [u8]) -> Result<(), TxError> {
         self.ensure_table(table)?;
+        self.check_exclusive()?;
         let rt = &self.tables[table as usize];
         if out.len() != rt.row {
             return Err(TxError::SchemaMismatch(format!(
@@ -569,6 +642,7 @@ impl EngineWorker for ZenWorker {
             return Err(TxError::ReadOnly);
         }
         self.ensure_table(table)?;
+        self.check_exclusive()?;
         let rt = &self.tables[table as usize];
         for f in writes {
             if f.offset + f.bytes.len() > rt.row {
@@ -625,6 +699,7 @@ impl EngineWorker for ZenWorker {
             return Err(TxError::ReadOnly);
         }
         self.ensure_table(table)?;
+        self.check_exclusive()?;
         if row.len() > self.eng.config.max_row_bytes {
             return Err(TxError::RowTooLarge(format!(
                 "a row of {} bytes exceeds the limit of {} bytes",
@@ -674,6 +749,7 @@ impl EngineWorker for ZenWorker {
             return Err(TxError::ReadOnly);
         }
         self.ensure_table(table)?;
+        self.check_exclusive()?;
         if let Some(w) = self.find_write(table, key) {
             match self.writes[w].kind {
                 WriteKind::Delete | WriteKind::Cancelled => {
@@ -773,6 +849,9 @@ impl EngineWorker for ZenWorker {
         if !self.in_txn {
             return Ok(0);
         }
+        if let Err(e) = self.check_exclusive() {
+            return self.fail(e);
+        }
         let cc = self.cc;
         let thread = self.thread;
         // 1. OCC: lock the write set in a global order (table, entry), spinning briefly.
@@ -824,7 +903,12 @@ impl EngineWorker for ZenWorker {
             let t = &self.tables[table as usize];
             let st = self.state.as_mut().expect("state present");
             let hand = &mut Self::alloc_state(st, table).hand;
-            let r = match t.cache.claim(thread, hand, &t.index) {
+            let mut overflowed = false;
+            let r = match t.cache.claim(thread, hand, &t.index, &mut overflowed) {
+                Ok(r) if overflowed => {
+                    self.eng.request_exclusive();
+                    r
+                }
                 Ok(r) => r,
                 Err(_) => {
                     let e = exhausted(t);
