@@ -234,6 +234,9 @@ impl ZenWorker {
             if overflowed {
                 self.eng.request_exclusive();
             }
+            // The victim's row lines are about to be overwritten: start fetching them while the
+            // NVM-tuple is read.
+            t.cache.entry(r).prefetch_row();
             let word = self.pool.read_u64(v + tuple::WORD);
             let cts = tuple::cts(word);
             if cts == 0 || word & tuple::DELETED != 0 || self.pool.read_u64(v + tuple::KEY) != key {
@@ -664,6 +667,7 @@ impl EngineWorker for ZenWorker {
             },
             None => {
                 let r = self.locate(table, key)?;
+                self.tables[table as usize].cache.entry(r).prefetch_row();
                 let locked = self.cc.locks_writes_early();
                 if locked {
                     self.lock_for_write(table, key, r)?;
