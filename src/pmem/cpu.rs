@@ -105,22 +105,6 @@ pub(crate) fn store_fence() {
     std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn detection_is_stable_and_flushing_a_local_line_is_harmless() {
-        let first = flush_instruction();
-        assert_eq!(first, flush_instruction());
-        let data = [7u8; 128];
-        // SAFETY: `data` is a live local array.
-        unsafe { flush_line(first, data.as_ptr()) };
-        store_fence();
-        assert_eq!(data[0], 7);
-    }
-}
-
 /// Hints the CPU to start loading the cache line holding `addr` into its caches. It has no
 /// architectural effect (never faults, changes no data), so it is safe for any address; it is a
 /// no-op off x86-64 and under Miri. Layers above `pmem` may not use `unsafe`; this lets them
@@ -135,4 +119,20 @@ pub fn prefetch<T>(addr: *const T) {
     }
     #[cfg(not(all(target_arch = "x86_64", not(miri))))]
     let _ = addr;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detection_is_stable_and_flushing_a_local_line_is_harmless() {
+        let first = flush_instruction();
+        assert_eq!(first, flush_instruction());
+        let data = [7u8; 128];
+        // SAFETY: `data` is a live local array.
+        unsafe { flush_line(first, data.as_ptr()) };
+        store_fence();
+        assert_eq!(data[0], 7);
+    }
 }
