@@ -98,8 +98,8 @@ fn pm_full(e: impl std::fmt::Display) -> TxError {
 
 fn exhausted(table: &TableRt) -> TxError {
     TxError::PmFull(format!(
-        "the Met-Cache region of table {} is exhausted: every entry is pinned by running \
-         transactions (a long-running transaction, §3.3.4; the exclusive mode is not implemented)",
+        "the Met-Cache region of table {} is exhausted: every one of its entries (up to the hard \
+         limit) is pinned by running transactions (a long-running transaction, §3.3.4)",
         table.schema.name
     ))
 }
