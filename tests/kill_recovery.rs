@@ -148,3 +148,9 @@ fn sigkill_inp_and_allflush() {
         3,
     );
 }
+
+#[test]
+fn sigkill_zen_occ_eadr_and_no_wait_adr() {
+    kill_and_recover(EngineKind::Zen, Protocol::Occ, PersistenceDomain::Eadr, 5);
+    kill_and_recover(EngineKind::Zen, Protocol::NoWait, PersistenceDomain::Adr, 3);
+}

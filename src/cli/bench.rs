@@ -15,7 +15,7 @@ use std::time::Duration;
 /// Arguments shared by every `pmtx bench` workload.
 #[derive(clap::Args, Debug, Clone)]
 pub struct CommonArgs {
-    /// Engines to run, comma-separated (falcon, falcon-noflush, falcon-allflush, inp, volatile).
+    /// Engines to run, comma-separated (falcon, falcon-noflush, falcon-allflush, inp, volatile, zen).
     #[arg(long, value_delimiter = ',', default_value = "falcon")]
     pub engine: Vec<EngineKind>,
     /// Concurrency-control protocol: no-wait, wait-die, dl-detect, to, occ, silo, tictoc, mvocc,
@@ -57,6 +57,9 @@ pub struct CommonArgs {
     /// the median ratio to volatile (use ≥ 3 on a noisy machine).
     #[arg(long, default_value_t = 1)]
     pub repeat: usize,
+    /// Zen: P = NVM size / DRAM Met-Cache budget (Zen §4.1 uses 4, 8 and 16).
+    #[arg(long, default_value_t = 4.0)]
+    pub cache_ratio: f64,
 }
 
 /// Arguments of `pmtx bench ycsb`.
@@ -144,6 +147,7 @@ impl CommonArgs {
         // preempted while holding a hot lock can make a no-wait transaction abort more than the
         // API default (1000) times in a row.
         config.max_retries = 1_000_000;
+        config.cache_ratio = self.cache_ratio;
         if let Some(p) = &self.pool {
             config = config.path(p);
         }

@@ -48,10 +48,17 @@ pub(crate) fn run(args: RecoverArgs) -> CliResult {
         println!("  {phase:<32} {ms:>10.3} ms");
     }
     println!("  {:<32} {:>10.3} ms", "total", report.total_ms);
-    println!(
-        "log: {} committed transactions ({} entries replayed), {} discarded; {} rows; {} stale locks cleared",
-        report.committed_in_log, report.replayed_entries, report.discarded_in_log, report.rows, report.locks_cleared
-    );
+    if args.engine.layout() == "falcon" {
+        println!(
+            "log: {} committed transactions ({} entries replayed), {} discarded; {} rows; {} stale locks cleared",
+            report.committed_in_log, report.replayed_entries, report.discarded_in_log, report.rows, report.locks_cleared
+        );
+    } else {
+        println!("{} rows", report.rows);
+    }
+    for (fact, n) in &report.facts {
+        println!("  {fact:<32} {n:>10}");
+    }
     let catalog = db.engine().catalog();
     for (schema, n) in catalog.tables.iter().zip(rows) {
         println!("  table {:<20} {n} rows", schema.name);

@@ -16,6 +16,7 @@
 use crate::catalog::{ColumnType, Schema, TableId};
 use crate::cc::Protocol;
 use crate::engine::falcon::{FalconConfig, FalconEngine};
+use crate::engine::zen::{ZenConfig, ZenEngine, ZenFault};
 use crate::engine::{
     DbError, Engine, EngineKind, EngineWorker, FieldWrite, RecoveryReport, TxError,
 };
@@ -55,6 +56,14 @@ pub struct DbConfig {
     pub fault: Option<crate::engine::falcon::Fault>,
     /// Options of the concurrency-control protocol (e.g. hstore's partitions).
     pub cc_options: crate::cc::CcOptions,
+    /// Zen: P = NVM size / DRAM Met-Cache budget (Zen §4.1 uses 4, 8, 16).
+    pub cache_ratio: f64,
+    /// Zen: a fixed Met-Cache budget in bytes (overrides `cache_ratio`).
+    pub cache_bytes: Option<u64>,
+    /// Zen: Met-Cache entries every table gets at least (C_min, §3.2).
+    pub cache_min_entries: usize,
+    /// Zen: a deliberate ordering bug for the crash harness (test-only).
+    pub zen_fault: Option<ZenFault>,
 }
 
 impl Default for DbConfig {
@@ -74,6 +83,10 @@ impl Default for DbConfig {
             counting: true,
             fault: None,
             cc_options: crate::cc::CcOptions::default(),
+            cache_ratio: 4.0,
+            cache_bytes: None,
+            cache_min_entries: 1024,
+            zen_fault: None,
         }
     }
 }
@@ -123,6 +136,17 @@ impl DbConfig {
         if let Some(n) = self.window_slot_bytes {
             c.window_slot_bytes = n;
         }
+        c
+    }
+
+    fn zen(&self) -> ZenConfig {
+        let mut c = ZenConfig::new(self.protocol);
+        c.max_threads = self.max_threads;
+        c.max_row_bytes = self.max_row_bytes;
+        c.cache_ratio = self.cache_ratio;
+        c.cache_bytes = self.cache_bytes;
+        c.cache_min_entries = self.cache_min_entries;
+        c.fault = self.zen_fault;
         c
     }
 
@@ -224,6 +248,14 @@ impl Db {
         config: &DbConfig,
         create: bool,
     ) -> Result<Arc<dyn Engine>, DbError> {
+        if config.engine == EngineKind::Zen {
+            let zen = config.zen();
+            return Ok(if create {
+                ZenEngine::create(pool, zen)?
+            } else {
+                ZenEngine::open(pool, zen)?
+            });
+        }
         let falcon = config.falcon();
         let engine = if create {
             FalconEngine::create(pool, falcon)?

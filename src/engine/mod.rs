@@ -13,6 +13,7 @@
 //!   asynchronous (DUDETx): for the others it is the last commit that returned.
 
 pub mod falcon;
+pub mod zen;
 
 use crate::catalog::{Catalog, CatalogError, Schema, TableId};
 use crate::pmem::{PersistenceDomain, Pool, PoolError};
@@ -33,16 +34,19 @@ pub enum EngineKind {
     Inp,
     /// The same code with durability off: the ceiling every design is measured against.
     Volatile,
+    /// Zen (VLDB'21): Met-Cache in DRAM, log-free out-of-place commits, one-pass recovery.
+    Zen,
 }
 
 impl EngineKind {
     /// Every engine, in CLI order.
-    pub const ALL: [EngineKind; 5] = [
+    pub const ALL: [EngineKind; 6] = [
         EngineKind::Falcon,
         EngineKind::FalconNoflush,
         EngineKind::FalconAllflush,
         EngineKind::Inp,
         EngineKind::Volatile,
+        EngineKind::Zen,
     ];
 
     /// The command-line name.
@@ -53,6 +57,7 @@ impl EngineKind {
             EngineKind::FalconAllflush => "falcon-allflush",
             EngineKind::Inp => "inp",
             EngineKind::Volatile => "volatile",
+            EngineKind::Zen => "zen",
         }
     }
 
@@ -65,6 +70,7 @@ impl EngineKind {
             | EngineKind::FalconAllflush
             | EngineKind::Inp => "falcon",
             EngineKind::Volatile => "volatile",
+            EngineKind::Zen => "zen",
         }
     }
 }
@@ -77,7 +83,7 @@ impl std::fmt::Display for EngineKind {
 
 /// The error of parsing an unknown engine name.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("unknown engine '{0}' (expected one of: falcon, falcon-noflush, falcon-allflush, inp, volatile)")]
+#[error("unknown engine '{0}' (expected one of: falcon, falcon-noflush, falcon-allflush, inp, volatile, zen)")]
 pub struct UnknownEngine(pub String);
 
 impl std::str::FromStr for EngineKind {
@@ -162,6 +168,14 @@ pub enum DbError {
     /// The pool's engine metadata is damaged.
     #[error("corrupt database: {0}")]
     Corrupt(String),
+    /// The engine does not implement the requested concurrency-control protocol.
+    #[error("engine {engine} does not support the {protocol} protocol")]
+    UnsupportedProtocol {
+        /// The engine.
+        engine: EngineKind,
+        /// The protocol asked for.
+        protocol: crate::cc::Protocol,
+    },
     /// Every worker slot is taken.
     #[error("all {0} worker slots are in use (raise max_threads)")]
     NoWorkerSlot(usize),
@@ -193,6 +207,9 @@ pub struct RecoveryReport {
     pub locks_cleared: u64,
     /// Total milliseconds.
     pub total_ms: f64,
+    /// Engine-specific counts worth reporting (name, value), e.g. Zen's pending-list revisits.
+    #[serde(default)]
+    pub facts: Vec<(String, u64)>,
 }
 
 /// An engine: one design's storage and durability, shared by all threads.

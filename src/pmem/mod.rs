@@ -25,7 +25,7 @@ mod mapping;
 mod pool;
 pub mod stats;
 
-pub use cpu::{FlushInstruction, CACHE_LINE};
+pub use cpu::{prefetch, FlushInstruction, CACHE_LINE};
 pub use crashsim::{CrashImage, CrashSim, CrashState, CrashTrigger, OnCrash, SimulatedCrash};
 pub use domain::PersistenceDomain;
 pub use error::{PoolError, PoolResult};

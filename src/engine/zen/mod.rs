@@ -1,0 +1,618 @@
+//! The Zen engine (Liu et al., VLDB 2021, §3): a **Met-Cache** of tuples with their
+//! concurrency-control metadata in DRAM, **log-free persistent transactions** (new versions are
+//! written out of place to free NVM-tuple slots and the *last persisted* (LP) bit of the last one
+//! is the commit mark, Algorithm 1), **lightweight NVM space management** (per-thread allocators,
+//! free lists and garbage queues in DRAM; the page table is the only persisted allocation
+//! metadata) and **one-pass parallel recovery** (Algorithm 2).
+//!
+//! Files: `layout.rs` (NVM layout), `cache.rs` (Met-Cache, CLOCK, knapsack split), `worker.rs`
+//! (execution and commit: how Zen commits), `recovery.rs` (Algorithm 2 and the structure check).
+//!
+//! **Departures from the paper, and why** (also in `docs/ZEN.md`):
+//! - *Recovery regions are per thread slot.* Every NVM-tuple page belongs to one thread slot
+//!   (its page-table owner) and a thread writes new versions only into its own pages, so all
+//!   tuples of a transaction lie in one region and per-region Tx-CTS order is commit order, which
+//!   Algorithm 2's correctness argument needs. A superseded version in another thread's region
+//!   is zeroed by the thread that superseded it and then handed to the owner's free list through a
+//!   small per-thread inbox, rather than waiting for the owner to evict a copied entry (§3.3.1,
+//!   "Maintenance"): that rule alone would let a thread reuse a slot in a region it does not own.
+//! - *Deletes are tombstones* (a new version with the deleted bit). Algorithm 2 frees deleted
+//!   tuples without consulting the index, which would let an older, not yet overwritten version of
+//!   the key win after a crash; pmtx lets tombstones take part in "newest Tx-CTS wins" and drops
+//!   the key afterwards.
+//! - *Slot reuse rules.* A superseded version is reclaimed once its superseding commit is older
+//!   than every running transaction (§3.3.1), and its header word is then zeroed (one 8-byte store,
+//!   plus a `clwb` under ADR ordered by the next commit's fence) so that a free slot never looks
+//!   like a committed version. A tombstone is reclaimed only after every thread has durably zeroed
+//!   all versions superseded up to its commit (a per-thread watermark), so no older version can
+//!   resurface. The LP tuple of a thread's latest commit is never zeroed: it is the evidence that
+//!   the region's earlier tuples committed (reclaiming it would make Algorithm 2 discard them).
+//!   The paper persists nothing on free; this costs one store per superseded version.
+//! - *ADR acknowledgement.* Algorithm 1 ends with an un-fenced `clwb` and relies on a later fence.
+//!   Under ADR pmtx issues that fence before `commit` returns (a commit must be durable when it
+//!   is acknowledged); under eADR it does not.
+//! - *Writes are buffered* in transaction-private data (the engine contract) and applied to the
+//!   Met-Cache at commit, so entries are never dirty; a write to an entry of another region makes
+//!   the copy in the writer's region at commit (the original gets the copy bit).
+//! - *Long-running transactions (§3.3.4).* Detected when a region has to grow past its budget
+//!   because every entry is pinned, or a garbage queue passes a threshold; the transaction with
+//!   the largest footprint gets G-EX, the others abort (retryably) at their next operation and
+//!   wait in `begin`, and it waits for them to finish before going on. Departure: the region
+//!   keeps growing past its budget for the long transaction (up to a hard limit, then `PmFull`)
+//!   instead of running out, and the wait for the others is bounded (exclusivity is a
+//!   performance mode here: correctness never depends on it, the protocol still runs).
+//! - Protocols: OCC (Silo) and 2PL no-wait, with their words in the Met-Cache entry (§3.3.2);
+//!   others are refused with [`DbError::UnsupportedProtocol`].
+
+mod cache;
+pub mod layout;
+mod recovery;
+mod worker;
+
+pub use cache::{split_budget, TableDemand};
+
+use crate::alloc::{PageManager, PageTag};
+use crate::catalog::{Catalog, CatalogStore, Schema, TableId};
+use crate::cc::{Protocol, TidClock, MAX_THREADS};
+use crate::engine::{DbError, Engine, EngineKind, EngineWorker, RecoveryReport};
+use crate::index::{PrimaryIndex, PrimaryIndexKind, SecondaryIndex};
+use crate::pmem::{PersistenceDomain, Pool};
+use cache::MetCache;
+use crossbeam_utils::CachePadded;
+use layout::{kind, meta, tuple};
+use parking_lot::{Mutex, RwLock};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// A deliberate bug, for showing that the crash-consistency harness catches it (test-only: no
+/// production configuration sets one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ZenFault {
+    /// Algorithm 1 without the `sfence` before the LP bit: LP can be durable before the tuples.
+    SkipFence,
+    /// Algorithm 1 without the `clwb` of the tuples: the fence orders nothing.
+    SkipTupleFlush,
+    /// No fence before `commit` returns under ADR: an acknowledged commit can be lost.
+    SkipCommitFence,
+}
+
+impl ZenFault {
+    /// Every fault.
+    pub const ALL: [ZenFault; 3] = [
+        ZenFault::SkipFence,
+        ZenFault::SkipTupleFlush,
+        ZenFault::SkipCommitFence,
+    ];
+
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ZenFault::SkipFence => "skip-fence",
+            ZenFault::SkipTupleFlush => "skip-tuple-flush",
+            ZenFault::SkipCommitFence => "skip-commit-fence",
+        }
+    }
+
+    /// What the fault breaks.
+    pub fn describe(self) -> &'static str {
+        match self {
+            ZenFault::SkipFence => "no sfence between the tuple clwbs and the LP bit",
+            ZenFault::SkipTupleFlush => "the new tuples are not flushed before the LP bit",
+            ZenFault::SkipCommitFence => "commit returns before the LP bit is durable (ADR)",
+        }
+    }
+}
+
+impl std::fmt::Display for ZenFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for ZenFault {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        ZenFault::ALL
+            .into_iter()
+            .find(|f| f.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = ZenFault::ALL.iter().map(|f| f.name()).collect();
+                format!(
+                    "unknown zen fault '{s}' (expected one of: {})",
+                    names.join(", ")
+                )
+            })
+    }
+}
+
+/// Parameters of a Zen database.
+#[derive(Clone, Debug)]
+pub struct ZenConfig {
+    /// Concurrency control (OCC or 2PL no-wait).
+    pub protocol: Protocol,
+    /// Worker slots (threads, and NVM/Met-Cache regions), at most 256.
+    pub max_threads: usize,
+    /// Largest row, in bytes.
+    pub max_row_bytes: usize,
+    /// P = NVM size / DRAM cache budget (§4.1: 4, 8 or 16); the NVM size is the tables' heap
+    /// bytes (live rows × slot size), so the budget follows the database as it grows.
+    pub cache_ratio: f64,
+    /// A fixed DRAM budget in bytes for all Met-Caches (overrides `cache_ratio`).
+    pub cache_bytes: Option<u64>,
+    /// C_min: entries every table gets whatever the split (§3.2).
+    pub cache_min_entries: usize,
+    /// A deliberate ordering bug for the crash-consistency harness (never set in production).
+    pub fault: Option<ZenFault>,
+}
+
+impl ZenConfig {
+    /// Defaults: 16 threads, rows up to 4 KiB, P = 4, 1,024 entries minimum per table.
+    pub fn new(protocol: Protocol) -> ZenConfig {
+        ZenConfig {
+            protocol,
+            max_threads: 16,
+            max_row_bytes: 4096,
+            cache_ratio: 4.0,
+            cache_bytes: None,
+            cache_min_entries: 1024,
+            fault: None,
+        }
+    }
+}
+
+/// Garbage-queue length beyond which a thread reports a long-running transaction (§3.3.4: "the
+/// NVM space is about to be used up"): old versions that cannot be reclaimed while it runs.
+const GARBAGE_THRESHOLD: usize = 1 << 16;
+
+/// Commits between two re-runs of the knapsack split by one thread.
+const REBALANCE_EVERY: u64 = 256;
+
+/// A table at run time: schema, slot geometry, DRAM indexes and its Met-Cache.
+pub(crate) struct TableRt {
+    pub id: TableId,
+    pub schema: Schema,
+    pub row: usize,
+    pub slot: u64,
+    pub index: PrimaryIndex,
+    pub secondary: Vec<SecondaryIndex>,
+    pub cache: MetCache,
+    /// Tuples accessed (f_i numerator), summed from the workers now and then.
+    pub accesses: AtomicU64,
+}
+
+impl TableRt {
+    fn new(id: TableId, schema: Schema, config: &ZenConfig) -> TableRt {
+        let row = schema.row_size();
+        let index = match schema.primary_index {
+            PrimaryIndexKind::Hash => PrimaryIndex::Hash(crate::index::HashIndex::new()),
+            PrimaryIndexKind::Ordered => PrimaryIndex::Ordered(crate::index::OrderedIndex::new()),
+        };
+        let secondary = schema
+            .secondary
+            .iter()
+            .map(|_| SecondaryIndex::new())
+            .collect();
+        let threads = config.max_threads;
+        let entry = row as u64 + cache::ENTRY_OVERHEAD;
+        let per_region_min = config.cache_min_entries.div_ceil(threads).max(16);
+        // The hard limit per region, reached only when every entry is pinned (a long-running
+        // transaction, e.g. a bulk load in one transaction): at least 4 Mi entries or the whole
+        // budget. Chunks are allocated lazily, so a high limit costs only its pointer array.
+        let hard = (config.cache_bytes.unwrap_or(0) / entry).max(4 << 20);
+        let cache = MetCache::new(
+            row,
+            threads,
+            per_region_min,
+            (hard as usize).max(per_region_min * 4),
+        );
+        TableRt {
+            id,
+            row,
+            slot: tuple::slot_size(row),
+            index,
+            secondary,
+            cache,
+            accesses: AtomicU64::new(0),
+            schema,
+        }
+    }
+
+    /// The secondary key of `row` for index `i`.
+    pub fn secondary_key(&self, i: usize, row: &[u8]) -> u64 {
+        let parts: Vec<&[u8]> = self.schema.secondary[i]
+            .columns
+            .iter()
+            .map(|&c| {
+                let at = self.schema.column_offset(c);
+                &row[at..at + self.schema.columns[c].ty.size()]
+            })
+            .collect();
+        crate::index::secondary_key(&parts)
+    }
+}
+
+/// A superseded NVM-tuple (or a tombstone) waiting to be reclaimed, with the commit tid that
+/// made it garbage.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Garbage {
+    pub table: TableId,
+    pub slot: u64,
+    pub tid: u64,
+}
+
+/// Slots freed into a region by other threads: (table, slot).
+pub(crate) type FreedSlots = Vec<(TableId, u64)>;
+
+/// A thread's NVM-tuple allocator for one table (DRAM only; rebuilt by recovery).
+#[derive(Default)]
+pub(crate) struct TableAlloc {
+    pub bump: u64,
+    pub end: u64,
+    pub free: Vec<u64>,
+    /// The CLOCK hand of this thread's Met-Cache region.
+    pub hand: usize,
+}
+
+/// A thread slot's state (its NVM-tuple managers and garbage queues), handed to the worker that
+/// claims the slot.
+#[derive(Default)]
+pub(crate) struct ThreadState {
+    pub tables: Vec<TableAlloc>,
+    /// Superseded versions, in tid order.
+    pub garbage: VecDeque<Garbage>,
+    /// Tombstones, in tid order.
+    pub tombs: VecDeque<Garbage>,
+    /// Garbage that must wait: the LP evidence of its region's latest commit.
+    pub deferred: Vec<Garbage>,
+    pub last_tid: u64,
+    pub commits: u64,
+}
+
+/// The Zen engine, shared by its workers.
+pub struct ZenEngine {
+    pub(crate) domain: PersistenceDomain,
+    pub(crate) protocol: Protocol,
+    pub(crate) pool: Arc<Pool>,
+    pub(crate) pages: PageManager,
+    pub(crate) config: ZenConfig,
+    /// ADR-like domain: flushes and fences are needed for durability.
+    pub(crate) flushing: bool,
+    catalog_store: CatalogStore,
+    catalog: Mutex<Catalog>,
+    pub(crate) tables: RwLock<Vec<Arc<TableRt>>>,
+    pub(crate) clock: TidClock,
+    /// Per thread: start timestamp of its running transaction, or `u64::MAX`.
+    pub(crate) active: Box<[CachePadded<AtomicU64>]>,
+    /// Per region: the tid of its thread's latest durable commit (whose LP tuple must stay).
+    pub(crate) region_commit: Box<[CachePadded<AtomicU64>]>,
+    /// Per thread: every version it superseded with a tid below this is durably zeroed.
+    pub(crate) gc_done: Box<[CachePadded<AtomicU64>]>,
+    /// Per region: free slots handed over by other threads (table, slot).
+    pub(crate) inbox: Box<[Mutex<FreedSlots>]>,
+    pub(crate) threads: Box<[Mutex<Option<ThreadState>>]>,
+    pub(crate) last_commit: AtomicU64,
+    pub(crate) txns: AtomicU64,
+    /// Workers alive: the cache budget is split over the regions of threads that process
+    /// transactions (§3.2), not over every configured slot.
+    pub(crate) workers: std::sync::atomic::AtomicUsize,
+    /// G-EX (§3.3.4): 0, or 1 + the thread whose long-running transaction runs exclusively.
+    pub(crate) exclusive: std::sync::atomic::AtomicUsize,
+    /// Per thread: tuples its running transaction has accessed (to pick the long one).
+    pub(crate) footprint: Box<[CachePadded<AtomicU64>]>,
+    /// Times the exclusive mode was entered.
+    pub(crate) exclusive_runs: AtomicU64,
+    report: Option<RecoveryReport>,
+}
+
+/// Protocols Zen runs (§3.3.2 lists more; these are the ones pmtx implements over a cache word).
+pub const SUPPORTED_PROTOCOLS: [Protocol; 2] = [Protocol::Occ, Protocol::NoWait];
+
+impl ZenEngine {
+    fn validate(config: &ZenConfig) -> Result<(), DbError> {
+        if !SUPPORTED_PROTOCOLS.contains(&config.protocol) {
+            return Err(DbError::UnsupportedProtocol {
+                engine: EngineKind::Zen,
+                protocol: config.protocol,
+            });
+        }
+        if config.max_threads == 0 || config.max_threads > MAX_THREADS {
+            return Err(DbError::Config(format!(
+                "max_threads must be 1 to {MAX_THREADS}"
+            )));
+        }
+        if config.max_row_bytes == 0
+            || tuple::slot_size(config.max_row_bytes) > crate::alloc::PAGE_SIZE
+        {
+            return Err(DbError::Config(
+                "max_row_bytes must be between 1 byte and a 2 MiB page".into(),
+            ));
+        }
+        if !(config.cache_ratio.is_finite() && config.cache_ratio >= 1.0) {
+            return Err(DbError::Config(format!(
+                "cache_ratio (P = NVM size / DRAM budget) must be a number >= 1, not {}",
+                config.cache_ratio
+            )));
+        }
+        if config.cache_min_entries == 0 {
+            return Err(DbError::Config(
+                "cache_min_entries must be at least 1".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_domain(domain: PersistenceDomain) -> Result<(), DbError> {
+        if !domain.is_durable() {
+            return Err(DbError::Config(
+                "engine zen needs a durable domain (adr, eadr or msync); use the volatile engine for no durability".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Formats a fresh pool for Zen.
+    pub fn create(pool: Arc<Pool>, config: ZenConfig) -> Result<Arc<ZenEngine>, DbError> {
+        Self::validate(&config)?;
+        Self::check_domain(pool.domain())?;
+        let pages = PageManager::format(&pool)?;
+        let meta_index = pages.allocate(
+            &pool,
+            PageTag {
+                kind: kind::META,
+                owner: 0,
+                value: 0,
+            },
+        )?;
+        let meta_page = pages.page_offset(meta_index);
+        let catalog_store = CatalogStore {
+            base: meta_page + meta::CATALOG_AT,
+            slot_bytes: meta::CATALOG_SLOT_BYTES,
+        };
+        catalog_store.store(&pool, &Catalog::default())?;
+        let m = |f: u64, v: u64| pool.write_u64(meta_page + f, v);
+        m(meta::F_VERSION, meta::VERSION);
+        m(meta::F_MAX_THREADS, config.max_threads as u64);
+        m(meta::F_MAX_ROW, config.max_row_bytes as u64);
+        m(meta::F_CATALOG_SLOT, meta::CATALOG_SLOT_BYTES);
+        pool.persist(meta_page + 8, 32);
+        // The magic last, then the root: a crash before either leaves a pool that open refuses.
+        pool.write_u64(meta_page + meta::F_MAGIC, meta::MAGIC);
+        pool.persist(meta_page, 8);
+        pool.set_root(meta_page)?;
+        Ok(Arc::new(Self::assemble(
+            pool,
+            pages,
+            meta_page,
+            config,
+            Catalog::default(),
+        )))
+    }
+
+    /// Opens a Zen pool, running recovery (Algorithm 2). The row limit comes from the pool; the
+    /// thread count is at least the pool's (each thread slot is a region).
+    pub fn open(pool: Arc<Pool>, mut config: ZenConfig) -> Result<Arc<ZenEngine>, DbError> {
+        Self::check_domain(pool.domain())?;
+        let meta_page = pool.root();
+        if meta_page == 0 {
+            return Err(DbError::Corrupt(
+                "the pool has no root: it was never formatted for Zen".into(),
+            ));
+        }
+        pool.check_range(meta_page, crate::alloc::PAGE_SIZE)
+            .map_err(|e| DbError::Corrupt(e.to_string()))?;
+        let pages = PageManager::open(&pool)?;
+        let r = |f: u64| pool.read_u64(meta_page + f);
+        if r(meta::F_MAGIC) != meta::MAGIC || r(meta::F_VERSION) != meta::VERSION {
+            return Err(DbError::Corrupt(
+                "the Zen meta page is missing or of another version".into(),
+            ));
+        }
+        config.max_threads = config.max_threads.max(r(meta::F_MAX_THREADS) as usize);
+        config.max_row_bytes = r(meta::F_MAX_ROW) as usize;
+        Self::validate(&config)?;
+        let catalog_store = CatalogStore {
+            base: meta_page + meta::CATALOG_AT,
+            slot_bytes: r(meta::F_CATALOG_SLOT),
+        };
+        let catalog = catalog_store.load(&pool)?;
+        let mut engine = Self::assemble(pool, pages, meta_page, config, catalog);
+        let (report, floor) = recovery::recover(&mut engine)?;
+        engine.clock = TidClock::new(floor);
+        engine.report = Some(report);
+        engine.rebalance();
+        Ok(Arc::new(engine))
+    }
+
+    fn assemble(
+        pool: Arc<Pool>,
+        pages: PageManager,
+        meta_page: u64,
+        config: ZenConfig,
+        catalog: Catalog,
+    ) -> ZenEngine {
+        let tables = catalog
+            .tables
+            .iter()
+            .enumerate()
+            .map(|(i, s)| Arc::new(TableRt::new(i as TableId, s.clone(), &config)))
+            .collect();
+        let n = config.max_threads;
+        let padded = |v: u64| -> Box<[CachePadded<AtomicU64>]> {
+            (0..n)
+                .map(|_| CachePadded::new(AtomicU64::new(v)))
+                .collect()
+        };
+        ZenEngine {
+            domain: pool.domain(),
+            protocol: config.protocol,
+            flushing: pool.domain().needs_flush(),
+            catalog_store: CatalogStore {
+                base: meta_page + meta::CATALOG_AT,
+                slot_bytes: meta::CATALOG_SLOT_BYTES,
+            },
+            catalog: Mutex::new(catalog),
+            tables: RwLock::new(tables),
+            clock: TidClock::new(0),
+            active: padded(u64::MAX),
+            region_commit: padded(0),
+            gc_done: padded(u64::MAX),
+            inbox: (0..n).map(|_| Mutex::new(Vec::new())).collect(),
+            threads: (0..n)
+                .map(|_| Mutex::new(Some(ThreadState::default())))
+                .collect(),
+            last_commit: AtomicU64::new(0),
+            txns: AtomicU64::new(0),
+            workers: std::sync::atomic::AtomicUsize::new(0),
+            exclusive: std::sync::atomic::AtomicUsize::new(0),
+            footprint: padded(0),
+            exclusive_runs: AtomicU64::new(0),
+            report: None,
+            pages,
+            config,
+            pool,
+        }
+    }
+
+    /// Re-runs the knapsack split of the cache budget over the tables (§3.2) with their current
+    /// sizes and access frequencies.
+    pub(crate) fn rebalance(&self) {
+        let tables = self.tables.read().clone();
+        if tables.is_empty() {
+            return;
+        }
+        let txns = self.txns.load(Ordering::Relaxed).max(1) as f64;
+        let demands: Vec<TableDemand> = tables
+            .iter()
+            .map(|t| {
+                let rows = t.index.len() as u64;
+                TableDemand {
+                    entry_bytes: t.row as u64 + cache::ENTRY_OVERHEAD,
+                    nvm_bytes: rows * t.slot,
+                    rows,
+                    accesses_per_txn: t.accesses.load(Ordering::Relaxed) as f64 / txns,
+                }
+            })
+            .collect();
+        let budget = self.config.cache_bytes.unwrap_or_else(|| {
+            let nvm: u64 = demands.iter().map(|d| d.nvm_bytes).sum();
+            (nvm as f64 / self.config.cache_ratio) as u64
+        });
+        let split = split_budget(budget, &demands, self.config.cache_min_entries as u64);
+        let regions = self.workers.load(Ordering::Relaxed).max(1) as u64;
+        for (t, entries) in tables.iter().zip(split) {
+            t.cache.set_capacity(entries.div_ceil(regions) as usize);
+        }
+    }
+
+    /// The oldest start timestamp of running transactions other than `thread`'s own.
+    pub(crate) fn oldest_active_excluding(&self, thread: usize) -> u64 {
+        self.active
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| i != thread)
+            .map(|(_, a)| a.load(Ordering::Acquire))
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+
+    /// The region (thread slot) that owns the NVM-tuple at `slot`.
+    pub(crate) fn region_of_slot(&self, slot: u64) -> usize {
+        self.pages
+            .page_of(slot)
+            .and_then(|p| self.pages.tag(&self.pool, p))
+            .map_or(0, |t| t.owner as usize)
+    }
+
+    /// Detects a long-running transaction (§3.3.4): picks the running transaction that has
+    /// accessed the most tuples and sets G-EX for it, unless G-EX is already set.
+    pub(crate) fn request_exclusive(&self) {
+        if self.exclusive.load(Ordering::Acquire) != 0 {
+            return;
+        }
+        let longest = (0..self.config.max_threads)
+            .filter(|&t| self.active[t].load(Ordering::Acquire) != u64::MAX)
+            .max_by_key(|&t| self.footprint[t].load(Ordering::Relaxed));
+        if let Some(t) = longest {
+            if self
+                .exclusive
+                .compare_exchange(0, t + 1, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                self.exclusive_runs.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// How many times a long-running transaction was run in the exclusive mode (§3.3.4).
+    pub fn exclusive_runs(&self) -> u64 {
+        self.exclusive_runs.load(Ordering::Relaxed)
+    }
+
+    /// Met-Cache entries allocated per table (for tools and tests).
+    pub fn cache_entries(&self) -> Vec<usize> {
+        self.tables
+            .read()
+            .iter()
+            .map(|t| t.cache.allocated())
+            .collect()
+    }
+
+    /// Met-Cache capacity per region, per table (the knapsack split's current answer).
+    pub fn cache_capacity(&self) -> Vec<usize> {
+        self.tables
+            .read()
+            .iter()
+            .map(|t| t.cache.capacity())
+            .collect()
+    }
+}
+
+impl Engine for ZenEngine {
+    fn kind(&self) -> EngineKind {
+        EngineKind::Zen
+    }
+
+    fn domain(&self) -> PersistenceDomain {
+        self.domain
+    }
+
+    fn catalog(&self) -> Catalog {
+        self.catalog.lock().clone()
+    }
+
+    fn create_table(&self, schema: Schema) -> Result<TableId, DbError> {
+        let mut catalog = self.catalog.lock();
+        let mut next = catalog.clone();
+        let id = next.add(schema.clone(), self.config.max_row_bytes)?;
+        self.catalog_store.store(&self.pool, &next)?;
+        *catalog = next;
+        self.tables
+            .write()
+            .push(Arc::new(TableRt::new(id, schema, &self.config)));
+        drop(catalog);
+        self.rebalance();
+        Ok(id)
+    }
+
+    fn worker(self: Arc<Self>, thread: usize) -> Result<Box<dyn EngineWorker>, DbError> {
+        Ok(Box::new(worker::ZenWorker::new(self, thread)?))
+    }
+
+    fn recovery_report(&self) -> Option<RecoveryReport> {
+        self.report.clone()
+    }
+
+    fn pool(&self) -> Option<&Arc<Pool>> {
+        Some(&self.pool)
+    }
+
+    fn durable_tid(&self) -> u64 {
+        self.last_commit.load(Ordering::Acquire)
+    }
+
+    fn check_structure(&self) -> Result<Vec<u64>, String> {
+        recovery::check_structure(self)
+    }
+}

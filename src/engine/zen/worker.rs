@@ -1,0 +1,1144 @@
+//! A Zen worker: one thread's transactions. This file is "how Zen commits" (§3.3.1): Perform in
+//! the Met-Cache, Persist with Algorithm 1, then Maintenance (garbage collection, §3.4).
+
+use super::cache::{is_cache_ref, region_of};
+use super::layout::{kind, tuple};
+use super::{
+    Garbage, TableAlloc, TableRt, ThreadState, ZenEngine, ZenFault, GARBAGE_THRESHOLD,
+    REBALANCE_EVERY,
+};
+use crate::alloc::{PageTag, PAGE_SIZE};
+use crate::catalog::TableId;
+use crate::cc::{tid_timestamp, CcProtocol, ReadStart, LOCK_BIT};
+use crate::engine::{DbError, EngineWorker, FieldWrite, TxError};
+use crate::pmem::Pool;
+use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
+
+/// How long an OCC reader or locker spins on a locked word before aborting.
+const SPIN_LIMIT: u32 = 256;
+/// How often a lookup retries when the entry it found was replaced under it.
+const LOCATE_ATTEMPTS: u32 = 64;
+/// How long a long-running transaction waits for the others to abort before going on.
+const EXCLUSIVE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// Garbage entries examined per commit (§3.4: "we limit the number of items to scan in the
+/// garbage queue per transaction").
+const GC_BUDGET: usize = 64;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WriteKind {
+    Update,
+    Insert,
+    Delete,
+    /// An insert deleted again by the same transaction, or a failed lock kept for release.
+    Cancelled,
+}
+
+struct WriteRec {
+    table: TableId,
+    key: u64,
+    /// The Met-Cache entry written (0 for inserts).
+    eref: u64,
+    kind: WriteKind,
+    /// The CC lock of `eref` is held.
+    locked: bool,
+    /// The entry receiving the new version when it is not `eref` (inserts, and copies of entries
+    /// of other regions, §3.2), claimed at commit.
+    target: u64,
+    /// The NVM-tuple slot the new version goes to.
+    slot: u64,
+    /// Offset of the new row in `rows`.
+    row_at: usize,
+}
+
+/// (table, secondary index, primary key, old secondary key, new secondary key).
+type SecondaryChange = (TableId, usize, u64, Option<u64>, Option<u64>);
+
+struct RangeRec {
+    write: u32,
+    offset: u32,
+    len: u32,
+    data: u32,
+}
+
+pub(crate) struct ZenWorker {
+    eng: Arc<ZenEngine>,
+    cc: &'static dyn CcProtocol,
+    pool: Arc<Pool>,
+    thread: usize,
+    state: Option<ThreadState>,
+    tables: Vec<Arc<TableRt>>,
+    in_txn: bool,
+    read_only: bool,
+    /// Met-Cache entries pinned (the active bit) by this transaction.
+    pins: Vec<(TableId, u64)>,
+    /// OCC: (table, entry, version read). 2PL: entries read-locked.
+    reads: Vec<(TableId, u64, u64)>,
+    writes: Vec<WriteRec>,
+    ranges: Vec<RangeRec>,
+    data: Vec<u8>,
+    /// New rows built at commit.
+    rows: Vec<u8>,
+    /// Secondary index changes: (table, index, key, old secondary key, new secondary key).
+    secondary: Vec<SecondaryChange>,
+    max_seen: u64,
+    row_buf: Vec<u8>,
+    scratch: Vec<u8>,
+    scan_hits: Vec<(u64, u64)>,
+    /// Tuples accessed per table since the last rebalance (f_i of §3.2).
+    accesses: Vec<u64>,
+    txns: u64,
+    /// This thread holds G-EX and the others have finished.
+    exclusive_ready: bool,
+}
+
+fn pm_full(e: impl std::fmt::Display) -> TxError {
+    TxError::PmFull(e.to_string())
+}
+
+fn exhausted(table: &TableRt) -> TxError {
+    TxError::PmFull(format!(
+        "the Met-Cache region of table {} is exhausted: every one of its entries (up to the hard \
+         limit) is pinned by running transactions (a long-running transaction, §3.3.4)",
+        table.schema.name
+    ))
+}
+
+impl ZenWorker {
+    pub(crate) fn new(eng: Arc<ZenEngine>, thread: usize) -> Result<ZenWorker, DbError> {
+        if thread >= eng.config.max_threads {
+            return Err(DbError::NoWorkerSlot(eng.config.max_threads));
+        }
+        let state = eng.threads[thread]
+            .lock()
+            .take()
+            .ok_or_else(|| DbError::Config(format!("worker slot {thread} is already in use")))?;
+        let tables = eng.tables.read().clone();
+        eng.workers.fetch_add(1, Ordering::Relaxed);
+        eng.rebalance();
+        Ok(ZenWorker {
+            cc: eng.protocol.implementation(),
+            pool: eng.pool.clone(),
+            thread,
+            state: Some(state),
+            accesses: vec![0; tables.len()],
+            tables,
+            in_txn: false,
+            read_only: false,
+            pins: Vec::new(),
+            reads: Vec::new(),
+            writes: Vec::new(),
+            ranges: Vec::new(),
+            data: Vec::new(),
+            rows: Vec::new(),
+            secondary: Vec::new(),
+            max_seen: 0,
+            row_buf: Vec::new(),
+            scratch: Vec::new(),
+            scan_hits: Vec::new(),
+            txns: 0,
+            exclusive_ready: false,
+            eng,
+        })
+    }
+
+    fn st(&mut self) -> &mut ThreadState {
+        self.state
+            .as_mut()
+            .expect("state is present while the worker lives")
+    }
+
+    fn alloc_state(st: &mut ThreadState, table: TableId) -> &mut TableAlloc {
+        if st.tables.len() <= table as usize {
+            st.tables
+                .resize_with(table as usize + 1, TableAlloc::default);
+        }
+        &mut st.tables[table as usize]
+    }
+
+    fn ensure_table(&mut self, id: TableId) -> Result<(), TxError> {
+        if id as usize >= self.tables.len() {
+            self.tables = self.eng.tables.read().clone();
+            self.accesses.resize(self.tables.len(), 0);
+        }
+        if id as usize >= self.tables.len() {
+            return Err(TxError::SchemaMismatch(format!("no table with id {id}")));
+        }
+        Ok(())
+    }
+
+    /// Publishes how many tuples the transaction has touched (to pick the long one, §3.3.4).
+    #[inline]
+    fn note_footprint(&self) {
+        if self.pins.len() % 64 == 0 {
+            self.eng.footprint[self.thread].store(
+                (self.pins.len() + self.writes.len()) as u64,
+                Ordering::Relaxed,
+            );
+        }
+    }
+
+    /// §3.3.4: a transaction that is not the long-running one aborts when G-EX is set; the
+    /// long-running one waits (bounded) until every other transaction has finished.
+    #[inline]
+    fn check_exclusive(&mut self) -> Result<(), TxError> {
+        let g = self.eng.exclusive.load(Ordering::Acquire);
+        if g == 0 {
+            return Ok(());
+        }
+        if g != self.thread + 1 {
+            return Err(TxError::Conflict);
+        }
+        if !self.exclusive_ready {
+            let started = std::time::Instant::now();
+            while self.eng.oldest_active_excluding(self.thread) != u64::MAX
+                && started.elapsed() < EXCLUSIVE_WAIT
+            {
+                std::thread::yield_now();
+            }
+            self.exclusive_ready = true;
+        }
+        Ok(())
+    }
+
+    fn find_write(&self, table: TableId, key: u64) -> Option<usize> {
+        self.writes
+            .iter()
+            .position(|w| w.table == table && w.key == key)
+    }
+
+    /// Finds the tuple's Met-Cache entry and pins it, bringing the NVM-tuple into this thread's
+    /// region on a miss (§3.3.1, Perform: evict a CLOCK victim, build the entry, enhance it with
+    /// the protocol's CC-Meta, point the index at it).
+    fn locate(&mut self, table: TableId, key: u64) -> Result<u64, TxError> {
+        let t = &self.tables[table as usize];
+        self.accesses[table as usize] += 1;
+        for _ in 0..LOCATE_ATTEMPTS {
+            let v = t.index.get(key).ok_or(TxError::NotFound { table, key })?;
+            if is_cache_ref(v) {
+                if t.cache.pin(v, key) {
+                    self.pins.push((table, v));
+                    self.note_footprint();
+                    return Ok(v);
+                }
+                std::hint::spin_loop();
+                continue;
+            }
+            let st = self.state.as_mut().expect("state present");
+            let hand = &mut Self::alloc_state(st, table).hand;
+            let mut overflowed = false;
+            let r = t
+                .cache
+                .claim(self.thread, hand, &t.index, &mut overflowed)
+                .map_err(|_| exhausted(t))?;
+            if overflowed {
+                self.eng.request_exclusive();
+            }
+            // The victim's row lines are about to be overwritten: start fetching them while the
+            // NVM-tuple is read.
+            t.cache.entry(r).prefetch_row();
+            let word = self.pool.read_u64(v + tuple::WORD);
+            let cts = tuple::cts(word);
+            if cts == 0 || word & tuple::DELETED != 0 || self.pool.read_u64(v + tuple::KEY) != key {
+                // The index moved on while we looked (the slot was reclaimed).
+                t.cache.release_claimed(r);
+                continue;
+            }
+            self.row_buf.resize(t.row, 0);
+            self.pool.read_bytes(v + tuple::HEADER, &mut self.row_buf);
+            if self.pool.read_u64(v + tuple::WORD) != word {
+                t.cache.release_claimed(r);
+                continue;
+            }
+            let e = t.cache.entry(r);
+            e.store_row(&self.row_buf);
+            e.key.store(key, Ordering::Relaxed);
+            e.nvm.store(v, Ordering::Relaxed);
+            e.cts.store(cts, Ordering::Relaxed);
+            e.cc.store(self.cc.idle_word(cts), Ordering::Relaxed);
+            t.cache.publish(r, 1);
+            if t.index.replace_if(key, v, r) {
+                self.pins.push((table, r));
+                self.note_footprint();
+                return Ok(r);
+            }
+            // Another thread cached it first: ours is garbage (superseded, unpinned).
+            t.cache.supersede(r);
+            t.cache.unpin(r);
+        }
+        Err(TxError::Conflict)
+    }
+
+    /// Reads the latest committed row under the protocol.
+    fn cc_read(&mut self, table: TableId, key: u64, out: &mut [u8]) -> Result<(), TxError> {
+        let cc = self.cc;
+        for _ in 0..LOCATE_ATTEMPTS {
+            let r = self.locate(table, key)?;
+            let held = cc.holds_read_locks()
+                && (self.reads.iter().any(|&(tb, e, _)| tb == table && e == r)
+                    || self
+                        .writes
+                        .iter()
+                        .any(|w| w.table == table && w.eref == r && w.locked));
+            let e = self.tables[table as usize].cache.entry(r);
+            let mut token = None;
+            if !held {
+                let mut spins = 0;
+                loop {
+                    match cc.read_begin(&e.cc) {
+                        ReadStart::Go(tk) => {
+                            token = Some(tk);
+                            break;
+                        }
+                        ReadStart::Retry if spins < SPIN_LIMIT => {
+                            spins += 1;
+                            std::hint::spin_loop();
+                        }
+                        _ => return Err(TxError::Conflict),
+                    }
+                }
+            }
+            e.copy_row(out);
+            let cts = e.cts.load(Ordering::Relaxed);
+            if let Some(tk) = token {
+                fence(Ordering::Acquire);
+                if !cc.read_end(&e.cc, tk) {
+                    continue;
+                }
+            }
+            if !e.is_current(key) {
+                if token.is_some() && cc.holds_read_locks() {
+                    cc.release_read(&e.cc);
+                }
+                continue;
+            }
+            if let Some(tk) = token {
+                self.reads.push((table, r, tk));
+            }
+            self.max_seen = self.max_seen.max(cts);
+            return Ok(());
+        }
+        Err(TxError::Conflict)
+    }
+
+    /// Locks an entry for writing during execution (2PL), upgrading a read lock.
+    fn lock_for_write(&mut self, table: TableId, key: u64, r: u64) -> Result<(), TxError> {
+        let held = self
+            .reads
+            .iter()
+            .position(|&(tb, e, _)| tb == table && e == r);
+        let e = self.tables[table as usize].cache.entry(r);
+        if !self.cc.try_write_lock(&e.cc, held.is_some()) {
+            return Err(TxError::Conflict);
+        }
+        if let Some(i) = held {
+            self.reads.swap_remove(i);
+        }
+        self.max_seen = self.max_seen.max(e.cts.load(Ordering::Relaxed));
+        if !e.is_current(key) {
+            // Superseded under us: keep the lock recorded so that abort releases it.
+            self.writes.push(WriteRec {
+                table,
+                key,
+                eref: r,
+                kind: WriteKind::Cancelled,
+                locked: true,
+                target: 0,
+                slot: 0,
+                row_at: 0,
+            });
+            return Err(TxError::Conflict);
+        }
+        Ok(())
+    }
+
+    fn push_range(&mut self, write: usize, offset: usize, bytes: &[u8]) {
+        self.ranges.push(RangeRec {
+            write: write as u32,
+            offset: offset as u32,
+            len: bytes.len() as u32,
+            data: self.data.len() as u32,
+        });
+        self.data.extend_from_slice(bytes);
+    }
+
+    fn overlay(ranges: &[RangeRec], data: &[u8], write: usize, out: &mut [u8]) {
+        for r in ranges.iter().filter(|r| r.write as usize == write) {
+            let (o, l, d) = (r.offset as usize, r.len as usize, r.data as usize);
+            out[o..o + l].copy_from_slice(&data[d..d + l]);
+        }
+    }
+
+    /// A free NVM-tuple slot of `table` in this thread's region (§3.4): from the free list, else
+    /// the current page, else a new 2 MiB page from the page manager (the only persisted
+    /// allocation metadata).
+    fn alloc_slot(&mut self, table: TableId) -> Result<u64, TxError> {
+        let slot = self.tables[table as usize].slot;
+        let (eng, thread) = (&self.eng, self.thread);
+        let st = self.state.as_mut().expect("state present");
+        let ta = Self::alloc_state(st, table);
+        if let Some(s) = ta.free.pop() {
+            return Ok(s);
+        }
+        if ta.bump + slot > ta.end {
+            let tag = PageTag {
+                kind: kind::HEAP,
+                owner: thread as u8,
+                value: u64::from(table),
+            };
+            let page = eng.pages.allocate(&eng.pool, tag).map_err(pm_full)?;
+            ta.bump = eng.pages.page_offset(page);
+            ta.end = ta.bump + (PAGE_SIZE / slot) * slot;
+        }
+        let s = ta.bump;
+        ta.bump += slot;
+        Ok(s)
+    }
+
+    /// Zeroes the header word of a reclaimable version and hands its slot to the free list of
+    /// the region that owns it; false (keep it) when it is the LP evidence of its region's
+    /// latest commit.
+    fn reclaim(&mut self, g: Garbage) -> bool {
+        let eng = &self.eng;
+        let word = self.pool.read_u64(g.slot + tuple::WORD);
+        let owner = eng.region_of_slot(g.slot);
+        if word & tuple::LP != 0
+            && tuple::cts(word) >= eng.region_commit[owner].load(Ordering::Acquire)
+        {
+            return false;
+        }
+        if word != 0 {
+            self.pool.write_u64(g.slot + tuple::WORD, 0);
+            if eng.flushing {
+                self.pool.flush(g.slot, 8);
+            }
+        }
+        if owner == self.thread {
+            let st = self.state.as_mut().expect("state present");
+            Self::alloc_state(st, g.table).free.push(g.slot);
+        } else {
+            eng.inbox[owner].lock().push((g.table, g.slot));
+        }
+        true
+    }
+
+    /// Maintenance (§3.3.1, §3.4): takes slots other threads freed in this region, and reclaims
+    /// garbage whose superseding commit is older than every running transaction; tombstones also
+    /// wait until every thread has durably zeroed what it superseded up to the tombstone's tid.
+    /// Returns the thread's new zeroing watermark, to publish after the next fence.
+    fn collect_garbage(&mut self) -> u64 {
+        let eng = self.eng.clone();
+        {
+            let mut inbox = eng.inbox[self.thread].lock();
+            if !inbox.is_empty() {
+                let st = self.state.as_mut().expect("state present");
+                for (table, slot) in inbox.drain(..) {
+                    Self::alloc_state(st, table).free.push(slot);
+                }
+            }
+        }
+        let min_active = eng.oldest_active_excluding(self.thread);
+        let mut deferred = std::mem::take(&mut self.st().deferred);
+        deferred.retain(|&g| !self.reclaim(g));
+        for _ in 0..GC_BUDGET {
+            let Some(&g) = self.st().garbage.front() else {
+                break;
+            };
+            if tid_timestamp(g.tid) >= min_active {
+                break;
+            }
+            self.st().garbage.pop_front();
+            if !self.reclaim(g) {
+                deferred.push(g);
+            }
+        }
+        if !self.st().tombs.is_empty() {
+            let zeroed_below = eng
+                .gc_done
+                .iter()
+                .map(|d| d.load(Ordering::Acquire))
+                .min()
+                .unwrap_or(u64::MAX);
+            while let Some(&g) = self.st().tombs.front() {
+                if tid_timestamp(g.tid) >= min_active || g.tid >= zeroed_below {
+                    break;
+                }
+                self.st().tombs.pop_front();
+                if !self.reclaim(g) {
+                    deferred.push(g);
+                }
+            }
+        }
+        if self.st().garbage.len() > GARBAGE_THRESHOLD {
+            self.eng.request_exclusive();
+        }
+        let st = self.st();
+        st.deferred = deferred;
+        let pending = st.garbage.front().map_or(u64::MAX, |g| g.tid);
+        st.deferred.iter().map(|g| g.tid).fold(pending, u64::min)
+    }
+
+    fn end_txn(&mut self) {
+        for i in 0..self.pins.len() {
+            let (table, r) = self.pins[i];
+            self.tables[table as usize].cache.unpin(r);
+        }
+        self.pins.clear();
+        self.reads.clear();
+        self.writes.clear();
+        self.ranges.clear();
+        self.data.clear();
+        self.rows.clear();
+        self.secondary.clear();
+        self.in_txn = false;
+        self.eng.active[self.thread].store(u64::MAX, Ordering::Release);
+        self.eng.footprint[self.thread].store(0, Ordering::Relaxed);
+        if self.exclusive_ready || self.eng.exclusive.load(Ordering::Acquire) == self.thread + 1 {
+            self.exclusive_ready = false;
+            self.eng.exclusive.store(0, Ordering::Release);
+        }
+    }
+
+    /// Releases every lock, unpublishes inserts and frees claimed entries (abort, failed commit).
+    fn rollback(&mut self) {
+        let cc = self.cc;
+        for w in &self.writes {
+            let cache = &self.tables[w.table as usize].cache;
+            match w.kind {
+                WriteKind::Insert if w.target != 0 => {
+                    self.tables[w.table as usize]
+                        .index
+                        .remove_if(w.key, w.target);
+                    cache.entry(w.target).cc.store(0, Ordering::Release);
+                    cache.supersede(w.target);
+                }
+                WriteKind::Update if w.target != 0 => cache.release_claimed(w.target),
+                _ => {}
+            }
+            if w.locked && w.eref != 0 {
+                cc.release_write(&cache.entry(w.eref).cc, None);
+            }
+        }
+        if cc.holds_read_locks() {
+            for &(table, r, _) in &self.reads {
+                cc.release_read(&self.tables[table as usize].cache.entry(r).cc);
+            }
+        }
+        self.end_txn();
+    }
+
+    fn fail(&mut self, e: TxError) -> Result<u64, TxError> {
+        self.rollback();
+        Err(e)
+    }
+
+    /// Writes the new versions out of place and makes them durable with the LP bit of the last
+    /// one as the commit mark (Algorithm 1).
+    fn persist(&mut self, tid: u64, order: &[usize]) {
+        let pool = &self.pool;
+        let fault = self.eng.config.fault;
+        let flush_tuples = fault != Some(ZenFault::SkipTupleFlush);
+        let last = order.len() - 1;
+        let mut last_word = 0;
+        for (n, &i) in order.iter().enumerate() {
+            let w = &self.writes[i];
+            let t = &self.tables[w.table as usize];
+            let mut word = tid & tuple::CTS_MASK;
+            let len = if w.kind == WriteKind::Delete {
+                word |= tuple::DELETED;
+                tuple::HEADER
+            } else {
+                pool.write_bytes(
+                    w.slot + tuple::HEADER,
+                    &self.rows[w.row_at..w.row_at + t.row],
+                );
+                tuple::HEADER + t.row as u64
+            };
+            pool.write_u64(w.slot + tuple::KEY, w.key);
+            if n < last {
+                pool.write_u64(w.slot + tuple::WORD, word);
+                if flush_tuples {
+                    pool.flush(w.slot, len); // lines 2–5: clwb every line of the tuple
+                }
+            } else {
+                last_word = word | tuple::LP;
+                // Lines 7–9: every line of the last tuple but the one holding its header.
+                let after_header = (w.slot | 63) + 1;
+                if flush_tuples && w.slot + len > after_header {
+                    pool.flush(after_header, w.slot + len - after_header);
+                }
+            }
+        }
+        if fault != Some(ZenFault::SkipFence) {
+            pool.fence(); // line 10: one sfence for all the clwbs
+        }
+        let last_slot = self.writes[order[last]].slot;
+        pool.write_u64(last_slot + tuple::WORD, last_word); // line 11: LP = 1
+        pool.flush(last_slot, tuple::HEADER); // line 12: clwb the header, no trailing fence
+        if self.eng.flushing && fault != Some(ZenFault::SkipCommitFence) {
+            // Departure: under ADR the commit is acknowledged only once LP is durable.
+            pool.fence();
+        }
+    }
+}
+
+impl EngineWorker for ZenWorker {
+    fn begin(&mut self, read_only: bool) {
+        if self.in_txn {
+            self.abort();
+        }
+        // §3.3.4: threads resume normal execution once the long-running transaction clears G-EX.
+        let started = std::time::Instant::now();
+        loop {
+            let g = self.eng.exclusive.load(Ordering::Acquire);
+            if g == 0 || g == self.thread + 1 || started.elapsed() > EXCLUSIVE_WAIT {
+                break;
+            }
+            if self.eng.active[g - 1].load(Ordering::Acquire) == u64::MAX {
+                // The chosen transaction ended before it saw G-EX: clear it.
+                let _ =
+                    self.eng
+                        .exclusive
+                        .compare_exchange(g, 0, Ordering::AcqRel, Ordering::Acquire);
+            }
+            std::thread::yield_now();
+        }
+        self.in_txn = true;
+        self.read_only = read_only;
+        self.max_seen = 0;
+        self.eng.active[self.thread].store(self.eng.clock.now(), Ordering::Release);
+    }
+
+    fn read(&mut self, table: TableId, key: u64, out: &mut [u8]) -> Result<(), TxError> {
+        self.ensure_table(table)?;
+        self.check_exclusive()?;
+        let rt = &self.tables[table as usize];
+        if out.len() != rt.row {
+            return Err(TxError::SchemaMismatch(format!(
+                "table {} has rows of {} bytes, the buffer has {}",
+                rt.schema.name,
+                rt.row,
+                out.len()
+            )));
+        }
+        if let Some(w) = self.find_write(table, key) {
+            match self.writes[w].kind {
+                WriteKind::Delete | WriteKind::Cancelled => {
+                    return Err(TxError::NotFound { table, key })
+                }
+                WriteKind::Insert => out.fill(0),
+                WriteKind::Update => self.cc_read(table, key, out)?,
+            }
+            Self::overlay(&self.ranges, &self.data, w, out);
+            return Ok(());
+        }
+        self.cc_read(table, key, out)
+    }
+
+    fn update(
+        &mut self,
+        table: TableId,
+        key: u64,
+        writes: &[FieldWrite<'_>],
+    ) -> Result<(), TxError> {
+        if self.read_only {
+            return Err(TxError::ReadOnly);
+        }
+        self.ensure_table(table)?;
+        self.check_exclusive()?;
+        let rt = &self.tables[table as usize];
+        for f in writes {
+            if f.offset + f.bytes.len() > rt.row {
+                return Err(TxError::RowTooLarge(format!(
+                    "a write of {} bytes at offset {} does not fit rows of {} bytes in table {}",
+                    f.bytes.len(),
+                    f.offset,
+                    rt.row,
+                    rt.schema.name
+                )));
+            }
+        }
+        let w = match self.find_write(table, key) {
+            Some(w) => match self.writes[w].kind {
+                WriteKind::Delete | WriteKind::Cancelled => {
+                    return Err(TxError::NotFound { table, key })
+                }
+                _ => w,
+            },
+            None => {
+                let r = self.locate(table, key)?;
+                self.tables[table as usize].cache.entry(r).prefetch_row();
+                let locked = self.cc.locks_writes_early();
+                if locked {
+                    self.lock_for_write(table, key, r)?;
+                } else {
+                    let cts = self.tables[table as usize]
+                        .cache
+                        .entry(r)
+                        .cts
+                        .load(Ordering::Relaxed);
+                    self.max_seen = self.max_seen.max(cts);
+                }
+                self.writes.push(WriteRec {
+                    table,
+                    key,
+                    eref: r,
+                    kind: WriteKind::Update,
+                    locked,
+                    target: 0,
+                    slot: 0,
+                    row_at: 0,
+                });
+                self.writes.len() - 1
+            }
+        };
+        for f in writes {
+            self.push_range(w, f.offset, f.bytes);
+        }
+        Ok(())
+    }
+
+    fn insert(&mut self, table: TableId, key: u64, row: &[u8]) -> Result<(), TxError> {
+        if self.read_only {
+            return Err(TxError::ReadOnly);
+        }
+        self.ensure_table(table)?;
+        self.check_exclusive()?;
+        if row.len() > self.eng.config.max_row_bytes {
+            return Err(TxError::RowTooLarge(format!(
+                "a row of {} bytes exceeds the limit of {} bytes",
+                row.len(),
+                self.eng.config.max_row_bytes
+            )));
+        }
+        let rt = &self.tables[table as usize];
+        if row.len() != rt.row {
+            return Err(TxError::SchemaMismatch(format!(
+                "table {} has rows of {} bytes, the insert has {}",
+                rt.schema.name,
+                rt.row,
+                row.len()
+            )));
+        }
+        if let Some(w) = self.find_write(table, key) {
+            if self.writes[w].kind != WriteKind::Delete {
+                return Err(TxError::DuplicateKey { table, key });
+            }
+            // Deleted earlier in this transaction: the insert becomes a full-row update.
+            self.writes[w].kind = WriteKind::Update;
+            self.push_range(w, 0, row);
+            return Ok(());
+        }
+        if rt.index.get(key).is_some() {
+            return Err(TxError::DuplicateKey { table, key });
+        }
+        self.accesses[table as usize] += 1;
+        self.writes.push(WriteRec {
+            table,
+            key,
+            eref: 0,
+            kind: WriteKind::Insert,
+            locked: false,
+            target: 0,
+            slot: 0,
+            row_at: 0,
+        });
+        let w = self.writes.len() - 1;
+        self.push_range(w, 0, row);
+        Ok(())
+    }
+
+    fn delete(&mut self, table: TableId, key: u64) -> Result<(), TxError> {
+        if self.read_only {
+            return Err(TxError::ReadOnly);
+        }
+        self.ensure_table(table)?;
+        self.check_exclusive()?;
+        if let Some(w) = self.find_write(table, key) {
+            match self.writes[w].kind {
+                WriteKind::Delete | WriteKind::Cancelled => {
+                    return Err(TxError::NotFound { table, key })
+                }
+                WriteKind::Insert => self.writes[w].kind = WriteKind::Cancelled,
+                WriteKind::Update => self.writes[w].kind = WriteKind::Delete,
+            }
+            return Ok(());
+        }
+        let r = self.locate(table, key)?;
+        let locked = self.cc.locks_writes_early();
+        if locked {
+            self.lock_for_write(table, key, r)?;
+        }
+        self.writes.push(WriteRec {
+            table,
+            key,
+            eref: r,
+            kind: WriteKind::Delete,
+            locked,
+            target: 0,
+            slot: 0,
+            row_at: 0,
+        });
+        Ok(())
+    }
+
+    fn scan(
+        &mut self,
+        table: TableId,
+        from: u64,
+        reverse: bool,
+        limit: usize,
+        f: &mut dyn FnMut(u64, &[u8]) -> bool,
+    ) -> Result<(), TxError> {
+        self.ensure_table(table)?;
+        let mut hits = std::mem::take(&mut self.scan_hits);
+        hits.clear();
+        let collect = |k: u64, v: u64| {
+            hits.push((k, v));
+            true
+        };
+        let rt = &self.tables[table as usize];
+        let scanned = if reverse {
+            rt.index.scan_rev(from, limit, collect)
+        } else {
+            rt.index.scan(from, limit, collect)
+        };
+        if let Err(e) = scanned {
+            let name = rt.schema.name.clone();
+            self.scan_hits = hits;
+            return Err(TxError::Unsupported(format!("table {name}: {e}")));
+        }
+        let mut row = std::mem::take(&mut self.scratch);
+        row.resize(rt.row, 0);
+        let mut result = Ok(());
+        for &(key, _) in &hits {
+            match self.read(table, key, &mut row) {
+                Ok(()) => {
+                    if !f(key, &row) {
+                        break;
+                    }
+                }
+                Err(TxError::NotFound { .. }) => continue,
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        self.scratch = row;
+        self.scan_hits = hits;
+        result
+    }
+
+    fn lookup_secondary(
+        &mut self,
+        table: TableId,
+        index: usize,
+        secondary: u64,
+        out: &mut Vec<u64>,
+    ) -> Result<(), TxError> {
+        self.ensure_table(table)?;
+        let rt = &self.tables[table as usize];
+        let sec = rt.secondary.get(index).ok_or_else(|| {
+            TxError::SchemaMismatch(format!(
+                "table {} has no secondary index {index}",
+                rt.schema.name
+            ))
+        })?;
+        sec.lookup(secondary, out);
+        Ok(())
+    }
+
+    fn commit(&mut self) -> Result<u64, TxError> {
+        if !self.in_txn {
+            return Ok(0);
+        }
+        if let Err(e) = self.check_exclusive() {
+            return self.fail(e);
+        }
+        let cc = self.cc;
+        let thread = self.thread;
+        // 1. OCC: lock the write set in a global order (table, entry), spinning briefly.
+        if !cc.locks_writes_early() {
+            let mut order: Vec<usize> = (0..self.writes.len())
+                .filter(|&i| matches!(self.writes[i].kind, WriteKind::Update | WriteKind::Delete))
+                .collect();
+            order.sort_unstable_by_key(|&i| (self.writes[i].table, self.writes[i].eref));
+            for i in order {
+                let (table, key, r) = (
+                    self.writes[i].table,
+                    self.writes[i].key,
+                    self.writes[i].eref,
+                );
+                let e = self.tables[table as usize].cache.entry(r);
+                let mut got = false;
+                for _ in 0..SPIN_LIMIT {
+                    if cc.try_write_lock(&e.cc, false) {
+                        got = true;
+                        break;
+                    }
+                    std::hint::spin_loop();
+                }
+                if !got {
+                    return self.fail(TxError::Conflict);
+                }
+                self.writes[i].locked = true;
+                self.max_seen = self.max_seen.max(e.cts.load(Ordering::Relaxed));
+                if !e.is_current(key) {
+                    return self.fail(TxError::Conflict);
+                }
+            }
+        }
+        // 2. Claim this region's entries for new versions: inserts (published to the index,
+        // locked, so readers wait until they are durable) and copies of other regions' entries
+        // (§3.2: a thread writes only in its own region).
+        for i in 0..self.writes.len() {
+            let (table, key, kind, eref) = (
+                self.writes[i].table,
+                self.writes[i].key,
+                self.writes[i].kind,
+                self.writes[i].eref,
+            );
+            let needs_entry = kind == WriteKind::Insert
+                || (kind == WriteKind::Update && region_of(eref) != thread);
+            if !needs_entry {
+                continue;
+            }
+            let t = &self.tables[table as usize];
+            let st = self.state.as_mut().expect("state present");
+            let hand = &mut Self::alloc_state(st, table).hand;
+            let mut overflowed = false;
+            let r = match t.cache.claim(thread, hand, &t.index, &mut overflowed) {
+                Ok(r) if overflowed => {
+                    self.eng.request_exclusive();
+                    r
+                }
+                Ok(r) => r,
+                Err(_) => {
+                    let e = exhausted(t);
+                    return self.fail(e);
+                }
+            };
+            self.writes[i].target = r;
+            if kind == WriteKind::Insert {
+                let e = t.cache.entry(r);
+                e.key.store(key, Ordering::Relaxed);
+                e.nvm.store(0, Ordering::Relaxed);
+                e.cts.store(0, Ordering::Relaxed);
+                e.cc.store(LOCK_BIT, Ordering::Relaxed);
+                t.cache.publish(r, 1);
+                self.pins.push((table, r));
+                if t.index.insert_new(key, r).is_err() {
+                    t.cache.supersede(r);
+                    self.writes[i].target = 0;
+                    return self.fail(TxError::DuplicateKey { table, key });
+                }
+            }
+        }
+        // 3. OCC: validate the read set.
+        if cc.validates_reads() {
+            for k in 0..self.reads.len() {
+                let (table, r, token) = self.reads[k];
+                let mine = self
+                    .writes
+                    .iter()
+                    .any(|w| w.table == table && w.eref == r && w.locked);
+                let e = self.tables[table as usize].cache.entry(r);
+                if !cc.validate_read(&e.cc, token, mine) {
+                    return self.fail(TxError::Conflict);
+                }
+            }
+        }
+        let order: Vec<usize> = (0..self.writes.len())
+            .filter(|&i| self.writes[i].kind != WriteKind::Cancelled)
+            .collect();
+        if order.is_empty() {
+            self.rollback();
+            return Ok(self.st().last_tid);
+        }
+        // 4. NVM-tuple slots (all before any write, so a failure leaves nothing behind).
+        for (n, &i) in order.iter().enumerate() {
+            match self.alloc_slot(self.writes[i].table) {
+                Ok(s) => self.writes[i].slot = s,
+                Err(e) => {
+                    for &j in &order[..n] {
+                        let (table, s) = (self.writes[j].table, self.writes[j].slot);
+                        let st = self.state.as_mut().expect("state present");
+                        Self::alloc_state(st, table).free.push(s);
+                    }
+                    return self.fail(e);
+                }
+            }
+        }
+        // 5. The commit tid, and the new rows (the entry is locked, so its row is the latest).
+        let last = self.st().last_tid;
+        let tid = self
+            .eng
+            .clock
+            .next_tid(thread, last, tid_timestamp(self.max_seen));
+        self.st().last_tid = tid;
+        let mut old = std::mem::take(&mut self.scratch);
+        for &i in &order {
+            let (table, key, kind, eref) = (
+                self.writes[i].table,
+                self.writes[i].key,
+                self.writes[i].kind,
+                self.writes[i].eref,
+            );
+            let t = &self.tables[table as usize];
+            let at = self.rows.len();
+            self.writes[i].row_at = at;
+            self.rows.resize(at + t.row, 0);
+            let indexed = !t.secondary.is_empty();
+            if indexed && kind != WriteKind::Insert {
+                old.resize(t.row, 0);
+                t.cache.entry(eref).copy_row(&mut old);
+            }
+            if kind != WriteKind::Delete {
+                if kind == WriteKind::Update {
+                    t.cache.entry(eref).copy_row(&mut self.rows[at..at + t.row]);
+                }
+                Self::overlay(&self.ranges, &self.data, i, &mut self.rows[at..at + t.row]);
+            }
+            for si in 0..t.secondary.len() {
+                // Only tables with secondary indexes copied the old row.
+                let before = (kind != WriteKind::Insert).then(|| t.secondary_key(si, &old));
+                let after = (kind != WriteKind::Delete)
+                    .then(|| t.secondary_key(si, &self.rows[at..at + t.row]));
+                if before != after {
+                    self.secondary.push((table, si, key, before, after));
+                }
+            }
+        }
+        self.scratch = old;
+        // 6. Maintenance before Persist, so Algorithm 1's fence also orders the zeroing stores.
+        let watermark = self.collect_garbage();
+        // 7. Persist (Algorithm 1).
+        self.persist(tid, &order);
+        // This commit's own superseded versions (tid) are not zeroed yet either.
+        self.eng.gc_done[thread].store(watermark.min(tid), Ordering::Release);
+        self.eng.region_commit[thread].store(tid, Ordering::Release);
+        // 8. Install the new versions in the Met-Cache and the index, release the locks.
+        fence(Ordering::Release);
+        for &i in &order {
+            let w = &self.writes[i];
+            let t = &self.tables[w.table as usize];
+            let st = self.state.as_mut().expect("state present");
+            let row = &self.rows[w.row_at..w.row_at + t.row];
+            match w.kind {
+                WriteKind::Update if w.target == 0 => {
+                    let e = t.cache.entry(w.eref);
+                    let old_nvm = e.nvm.load(Ordering::Relaxed);
+                    e.store_row(row);
+                    e.nvm.store(w.slot, Ordering::Relaxed);
+                    e.cts.store(tid, Ordering::Relaxed);
+                    cc.release_write(&e.cc, Some(tid));
+                    st.garbage.push_back(Garbage {
+                        table: w.table,
+                        slot: old_nvm,
+                        tid,
+                    });
+                }
+                WriteKind::Update => {
+                    let (e, copy) = (t.cache.entry(w.eref), t.cache.entry(w.target));
+                    copy.store_row(row);
+                    copy.key.store(w.key, Ordering::Relaxed);
+                    copy.nvm.store(w.slot, Ordering::Relaxed);
+                    copy.cts.store(tid, Ordering::Relaxed);
+                    copy.cc.store(cc.idle_word(tid), Ordering::Relaxed);
+                    t.cache.publish(w.target, 1);
+                    self.pins.push((w.table, w.target));
+                    let swapped = t.index.replace_if(w.key, w.eref, w.target);
+                    debug_assert!(swapped, "a locked current entry is the index's value");
+                    t.cache.supersede(w.eref);
+                    let old_nvm = e.nvm.load(Ordering::Relaxed);
+                    cc.release_write(&e.cc, Some(tid));
+                    st.garbage.push_back(Garbage {
+                        table: w.table,
+                        slot: old_nvm,
+                        tid,
+                    });
+                }
+                WriteKind::Insert => {
+                    let e = t.cache.entry(w.target);
+                    e.store_row(row);
+                    e.nvm.store(w.slot, Ordering::Relaxed);
+                    e.cts.store(tid, Ordering::Relaxed);
+                    cc.release_write(&e.cc, Some(tid));
+                }
+                WriteKind::Delete => {
+                    let e = t.cache.entry(w.eref);
+                    t.index.remove_if(w.key, w.eref);
+                    t.cache.supersede(w.eref);
+                    let old_nvm = e.nvm.load(Ordering::Relaxed);
+                    cc.release_write(&e.cc, Some(tid));
+                    st.garbage.push_back(Garbage {
+                        table: w.table,
+                        slot: old_nvm,
+                        tid,
+                    });
+                    st.tombs.push_back(Garbage {
+                        table: w.table,
+                        slot: w.slot,
+                        tid,
+                    });
+                }
+                WriteKind::Cancelled => {}
+            }
+        }
+        for &(table, si, key, before, after) in &self.secondary {
+            let sec = &self.tables[table as usize].secondary[si];
+            if let Some(b) = before {
+                sec.remove(b, key);
+            }
+            if let Some(a) = after {
+                sec.insert(a, key);
+            }
+        }
+        // Cancelled records may still hold a lock (a failed 2PL upgrade kept for release).
+        for w in &self.writes {
+            if w.kind == WriteKind::Cancelled && w.locked && w.eref != 0 {
+                let e = self.tables[w.table as usize].cache.entry(w.eref);
+                cc.release_write(&e.cc, None);
+            }
+        }
+        if cc.holds_read_locks() {
+            for &(table, r, _) in &self.reads {
+                cc.release_read(&self.tables[table as usize].cache.entry(r).cc);
+            }
+        }
+        self.eng.last_commit.fetch_max(tid, Ordering::AcqRel);
+        self.end_txn();
+        self.txns += 1;
+        let st = self.st();
+        st.commits += 1;
+        if st.commits % REBALANCE_EVERY == 0 {
+            for (t, n) in self.tables.iter().zip(self.accesses.iter_mut()) {
+                t.accesses.fetch_add(std::mem::take(n), Ordering::Relaxed);
+            }
+            self.eng
+                .txns
+                .fetch_add(std::mem::take(&mut self.txns), Ordering::Relaxed);
+            self.eng.rebalance();
+        }
+        Ok(tid)
+    }
+
+    fn abort(&mut self) {
+        if self.in_txn {
+            self.rollback();
+        }
+    }
+}
+
+impl Drop for ZenWorker {
+    fn drop(&mut self) {
+        if self.in_txn && !std::thread::panicking() {
+            self.abort();
+        }
+        if let Some(state) = self.state.take() {
+            *self.eng.threads[self.thread].lock() = Some(state);
+        }
+        self.eng.workers.fetch_sub(1, Ordering::Relaxed);
+    }
+}

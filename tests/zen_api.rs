@@ -1,0 +1,312 @@
+//! The public API on the Zen engine beyond what `db_api.rs` runs on every engine: a Met-Cache
+//! far smaller than the data (evictions, reloads, cross-region copies under contention), deletes
+//! and re-inserts across clean reopens (tombstones), the knapsack split, and refused configs.
+
+use pmtx::catalog::{ColumnType, Schema};
+use pmtx::cc::Protocol;
+use pmtx::db::{Db, DbConfig, Value};
+use pmtx::engine::zen::{split_budget, TableDemand};
+use pmtx::engine::{DbError, EngineKind};
+use pmtx::pmem::PersistenceDomain;
+
+fn config(protocol: Protocol, domain: PersistenceDomain) -> DbConfig {
+    let mut c = DbConfig::default()
+        .engine(EngineKind::Zen)
+        .protocol(protocol)
+        .domain(domain)
+        .pool_size(64 << 20)
+        .max_threads(4);
+    c.cache_bytes = Some(64 * 1024);
+    c.cache_min_entries = 8;
+    c
+}
+
+fn pool_dir() -> tempfile::TempDir {
+    let shm = std::path::Path::new("/dev/shm");
+    if shm.is_dir() {
+        tempfile::tempdir_in(shm).unwrap()
+    } else {
+        tempfile::tempdir().unwrap()
+    }
+}
+
+#[test]
+fn transfers_through_a_tiny_cache_keep_the_total_under_both_protocols() {
+    for protocol in Protocol::ALL {
+        let db = Db::create(config(protocol, PersistenceDomain::Adr)).unwrap();
+        let t = db
+            .create_table(Schema::new(
+                "acct",
+                &[
+                    ("balance", ColumnType::I64),
+                    ("pad", ColumnType::Bytes(200)),
+                ],
+            ))
+            .unwrap();
+        const N: u64 = 2000;
+        db.run(|tx| {
+            (0..N).try_for_each(|k| tx.insert(t, k, &[Value::I64(1000), Value::Bytes(b"x")]))
+        })
+        .unwrap();
+        std::thread::scope(|s| {
+            for seed in 0..3u64 {
+                let db = &db;
+                s.spawn(move || {
+                    let mut w = db.worker().unwrap();
+                    let mut x = seed + 1;
+                    for i in 0..1500u64 {
+                        x = x
+                            .wrapping_mul(6364136223846793005)
+                            .wrapping_add(1442695040888963407);
+                        // Half the transfers hit 8 hot accounts, so entries of other regions are
+                        // copied and contended; the rest spread over all (misses, evictions).
+                        let range = if i % 2 == 0 { 8 } else { N };
+                        let (a, b) = ((x >> 33) % range, (x >> 45) % range);
+                        if a == b {
+                            continue;
+                        }
+                        w.run(|tx| {
+                            let ba = tx.get(t, a)?.i64(0);
+                            let bb = tx.get(t, b)?.i64(0);
+                            tx.update(t, a, &[(0, Value::I64(ba - 7))])?;
+                            tx.update(t, b, &[(0, Value::I64(bb + 7))])
+                        })
+                        .unwrap();
+                    }
+                });
+            }
+        });
+        let total: i64 = db
+            .run(|tx| (0..N).map(|k| Ok(tx.get(t, k)?.i64(0))).sum())
+            .unwrap();
+        assert_eq!(total, 1000 * N as i64, "{protocol}");
+        assert_eq!(db.check_structure().unwrap(), vec![N]);
+    }
+}
+
+#[test]
+fn deleted_rows_stay_deleted_across_reopens_and_slots_are_reused() {
+    let dir = pool_dir();
+    let path = dir.path().join("zen.pool");
+    let cfg = config(Protocol::Occ, PersistenceDomain::Adr).path(&path);
+    let t;
+    {
+        let db = Db::create(cfg.clone()).unwrap();
+        t = db
+            .create_table(Schema::new("kv", &[("v", ColumnType::U64)]).ordered())
+            .unwrap();
+        for round in 0..20u64 {
+            db.run(|tx| (0..100u64).try_for_each(|k| tx.insert(t, k, &[Value::U64(round)])))
+                .unwrap();
+            db.run(|tx| {
+                (0..100u64)
+                    .filter(|k| k % 10 != 0)
+                    .try_for_each(|k| tx.delete(t, k))
+            })
+            .unwrap();
+            db.run(|tx| {
+                (0..100u64)
+                    .filter(|k| k % 10 == 0)
+                    .try_for_each(|k| tx.delete(t, k))
+            })
+            .unwrap();
+        }
+        db.run(|tx| (0..50u64).try_for_each(|k| tx.insert(t, k, &[Value::U64(99)])))
+            .unwrap();
+        db.run(|tx| (0..50u64).step_by(2).try_for_each(|k| tx.delete(t, k)))
+            .unwrap();
+    }
+    for _ in 0..2 {
+        let db = Db::open(cfg.clone()).unwrap();
+        let report = db.recovery_report().unwrap();
+        assert!(report.phases.iter().any(|(p, _)| p.contains("Algorithm 2")));
+        let rows = db.run(|tx| tx.scan(t, 0, usize::MAX)).unwrap();
+        let keys: Vec<u64> = rows.iter().map(|(k, _)| *k).collect();
+        assert_eq!(keys, (1..50).step_by(2).collect::<Vec<u64>>());
+        assert!(rows.iter().all(|(_, r)| r.u64(0) == 99));
+        assert_eq!(db.check_structure().unwrap(), vec![25]);
+        // Churn after recovery: garbage and tombstones found by recovery get reclaimed and
+        // reused, so space stays bounded.
+        for round in 0..30u64 {
+            db.run(|tx| (100..160u64).try_for_each(|k| tx.insert(t, k, &[Value::U64(round)])))
+                .unwrap();
+            db.run(|tx| (100..160u64).try_for_each(|k| tx.delete(t, k)))
+                .unwrap();
+        }
+        let pool = db.engine().pool().unwrap().clone();
+        let pages = pmtx::alloc::PageManager::open(&pool).unwrap().usage(&pool);
+        assert!(
+            pages.pages_used <= 4,
+            "churn of 60 rows should fit in a few pages, not {pages:?}"
+        );
+    }
+}
+
+#[test]
+fn the_cache_split_follows_size_and_access_frequency() {
+    let db = Db::create(config(Protocol::Occ, PersistenceDomain::Eadr)).unwrap();
+    let big = db
+        .create_table(Schema::new("big", &[("v", ColumnType::Bytes(200))]))
+        .unwrap();
+    let small = db
+        .create_table(Schema::new("small", &[("v", ColumnType::Bytes(200))]))
+        .unwrap();
+    db.run(|tx| (0..3000u64).try_for_each(|k| tx.insert(big, k, &[Value::Bytes(b"b")])))
+        .unwrap();
+    db.run(|tx| (0..100u64).try_for_each(|k| tx.insert(small, k, &[Value::Bytes(b"s")])))
+        .unwrap();
+    let mut w = db.worker().unwrap();
+    for i in 0..600u64 {
+        w.run(|tx| {
+            tx.get(big, i % 3000)?;
+            tx.get(small, i % 100)
+        })
+        .unwrap();
+    }
+    drop(w);
+    let demands = [
+        TableDemand {
+            entry_bytes: 264,
+            nvm_bytes: 3000 * 224,
+            rows: 3000,
+            accesses_per_txn: 1.0,
+        },
+        TableDemand {
+            entry_bytes: 264,
+            nvm_bytes: 100 * 224,
+            rows: 100,
+            accesses_per_txn: 1.0,
+        },
+    ];
+    let split = split_budget(64 * 1024, &demands, 8);
+    assert_eq!(split[1], 100, "the small, dense table is cached whole");
+    assert_eq!(
+        split[0],
+        (64 * 1024 - 100 * 264) / 264,
+        "the big one gets the rest"
+    );
+    assert_eq!(db.check_structure().unwrap(), vec![3000, 100]);
+}
+
+#[test]
+fn bad_zen_configurations_are_refused() {
+    let mut c = config(Protocol::Occ, PersistenceDomain::Eadr);
+    c.cache_ratio = 0.5;
+    c.cache_bytes = None;
+    assert!(matches!(Db::create(c), Err(DbError::Config(m)) if m.contains("cache_ratio")));
+    let mut c = config(Protocol::Occ, PersistenceDomain::Eadr);
+    c.cache_min_entries = 0;
+    assert!(matches!(Db::create(c), Err(DbError::Config(_))));
+    let c = config(Protocol::Occ, PersistenceDomain::Volatile);
+    assert!(matches!(Db::create(c), Err(DbError::Config(m)) if m.contains("durable")));
+}
+
+#[test]
+fn a_long_running_transaction_gets_the_exclusive_mode_and_short_ones_resume() {
+    use pmtx::engine::zen::{ZenConfig, ZenEngine};
+    use pmtx::engine::{Engine, FieldWrite};
+    use pmtx::pmem::{Pool, PoolOptions};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let pool = Pool::create_in_memory(64 << 20, &PoolOptions::new("zen", PersistenceDomain::Eadr))
+        .unwrap();
+    let mut cfg = ZenConfig::new(Protocol::Occ);
+    cfg.max_threads = 2;
+    cfg.cache_bytes = Some(32 * 1024);
+    cfg.cache_min_entries = 16;
+    let engine = ZenEngine::create(Arc::new(pool), cfg).unwrap();
+    let t = engine
+        .create_table(Schema::new("t", &[("v", ColumnType::U64)]))
+        .unwrap();
+    const N: u64 = 4000;
+    {
+        let mut w = engine.clone().worker(0).unwrap();
+        for chunk in (0..N).collect::<Vec<_>>().chunks(50) {
+            w.begin(false);
+            for &k in chunk {
+                w.insert(t, k, &0u64.to_le_bytes()).unwrap();
+            }
+            w.commit().unwrap();
+        }
+    }
+    let done = AtomicBool::new(false);
+    let short_commits = std::thread::scope(|s| {
+        let short = s.spawn(|| {
+            let mut w = engine.clone().worker(1).unwrap();
+            let mut commits = 0u64;
+            let mut i = 0u64;
+            while !done.load(Ordering::Acquire) || commits < 10 {
+                i += 1;
+                w.begin(false);
+                let k = i % 16;
+                let mut row = [0u8; 8];
+                let r = w.read(t, k, &mut row).and_then(|()| {
+                    let v = u64::from_le_bytes(row) + 1;
+                    w.update(
+                        t,
+                        k,
+                        &[FieldWrite {
+                            offset: 0,
+                            bytes: &v.to_le_bytes(),
+                        }],
+                    )
+                });
+                match r.and_then(|()| w.commit()) {
+                    Ok(_) => commits += 1,
+                    Err(e) => {
+                        assert!(e.is_retryable(), "{e}");
+                        w.abort();
+                    }
+                }
+            }
+            commits
+        });
+        // The long transaction touches every row: far more than its region's budget.
+        let mut w = engine.clone().worker(0).unwrap();
+        loop {
+            w.begin(false);
+            let mut row = [0u8; 8];
+            let r = (16..N).try_for_each(|k| {
+                w.read(t, k, &mut row)?;
+                w.update(
+                    t,
+                    k,
+                    &[FieldWrite {
+                        offset: 0,
+                        bytes: &7u64.to_le_bytes(),
+                    }],
+                )
+            });
+            match r.and_then(|()| w.commit()) {
+                Ok(_) => break,
+                Err(e) => {
+                    assert!(e.is_retryable(), "{e}");
+                    w.abort();
+                }
+            }
+        }
+        done.store(true, Ordering::Release);
+        short.join().unwrap()
+    });
+    assert!(
+        engine.exclusive_runs() > 0,
+        "the long transaction was never detected"
+    );
+    let mut w = engine.clone().worker(0).unwrap();
+    w.begin(true);
+    let mut total = 0;
+    let mut row = [0u8; 8];
+    for k in 0..N {
+        w.read(t, k, &mut row).unwrap();
+        let v = u64::from_le_bytes(row);
+        if k >= 16 {
+            assert_eq!(v, 7);
+        } else {
+            total += v;
+        }
+    }
+    w.commit().unwrap();
+    assert_eq!(total, short_commits, "every short commit counted once");
+    assert_eq!(engine.check_structure().unwrap(), vec![N]);
+}
