@@ -40,6 +40,9 @@ fn all_configs() -> Vec<DbConfig> {
                 if engine == EngineKind::Volatile && domain == PersistenceDomain::Adr {
                     continue;
                 }
+                if !engine.supports(protocol) {
+                    continue;
+                }
                 out.push(config(engine, protocol, domain));
             }
         }

@@ -32,7 +32,7 @@ fn pool_dir() -> tempfile::TempDir {
 
 #[test]
 fn transfers_through_a_tiny_cache_keep_the_total_under_both_protocols() {
-    for protocol in Protocol::ALL {
+    for protocol in pmtx::engine::zen::SUPPORTED_PROTOCOLS {
         let db = Db::create(config(protocol, PersistenceDomain::Adr)).unwrap();
         let t = db
             .create_table(Schema::new(

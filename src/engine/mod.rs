@@ -73,6 +73,14 @@ impl EngineKind {
             EngineKind::Zen => "zen",
         }
     }
+
+    /// Whether this engine runs `protocol` (docs/CC.md has the matrix and the reasons).
+    pub fn supports(self, protocol: crate::cc::Protocol) -> bool {
+        match self {
+            EngineKind::Zen => zen::SUPPORTED_PROTOCOLS.contains(&protocol),
+            _ => true,
+        }
+    }
 }
 
 impl std::fmt::Display for EngineKind {

@@ -311,7 +311,7 @@ pub const SUPPORTED_PROTOCOLS: [Protocol; 2] = [Protocol::Occ, Protocol::NoWait]
 
 impl ZenEngine {
     fn validate(config: &ZenConfig) -> Result<(), DbError> {
-        if !SUPPORTED_PROTOCOLS.contains(&config.protocol) {
+        if !EngineKind::Zen.supports(config.protocol) {
             return Err(DbError::UnsupportedProtocol {
                 engine: EngineKind::Zen,
                 protocol: config.protocol,
