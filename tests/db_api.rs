@@ -375,7 +375,7 @@ fn a_transaction_larger_than_its_window_slot_spills_and_commits() {
 }
 
 #[test]
-fn concurrent_transfers_keep_the_total_under_both_protocols() {
+fn concurrent_transfers_keep_the_total_under_every_protocol() {
     for protocol in Protocol::ALL {
         let db = Db::create(config(
             EngineKind::Falcon,

@@ -733,9 +733,9 @@ fn a_reopened_database_is_still_consistent() {
     check_consistency(&db).unwrap();
 }
 
-/// Two New-Orders of one district race: the one whose D_NEXT_O_ID read went stale aborts with a
-/// (retryable) conflict and then succeeds with the next order id. Here the duplicate appears
-/// after the stale one's insert, at its commit.
+/// Two New-Orders of one district race: the one whose D_NEXT_O_ID read went stale should abort
+/// with a (retryable) conflict and then succeed with the next order id (the engine treats an
+/// insert whose key appeared after it was checked as a conflict, not a duplicate).
 #[test]
 fn a_stale_new_order_conflicts_rather_than_failing_as_a_duplicate() {
     let (db, t) = tiny_db(EngineKind::Falcon, 1);
@@ -794,7 +794,7 @@ fn the_bench_command_rejects_bad_arguments_without_panicking() {
 }
 
 /// Deliveries and New-Orders racing on one warehouse: a Delivery whose oldest NEW-ORDER row is
-/// taken by a concurrent Delivery must retry, not fail.
+/// taken by a concurrent Delivery, or a New-Order whose O_ID is, must retry, not fail.
 #[test]
 fn racing_deliveries_retry_and_keep_consistency() {
     let (db, t) = tiny_db(EngineKind::Falcon, 1);
@@ -820,12 +820,9 @@ fn racing_deliveries_retry_and_keep_consistency() {
     check_consistency(&db).unwrap();
 }
 
-/// The same engine quirk for deletes: a transaction that read a row which a concurrent
-/// transaction then deleted gets NotFound (not retryable) from its own delete, where read
-/// validation would report a Conflict. Delivery maps it (WORKAROUND(dup-vs-conflict) in
-/// src/workload/tpcc/txns.rs). Ignored until the engine reports the conflict.
+/// Deletes likewise: a transaction that read a row which a concurrent transaction then deleted
+/// gets a conflict from its own delete (then, retried, finds the row gone), not NotFound at once.
 #[test]
-#[ignore = "engine quirk dup-vs-conflict: a delete after a concurrent delete reports NotFound"]
 fn deleting_a_row_deleted_since_it_was_read_is_a_conflict() {
     let (db, t) = tiny_db(EngineKind::Falcon, 1);
     let key = keys::order(1, 1, t.config.first_new_order());
@@ -851,11 +848,8 @@ fn deleting_a_row_deleted_since_it_was_read_is_a_conflict() {
 }
 
 /// As above, but the concurrent New-Order commits between the stale read of D_NEXT_O_ID and the
-/// ORDER insert, which finds the key taken at once. `txns::new_order` maps that DuplicateKey to
-/// a conflict (WORKAROUND(dup-vs-conflict)); the engine itself reports DuplicateKey, which this
-/// test pins. Ignored until the engine reports a conflict there too.
+/// ORDER insert, which finds the key taken at once: still a conflict, retried.
 #[test]
-#[ignore = "engine quirk dup-vs-conflict: an insert of a key committed since a stale read reports DuplicateKey"]
 fn inserting_a_key_committed_since_a_stale_read_is_a_conflict() {
     let (db, t) = tiny_db(EngineKind::Falcon, 1);
     let line = OrderLineInput {

@@ -6,8 +6,8 @@
 //! | --- | --- | --- | --- |
 //! | [`Figure::Throughput`] | threads | committed tx/s (median over rounds) | workload × engine |
 //! | [`Figure::Ratio`] | threads | throughput ÷ volatile, same round (median) | workload × non-volatile engine |
-//! | [`Figure::Cdf`] | latency (µs, log scale) | fraction of transactions ≤ x | workload × engine × threads (round 0) |
-//! | [`Figure::Kinds`] | per transaction type: throughput (left), p50 latency (right) | type | engine (largest thread count, round 0) |
+//! | [`Figure::Cdf`] | latency (µs, log scale, cut at 2 × the largest p99.9) | fraction of transactions ≤ x | workload × engine × threads (first round) |
+//! | [`Figure::Kinds`] | per transaction type: throughput (left), p50 latency (right), median over rounds | type | engine (largest thread count) |
 //!
 //! PNG (bitmap) or SVG, chosen by the output's extension. Text is drawn with DejaVu Sans, shipped
 //! in `assets/fonts` and compiled in, so no system font configuration is needed.
@@ -264,6 +264,10 @@ pub fn output_path(out: &Path, figure: Figure, only_one: bool) -> PathBuf {
         .unwrap_or_default();
     out.with_file_name(format!("{stem}-{}.{ext}", figure.name()))
 }
+
+/// The CDF figure's x axis ends at twice the latency where the slowest series reaches this
+/// fraction (when the recorded maximum lies further out).
+pub const CDF_CUT_FRACTION: f64 = 0.999;
 
 /// Image size in pixels.
 pub const SIZE: (u32, u32) = (960, 600);
@@ -529,14 +533,32 @@ fn draw_cdf<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, runs: &[PlotRun])
         .flat_map(|r| r.latency_cdf_us.iter().map(|&(x, _)| x))
         .filter(|&x| x > 0.0);
     let lo = positive.clone().fold(f64::INFINITY, f64::min);
-    let hi = positive.fold(0.0, f64::max);
+    let max = positive.fold(0.0, f64::max);
+    // Rare stalls (the scheduler, page faults) stretch the axis far past where the curves are; as
+    // in the papers' figures, cut it a little past the slowest series' 99.9th percentile.
+    let p999 = chosen
+        .iter()
+        .filter_map(|r| {
+            r.latency_cdf_us
+                .iter()
+                .find(|&&(_, y)| y >= CDF_CUT_FRACTION)
+                .map(|&(x, _)| x)
+        })
+        .fold(0.0, f64::max);
+    let cut = p999 > 0.0 && p999 * 2.0 < max;
+    let hi = if cut { p999 * 2.0 } else { max * 1.25 };
     let (lo, hi) = if lo.is_finite() && hi > lo {
-        (lo * 0.8, hi * 1.25)
+        (lo * 0.8, hi)
     } else {
         (0.1, 10.0)
     };
+    let what = if cut {
+        "latency CDF (first round; x axis cut at 2 × the largest p99.9)"
+    } else {
+        "latency CDF (first round)"
+    };
     let mut chart = ChartBuilder::on(root)
-        .caption(caption(runs, "latency CDF"), title_style())
+        .caption(caption(runs, what), title_style())
         .margin(20)
         .x_label_area_size(50)
         .y_label_area_size(70)
@@ -579,6 +601,14 @@ fn draw_cdf<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, runs: &[PlotRun])
             .copied()
             .collect();
         pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+        // Past the cut, the curve continues flat at the height it reached.
+        if let Some(last_in) = pts.iter().rposition(|&(x, _)| x <= hi) {
+            if last_in + 1 < pts.len() {
+                let y = pts[last_in].1;
+                pts.truncate(last_in + 1);
+                pts.push((hi, y));
+            }
+        }
         let style = ShapeStyle::from(&color).stroke_width(3);
         let label = format!("{} · {} thr", series_name(r, many), r.threads);
         let gap = if rank == 0 { 0 } else { 4 + 2 * rank };
@@ -610,25 +640,32 @@ fn draw_cdf<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, runs: &[PlotRun])
 }
 
 /// Per-kind bars: throughput (left) and p50 latency (right), one bar per engine, for the runs
-/// with the largest thread count in the first round.
+/// with the largest thread count (median over rounds).
 fn draw_kinds<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
     runs: &[PlotRun],
 ) -> DrawResult<DB> {
-    let min_round = runs.iter().map(PlotRun::round).min().unwrap_or(0);
-    let with_kinds: Vec<&PlotRun> = runs
-        .iter()
-        .filter(|r| r.round() == min_round && r.per_kind.len() > 1)
-        .collect();
+    let with_kinds: Vec<&PlotRun> = runs.iter().filter(|r| r.per_kind.len() > 1).collect();
     let threads = with_kinds.iter().map(|r| r.threads).max().unwrap_or(1);
-    let chosen: Vec<&PlotRun> = with_kinds
+    let at_threads: Vec<&PlotRun> = with_kinds
         .into_iter()
         .filter(|r| r.threads == threads)
         .collect();
+    // One bar series per workload × engine, over all its rounds (first-seen order).
+    let mut chosen: Vec<Vec<&PlotRun>> = Vec::new();
+    for r in at_threads {
+        match chosen
+            .iter_mut()
+            .find(|g| g[0].engine == r.engine && g[0].workload == r.workload)
+        {
+            Some(group) => group.push(r),
+            None => chosen.push(vec![r]),
+        }
+    }
     let many = workloads(runs).len() > 1;
     // Kinds in first-seen order, labelled with the workload when several are plotted.
     let mut kinds: Vec<String> = Vec::new();
-    for r in &chosen {
+    for r in chosen.iter().flatten() {
         for k in &r.per_kind {
             let label = if many {
                 format!("{}/{}", r.workload, k.name)
@@ -641,24 +678,30 @@ fn draw_kinds<DB: DrawingBackend>(
         }
     }
     let title = format!(
-        "{}: per transaction type, {threads} thread{}",
+        "{}: per transaction type, {threads} thread{} (median over rounds)",
         workloads(runs).join(", "),
         if threads == 1 { "" } else { "s" }
     );
     let root = root.titled(&title, title_style())?;
     let (left, right) = root.split_horizontally(SIZE.0 / 2 + 110);
     let n = kinds.len();
-    let bar = |r: &PlotRun, kind: &str, value: fn(&PlotKind) -> f64| -> Option<f64> {
-        r.per_kind
+    let bar = |group: &[&PlotRun], kind: &str, value: fn(&PlotKind) -> f64| -> Option<f64> {
+        let values: Vec<f64> = group
             .iter()
-            .find(|k| {
-                if many {
-                    format!("{}/{}", r.workload, k.name) == kind
-                } else {
-                    k.name == kind
-                }
+            .filter_map(|r| {
+                r.per_kind
+                    .iter()
+                    .find(|k| {
+                        if many {
+                            format!("{}/{}", r.workload, k.name) == kind
+                        } else {
+                            k.name == kind
+                        }
+                    })
+                    .map(value)
             })
-            .map(value)
+            .collect();
+        (!values.is_empty()).then(|| median(values))
     };
     let panels: [KindPanel<'_, DB>; 2] = [
         (
@@ -703,7 +746,7 @@ fn draw_kinds<DB: DrawingBackend>(
         let engines = chosen.len().max(1) as f64;
         let band = 0.8 / engines;
         for (e, r) in chosen.iter().enumerate() {
-            let color = engine_color(&r.engine, e);
+            let color = engine_color(&r[0].engine, e);
             let rects = kinds.iter().enumerate().filter_map(|(i, kind)| {
                 let v = bar(r, kind, value)?;
                 let y0 = i as f64 - 0.4 + e as f64 * band;
@@ -714,7 +757,7 @@ fn draw_kinds<DB: DrawingBackend>(
             });
             let s = chart.draw_series(rects)?;
             if with_names {
-                s.label(series_name(r, many)).legend(move |(x, y)| {
+                s.label(series_name(r[0], many)).legend(move |(x, y)| {
                     Rectangle::new([(x, y - 6), (x + 16, y + 6)], color.filled())
                 });
             }

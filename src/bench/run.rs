@@ -55,7 +55,7 @@ pub struct BenchConfig {
     /// Measured duration.
     pub duration: Duration,
     /// Names of the transaction types, indexed by [`TxnOutcome::kind`] (at least one), e.g.
-    /// `["ycsb"]` or TPC-C's five.
+    /// YCSB's `["read-write", "read-only"]` or TPC-C's five.
     pub txn_kinds: Vec<String>,
 }
 

@@ -18,9 +18,13 @@ pub struct CommonArgs {
     /// Engines to run, comma-separated (falcon, falcon-noflush, falcon-allflush, inp, volatile).
     #[arg(long, value_delimiter = ',', default_value = "falcon")]
     pub engine: Vec<EngineKind>,
-    /// Concurrency-control protocol (occ, no-wait).
+    /// Concurrency-control protocol: no-wait, wait-die, dl-detect, to, occ, silo, tictoc, mvocc,
+    /// mvto, mv2pl, si (snapshot isolation: not serializable), hstore (partition locks).
     #[arg(long, default_value = "occ")]
     pub cc: Protocol,
+    /// Partitions for `--cc hstore` (a key's partition is key mod partitions).
+    #[arg(long, default_value_t = crate::cc::CcOptions::default().partitions)]
+    pub partitions: usize,
     /// Persistence domain (adr, eadr, msync; the volatile engine ignores it).
     #[arg(long, default_value = "eadr")]
     pub domain: PersistenceDomain,
@@ -135,6 +139,11 @@ impl CommonArgs {
             .max_threads(threads + 1);
         config.hot_tuples = self.hot_tuples;
         config.window_slot_bytes = self.window_slot_bytes;
+        config.cc_options.partitions = self.partitions;
+        // A benchmark measures aborts rather than failing on them: on a shared machine a thread
+        // preempted while holding a hot lock can make a no-wait transaction abort more than the
+        // API default (1000) times in a row.
+        config.max_retries = 1_000_000;
         if let Some(p) = &self.pool {
             config = config.path(p);
         }
@@ -320,7 +329,7 @@ fn run_ycsb(args: YcsbArgs) -> CliResult {
         bar.finish_and_clear();
         let dram_after_load = rss_anon_bytes();
         let inserts = Arc::new(AcknowledgedCounter::new(args.records));
-        let result = bench::run(common.bench_config(threads, &["ycsb"]), |t| {
+        let result = bench::run(common.bench_config(threads, &driver::TXN_KINDS), |t| {
             driver::YcsbDriver::new(
                 &db,
                 table,

@@ -226,21 +226,6 @@ pub struct NewOrderOutput {
     pub total: i64,
 }
 
-/// The result of a New-Order insert (ORDER, NEW-ORDER, ORDER-LINE), with a taken key reported as
-/// the conflict it is.
-///
-/// WORKAROUND(dup-vs-conflict): O_ID comes from D_NEXT_O_ID, so its keys are taken only if a
-/// concurrent New-Order of the district committed (or is committing) the same O_ID after this one
-/// read the district. That read is stale and would fail validation, but the engine's insert
-/// reports the duplicate (not retryable) first. Falcon's commit already reports a duplicate that
-/// appears after the insert as a conflict; this covers one the insert itself finds.
-fn order_id_free(inserted: Result<(), TxError>) -> Result<(), TxError> {
-    match inserted {
-        Err(TxError::DuplicateKey { .. }) => Err(TxError::Conflict),
-        other => other,
-    }
-}
-
 /// New-Order (clause 2.4.2).
 pub fn new_order(
     tx: &mut Tx<'_>,
@@ -261,7 +246,9 @@ pub fn new_order(
         .get(t.customer, keys::customer(w, d, input.c))?
         .i64(customer::DISCOUNT);
     let all_local = input.lines.iter().all(|l| l.supply_w == w);
-    let inserted = tx.insert(
+    // An O_ID taken by a concurrent New-Order (a stale D_NEXT_O_ID) is a conflict, not a
+    // duplicate: the engine re-checks such misses against the read set.
+    tx.insert(
         t.order,
         keys::order(w, d, o_id),
         &[
@@ -274,13 +261,12 @@ pub fn new_order(
             Value::U64(input.lines.len() as u64),
             Value::U64(u64::from(all_local)),
         ],
-    );
-    order_id_free(inserted)?;
-    order_id_free(tx.insert(
+    )?;
+    tx.insert(
         t.new_order,
         keys::order(w, d, o_id),
         &[Value::U64(o_id), Value::U64(d), Value::U64(w)],
-    ))?;
+    )?;
     let mut out = Vec::with_capacity(input.lines.len());
     let mut sum = 0i64;
     for (n, line) in input.lines.iter().enumerate() {
@@ -322,7 +308,7 @@ pub fn new_order(
             b'G'
         };
         let number = n as u64 + 1;
-        order_id_free(tx.insert(
+        tx.insert(
             t.order_line,
             keys::order_line(w, d, o_id, number),
             &[
@@ -337,7 +323,7 @@ pub fn new_order(
                 Value::I64(amount),
                 Value::Bytes(s.bytes_at(stock::DIST_01 + d as usize - 1)),
             ],
-        ))?;
+        )?;
         out.push((amount, new_quantity, brand));
     }
     let total =
@@ -619,13 +605,9 @@ pub fn delivery(
             continue;
         };
         let o_id = keys::order_id(no_key);
-        match tx.delete(t.new_order, no_key) {
-            // WORKAROUND(dup-vs-conflict): a concurrent Delivery deleted the row after this
-            // one's scan read it. The read is stale and would fail validation, but the engine's
-            // delete reports NotFound (not retryable) first; report the conflict it is.
-            Err(TxError::NotFound { .. }) => return Err(TxError::Conflict),
-            other => other?,
-        }
+        // A concurrent Delivery that deleted this row since the scan read it makes the engine
+        // report a (retryable) conflict, not NotFound.
+        tx.delete(t.new_order, no_key)?;
         let o = tx.get(t.order, no_key)?;
         tx.update(
             t.order,
