@@ -138,7 +138,14 @@ pub(crate) fn run(args: Args) -> CliResult {
             )
             .map(|d| Box::new(d) as Box<dyn bench::TxnDriver>)
         })
-        .map_err(|e| format!("{e} (a full pool needs a larger --pool-mib)"))?;
+        .map_err(|e| {
+            let e = e.to_string();
+            if e.contains("persistent memory is full") {
+                format!("{e} (raise --pool-mib)")
+            } else {
+                e
+            }
+        })?;
         let consistency = if args.check {
             let report = check_consistency(&db)?;
             eprintln!(

@@ -246,6 +246,8 @@ pub fn new_order(
         .get(t.customer, keys::customer(w, d, input.c))?
         .i64(customer::DISCOUNT);
     let all_local = input.lines.iter().all(|l| l.supply_w == w);
+    // An O_ID taken by a concurrent New-Order (a stale D_NEXT_O_ID) is a conflict, not a
+    // duplicate: the engine re-checks such misses against the read set.
     tx.insert(
         t.order,
         keys::order(w, d, o_id),
@@ -603,6 +605,8 @@ pub fn delivery(
             continue;
         };
         let o_id = keys::order_id(no_key);
+        // A concurrent Delivery that deleted this row since the scan read it makes the engine
+        // report a (retryable) conflict, not NotFound.
         tx.delete(t.new_order, no_key)?;
         let o = tx.get(t.order, no_key)?;
         tx.update(
