@@ -915,9 +915,30 @@ impl EngineWorker for FalconWorker {
                 &self.data[d..d + r.len as usize],
             );
         }
+        // The KEY and FLAGS of inserted and deleted tuples go with the data, before its fence:
+        // a slot is 16-byte aligned, so its header may straddle two cache lines, and under ADR a
+        // durable `write_ts` (written below) must imply durable flags, or recovery's replay filter
+        // skips an insert whose LIVE flag was lost (found by the crash harness, issue 4).
+        for w in &self.writes {
+            match w.kind {
+                WriteKind::Insert => {
+                    self.pool.write_u64(w.tuple + tuple::KEY, w.key);
+                    self.pool.write_u64(w.tuple + tuple::FLAGS, tuple::LIVE);
+                }
+                WriteKind::Delete => self
+                    .pool
+                    .write_u64(w.tuple + tuple::FLAGS, tuple::LIVE | tuple::DELETED),
+                WriteKind::Update | WriteKind::Cancelled => {}
+            }
+        }
         if policy.persist_data {
             let mut spans = std::mem::take(&mut self.spans);
             spans.clear();
+            for w in &self.writes {
+                if matches!(w.kind, WriteKind::Insert | WriteKind::Delete) {
+                    spans.push((w.tuple + tuple::KEY, 16));
+                }
+            }
             for r in &self.ranges {
                 let w = &self.writes[r.write as usize];
                 if w.kind != WriteKind::Cancelled {
@@ -943,16 +964,8 @@ impl EngineWorker for FalconWorker {
                 self.writes[i].tuple,
                 self.writes[i].kind,
             );
-            match kind {
-                WriteKind::Cancelled => continue,
-                WriteKind::Insert => {
-                    self.pool.write_u64(t + tuple::KEY, key);
-                    self.pool.write_u64(t + tuple::FLAGS, tuple::LIVE);
-                }
-                WriteKind::Delete => self
-                    .pool
-                    .write_u64(t + tuple::FLAGS, tuple::LIVE | tuple::DELETED),
-                WriteKind::Update => {}
+            if kind == WriteKind::Cancelled {
+                continue;
             }
             self.pool.write_u64(t + tuple::WRITE_TS, tid);
             cc.release_write(&self.word(t), Some(tid));
