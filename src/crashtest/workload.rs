@@ -321,7 +321,16 @@ impl<'db, 'r> TxCtx<'db, 'r> {
         mut f: impl FnMut(&mut OTx<'_, '_>) -> Result<(), TxError>,
     ) -> Result<bool, DbError> {
         let (thread, recorder, tables) = (self.thread, self.recorder, &self.tables);
+        let sim = self.db.engine().pool().and_then(|p| p.crash_sim()).cloned();
         let result = self.worker.run_counted(false, |tx| {
+            // After a simulated crash another thread may spin on a lock the crashed one held
+            // without reaching a PM event (where it would stop): stop it here.
+            if let Some(sim) = &sim {
+                if sim.has_crashed() {
+                    let event = sim.crashed_at().unwrap_or(0);
+                    std::panic::resume_unwind(Box::new(crate::pmem::SimulatedCrash { event }));
+                }
+            }
             if recorder.has_in_flight(thread) {
                 recorder.record(OracleEvent::Failed { thread });
             }

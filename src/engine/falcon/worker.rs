@@ -1060,6 +1060,13 @@ impl Drop for FalconWorker {
         if self.in_txn && !std::thread::panicking() {
             self.abort();
         }
+        // The last commit's header flushes (write_ts) are not yet fenced; a fence covers only the
+        // flushes of its own thread, so fence before the slot (and its log window) can move to
+        // another thread, whose fences would not make them durable before it reuses the window
+        // (found by the crash harness, issue 4).
+        if self.eng.policy.persist_data || self.eng.policy.persist_log {
+            self.pool.fence();
+        }
         if let Some(state) = self.state.take() {
             *self.eng.threads[self.thread].lock() = Some(state);
         }
