@@ -1,11 +1,147 @@
-//! `pmtx crashtest` (placeholder: its issue's branch replaces this file).
+//! `pmtx crashtest`: crash a workload at PM events under the simulator (or SIGKILL real child
+//! processes), recover every crash image and check it; exit status 1 on any violation.
 
 use super::CliResult;
+use crate::cc::Protocol;
+use crate::crashtest::realkill::{self, RealKillConfig};
+use crate::crashtest::workload::WorkloadKind;
+use crate::crashtest::{self, CrashTestConfig};
+use crate::engine::falcon::Fault;
+use crate::engine::EngineKind;
+use crate::pmem::PersistenceDomain;
+use std::path::PathBuf;
 
-/// Arguments (placeholder).
+/// Arguments of `pmtx crashtest`.
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+pub struct Args {
+    /// The engine.
+    #[arg(long, default_value = "falcon")]
+    pub engine: EngineKind,
+    /// The persistence domain simulated (adr or eadr).
+    #[arg(long, default_value = "adr")]
+    pub domain: PersistenceDomain,
+    /// The workload: bank or ycsb.
+    #[arg(long, default_value = "bank")]
+    pub workload: WorkloadKind,
+    /// The concurrency-control protocol.
+    #[arg(long, default_value = "occ")]
+    pub cc: Protocol,
+    /// Crash images to recover and check (sampled crash points).
+    #[arg(long, default_value_t = 2000)]
+    pub images: u64,
+    /// Seed of crash points, images and workload (a failure prints the seed and event to rerun).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Threads running the workload (crash points are global events).
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// Transactions per thread in each run.
+    #[arg(long, default_value_t = 24)]
+    pub txns: usize,
+    /// Crash before every PM event of the run instead of sampled events.
+    #[arg(long)]
+    pub exhaustive: bool,
+    /// Crash only before this PM event (reproduces a reported violation).
+    #[arg(long)]
+    pub event: Option<u64>,
+    /// Images drawn per crash point under ADR.
+    #[arg(long, default_value_t = 4)]
+    pub images_per_point: usize,
+    /// Crash the recovery itself every N images (0: never).
+    #[arg(long, default_value_t = 16)]
+    pub recovery_crash_every: u64,
+    /// Instead of the simulator: SIGKILL this many child `pmtx` processes mid-workload.
+    #[arg(long)]
+    pub real_kills: Option<u32>,
+    /// Write the summary as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Turn on one deliberate engine bug (test-only; see --list-faults).
+    #[arg(long)]
+    pub inject_fault: Option<Fault>,
+    /// List the injectable faults and exit.
+    #[arg(long)]
+    pub list_faults: bool,
+    /// Internal: run as the child of a real-kill round on this pool.
+    #[arg(long, hide = true)]
+    pub child_pool: Option<PathBuf>,
+    /// Internal: transactions per thread of a real-kill child.
+    #[arg(long, hide = true, default_value_t = 1_000_000)]
+    pub child_txns: usize,
+}
 
-pub(crate) fn run(_args: Args) -> CliResult {
-    Err("not built yet".into())
+pub(crate) fn run(args: Args) -> CliResult {
+    if args.list_faults {
+        for f in Fault::ALL {
+            println!("{:<20} {}", f.name(), f.describe());
+        }
+        return Ok(());
+    }
+    let mut cfg = CrashTestConfig::new(args.engine, args.domain, args.workload);
+    cfg.protocol = args.cc;
+    cfg.images = args.images;
+    cfg.seed = args.seed;
+    cfg.threads = args.threads;
+    cfg.txns_per_thread = args.txns;
+    cfg.exhaustive = args.exhaustive;
+    cfg.event = args.event;
+    cfg.images_per_point = args.images_per_point;
+    cfg.recovery_crash_every = args.recovery_crash_every;
+    cfg.fault = args.inject_fault;
+    if let Some(path) = args.child_pool {
+        cfg.txns_per_thread = args.child_txns;
+        realkill::child_main(&cfg, &path)?;
+        return Ok(());
+    }
+    if let Some(kills) = args.real_kills {
+        let dir = tempfile_dir()?;
+        let report = realkill::run(&RealKillConfig {
+            test: cfg,
+            kills,
+            pmtx: std::env::current_exe()?,
+            dir: dir.clone(),
+            min_delay_ms: 30,
+            max_delay_ms: 600,
+        });
+        let _ = std::fs::remove_dir_all(&dir);
+        let report = report?;
+        print!("{}", report.render());
+        if let Some(path) = &args.json {
+            std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
+        }
+        if report.total_violations() > 0 {
+            return Err(format!(
+                "{} violation(s) after real kills",
+                report.total_violations()
+            )
+            .into());
+        }
+        return Ok(());
+    }
+    let report = crashtest::run(&cfg)?;
+    print!("{}", report.render());
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
+    }
+    if report.total_violations() > 0 {
+        return Err(format!(
+            "{} violation(s) in {} images",
+            report.total_violations(),
+            report.images
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// A fresh directory for real-kill pools, under /dev/shm when it exists.
+fn tempfile_dir() -> std::io::Result<PathBuf> {
+    let base = if std::path::Path::new("/dev/shm").is_dir() {
+        PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    };
+    let dir = base.join(format!("pmtx-crashtest-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
 }

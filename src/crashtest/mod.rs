@@ -1,1 +1,763 @@
-//! Crash-consistency harness (placeholder: issue 4 replaces this file).
+//! The crash-consistency harness: engine × persistence domain × workload.
+//!
+//! It runs a small workload under the pmem crash simulator ([`crate::pmem::crashsim`]), fails power
+//! before a chosen PM event (sampled from a seed, or every event of the run with `exhaustive`),
+//! materialises crash images of that point (under ADR several: each pending cache line keeps some
+//! prefix of its stores; under eADR the one live image), recovers each image as a pool and checks
+//! it ([`checks`]): structure (indexes and heap agree, no leaked or doubly owned slot),
+//! durability of every acknowledged commit, atomicity, the workload's invariants, and liveness
+//! (the recovered database takes new transactions and still checks out). Every few images it also
+//! crashes the recovery itself at one of its PM events and recovers that image again.
+//!
+//! Real crashes (SIGKILL of a child `pmtx` process) are in [`realkill`].
+
+pub mod checks;
+pub mod realkill;
+pub mod workload;
+
+use crate::alloc::PAGE_SIZE;
+use crate::catalog::TableId;
+use crate::cc::Protocol;
+use crate::db::{Db, DbConfig};
+use crate::engine::falcon::Fault;
+use crate::engine::{DbError, EngineKind};
+use crate::pmem::{
+    CrashImage, CrashSim, CrashTrigger, PersistenceDomain, Pool, PoolOptions, SimulatedCrash,
+};
+use checks::{check_state, observe, Violation, ViolationKind};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Instant;
+use workload::{CrashWorkload, Observed, Oracle, OracleEvent, Recorder, TxCtx, WorkloadKind};
+
+/// Engines the suite covers. Adding an engine is one entry here (and, if it is not crash-safe
+/// under some domain, one arm in [`supported`]).
+pub const ENGINES: &[EngineKind] = &[
+    EngineKind::Falcon,
+    EngineKind::FalconAllflush,
+    EngineKind::FalconNoflush,
+    EngineKind::Inp,
+];
+
+/// Whether the suite runs `engine` under `domain`; `Err` says why not.
+pub fn supported(engine: EngineKind, domain: PersistenceDomain) -> Result<(), String> {
+    if !matches!(domain, PersistenceDomain::Adr | PersistenceDomain::Eadr) {
+        return Err(format!(
+            "the crash simulator models adr and eadr; {domain} is not crash-tested"
+        ));
+    }
+    match engine {
+        EngineKind::Volatile => Err("the volatile engine promises no durability".into()),
+        EngineKind::FalconNoflush if domain == PersistenceDomain::Adr => Err(
+            "falcon-noflush is not crash-safe under adr by design: it never flushes data and \
+             relies on eADR's caches reaching PM; test it under eadr"
+                .into(),
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// Why a crash test could not run (violations are results, not errors).
+#[derive(Debug, thiserror::Error)]
+pub enum CrashTestError {
+    /// The engine × domain × workload combination is not tested.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// The fault-free setup itself failed.
+    #[error("crash test setup failed: {0}")]
+    Setup(String),
+}
+
+/// One crash test.
+#[derive(Clone, Debug)]
+pub struct CrashTestConfig {
+    /// The engine.
+    pub engine: EngineKind,
+    /// The persistence domain simulated.
+    pub domain: PersistenceDomain,
+    /// The concurrency-control protocol.
+    pub protocol: Protocol,
+    /// The workload.
+    pub workload: WorkloadKind,
+    /// Crash images to check (sampled mode; exhaustive mode checks as many as the run yields).
+    pub images: u64,
+    /// The seed of crash points, images and workload.
+    pub seed: u64,
+    /// Worker threads running the workload (with more than one, events interleave and a crash is at
+    /// a global event).
+    pub threads: usize,
+    /// Transactions per thread after the load.
+    pub txns_per_thread: usize,
+    /// Crash before every PM event of the run instead of sampled ones.
+    pub exhaustive: bool,
+    /// Crash only before this event (to reproduce a reported failure).
+    pub event: Option<u64>,
+    /// Images drawn per crash point (ADR; eADR has one image per point).
+    pub images_per_point: usize,
+    /// Every how many images the recovery itself is crashed and recovered again (0: never).
+    pub recovery_crash_every: u64,
+    /// Transactions run on each recovered database to check it is live.
+    pub liveness_txns: usize,
+    /// A deliberate engine bug (Falcon's test-only fault knob).
+    pub fault: Option<Fault>,
+}
+
+impl CrashTestConfig {
+    /// Defaults: 2000 images, seed 1, one thread, 24 transactions, 4 images per crash point,
+    /// a crashed recovery every 16 images, 4 liveness transactions.
+    pub fn new(
+        engine: EngineKind,
+        domain: PersistenceDomain,
+        workload: WorkloadKind,
+    ) -> CrashTestConfig {
+        CrashTestConfig {
+            engine,
+            domain,
+            protocol: Protocol::Occ,
+            workload,
+            images: 2000,
+            seed: 1,
+            threads: 1,
+            txns_per_thread: 24,
+            exhaustive: false,
+            event: None,
+            images_per_point: 4,
+            recovery_crash_every: 16,
+            liveness_txns: 4,
+            fault: None,
+        }
+    }
+
+    fn db_config(&self, tables: usize) -> DbConfig {
+        let mut c = DbConfig::default()
+            .engine(self.engine)
+            .protocol(self.protocol)
+            .domain(self.domain)
+            .max_threads(self.threads + 1);
+        c.counting = false;
+        c.fault = self.fault;
+        c.max_retries = 100_000;
+        c.pool_size = self.pool_size(tables);
+        c
+    }
+
+    /// A pool just large enough: header, meta page, per thread a window and a heap page per table,
+    /// and a spare page.
+    fn pool_size(&self, tables: usize) -> u64 {
+        let pages = 1 + (self.threads as u64) * (1 + tables as u64) + 1;
+        (pages + 1) * PAGE_SIZE
+    }
+
+    fn pool_options(&self) -> PoolOptions {
+        PoolOptions::new(self.engine.layout(), self.domain).with_counting(false)
+    }
+
+    /// The command line that reproduces crash point `event` of this configuration.
+    pub fn reproduce(&self, event: u64) -> String {
+        let mut s = format!(
+            "pmtx crashtest --engine {} --domain {} --workload {} --threads {} --seed {} --event {event}",
+            self.engine, self.domain, self.workload, self.threads, self.seed
+        );
+        if let Some(f) = self.fault {
+            s.push_str(&format!(" --inject-fault {f}"));
+        }
+        s
+    }
+}
+
+/// A violation found, with what reproduces it.
+#[derive(Clone, Debug, Serialize)]
+pub struct ViolationRecord {
+    /// The kind.
+    pub kind: ViolationKind,
+    /// What was wrong.
+    pub message: String,
+    /// The crash point (global PM event before which power failed).
+    pub event: u64,
+    /// Whether it was found after a crash during recovery (then `recovery_event` is set).
+    pub recovery_event: Option<u64>,
+    /// Surviving pending stores per cache line of the image (ADR), for the record.
+    pub prefixes: Vec<usize>,
+    /// The command that reruns this crash point.
+    pub reproduce: String,
+}
+
+/// Median and maximum of a sample.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct Percentiles {
+    /// The median.
+    pub p50: f64,
+    /// The maximum.
+    pub max: f64,
+}
+
+impl Percentiles {
+    fn of(mut xs: Vec<f64>) -> Percentiles {
+        if xs.is_empty() {
+            return Percentiles::default();
+        }
+        xs.sort_by(f64::total_cmp);
+        Percentiles {
+            p50: xs[xs.len() / 2],
+            max: xs[xs.len() - 1],
+        }
+    }
+}
+
+/// What a crash test found.
+#[derive(Clone, Debug, Serialize)]
+pub struct CrashTestReport {
+    /// The engine.
+    pub engine: EngineKind,
+    /// The domain.
+    pub domain: PersistenceDomain,
+    /// The workload.
+    pub workload: String,
+    /// Worker threads.
+    pub threads: usize,
+    /// The seed.
+    pub seed: u64,
+    /// The injected fault, if any.
+    pub fault: Option<Fault>,
+    /// PM events of one whole (crash-free) run.
+    pub events_per_run: u64,
+    /// Crash points tried.
+    pub crash_points: u64,
+    /// Crash images recovered and checked.
+    pub images: u64,
+    /// Images of a crash before the database was created, refused cleanly by open (not checked).
+    pub unformatted: u64,
+    /// Recoveries crashed at one of their own PM events.
+    pub recovery_crashes: u64,
+    /// Images of those crashed recoveries, recovered again and checked.
+    pub recovery_crash_images: u64,
+    /// Violations by kind (0 expected); an image counts once per kind it violates.
+    pub violations: BTreeMap<ViolationKind, u64>,
+    /// The first violations, with their reproduction.
+    pub examples: Vec<ViolationRecord>,
+    /// Recovery (open of an image) time in milliseconds.
+    pub recovery_ms: Percentiles,
+    /// Wall time of the whole test in seconds.
+    pub elapsed_s: f64,
+}
+
+impl CrashTestReport {
+    /// All violations.
+    pub fn total_violations(&self) -> u64 {
+        self.violations.values().sum()
+    }
+}
+
+/// How a piece of work under the simulator ended.
+enum Caught<T> {
+    Done(T),
+    Crashed,
+    Panicked(String),
+}
+
+fn catch<T>(f: impl FnOnce() -> T) -> Caught<T> {
+    match std::panic::catch_unwind(AssertUnwindSafe(f)) {
+        Ok(v) => Caught::Done(v),
+        Err(p) if SimulatedCrash::is(&*p) => Caught::Crashed,
+        Err(p) => Caught::Panicked(panic_message(&*p)),
+    }
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic".into()
+    }
+}
+
+/// Creates the workload's missing tables and records that they exist.
+fn prepare(
+    db: &Db,
+    workload: &dyn CrashWorkload,
+    recorder: &Recorder,
+) -> Result<Vec<TableId>, DbError> {
+    let mut ids = Vec::new();
+    for schema in workload.schemas() {
+        let id = match db.table(&schema.name) {
+            Some(id) => id,
+            None => db.create_table(schema)?,
+        };
+        ids.push(id);
+    }
+    recorder.record(OracleEvent::TablesCreated);
+    Ok(ids)
+}
+
+/// Runs the load (if `load`) and `txns` transactions on each of `threads` threads. A simulated
+/// crash in any thread comes back as `Caught::Crashed` (the others stop at their next PM event).
+#[allow(clippy::too_many_arguments)]
+fn drive(
+    db: &Db,
+    workload: &dyn CrashWorkload,
+    recorder: &Recorder,
+    load: bool,
+    threads: usize,
+    txns: usize,
+    seed: u64,
+    epoch: u64,
+) -> Caught<Result<(), DbError>> {
+    let tables = match catch(|| prepare(db, workload, recorder)) {
+        Caught::Done(Ok(t)) => t,
+        Caught::Done(Err(e)) => return Caught::Done(Err(e)),
+        Caught::Crashed => return Caught::Crashed,
+        Caught::Panicked(m) => return Caught::Panicked(m),
+    };
+    let body = |thread: usize| -> Result<(), DbError> {
+        let mut ctx = TxCtx::new(db, tables.clone(), recorder, thread, epoch)?;
+        if load && thread == 0 {
+            workload.load(&mut ctx)?;
+        }
+        let mut rng = StdRng::seed_from_u64(seed ^ (thread as u64).wrapping_mul(0x9E37_79B9));
+        for _ in 0..txns {
+            workload.step(&mut ctx, &mut rng)?;
+        }
+        Ok(())
+    };
+    if threads <= 1 {
+        return catch(|| body(0));
+    }
+    // The load first (thread 0, on this thread), then the threads together.
+    if load {
+        match catch(|| -> Result<(), DbError> {
+            let mut ctx = TxCtx::new(db, tables.clone(), recorder, 0, epoch)?;
+            workload.load(&mut ctx)
+        }) {
+            Caught::Done(Ok(())) => {}
+            other => return other,
+        }
+    }
+    let body = |thread: usize| -> Result<(), DbError> {
+        let mut ctx = TxCtx::new(db, tables.clone(), recorder, thread, epoch)?;
+        let mut rng = StdRng::seed_from_u64(seed ^ (thread as u64).wrapping_mul(0x9E37_79B9));
+        for _ in 0..txns {
+            workload.step(&mut ctx, &mut rng)?;
+        }
+        Ok(())
+    };
+    let results: Vec<Caught<Result<(), DbError>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| s.spawn(move || catch(|| body(t))))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or(Caught::Panicked("thread join".into())))
+            .collect()
+    });
+    let mut crashed = false;
+    for r in results {
+        match r {
+            Caught::Done(Ok(())) => {}
+            Caught::Crashed => crashed = true,
+            other => return other,
+        }
+    }
+    if crashed {
+        Caught::Crashed
+    } else {
+        Caught::Done(Ok(()))
+    }
+}
+
+/// One run of the workload under the simulator until the crash (or its end, where power then
+/// fails).
+struct RunResult {
+    sim: Arc<CrashSim>,
+    oracle: Oracle,
+    /// Whether the database was created before the crash.
+    created: bool,
+}
+
+fn run_to_crash(
+    cfg: &CrashTestConfig,
+    workload: &dyn CrashWorkload,
+    trigger: CrashTrigger,
+) -> Result<RunResult, CrashTestError> {
+    let tables = workload.schemas().len();
+    let opts = cfg.pool_options().with_crash_sim(trigger);
+    let pool = Pool::create_in_memory(cfg.pool_size(tables), &opts)
+        .map_err(|e| CrashTestError::Setup(e.to_string()))?;
+    let sim = pool.crash_sim().expect("attached").clone();
+    let recorder = Recorder::new(Oracle::new(tables));
+    let mut created = false;
+    let outcome = catch(|| -> Result<(), CrashTestError> {
+        let db = Db::create_on_pool(pool, cfg.db_config(tables))
+            .map_err(|e| CrashTestError::Setup(format!("create: {e}")))?;
+        created = true;
+        match drive(
+            &db,
+            workload,
+            &recorder,
+            true,
+            cfg.threads,
+            cfg.txns_per_thread,
+            cfg.seed,
+            0,
+        ) {
+            Caught::Done(Ok(())) | Caught::Crashed => {}
+            Caught::Done(Err(e)) => {
+                return Err(CrashTestError::Setup(format!("workload: {e}")));
+            }
+            Caught::Panicked(m) => {
+                return Err(CrashTestError::Setup(format!("workload panicked: {m}")))
+            }
+        }
+        // Power fails at the end of the run if it has not failed yet.
+        if let Some(p) = db.engine().pool() {
+            p.crash_now();
+        }
+        Ok(())
+    });
+    match outcome {
+        Caught::Done(r) => r?,
+        Caught::Crashed => {}
+        Caught::Panicked(m) => return Err(CrashTestError::Setup(format!("panicked: {m}"))),
+    }
+    Ok(RunResult {
+        sim,
+        oracle: recorder.snapshot(),
+        created,
+    })
+}
+
+/// The checks of one recovered database: the oracle state, then liveness.
+fn check_recovered(
+    cfg: &CrashTestConfig,
+    workload: &dyn CrashWorkload,
+    db: &Db,
+    oracle: &Oracle,
+    seed: u64,
+) -> Vec<Violation> {
+    let checked = catch(|| -> Result<(Vec<Violation>, Observed), Violation> {
+        let (observed, live) = observe(db, workload, oracle)?;
+        Ok((check_state(workload, oracle, &observed, &live), observed))
+    });
+    let observed = match checked {
+        Caught::Done(Ok((v, _))) if !v.is_empty() => return v,
+        Caught::Done(Ok((_, observed))) => observed,
+        Caught::Done(Err(v)) => return vec![v],
+        Caught::Crashed => unreachable!("no simulator on a recovered image"),
+        Caught::Panicked(m) => {
+            return vec![Violation::new(
+                ViolationKind::Panic,
+                format!("checking: {m}"),
+            )]
+        }
+    };
+    if cfg.liveness_txns == 0 {
+        return Vec::new();
+    }
+    let live = catch(|| -> Result<Vec<Violation>, String> {
+        let recorder = Recorder::new(Oracle::from_state(&observed));
+        match drive(
+            db,
+            workload,
+            &recorder,
+            observed.iter().all(|t| t.is_empty()),
+            1,
+            cfg.liveness_txns,
+            seed,
+            1,
+        ) {
+            Caught::Done(Ok(())) => {}
+            Caught::Done(Err(e)) => return Err(format!("new transactions failed: {e}")),
+            Caught::Crashed => unreachable!("no simulator on a recovered image"),
+            Caught::Panicked(m) => return Err(format!("new transactions panicked: {m}")),
+        }
+        let oracle = recorder.snapshot();
+        let (observed, live) = observe(db, workload, &oracle).map_err(|v| v.message)?;
+        Ok(check_state(workload, &oracle, &observed, &live))
+    });
+    let problems = match live {
+        Caught::Done(Ok(v)) => v.into_iter().map(|v| v.message).collect(),
+        Caught::Done(Err(m)) => vec![m],
+        Caught::Crashed => Vec::new(),
+        Caught::Panicked(m) => vec![format!("panicked: {m}")],
+    };
+    problems
+        .into_iter()
+        .map(|m| {
+            Violation::new(
+                ViolationKind::Liveness,
+                format!("after recovery, new transactions: {m}"),
+            )
+        })
+        .collect()
+}
+
+/// Recovers `bytes` (timing the open) and checks it. `None` when the image is of a database whose
+/// creation never finished and open refused it cleanly.
+fn recover_and_check(
+    cfg: &CrashTestConfig,
+    workload: &dyn CrashWorkload,
+    bytes: &[u8],
+    oracle: &Oracle,
+    created: bool,
+    seed: u64,
+) -> Option<(f64, Vec<Violation>)> {
+    let tables = workload.schemas().len();
+    let pool = match Pool::from_image(bytes, &cfg.pool_options()) {
+        Ok(p) => p,
+        Err(_) if !created => return None,
+        Err(e) => {
+            return Some((
+                0.0,
+                vec![Violation::new(
+                    ViolationKind::Recovery,
+                    format!("the image is not a pool: {e}"),
+                )],
+            ))
+        }
+    };
+    let started = Instant::now();
+    let opened = catch(|| Db::open_pool(pool, cfg.db_config(tables)));
+    let ms = started.elapsed().as_secs_f64() * 1e3;
+    match opened {
+        Caught::Done(Ok(db)) => Some((ms, check_recovered(cfg, workload, &db, oracle, seed))),
+        Caught::Done(Err(_)) if !created => None,
+        Caught::Done(Err(e)) => Some((
+            ms,
+            vec![Violation::new(
+                ViolationKind::Recovery,
+                format!("recovery failed: {e}"),
+            )],
+        )),
+        Caught::Crashed => unreachable!("no simulator on a recovered image"),
+        Caught::Panicked(m) => Some((
+            ms,
+            vec![Violation::new(
+                ViolationKind::Panic,
+                format!("recovery panicked: {m}"),
+            )],
+        )),
+    }
+}
+
+/// Crashes the recovery of `image` at a random one of its PM events, then recovers the images of
+/// that crash and checks them. Returns (the recovery event, images checked, violations).
+fn crash_recovery(
+    cfg: &CrashTestConfig,
+    workload: &dyn CrashWorkload,
+    image: &CrashImage,
+    oracle: &Oracle,
+    rng: &mut StdRng,
+) -> Option<(u64, Vec<Vec<Violation>>)> {
+    let tables = workload.schemas().len();
+    let open_under = |trigger: CrashTrigger| -> Option<Arc<CrashSim>> {
+        let pool =
+            Pool::from_image(&image.bytes, &cfg.pool_options().with_crash_sim(trigger)).ok()?;
+        let sim = pool.crash_sim().expect("attached").clone();
+        match catch(|| Db::open_pool(pool, cfg.db_config(tables))) {
+            Caught::Done(Ok(_)) | Caught::Crashed => Some(sim),
+            _ => None,
+        }
+    };
+    let events = open_under(CrashTrigger::Never)?.events();
+    if events == 0 {
+        return None;
+    }
+    let at = rng.gen_range(0..events);
+    let sim = open_under(CrashTrigger::AtEvent(at))?;
+    let state = sim.crash_state()?;
+    let found = state
+        .images(2, rng.gen())
+        .filter_map(|img| {
+            recover_and_check(cfg, workload, &img.bytes, oracle, true, at).map(|(_, v)| v)
+        })
+        .collect();
+    Some((at, found))
+}
+
+/// Runs a crash test.
+pub fn run(cfg: &CrashTestConfig) -> Result<CrashTestReport, CrashTestError> {
+    supported(cfg.engine, cfg.domain).map_err(CrashTestError::Unsupported)?;
+    if cfg.threads == 0 || cfg.threads > 8 {
+        return Err(CrashTestError::Unsupported(
+            "threads must be between 1 and 8".into(),
+        ));
+    }
+    if cfg.fault.is_some() && !ENGINES.contains(&cfg.engine) {
+        return Err(CrashTestError::Unsupported(
+            "faults are injected into the Falcon engines only".into(),
+        ));
+    }
+    crate::pmem::retain_freed_memory();
+    let started = Instant::now();
+    let workload = cfg.workload.build();
+    let workload = &*workload;
+    // A crash-free run counts the events crash points are drawn from.
+    let dry = run_to_crash(cfg, workload, CrashTrigger::Never)?;
+    let events = dry.sim.crashed_at().unwrap_or_else(|| dry.sim.events());
+    drop(dry);
+    let mut report = CrashTestReport {
+        engine: cfg.engine,
+        domain: cfg.domain,
+        workload: workload.name().to_string(),
+        threads: cfg.threads,
+        seed: cfg.seed,
+        fault: cfg.fault,
+        events_per_run: events,
+        crash_points: 0,
+        images: 0,
+        unformatted: 0,
+        recovery_crashes: 0,
+        recovery_crash_images: 0,
+        violations: BTreeMap::new(),
+        examples: Vec::new(),
+        recovery_ms: Percentiles::default(),
+        elapsed_s: 0.0,
+    };
+    let mut rng = StdRng::seed_from_u64(cfg.seed);
+    let mut recovery_ms = Vec::new();
+    let mut next_exhaustive = 0u64;
+    let per_point = cfg.images_per_point.max(1);
+    loop {
+        let point = if let Some(e) = cfg.event {
+            if report.crash_points > 0 {
+                break;
+            }
+            e
+        } else if cfg.exhaustive {
+            if next_exhaustive > events {
+                break;
+            }
+            next_exhaustive += 1;
+            next_exhaustive - 1
+        } else {
+            if report.images >= cfg.images {
+                break;
+            }
+            rng.gen_range(0..=events)
+        };
+        report.crash_points += 1;
+        let run = run_to_crash(cfg, workload, CrashTrigger::AtEvent(point))?;
+        let Some(state) = run.sim.crash_state() else {
+            continue;
+        };
+        let image_seed = cfg.seed ^ point.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        for image in state.images(per_point, image_seed) {
+            let Some((ms, found)) = recover_and_check(
+                cfg,
+                workload,
+                &image.bytes,
+                &run.oracle,
+                run.created,
+                image_seed,
+            ) else {
+                report.unformatted += 1;
+                continue;
+            };
+            report.images += 1;
+            recovery_ms.push(ms);
+            report.note(cfg, &image, None, found);
+            if run.created
+                && cfg.recovery_crash_every > 0
+                && report.images % cfg.recovery_crash_every == 0
+            {
+                if let Some((at, found)) =
+                    crash_recovery(cfg, workload, &image, &run.oracle, &mut rng)
+                {
+                    report.recovery_crashes += 1;
+                    for v in found {
+                        report.recovery_crash_images += 1;
+                        report.note(cfg, &image, Some(at), v);
+                    }
+                }
+            }
+        }
+    }
+    report.recovery_ms = Percentiles::of(recovery_ms);
+    report.elapsed_s = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+impl CrashTestReport {
+    const MAX_EXAMPLES: usize = 16;
+
+    fn note(
+        &mut self,
+        cfg: &CrashTestConfig,
+        image: &CrashImage,
+        recovery_event: Option<u64>,
+        found: Vec<Violation>,
+    ) {
+        let mut kinds: Vec<ViolationKind> = found.iter().map(|v| v.kind).collect();
+        kinds.sort();
+        kinds.dedup();
+        for k in kinds {
+            *self.violations.entry(k).or_default() += 1;
+        }
+        for v in found {
+            if self.examples.len() < Self::MAX_EXAMPLES {
+                self.examples.push(ViolationRecord {
+                    kind: v.kind,
+                    message: v.message,
+                    event: image.event,
+                    recovery_event,
+                    prefixes: image.prefixes.clone(),
+                    reproduce: cfg.reproduce(image.event),
+                });
+            }
+        }
+    }
+
+    /// A human-readable summary.
+    pub fn render(&self) -> String {
+        let mut s = format!(
+            "crashtest {} / {} / {} ({} thread{}{}), seed {}\n",
+            self.engine,
+            self.domain,
+            self.workload,
+            self.threads,
+            if self.threads == 1 { "" } else { "s" },
+            self.fault
+                .map(|f| format!(", injected fault {f}"))
+                .unwrap_or_default(),
+            self.seed
+        );
+        s.push_str(&format!(
+            "  PM events per run {}, crash points {}, images {} (+{} of a crash before creation)\n",
+            self.events_per_run, self.crash_points, self.images, self.unformatted
+        ));
+        s.push_str(&format!(
+            "  crashed recoveries {}, their images checked {}\n",
+            self.recovery_crashes, self.recovery_crash_images
+        ));
+        s.push_str(&format!(
+            "  recovery time: p50 {:.3} ms, max {:.3} ms\n",
+            self.recovery_ms.p50, self.recovery_ms.max
+        ));
+        s.push_str(&format!("  violations: {}", self.total_violations()));
+        for k in ViolationKind::ALL {
+            if let Some(n) = self.violations.get(&k) {
+                s.push_str(&format!(", {k} {n}"));
+            }
+        }
+        s.push('\n');
+        for e in &self.examples {
+            s.push_str(&format!(
+                "  - {} at event {}{}: {}\n    reproduce: {}\n",
+                e.kind,
+                e.event,
+                e.recovery_event
+                    .map(|r| format!(" (then recovery crashed at its event {r})"))
+                    .unwrap_or_default(),
+                e.message,
+                e.reproduce
+            ));
+        }
+        s.push_str(&format!("  elapsed {:.1} s\n", self.elapsed_s));
+        s
+    }
+}

@@ -29,6 +29,6 @@ pub use cpu::{prefetch, FlushInstruction, CACHE_LINE};
 pub use crashsim::{CrashImage, CrashSim, CrashState, CrashTrigger, OnCrash, SimulatedCrash};
 pub use domain::PersistenceDomain;
 pub use error::{PoolError, PoolResult};
-pub use mapping::MappingKind;
+pub use mapping::{retain_freed_memory, MappingKind};
 pub use pool::{default_pool_path, CrashSimOptions, Pool, PoolInfo, PoolOptions, MIN_POOL_SIZE};
 pub use stats::PmStats;

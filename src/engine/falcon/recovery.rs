@@ -246,7 +246,8 @@ pub(super) fn recover(engine: &mut FalconEngine) -> Result<(RecoveryReport, u64)
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().expect("recovery scan thread panicked"))
+            // A scan thread stopped by a simulated crash (or a bug) unwinds the caller the same way.
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
             .collect()
     });
     let mut states: Vec<ThreadState> = (0..threads).map(|_| ThreadState::default()).collect();

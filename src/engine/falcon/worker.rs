@@ -936,9 +936,30 @@ impl EngineWorker for FalconWorker {
                 &self.data[d..d + r.len as usize],
             );
         }
+        // The KEY and FLAGS of inserted and deleted tuples go with the data, before its fence:
+        // a slot is 16-byte aligned, so its header may straddle two cache lines, and under ADR a
+        // durable `write_ts` (written below) must imply durable flags, or recovery's replay filter
+        // skips an insert whose LIVE flag was lost (found by the crash harness, issue 4).
+        for w in &self.writes {
+            match w.kind {
+                WriteKind::Insert => {
+                    self.pool.write_u64(w.tuple + tuple::KEY, w.key);
+                    self.pool.write_u64(w.tuple + tuple::FLAGS, tuple::LIVE);
+                }
+                WriteKind::Delete => self
+                    .pool
+                    .write_u64(w.tuple + tuple::FLAGS, tuple::LIVE | tuple::DELETED),
+                WriteKind::Update | WriteKind::Cancelled => {}
+            }
+        }
         if policy.persist_data {
             let mut spans = std::mem::take(&mut self.spans);
             spans.clear();
+            for w in &self.writes {
+                if matches!(w.kind, WriteKind::Insert | WriteKind::Delete) {
+                    spans.push((w.tuple + tuple::KEY, 16));
+                }
+            }
             for r in &self.ranges {
                 let w = &self.writes[r.write as usize];
                 if w.kind != WriteKind::Cancelled {
@@ -965,16 +986,8 @@ impl EngineWorker for FalconWorker {
                 self.writes[i].tuple,
                 self.writes[i].kind,
             );
-            match kind {
-                WriteKind::Cancelled => continue,
-                WriteKind::Insert => {
-                    self.pool.write_u64(t + tuple::KEY, key);
-                    self.pool.write_u64(t + tuple::FLAGS, tuple::LIVE);
-                }
-                WriteKind::Delete => self
-                    .pool
-                    .write_u64(t + tuple::FLAGS, tuple::LIVE | tuple::DELETED),
-                WriteKind::Update => {}
+            if kind == WriteKind::Cancelled {
+                continue;
             }
             self.pool.write_u64(t + tuple::WRITE_TS, tid);
             self.release_word(t, Some(tid));
@@ -1078,6 +1091,13 @@ impl Drop for FalconWorker {
     fn drop(&mut self) {
         if self.in_txn && !std::thread::panicking() {
             self.abort();
+        }
+        // The last commit's header flushes (write_ts) are not yet fenced; a fence covers only the
+        // flushes of its own thread, so fence before the slot (and its log window) can move to
+        // another thread, whose fences would not make them durable before it reuses the window
+        // (found by the crash harness, issue 4).
+        if self.eng.policy.persist_data || self.eng.policy.persist_log {
+            self.pool.fence();
         }
         if let Some(state) = self.state.take() {
             *self.eng.threads[self.thread].lock() = Some(state);

@@ -1,0 +1,325 @@
+//! What the harness checks on a recovered database: structure, durability, atomicity and the
+//! workload's invariants, against the [`Oracle`] of what was acknowledged before the crash.
+
+use super::workload::{CrashWorkload, Observed, Oracle, Uncertain};
+use crate::db::Db;
+use crate::engine::TxError;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// The kinds of violation, as counted in reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ViolationKind {
+    /// The image of a created database did not open (recovery failed or panicked).
+    Recovery,
+    /// Indexes and heap disagree, or space accounting is inconsistent.
+    Structure,
+    /// An acknowledged (durable) write is missing or changed.
+    Durability,
+    /// A transaction is partly visible, or a write never committed is.
+    Atomicity,
+    /// A workload invariant fails (bank total, record checksum).
+    Invariant,
+    /// The recovered database refused new transactions or broke under them.
+    Liveness,
+    /// A real panic (not a simulated crash) in the workload, recovery or checks.
+    Panic,
+}
+
+impl ViolationKind {
+    /// Every kind, in report order.
+    pub const ALL: [ViolationKind; 7] = [
+        ViolationKind::Recovery,
+        ViolationKind::Structure,
+        ViolationKind::Durability,
+        ViolationKind::Atomicity,
+        ViolationKind::Invariant,
+        ViolationKind::Liveness,
+        ViolationKind::Panic,
+    ];
+
+    /// The report name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ViolationKind::Recovery => "recovery",
+            ViolationKind::Structure => "structure",
+            ViolationKind::Durability => "durability",
+            ViolationKind::Atomicity => "atomicity",
+            ViolationKind::Invariant => "invariant",
+            ViolationKind::Liveness => "liveness",
+            ViolationKind::Panic => "panic",
+        }
+    }
+}
+
+impl std::fmt::Display for ViolationKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One failed check.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Violation {
+    /// Its kind.
+    pub kind: ViolationKind,
+    /// What was wrong.
+    pub message: String,
+}
+
+impl Violation {
+    /// A violation of `kind`.
+    pub fn new(kind: ViolationKind, message: impl Into<String>) -> Violation {
+        Violation {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+/// Reads every row the oracle knows of from `db` (per workload table), and the live row counts
+/// the structural check found. `Err` is a violation found on the way.
+pub fn observe(
+    db: &Db,
+    workload: &dyn CrashWorkload,
+    oracle: &Oracle,
+) -> Result<(Observed, Vec<u64>), Violation> {
+    let schemas = workload.schemas();
+    let counts = db
+        .check_structure()
+        .map_err(|e| Violation::new(ViolationKind::Structure, e))?;
+    let keys = oracle.keys();
+    let mut observed: Observed = vec![BTreeMap::new(); schemas.len()];
+    let mut live = vec![0u64; schemas.len()];
+    for (i, schema) in schemas.iter().enumerate() {
+        let Some(table) = db.table(&schema.name) else {
+            if oracle.tables_created {
+                return Err(Violation::new(
+                    ViolationKind::Durability,
+                    format!("table {} was created but is gone", schema.name),
+                ));
+            }
+            continue;
+        };
+        live[i] = counts.get(table as usize).copied().unwrap_or(0);
+        let rows = db
+            .worker()
+            .and_then(|mut w| {
+                w.run_read_only(|tx| {
+                    let mut found = Vec::new();
+                    for &k in &keys[i] {
+                        match tx.get(table, k) {
+                            Ok(r) => found.push((k, r.bytes().to_vec())),
+                            Err(TxError::NotFound { .. }) => {}
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    Ok(found)
+                })
+            })
+            .map_err(|e| {
+                Violation::new(
+                    ViolationKind::Liveness,
+                    format!("reading {} after recovery: {e}", schema.name),
+                )
+            })?;
+        observed[i].extend(rows);
+    }
+    Ok((observed, live))
+}
+
+/// Most uncertain transactions whose orders are enumerated (beyond that, keys are checked one
+/// by one, which still catches lost and torn writes but not every atomicity breach).
+const MAX_ENUMERATED: usize = 4;
+
+/// Checks `observed` (and the live counts) against the oracle and the workload's invariants.
+pub fn check_state(
+    workload: &dyn CrashWorkload,
+    oracle: &Oracle,
+    observed: &Observed,
+    live: &[u64],
+) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let uncertain = oracle.uncertain();
+    let touched: Vec<std::collections::BTreeSet<u64>> = (0..observed.len())
+        .map(|t| {
+            uncertain
+                .iter()
+                .flat_map(|u| u.writes.iter())
+                .filter(|w| w.table == t)
+                .map(|w| w.key)
+                .collect()
+        })
+        .collect();
+    // Rows nobody wrote (or whose insert never committed): the counts include every live row.
+    for (t, rows) in observed.iter().enumerate() {
+        if live[t] != rows.len() as u64 {
+            out.push(Violation::new(
+                ViolationKind::Atomicity,
+                format!(
+                    "table {t}: {} live rows but {} rows with keys the workload wrote",
+                    live[t],
+                    rows.len()
+                ),
+            ));
+        }
+    }
+    // Durability: keys no open transaction touched hold exactly their acknowledged value.
+    let mut lost = Vec::new();
+    for (t, keys) in oracle.keys().iter().enumerate() {
+        for &k in keys {
+            if touched[t].contains(&k) {
+                continue;
+            }
+            let want = oracle.acked_row(t, k);
+            let got = observed[t].get(&k);
+            if want != got {
+                lost.push(format!(
+                    "table {t} key {k:#x}: acknowledged {}, recovered {}",
+                    describe(want),
+                    describe(got)
+                ));
+            }
+        }
+    }
+    if !lost.is_empty() {
+        out.push(Violation::new(ViolationKind::Durability, summarize(&lost)));
+    }
+    // Atomicity: the touched keys match the acknowledged state plus some of the open
+    // transactions applied whole, in some order.
+    if !uncertain.is_empty() && !any_outcome_matches(oracle, &uncertain, observed, &touched) {
+        let detail: Vec<String> = touched
+            .iter()
+            .enumerate()
+            .flat_map(|(t, keys)| {
+                keys.iter().map(move |k| {
+                    format!(
+                        "table {t} key {k:#x}: acknowledged {}, recovered {}",
+                        describe(oracle.acked_row(t, *k)),
+                        describe(observed[t].get(k))
+                    )
+                })
+            })
+            .collect();
+        out.push(Violation::new(
+            ViolationKind::Atomicity,
+            format!(
+                "no outcome of the {} open transaction(s) explains the state: {}",
+                uncertain.len(),
+                summarize(&detail)
+            ),
+        ));
+    }
+    let broken = workload.check(observed);
+    if !broken.is_empty() {
+        out.push(Violation::new(ViolationKind::Invariant, summarize(&broken)));
+    }
+    out
+}
+
+fn describe(row: Option<&Vec<u8>>) -> String {
+    match row {
+        None => "nothing".into(),
+        Some(r) => format!("a row of crc {:08x}", crc32fast::hash(r)),
+    }
+}
+
+fn summarize(items: &[String]) -> String {
+    let mut s = items.iter().take(3).cloned().collect::<Vec<_>>().join("; ");
+    if items.len() > 3 {
+        s.push_str(&format!("; and {} more", items.len() - 3));
+    }
+    s
+}
+
+/// Whether some subset of the open transactions, applied whole in some order after the
+/// acknowledged state, gives the observed rows for every key they touch. A key acknowledged after a
+/// transaction went in flight may have been written after it, so there either value is accepted.
+fn any_outcome_matches(
+    oracle: &Oracle,
+    uncertain: &[Uncertain],
+    observed: &Observed,
+    touched: &[std::collections::BTreeSet<u64>],
+) -> bool {
+    let n = uncertain.len();
+    if n > MAX_ENUMERATED {
+        // Too many to enumerate: accept per key any value some open transaction wrote.
+        return touched.iter().enumerate().all(|(t, keys)| {
+            keys.iter().all(|k| {
+                let got = observed[t].get(k);
+                got == oracle.acked_row(t, *k)
+                    || uncertain.iter().any(|u| {
+                        u.writes
+                            .iter()
+                            .any(|w| w.table == t && w.key == *k && w.row.as_ref() == got)
+                    })
+            })
+        });
+    }
+    let mut order: Vec<usize> = Vec::new();
+    for mask in 0u32..(1 << n) {
+        order.clear();
+        order.extend((0..n).filter(|i| mask & (1 << i) != 0));
+        if permutations_match(&mut order, 0, oracle, uncertain, observed, touched) {
+            return true;
+        }
+    }
+    false
+}
+
+fn permutations_match(
+    order: &mut Vec<usize>,
+    at: usize,
+    oracle: &Oracle,
+    uncertain: &[Uncertain],
+    observed: &Observed,
+    touched: &[std::collections::BTreeSet<u64>],
+) -> bool {
+    if at == order.len() {
+        return outcome_matches(order, oracle, uncertain, observed, touched);
+    }
+    for i in at..order.len() {
+        order.swap(at, i);
+        if permutations_match(order, at + 1, oracle, uncertain, observed, touched) {
+            return true;
+        }
+        order.swap(at, i);
+    }
+    false
+}
+
+fn outcome_matches(
+    order: &[usize],
+    oracle: &Oracle,
+    uncertain: &[Uncertain],
+    observed: &Observed,
+    touched: &[std::collections::BTreeSet<u64>],
+) -> bool {
+    for (t, keys) in touched.iter().enumerate() {
+        for &k in keys {
+            let acked = oracle.acked_row(t, k);
+            let mut want = acked;
+            let mut alternatives: Vec<Option<&Vec<u8>>> = Vec::new();
+            for &i in order {
+                if let Some(w) = uncertain[i]
+                    .writes
+                    .iter()
+                    .find(|w| w.table == t && w.key == k)
+                {
+                    if oracle.acked_seq(t, k) > uncertain[i].since {
+                        // Acknowledged later: it may have overwritten this write.
+                        alternatives.push(w.row.as_ref());
+                    } else {
+                        want = w.row.as_ref();
+                    }
+                }
+            }
+            let got = observed[t].get(&k);
+            if got != want && !alternatives.contains(&got) {
+                return false;
+            }
+        }
+    }
+    true
+}

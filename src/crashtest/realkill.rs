@@ -1,0 +1,247 @@
+//! Real crashes: a child `pmtx crashtest --child-pool PATH` process runs a workload on a /dev/shm
+//! pool and streams its oracle events (write sets before each commit, tids after) to the parent as
+//! JSON lines; the parent SIGKILLs it at a random moment, reopens the pool, recovers it and runs
+//! the same checks as for simulated crashes. A SIGKILL loses no store that reached the shared
+//! mapping, so this is an eADR crash of real threads and real timing (the simulator covers ADR).
+
+use super::checks::{Violation, ViolationKind};
+use super::workload::{Oracle, OracleEvent, Recorder, WorkloadKind};
+use super::{check_recovered, drive, Caught, CrashTestConfig, CrashTestError, Percentiles};
+use crate::db::{Db, DbConfig};
+use crate::engine::EngineKind;
+use crate::pmem::PersistenceDomain;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Real-kill rounds.
+#[derive(Clone, Debug)]
+pub struct RealKillConfig {
+    /// What runs in the child (engine, domain, workload, threads, seed).
+    pub test: CrashTestConfig,
+    /// SIGKILLs (one child each).
+    pub kills: u32,
+    /// The `pmtx` binary to spawn.
+    pub pmtx: PathBuf,
+    /// Where the pools go (e.g. a temporary directory under /dev/shm).
+    pub dir: PathBuf,
+    /// Kill delays are drawn from `[min_delay_ms, max_delay_ms)`.
+    pub min_delay_ms: u64,
+    /// See `min_delay_ms`.
+    pub max_delay_ms: u64,
+}
+
+/// What the kills found.
+#[derive(Clone, Debug, Serialize)]
+pub struct RealKillReport {
+    /// The engine.
+    pub engine: EngineKind,
+    /// The domain the child ran under.
+    pub domain: PersistenceDomain,
+    /// Children killed.
+    pub kills: u32,
+    /// Kills that landed after the load, while transactions ran.
+    pub mid_run: u32,
+    /// Kills that landed before the tables existed (pool refused or empty: nothing to check).
+    pub before_setup: u32,
+    /// Transactions acknowledged to the parent over all rounds.
+    pub acknowledged: u64,
+    /// Violations by kind.
+    pub violations: BTreeMap<ViolationKind, u64>,
+    /// The first violations.
+    pub examples: Vec<String>,
+    /// Recovery time (open of the killed pool) in milliseconds.
+    pub recovery_ms: Percentiles,
+}
+
+impl RealKillReport {
+    /// All violations.
+    pub fn total_violations(&self) -> u64 {
+        self.violations.values().sum()
+    }
+}
+
+fn child_db_config(test: &CrashTestConfig, path: &Path) -> DbConfig {
+    let mut c = test.db_config(test.workload.build().schemas().len());
+    c.pool_size = 64 << 20;
+    c.path = Some(path.to_path_buf());
+    c
+}
+
+/// The child's side: creates the pool at `path`, runs the workload (load, then transactions
+/// until killed or `txns_per_thread` per thread are done) and prints every oracle event as a JSON
+/// line on stdout.
+pub fn child_main(test: &CrashTestConfig, path: &Path) -> Result<(), CrashTestError> {
+    let db = Db::create(child_db_config(test, path))
+        .map_err(|e| CrashTestError::Setup(format!("child: create {}: {e}", path.display())))?;
+    let workload = test.workload.build();
+    let stdout = std::sync::Mutex::new(std::io::stdout());
+    let recorder = Recorder::new(Oracle::new(workload.schemas().len())).with_sink(Box::new(
+        move |event: &OracleEvent| {
+            let mut line = serde_json::to_string(event).expect("events serialise");
+            line.push('\n');
+            let out = stdout.lock().unwrap_or_else(|p| p.into_inner());
+            let mut out = out.lock();
+            // The parent may be gone; nothing to do about it then.
+            let _ = out.write_all(line.as_bytes());
+            let _ = out.flush();
+        },
+    ));
+    match drive(
+        &db,
+        &*workload,
+        &recorder,
+        true,
+        test.threads,
+        test.txns_per_thread,
+        test.seed,
+        0,
+    ) {
+        Caught::Done(r) => r.map_err(|e| CrashTestError::Setup(format!("child workload: {e}"))),
+        Caught::Crashed => Ok(()),
+        Caught::Panicked(m) => Err(CrashTestError::Setup(format!("child panicked: {m}"))),
+    }
+}
+
+/// Runs `cfg.kills` rounds: spawn, kill, recover, check.
+pub fn run(cfg: &RealKillConfig) -> Result<RealKillReport, CrashTestError> {
+    let test = &cfg.test;
+    super::supported(test.engine, test.domain).map_err(CrashTestError::Unsupported)?;
+    let workload = test.workload.build();
+    let mut rng = StdRng::seed_from_u64(test.seed);
+    let mut report = RealKillReport {
+        engine: test.engine,
+        domain: test.domain,
+        kills: 0,
+        mid_run: 0,
+        before_setup: 0,
+        acknowledged: 0,
+        violations: BTreeMap::new(),
+        examples: Vec::new(),
+        recovery_ms: Percentiles::default(),
+    };
+    let mut recovery_ms = Vec::new();
+    for round in 0..cfg.kills {
+        let path = cfg.dir.join(format!(
+            "crashtest-{}-{}-{round}.pool",
+            test.engine,
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&path);
+        let mut child = Command::new(&cfg.pmtx)
+            .args(["crashtest", "--engine", test.engine.name()])
+            .args(["--domain", test.domain.name()])
+            .args(["--workload", test.workload.name()])
+            .args(["--threads", &test.threads.to_string()])
+            .args(["--seed", &(test.seed + u64::from(round)).to_string()])
+            .args(["--child-txns", "1000000"])
+            .arg("--child-pool")
+            .arg(&path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| CrashTestError::Setup(format!("spawn {}: {e}", cfg.pmtx.display())))?;
+        let stdout = child.stdout.take().expect("piped");
+        let tables = workload.schemas().len();
+        let reader = std::thread::spawn(move || {
+            let mut oracle = Oracle::new(tables);
+            // A line cut by the kill does not parse and is ignored: its event never happened
+            // as far as the parent knows (conservative: an unacknowledged commit may go either way).
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Ok(event) = serde_json::from_str::<OracleEvent>(&line) {
+                    oracle.apply(&event);
+                }
+            }
+            oracle
+        });
+        let delay = rng.gen_range(cfg.min_delay_ms..cfg.max_delay_ms.max(cfg.min_delay_ms + 1));
+        std::thread::sleep(Duration::from_millis(delay));
+        let _ = child.kill(); // SIGKILL (it may have finished already)
+        let _ = child.wait();
+        let oracle = reader.join().expect("reader thread");
+        report.kills += 1;
+        report.acknowledged += oracle.commits;
+        let mut found: Vec<Violation> = Vec::new();
+        if !path.exists() {
+            report.before_setup += 1;
+            continue;
+        }
+        let started = Instant::now();
+        match Db::open(child_db_config(test, &path)) {
+            Err(_) if !oracle.tables_created => report.before_setup += 1,
+            Err(e) => found.push(Violation::new(
+                ViolationKind::Recovery,
+                format!("reopening after the kill: {e}"),
+            )),
+            Ok(db) => {
+                recovery_ms.push(started.elapsed().as_secs_f64() * 1e3);
+                if oracle.commits > 1 {
+                    report.mid_run += 1;
+                }
+                if !oracle.tables_created {
+                    report.before_setup += 1;
+                }
+                found.extend(check_recovered(
+                    test,
+                    &*workload,
+                    &db,
+                    &oracle,
+                    u64::from(round),
+                ));
+            }
+        }
+        let _ = std::fs::remove_file(&path);
+        let mut kinds: Vec<ViolationKind> = found.iter().map(|v| v.kind).collect();
+        kinds.sort();
+        kinds.dedup();
+        for k in kinds {
+            *report.violations.entry(k).or_default() += 1;
+        }
+        for v in found {
+            if report.examples.len() < 16 {
+                report.examples.push(format!(
+                    "round {round} (kill after {delay} ms, {} acknowledged): {}: {}",
+                    oracle.commits, v.kind, v.message
+                ));
+            }
+        }
+    }
+    report.recovery_ms = Percentiles::of(recovery_ms);
+    Ok(report)
+}
+
+impl RealKillReport {
+    /// A human-readable summary.
+    pub fn render(&self) -> String {
+        let mut s = format!(
+            "real kills {} / {}: {} kills ({} mid-run, {} before setup), {} transactions acknowledged\n",
+            self.engine, self.domain, self.kills, self.mid_run, self.before_setup, self.acknowledged
+        );
+        s.push_str(&format!(
+            "  recovery time: p50 {:.3} ms, max {:.3} ms\n  violations: {}",
+            self.recovery_ms.p50,
+            self.recovery_ms.max,
+            self.total_violations()
+        ));
+        for (k, n) in &self.violations {
+            s.push_str(&format!(", {k} {n}"));
+        }
+        s.push('\n');
+        for e in &self.examples {
+            s.push_str(&format!("  - {e}\n"));
+        }
+        s
+    }
+}
+
+/// The workload names, for messages.
+pub fn workload_names() -> Vec<&'static str> {
+    WorkloadKind::ALL.iter().map(|w| w.name()).collect()
+}
