@@ -4,8 +4,9 @@
 
 use pmtx::cc::Protocol;
 use pmtx::db::{Db, DbConfig};
-use pmtx::engine::EngineKind;
+use pmtx::engine::{DbError, EngineKind};
 use pmtx::pmem::PersistenceDomain;
+use pmtx::pmem::PoolError;
 use pmtx::workload::bank;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -53,7 +54,13 @@ fn kill_and_recover(engine: EngineKind, protocol: Protocol, domain: PersistenceD
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn pmtx");
-        // From just after start (possibly mid-creation) to well into the transfers.
+        // Time is counted from the moment the pool file appears, so that a slow start on a loaded
+        // machine does not turn every kill into a kill during creation. From just after that
+        // (possibly mid-creation) to well into the transfers.
+        let started = std::time::Instant::now();
+        while !path.exists() && started.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(2));
+        }
         let delay_ms = 20 + (round * 7919 + 13) % 700;
         std::thread::sleep(Duration::from_millis(delay_ms));
         child.kill().expect("SIGKILL");
@@ -69,7 +76,13 @@ fn kill_and_recover(engine: EngineKind, protocol: Protocol, domain: PersistenceD
             .max_threads(3);
         let db = match Db::open(config) {
             Ok(db) => db,
-            // Killed while the pool or its engine metadata was being created: refused cleanly.
+            // Killed before the header was complete (the magic is written last): refused cleanly,
+            // whenever that was.
+            Err(e @ DbError::Pool(PoolError::NotAPool { .. } | PoolError::Truncated { .. })) => {
+                eprintln!("round {round} ({delay_ms} ms): refused an unfinished pool: {e}");
+                continue;
+            }
+            // Killed while the engine metadata was being created: refused cleanly.
             Err(e) if delay_ms < 200 => {
                 eprintln!("round {round} ({delay_ms} ms): refused an unfinished pool: {e}");
                 continue;

@@ -10,13 +10,17 @@
 //! - [`RunReport`] labels a result with engine, concurrency control, persistence domain and
 //!   workload (plus a volatile baseline), for [`print_table`] and [`write_json`].
 //! - [`loading_bar`] is a progress bar for the loading phase, hidden when stderr is not a terminal.
+//! - [`plot`] draws figures (PNG, SVG) from the JSON that [`write_json`] writes.
 
+pub mod plot;
 mod report;
 mod result;
 mod run;
 
 pub use report::{loading_bar, print_table, write_json, RunReport};
-pub use result::{BenchResult, KindResult, LatencySummary, PmPerTxn};
+pub use result::{
+    BenchResult, KindResult, LatencySummary, PmPerTxn, KINDS_CDF_POINTS, RUN_CDF_POINTS,
+};
 pub use run::{run, BenchConfig, BenchError, DriverError, TxnDriver, TxnOutcome};
 
 #[cfg(test)]

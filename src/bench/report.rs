@@ -6,12 +6,13 @@ use std::path::Path;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
-use super::result::BenchResult;
+use super::result::{BenchResult, RUN_CDF_POINTS};
 
 /// One run's result labelled with what ran, as printed and serialised.
 ///
 /// JSON: the labels, the [`BenchResult`] fields flattened in, then `volatile_throughput_tps` and
-/// `ratio_to_volatile` (absent unless [`RunReport::with_volatile`] was called), then `params`.
+/// `ratio_to_volatile` (absent unless [`RunReport::with_volatile`] was called), then
+/// `latency_cdf_us`, then `params`. `pmtx plot` reads this format.
 #[derive(Clone, Debug, Serialize)]
 pub struct RunReport {
     /// Engine name (e.g. "falcon").
@@ -31,6 +32,10 @@ pub struct RunReport {
     /// `result.throughput_tps / volatile_throughput_tps` (0 when the baseline is 0).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ratio_to_volatile: Option<f64>,
+    /// Points `(latency in µs, fraction of outcomes at or below it)` of the run's latency CDF
+    /// ([`RUN_CDF_POINTS`] of them, none when nothing was recorded): see
+    /// [`BenchResult::latency_cdf`]. Serialised as `[[µs, fraction], ...]`.
+    pub latency_cdf_us: Vec<(f64, f64)>,
     /// Free-form run parameters (record count, distribution, ...).
     pub params: serde_json::Value,
 }
@@ -45,6 +50,7 @@ impl RunReport {
         result: BenchResult,
         params: serde_json::Value,
     ) -> Self {
+        let latency_cdf_us = result.latency_cdf(RUN_CDF_POINTS);
         RunReport {
             engine: engine.into(),
             cc: cc.into(),
@@ -53,6 +59,7 @@ impl RunReport {
             result,
             volatile_throughput_tps: None,
             ratio_to_volatile: None,
+            latency_cdf_us,
             params,
         }
     }
@@ -82,7 +89,9 @@ impl RunReport {
 }
 
 /// Writes `reports` as an aligned table, one row per report, then (if any report has more than
-/// one transaction kind) a per-kind table of those reports.
+/// one transaction kind, or expected failures) a per-kind table of those reports: each kind's share of the outcomes
+/// (`mix%`), throughput, conflict aborts, expected failures (`fail%`, see
+/// [`super::KindResult::fail_rate`]) and latency percentiles.
 pub fn print_table(reports: &[RunReport], out: &mut impl Write) -> io::Result<()> {
     let with_volatile = reports.iter().any(|r| r.ratio_to_volatile.is_some());
     let mut headers = vec![
@@ -135,7 +144,7 @@ pub fn print_table(reports: &[RunReport], out: &mut impl Write) -> io::Result<()
 
     let multi: Vec<&RunReport> = reports
         .iter()
-        .filter(|r| r.result.per_kind.len() > 1)
+        .filter(|r| r.result.per_kind.len() > 1 || r.result.expected_failures > 0)
         .collect();
     if multi.is_empty() {
         return Ok(());
@@ -149,9 +158,12 @@ pub fn print_table(reports: &[RunReport], out: &mut impl Write) -> io::Result<()
         "workload",
         "kind",
         "thr",
+        "mix%",
         "tput tx/s",
         "abort%",
+        "fail%",
         "p50 µs",
+        "p90 µs",
         "p99 µs",
         "p999 µs",
     ];
@@ -166,9 +178,12 @@ pub fn print_table(reports: &[RunReport], out: &mut impl Write) -> io::Result<()
                     r.workload.clone(),
                     k.name.clone(),
                     r.result.threads.to_string(),
+                    fmt_pct(k.mix_share),
                     fmt_count(k.throughput_tps),
                     fmt_pct(k.abort_rate),
+                    fmt_pct(k.fail_rate),
                     fmt_us(k.latency_us.p50),
+                    fmt_us(k.latency_us.p90),
                     fmt_us(k.latency_us.p99),
                     fmt_us(k.latency_us.p999),
                 ]

@@ -40,6 +40,7 @@ pub(crate) struct KindStats {
     committed: u64,
     aborted: u64,
     user_aborted: u64,
+    expected_failures: u64,
     latency: Histogram<u64>,
 }
 
@@ -59,19 +60,25 @@ impl ThreadStats {
                     committed: 0,
                     aborted: 0,
                     user_aborted: 0,
+                    expected_failures: 0,
                     latency: new_histogram(),
                 })
                 .collect(),
         }
     }
 
-    /// Records one outcome; `outcome.kind` must be in range.
-    pub(crate) fn record(&mut self, outcome: &TxnOutcome, nanos: u64) {
+    /// Records one outcome (`expected_failure`: see
+    /// [`TxnDriver::last_was_expected_failure`](super::TxnDriver::last_was_expected_failure));
+    /// `outcome.kind` must be in range.
+    pub(crate) fn record(&mut self, outcome: &TxnOutcome, expected_failure: bool, nanos: u64) {
         let kind = &mut self.kinds[outcome.kind];
         if outcome.committed {
             kind.committed += 1;
         } else {
             kind.user_aborted += 1;
+        }
+        if expected_failure {
+            kind.expected_failures += 1;
         }
         kind.aborted += u64::from(outcome.aborts);
         record_ns(&mut kind.latency, nanos);
@@ -143,6 +150,13 @@ impl PmPerTxn {
     }
 }
 
+/// Points of each kind's latency CDF kept in [`KindResult::latency_cdf_us`].
+pub const KINDS_CDF_POINTS: usize = 40;
+
+/// Points of the whole run's latency CDF kept in
+/// [`RunReport::latency_cdf_us`](super::RunReport::latency_cdf_us).
+pub const RUN_CDF_POINTS: usize = 80;
+
 /// The figures of one transaction kind.
 #[derive(Clone, Debug, Serialize)]
 pub struct KindResult {
@@ -154,12 +168,25 @@ pub struct KindResult {
     pub aborted: u64,
     /// Outcomes that did not commit (user aborts, or the driver gave up).
     pub user_aborted: u64,
+    /// Outcomes (committed or not) that were the workload's expected failures, such as a TATP
+    /// lookup finding no row: see
+    /// [`TxnDriver::last_was_expected_failure`](super::TxnDriver::last_was_expected_failure).
+    pub expected_failures: u64,
     /// `committed / duration_s`.
     pub throughput_tps: f64,
     /// `aborted / (aborted + committed)`, 0 when both are 0.
     pub abort_rate: f64,
+    /// `expected_failures / (committed + user_aborted)`: the share of this kind's outcomes that
+    /// were expected failures (0 when there were no outcomes).
+    pub fail_rate: f64,
+    /// This kind's share of all outcomes of the run, `(committed + user_aborted) / outcomes`:
+    /// the measured transaction mix.
+    pub mix_share: f64,
     /// Latency of this kind's outcomes.
     pub latency_us: LatencySummary,
+    /// Points `(µs, fraction)` of this kind's latency CDF ([`KINDS_CDF_POINTS`] of them, or none
+    /// when nothing was recorded): see [`BenchResult::latency_cdf`].
+    pub latency_cdf_us: Vec<(f64, f64)>,
     /// This kind's latency histogram (nanoseconds), not serialised.
     #[serde(skip)]
     pub latency_hist: Histogram<u64>,
@@ -185,6 +212,9 @@ pub struct BenchResult {
     pub aborted: u64,
     /// Outcomes that did not commit (user aborts, or a driver gave up).
     pub user_aborted: u64,
+    /// Outcomes that were the workload's expected failures (sum of
+    /// [`KindResult::expected_failures`]).
+    pub expected_failures: u64,
     /// `committed / duration_s` (0 when the duration is 0).
     pub throughput_tps: f64,
     /// `aborted / (aborted + committed)`, 0 when both are 0.
@@ -208,6 +238,7 @@ impl Default for BenchResult {
             committed: 0,
             aborted: 0,
             user_aborted: 0,
+            expected_failures: 0,
             throughput_tps: 0.0,
             abort_rate: 0.0,
             latency_us: LatencySummary::default(),
@@ -236,9 +267,13 @@ impl BenchResult {
                 committed: 0,
                 aborted: 0,
                 user_aborted: 0,
+                expected_failures: 0,
                 throughput_tps: 0.0,
                 abort_rate: 0.0,
+                fail_rate: 0.0,
+                mix_share: 0.0,
                 latency_us: LatencySummary::default(),
+                latency_cdf_us: Vec::new(),
                 latency_hist: new_histogram(),
             })
             .collect();
@@ -248,23 +283,31 @@ impl BenchResult {
                 kind.committed += stats.committed;
                 kind.aborted += stats.aborted;
                 kind.user_aborted += stats.user_aborted;
+                kind.expected_failures += stats.expected_failures;
                 merge(&mut kind.latency_hist, &stats.latency);
             }
         }
+        let outcomes: u64 = per_kind.iter().map(|k| k.committed + k.user_aborted).sum();
         for kind in &mut per_kind {
+            let own = kind.committed + kind.user_aborted;
             kind.throughput_tps = ratio(kind.committed as f64, duration_s);
             kind.abort_rate = ratio(kind.aborted as f64, (kind.aborted + kind.committed) as f64);
+            kind.fail_rate = ratio(kind.expected_failures as f64, own as f64);
+            kind.mix_share = ratio(own as f64, outcomes as f64);
             kind.latency_us = LatencySummary::from_histogram(&kind.latency_hist);
+            kind.latency_cdf_us = cdf(&kind.latency_hist, KINDS_CDF_POINTS);
         }
         let committed: u64 = per_kind.iter().map(|k| k.committed).sum();
         let aborted: u64 = per_kind.iter().map(|k| k.aborted).sum();
         let user_aborted: u64 = per_kind.iter().map(|k| k.user_aborted).sum();
+        let expected_failures: u64 = per_kind.iter().map(|k| k.expected_failures).sum();
         BenchResult {
             threads,
             duration_s,
             committed,
             aborted,
             user_aborted,
+            expected_failures,
             throughput_tps: ratio(committed as f64, duration_s),
             abort_rate: ratio(aborted as f64, (aborted + committed) as f64),
             latency_us: LatencySummary::from_histogram(&latency_hist),

@@ -19,6 +19,18 @@ pub trait TxnDriver {
     /// Runs one transaction to completion. The driver retries conflict aborts itself and reports
     /// how many it saw in [`TxnOutcome::aborts`]. An error stops the whole run.
     fn run_txn(&mut self) -> Result<TxnOutcome, DriverError>;
+
+    /// Whether the outcome [`TxnDriver::run_txn`] just returned was one of the workload's
+    /// *expected failures*: a transaction that ran as specified but found nothing to do, such as
+    /// TATP's GET_NEW_DESTINATION finding no forwarding row or INSERT_CALL_FORWARDING hitting an
+    /// existing key. These are counted per kind in [`KindResult::expected_failures`]
+    /// (committed or not), never treated as errors. Drivers without such outcomes keep the
+    /// default, `false`.
+    ///
+    /// [`KindResult::expected_failures`]: super::KindResult::expected_failures
+    fn last_was_expected_failure(&self) -> bool {
+        false
+    }
 }
 
 /// What one call of [`TxnDriver::run_txn`] did.
@@ -43,7 +55,7 @@ pub struct BenchConfig {
     /// Measured duration.
     pub duration: Duration,
     /// Names of the transaction types, indexed by [`TxnOutcome::kind`] (at least one), e.g.
-    /// `["ycsb"]` or TPC-C's five.
+    /// YCSB's `["read-write", "read-only"]` or TPC-C's five.
     pub txn_kinds: Vec<String>,
 }
 
@@ -286,7 +298,7 @@ where
         match outcome {
             Ok(outcome) if outcome.kind < n_kinds => {
                 if before == MEASURE && shared.phase() == MEASURE {
-                    stats.record(&outcome, nanos);
+                    stats.record(&outcome, driver.last_was_expected_failure(), nanos);
                 }
             }
             Ok(outcome) => {

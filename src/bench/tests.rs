@@ -323,3 +323,83 @@ fn loading_bar_works_without_a_terminal() {
     assert_eq!(bar.position(), 100);
     bar.finish_and_clear();
 }
+
+/// Every third outcome is an expected failure; every sixth also does not commit.
+struct FailingDriver {
+    n: u64,
+}
+
+impl TxnDriver for FailingDriver {
+    fn run_txn(&mut self) -> Result<TxnOutcome, Box<dyn std::error::Error + Send + Sync>> {
+        self.n += 1;
+        std::thread::sleep(Duration::from_micros(20));
+        Ok(TxnOutcome {
+            kind: usize::from(self.n % 3 == 0),
+            committed: self.n % 6 != 0,
+            aborts: 0,
+        })
+    }
+
+    fn last_was_expected_failure(&self) -> bool {
+        self.n % 3 == 0
+    }
+}
+
+#[test]
+fn expected_failures_mix_and_cdfs_are_reported_per_kind() {
+    let result = run(config(10, 150), |_| {
+        Ok::<_, String>(Box::new(FailingDriver { n: 0 }) as Box<dyn TxnDriver>)
+    })
+    .unwrap();
+    let (ok, failing) = (&result.per_kind[0], &result.per_kind[1]);
+    assert_eq!(ok.expected_failures, 0);
+    assert_eq!(ok.fail_rate, 0.0);
+    assert!(failing.expected_failures > 0);
+    assert_eq!(
+        failing.expected_failures,
+        failing.committed + failing.user_aborted
+    );
+    assert_eq!(failing.fail_rate, 1.0);
+    // Half of the failing kind's outcomes (n % 6 == 0) did not commit.
+    let half = failing.user_aborted as f64 / failing.expected_failures as f64;
+    assert!((half - 0.5).abs() < 0.1, "{half}");
+    assert_eq!(result.expected_failures, failing.expected_failures);
+    // The measured mix: one outcome in three is of kind 1.
+    assert!((failing.mix_share - 1.0 / 3.0).abs() < 0.05);
+    assert!((ok.mix_share + failing.mix_share - 1.0).abs() < 1e-9);
+    for kind in &result.per_kind {
+        assert_eq!(kind.latency_cdf_us.len(), KINDS_CDF_POINTS);
+        assert_eq!(kind.latency_cdf_us.last().unwrap().1, 1.0);
+    }
+
+    let rep = report("falcon", result);
+    assert_eq!(rep.latency_cdf_us.len(), RUN_CDF_POINTS);
+    let json = serde_json::to_value(&rep).unwrap();
+    assert!(all_numbers_finite(&json));
+    assert_eq!(
+        json["latency_cdf_us"].as_array().unwrap().len(),
+        RUN_CDF_POINTS
+    );
+    assert_eq!(json["latency_cdf_us"][RUN_CDF_POINTS - 1][1], 1.0);
+    let kinds = json["per_kind"].as_array().unwrap();
+    for key in [
+        "expected_failures",
+        "fail_rate",
+        "mix_share",
+        "latency_cdf_us",
+    ] {
+        assert!(kinds[1].get(key).is_some(), "missing per_kind.{key}");
+    }
+
+    let mut out = Vec::new();
+    print_table(std::slice::from_ref(&rep), &mut out).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    let header = text
+        .lines()
+        .find(|l| l.contains(" kind "))
+        .expect("a per-kind table");
+    for col in ["mix%", "fail%", "p90 µs"] {
+        assert!(header.contains(col), "missing column {col}: {text}");
+    }
+    assert!(text.contains("100.00"), "kind 1 fails every time: {text}");
+}

@@ -12,30 +12,134 @@
 //!
 //! Transaction ids are `timestamp << 8 | thread_id` (Falcon §5.2.1 footnote), see [`TidClock`].
 
+pub mod history;
+pub mod hstore;
+pub mod lock2pl;
+pub mod mvcc;
+pub mod silo;
+pub mod tictoc;
+pub mod to;
+
+pub use mvcc::{SnapshotClock, VersionStore};
+
 use serde::{Deserialize, Serialize};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// A concurrency-control protocol.
+/// A concurrency-control protocol: the set Falcon (§5.2, §6) and Zen (§3.3.2, §4.4) evaluate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Protocol {
-    /// Optimistic: read without locks, lock the write set at commit, validate the read set (Silo).
+    /// Optimistic: read without locks, lock the write set at commit, validate the read set (the
+    /// Silo-style OCC Falcon §5.2.1 describes; commit tids from the loosely synchronised clock).
     Occ,
     /// Two-phase locking, no-wait: a lock conflict aborts at once, so no deadlock can form.
     NoWait,
+    /// Two-phase locking, wait-die: an older transaction waits for a younger lock holder, a
+    /// younger one dies (aborts).
+    WaitDie,
+    /// Two-phase locking with deadlock detection: waiters publish whom they wait for; a waiter
+    /// that closes a cycle in the waits-for graph aborts.
+    DlDetect,
+    /// Basic timestamp ordering (Falcon §5.2.1): a timestamp at begin, read/write timestamps
+    /// per tuple, a lock bit for writes in flight.
+    To,
+    /// Silo (Tu et al., SOSP'13): OCC whose commit tids come from a global epoch and the versions
+    /// seen, not from a clock read per commit.
+    Silo,
+    /// TicToc (Yu et al., SIGMOD'16): OCC with data-driven commit timestamps (read timestamps
+    /// extended at validation).
+    Tictoc,
+    /// Multi-version OCC (Falcon §5.2.1): OCC for read-write transactions, snapshot reads of DRAM
+    /// versions for read-only ones.
+    Mvocc,
+    /// Multi-version timestamp ordering (Falcon §5.2.1, FIR §4.2).
+    Mvto,
+    /// Multi-version 2PL (Falcon §5.2.1): no-wait locks for read-write transactions, snapshots for
+    /// read-only ones.
+    Mv2pl,
+    /// Snapshot isolation (ArchTM §5.3): snapshot reads, first committer wins. **Not
+    /// serializable**: write skew can occur.
+    Si,
+    /// Partition locking (H-Store style): one exclusive lock per partition, no per-tuple CC.
+    Hstore,
 }
 
 impl Protocol {
     /// Every protocol, in CLI order.
-    pub const ALL: [Protocol; 2] = [Protocol::Occ, Protocol::NoWait];
+    pub const ALL: [Protocol; 12] = [
+        Protocol::NoWait,
+        Protocol::WaitDie,
+        Protocol::DlDetect,
+        Protocol::To,
+        Protocol::Occ,
+        Protocol::Silo,
+        Protocol::Tictoc,
+        Protocol::Mvocc,
+        Protocol::Mvto,
+        Protocol::Mv2pl,
+        Protocol::Si,
+        Protocol::Hstore,
+    ];
 
     /// The command-line name.
     pub fn name(self) -> &'static str {
         match self {
             Protocol::Occ => "occ",
             Protocol::NoWait => "no-wait",
+            Protocol::WaitDie => "wait-die",
+            Protocol::DlDetect => "dl-detect",
+            Protocol::To => "to",
+            Protocol::Silo => "silo",
+            Protocol::Tictoc => "tictoc",
+            Protocol::Mvocc => "mvocc",
+            Protocol::Mvto => "mvto",
+            Protocol::Mv2pl => "mv2pl",
+            Protocol::Si => "si",
+            Protocol::Hstore => "hstore",
         }
+    }
+
+    /// Whether the protocol keeps old versions in DRAM (Falcon §5.2.3) and runs read-only
+    /// transactions on snapshots, so they never abort.
+    pub fn is_multi_version(self) -> bool {
+        matches!(
+            self,
+            Protocol::Mvocc | Protocol::Mvto | Protocol::Mv2pl | Protocol::Si
+        )
+    }
+
+    /// Whether committed histories are conflict-serializable (all but snapshot isolation).
+    pub fn is_serializable(self) -> bool {
+        self != Protocol::Si
+    }
+
+    /// Whether the protocol needs more than the per-tuple word of [`CcProtocol`]: a transaction
+    /// context (timestamps, waits-for, partition locks, version chains; see [`CcShared`]). Engines
+    /// that drive protocols only through [`CcProtocol`] refuse these with
+    /// [`UnsupportedProtocol`].
+    pub fn requires_context(self) -> bool {
+        !matches!(self, Protocol::Occ | Protocol::NoWait | Protocol::Silo)
+    }
+
+    /// The tuple word a recovered tuple gets (no locks, no readers), given the commit tid of its
+    /// last writer.
+    pub fn idle_word(self, write_ts: u64) -> u64 {
+        match self {
+            Protocol::NoWait | Protocol::WaitDie | Protocol::DlDetect | Protocol::Mv2pl => 0,
+            // OCC family: the version; TO, MVTO and TicToc: the read timestamp, equal to wts.
+            _ => write_ts & !LOCK_BIT,
+        }
+    }
+
+    /// Help text for `--cc`: every name with a short description.
+    pub fn help() -> String {
+        let names: Vec<&str> = Protocol::ALL.iter().map(|p| p.name()).collect();
+        format!(
+            "Concurrency-control protocol: {} (si is snapshot isolation, not serializable; \
+             hstore locks partitions, see --partitions)",
+            names.join(", ")
+        )
     }
 }
 
@@ -47,8 +151,24 @@ impl std::fmt::Display for Protocol {
 
 /// The error of parsing an unknown protocol name.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("unknown concurrency-control protocol '{0}' (expected one of: occ, no-wait)")]
+#[error(
+    "unknown concurrency-control protocol '{0}' (expected one of: no-wait, wait-die, dl-detect, \
+     to, occ, silo, tictoc, mvocc, mvto, mv2pl, si, hstore)"
+)]
 pub struct UnknownProtocol(pub String);
+
+/// An engine cannot run a protocol (e.g. one that needs a transaction context, see
+/// [`Protocol::requires_context`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("engine {engine} does not support concurrency control '{protocol}': {reason}")]
+pub struct UnsupportedProtocol {
+    /// The engine's name.
+    pub engine: String,
+    /// The protocol.
+    pub protocol: Protocol,
+    /// Why not.
+    pub reason: String,
+}
 
 impl FromStr for Protocol {
     type Err = UnknownProtocol;
@@ -57,6 +177,26 @@ impl FromStr for Protocol {
             .into_iter()
             .find(|p| p.name().eq_ignore_ascii_case(s))
             .ok_or_else(|| UnknownProtocol(s.to_string()))
+    }
+}
+
+/// Options of the protocols that need them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CcOptions {
+    /// Partitions for `hstore` (a key's partition is `key % partitions`, so keys that encode a
+    /// warehouse in their low bits partition by warehouse).
+    pub partitions: usize,
+    /// How many times a waiting protocol (wait-die, dl-detect, and readers of a tuple whose
+    /// commit is in flight) polls before giving up and aborting.
+    pub wait_spins: u32,
+}
+
+impl Default for CcOptions {
+    fn default() -> Self {
+        CcOptions {
+            partitions: 16,
+            wait_spins: 1 << 14,
+        }
     }
 }
 
@@ -199,6 +339,11 @@ pub trait CcProtocol: Send + Sync {
     fn release_read(&self, word: &dyn MetaWord);
     /// The word of a tuple nobody holds, whose last writer committed `write_ts` (recovery).
     fn idle_word(&self, write_ts: u64) -> u64;
+    /// Whether the protocol needs a transaction context beyond these per-word methods
+    /// ([`Protocol::requires_context`]); an engine that cannot provide one must refuse it.
+    fn requires_context(&self) -> bool {
+        self.protocol().requires_context()
+    }
 }
 
 impl<W: MetaWord + ?Sized> MetaWord for &W {
@@ -294,12 +439,156 @@ impl CcProtocol for NoWait {
     }
 }
 
+/// The per-word face of a protocol that needs a transaction context ([`CcProtocol::requires_context`]
+/// is true). Engines that honour `requires_context` never call its methods; one that ignores it
+/// gets every read and lock refused (aborts), never a silently different protocol.
+pub struct ContextOnly(pub Protocol);
+
+impl CcProtocol for ContextOnly {
+    fn protocol(&self) -> Protocol {
+        self.0
+    }
+    fn locks_writes_early(&self) -> bool {
+        false
+    }
+    fn holds_read_locks(&self) -> bool {
+        false
+    }
+    fn validates_reads(&self) -> bool {
+        true
+    }
+    fn read_begin(&self, _word: &dyn MetaWord) -> ReadStart {
+        ReadStart::Abort
+    }
+    fn read_end(&self, _word: &dyn MetaWord, _token: u64) -> bool {
+        false
+    }
+    fn try_write_lock(&self, _word: &dyn MetaWord, _holds_read: bool) -> bool {
+        false
+    }
+    fn validate_read(&self, _word: &dyn MetaWord, _token: u64, _locked_by_me: bool) -> bool {
+        false
+    }
+    fn release_write(&self, word: &dyn MetaWord, tid: Option<u64>) {
+        let version = tid.unwrap_or_else(|| word.load()) & !LOCK_BIT;
+        word.store(version)
+    }
+    fn release_read(&self, _word: &dyn MetaWord) {}
+    fn idle_word(&self, write_ts: u64) -> u64 {
+        self.0.idle_word(write_ts)
+    }
+}
+
+/// Silo's per-word operations are OCC's (lock bit + version); what differs is how the commit tid
+/// is chosen ([`silo::EpochClock`]), which an engine without context may do with its own clock.
+pub struct Silo;
+
+impl CcProtocol for Silo {
+    fn protocol(&self) -> Protocol {
+        Protocol::Silo
+    }
+    fn locks_writes_early(&self) -> bool {
+        false
+    }
+    fn holds_read_locks(&self) -> bool {
+        false
+    }
+    fn validates_reads(&self) -> bool {
+        true
+    }
+    fn read_begin(&self, word: &dyn MetaWord) -> ReadStart {
+        Occ.read_begin(word)
+    }
+    fn read_end(&self, word: &dyn MetaWord, token: u64) -> bool {
+        Occ.read_end(word, token)
+    }
+    fn try_write_lock(&self, word: &dyn MetaWord, holds_read: bool) -> bool {
+        Occ.try_write_lock(word, holds_read)
+    }
+    fn validate_read(&self, word: &dyn MetaWord, token: u64, locked_by_me: bool) -> bool {
+        Occ.validate_read(word, token, locked_by_me)
+    }
+    fn release_write(&self, word: &dyn MetaWord, tid: Option<u64>) {
+        Occ.release_write(word, tid)
+    }
+    fn release_read(&self, _word: &dyn MetaWord) {}
+    fn idle_word(&self, write_ts: u64) -> u64 {
+        write_ts & !LOCK_BIT
+    }
+}
+
 impl Protocol {
-    /// The protocol's implementation.
+    /// The protocol's per-word implementation. For protocols that
+    /// [need a context](Protocol::requires_context) it is a [`ContextOnly`] that refuses every
+    /// operation: engines must check `requires_context` first.
     pub fn implementation(self) -> &'static dyn CcProtocol {
+        const CONTEXT_ONLY: [ContextOnly; 12] = [
+            ContextOnly(Protocol::NoWait),
+            ContextOnly(Protocol::WaitDie),
+            ContextOnly(Protocol::DlDetect),
+            ContextOnly(Protocol::To),
+            ContextOnly(Protocol::Occ),
+            ContextOnly(Protocol::Silo),
+            ContextOnly(Protocol::Tictoc),
+            ContextOnly(Protocol::Mvocc),
+            ContextOnly(Protocol::Mvto),
+            ContextOnly(Protocol::Mv2pl),
+            ContextOnly(Protocol::Si),
+            ContextOnly(Protocol::Hstore),
+        ];
         match self {
             Protocol::Occ => &Occ,
             Protocol::NoWait => &NoWait,
+            Protocol::Silo => &Silo,
+            other => {
+                let i = Protocol::ALL
+                    .iter()
+                    .position(|&p| p == other)
+                    .expect("every protocol is in ALL");
+                &CONTEXT_ONLY[i]
+            }
+        }
+    }
+}
+
+/// State the context-requiring protocols share across a database's workers (the "context" of
+/// [`Protocol::requires_context`]): per-thread timestamps and waits-for edges (wait-die,
+/// dl-detect), partition locks (hstore), the Silo epoch, and the DRAM version store and snapshot
+/// clock (multi-version protocols). Engines keep one per database.
+#[derive(Debug)]
+pub struct CcShared {
+    /// The options.
+    pub options: CcOptions,
+    /// Per thread: the running transaction's priority timestamp (wait-die), `u64::MAX` idle.
+    pub txn_ts: Box<[crossbeam_utils::CachePadded<AtomicU64>]>,
+    /// Per thread: the thread + 1 it waits for (dl-detect), 0 when not waiting.
+    pub waits_for: Box<[crossbeam_utils::CachePadded<AtomicU64>]>,
+    /// Partition locks (hstore).
+    pub partitions: hstore::PartitionLocks,
+    /// Silo's global epoch.
+    pub epoch: silo::EpochClock,
+    /// Old versions (multi-version protocols).
+    pub versions: VersionStore,
+    /// Snapshot and commit timestamps of the multi-version protocols.
+    pub snapshots: SnapshotClock,
+}
+
+impl CcShared {
+    /// Shared state for `threads` worker slots.
+    pub fn new(threads: usize, options: CcOptions) -> CcShared {
+        let slots = |v: u64| {
+            (0..threads)
+                .map(|_| crossbeam_utils::CachePadded::new(AtomicU64::new(v)))
+                .collect()
+        };
+        CcShared {
+            options,
+            txn_ts: slots(u64::MAX),
+            waits_for: slots(0),
+            partitions: hstore::PartitionLocks::new(options.partitions),
+            epoch: silo::EpochClock::default(),
+            versions: VersionStore::new(),
+            snapshots: SnapshotClock::default(),
         }
     }
 }

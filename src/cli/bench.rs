@@ -18,9 +18,13 @@ pub struct CommonArgs {
     /// Engines to run, comma-separated (falcon, falcon-noflush, falcon-allflush, inp, volatile, zen).
     #[arg(long, value_delimiter = ',', default_value = "falcon")]
     pub engine: Vec<EngineKind>,
-    /// Concurrency-control protocol (occ, no-wait).
+    /// Concurrency-control protocol: no-wait, wait-die, dl-detect, to, occ, silo, tictoc, mvocc,
+    /// mvto, mv2pl, si (snapshot isolation: not serializable), hstore (partition locks).
     #[arg(long, default_value = "occ")]
     pub cc: Protocol,
+    /// Partitions for `--cc hstore` (a key's partition is key mod partitions).
+    #[arg(long, default_value_t = crate::cc::CcOptions::default().partitions)]
+    pub partitions: usize,
     /// Persistence domain (adr, eadr, msync; the volatile engine ignores it).
     #[arg(long, default_value = "eadr")]
     pub domain: PersistenceDomain,
@@ -118,7 +122,11 @@ pub(crate) fn run(cmd: BenchCommand) -> CliResult {
     match cmd {
         BenchCommand::Ycsb(args) => run_ycsb(args),
         BenchCommand::Bank(args) => run_bank(args),
-        BenchCommand::Tpcc(args) | BenchCommand::TpccNp(args) => super::bench_tpcc::run(args),
+        BenchCommand::Tpcc(args) => super::bench_tpcc::run(args),
+        BenchCommand::TpccNp(mut args) => {
+            args.new_order_payment_only = true;
+            super::bench_tpcc::run(args)
+        }
         BenchCommand::Tatp(args) => super::bench_tatp::run(args),
     }
 }
@@ -135,6 +143,11 @@ impl CommonArgs {
         config.hot_tuples = self.hot_tuples;
         config.window_slot_bytes = self.window_slot_bytes;
         config.cache_ratio = self.cache_ratio;
+        config.cc_options.partitions = self.partitions;
+        // A benchmark measures aborts rather than failing on them: on a shared machine a thread
+        // preempted while holding a hot lock can make a no-wait transaction abort more than the
+        // API default (1000) times in a row.
+        config.max_retries = 1_000_000;
         if let Some(p) = &self.pool {
             config = config.path(p);
         }
@@ -320,7 +333,7 @@ fn run_ycsb(args: YcsbArgs) -> CliResult {
         bar.finish_and_clear();
         let dram_after_load = rss_anon_bytes();
         let inserts = Arc::new(AcknowledgedCounter::new(args.records));
-        let result = bench::run(common.bench_config(threads, &["ycsb"]), |t| {
+        let result = bench::run(common.bench_config(threads, &driver::TXN_KINDS), |t| {
             driver::YcsbDriver::new(
                 &db,
                 table,

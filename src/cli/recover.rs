@@ -15,7 +15,8 @@ pub struct RecoverArgs {
     /// The engine the pool was written by.
     #[arg(long, default_value = "falcon")]
     pub engine: EngineKind,
-    /// The protocol to run after recovery.
+    /// Concurrency-control protocol the database runs (any of `pmtx bench --cc`): recovery
+    /// resets each tuple word to that protocol's idle format.
     #[arg(long, default_value = "occ")]
     pub cc: Protocol,
     /// The persistence domain.

@@ -62,6 +62,8 @@ pub struct DbConfig {
     pub cache_min_entries: usize,
     /// Zen: a deliberate ordering bug for the crash harness (test-only).
     pub zen_fault: Option<ZenFault>,
+    /// Options of the concurrency-control protocol (e.g. hstore's partitions).
+    pub cc_options: crate::cc::CcOptions,
 }
 
 impl Default for DbConfig {
@@ -84,6 +86,7 @@ impl Default for DbConfig {
             cache_bytes: None,
             cache_min_entries: 1024,
             zen_fault: None,
+            cc_options: crate::cc::CcOptions::default(),
         }
     }
 }
@@ -126,6 +129,7 @@ impl DbConfig {
         c.max_row_bytes = self.max_row_bytes;
         c.hot_tuples = self.hot_tuples;
         c.fault = self.fault;
+        c.cc_options = self.cc_options;
         if let Some(n) = self.window_slots {
             c.window_slots = n;
         }
@@ -581,16 +585,27 @@ impl Tx<'_> {
         Ok(Row { bytes, offsets })
     }
 
+    /// Lets the engine turn a miss caused by a stale read into a conflict
+    /// ([`EngineWorker::resolve_miss`](crate::engine::EngineWorker::resolve_miss)).
+    fn miss<T>(&mut self, result: Result<T, TxError>) -> Result<T, TxError> {
+        result.map_err(|e| match e {
+            TxError::NotFound { .. } | TxError::DuplicateKey { .. } => self.inner.resolve_miss(e),
+            other => other,
+        })
+    }
+
     /// Reads the row with `key`.
     pub fn get(&mut self, table: TableId, key: u64) -> Result<Row, TxError> {
         let mut bytes = vec![0u8; self.schema(table)?.row_size()];
-        self.inner.read(table, key, &mut bytes)?;
+        let read = self.inner.read(table, key, &mut bytes);
+        self.miss(read)?;
         self.row_of(table, bytes)
     }
 
     /// Reads the row with `key` into `out` (exactly the row size); no allocation.
     pub fn read_into(&mut self, table: TableId, key: u64, out: &mut [u8]) -> Result<(), TxError> {
-        self.inner.read(table, key, out)
+        let read = self.inner.read(table, key, out);
+        self.miss(read)
     }
 
     /// Whether a row with `key` exists.
@@ -641,6 +656,7 @@ impl Tx<'_> {
             })
             .collect();
         let result = self.inner.update(table, key, &writes);
+        let result = self.miss(result);
         self.row = buf;
         result
     }
@@ -652,7 +668,8 @@ impl Tx<'_> {
         key: u64,
         writes: &[FieldWrite<'_>],
     ) -> Result<(), TxError> {
-        self.inner.update(table, key, writes)
+        let result = self.inner.update(table, key, writes);
+        self.miss(result)
     }
 
     /// Inserts a row given one value per column.
@@ -679,17 +696,20 @@ impl Tx<'_> {
             let at = schema.column_offset(i);
             encode_value(schema, i, v, &mut row[at..at + schema.columns[i].ty.size()])?;
         }
-        self.inner.insert(table, key, &row)
+        let result = self.inner.insert(table, key, &row);
+        self.miss(result)
     }
 
     /// Inserts a row given as raw bytes (exactly the row size).
     pub fn insert_bytes(&mut self, table: TableId, key: u64, row: &[u8]) -> Result<(), TxError> {
-        self.inner.insert(table, key, row)
+        let result = self.inner.insert(table, key, row);
+        self.miss(result)
     }
 
     /// Deletes the row with `key`.
     pub fn delete(&mut self, table: TableId, key: u64) -> Result<(), TxError> {
-        self.inner.delete(table, key)
+        let result = self.inner.delete(table, key);
+        self.miss(result)
     }
 
     /// Rows with keys `>= from`, ascending, at most `limit` (needs an ordered primary index).
@@ -749,7 +769,11 @@ impl Tx<'_> {
         index: usize,
         values: &[Value<'_>],
     ) -> Result<Vec<u64>, TxError> {
-        let schema = self.schema(table)?.clone();
+        // `schemas` outlives `self`'s borrow: no clone of the schema (and its column names).
+        let schemas = self.schemas;
+        let schema = schemas
+            .get(table as usize)
+            .ok_or_else(|| TxError::SchemaMismatch(format!("no table with id {table}")))?;
         let def = schema.secondary.get(index).ok_or_else(|| {
             TxError::SchemaMismatch(format!(
                 "table {} has no secondary index {index}",
@@ -766,7 +790,7 @@ impl Tx<'_> {
         let mut parts = Vec::new();
         for (&c, v) in def.columns.iter().zip(values) {
             let mut b = vec![0u8; schema.columns[c].ty.size()];
-            encode_value(&schema, c, v, &mut b)?;
+            encode_value(schema, c, v, &mut b)?;
             parts.push(b);
         }
         let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();

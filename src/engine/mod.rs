@@ -277,4 +277,12 @@ pub trait EngineWorker: Send {
     fn commit(&mut self) -> Result<u64, TxError>;
     /// Aborts, discarding every buffered write.
     fn abort(&mut self);
+    /// Explains a `NotFound` or `DuplicateKey` about to reach the caller. Under optimistic
+    /// protocols the key may come from a read that has since gone stale (TPC-C Delivery deletes
+    /// the new-order row a concurrent Delivery already took; New-Order inserts an order id a
+    /// concurrent New-Order already used): an engine that can tell returns `Conflict` then, so the
+    /// transaction is retried instead of failing with an error that only a stale view produced.
+    fn resolve_miss(&mut self, error: TxError) -> TxError {
+        error
+    }
 }

@@ -31,12 +31,13 @@
 
 pub mod layout;
 mod recovery;
+mod txcc;
 pub mod window;
 mod worker;
 
 use crate::alloc::{PageManager, PageTag};
 use crate::catalog::{Catalog, CatalogStore, Schema, TableId};
-use crate::cc::{Protocol, TidClock, MAX_THREADS};
+use crate::cc::{CcOptions, CcShared, Protocol, TidClock, MAX_THREADS};
 use crate::engine::{DbError, Engine, EngineKind, EngineWorker, RecoveryReport};
 use crate::index::{PrimaryIndex, PrimaryIndexKind, SecondaryIndex};
 use crate::pmem::{PersistenceDomain, Pool};
@@ -140,6 +141,8 @@ pub struct FalconConfig {
     pub hot_tuples: usize,
     /// A deliberate ordering bug for the crash-consistency harness (never set in production).
     pub fault: Option<Fault>,
+    /// Options of the concurrency-control protocol (e.g. hstore's partitions).
+    pub cc_options: CcOptions,
 }
 
 impl FalconConfig {
@@ -156,6 +159,7 @@ impl FalconConfig {
             max_row_bytes: 4096,
             hot_tuples: 1024,
             fault: None,
+            cc_options: CcOptions::default(),
         }
     }
 }
@@ -303,6 +307,8 @@ pub struct FalconEngine {
     pub(crate) active: Box<[CachePadded<AtomicU64>]>,
     pub(crate) threads: Box<[Mutex<Option<ThreadState>>]>,
     pub(crate) last_commit: AtomicU64,
+    /// The protocols' shared context (waits-for, partitions, epoch, DRAM versions).
+    pub(crate) cc: CcShared,
     report: Option<RecoveryReport>,
 }
 
@@ -326,6 +332,11 @@ impl FalconEngine {
                 "window slots of {} bytes × {} must be at least 256 bytes each and fit in one 2 MiB page",
                 config.window_slot_bytes, config.window_slots
             )));
+        }
+        if config.cc_options.partitions == 0 {
+            return Err(DbError::Config(
+                "hstore needs at least one partition".into(),
+            ));
         }
         if config.max_row_bytes == 0
             || tuple::slot_size(config.max_row_bytes) > crate::alloc::PAGE_SIZE
@@ -416,6 +427,7 @@ impl FalconEngine {
         let mut engine = Self::assemble(pool, pages, meta_page, config, policy, catalog, 0, None);
         let (report, floor) = recovery::recover(&mut engine)?;
         engine.clock = TidClock::new(floor);
+        engine.cc.snapshots.raise_to(floor);
         engine.report = Some(report);
         Ok(Arc::new(engine))
     }
@@ -457,6 +469,7 @@ impl FalconEngine {
                 .collect(),
             threads,
             last_commit: AtomicU64::new(0),
+            cc: CcShared::new(config.max_threads, config.cc_options),
             report,
             pages,
             config,

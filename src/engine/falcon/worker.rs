@@ -5,17 +5,14 @@ use super::window::{self, EntryKind};
 use super::{FalconEngine, Fault, TableAlloc, TableRt, ThreadState};
 use crate::alloc::{AllocError, PageTag, PAGE_SIZE};
 use crate::catalog::TableId;
-use crate::cc::{tid_timestamp, CcProtocol, MetaWord, ReadStart, LOCK_BIT};
+use crate::cc::{tid_timestamp, MetaWord, Protocol, LOCK_BIT};
 use crate::engine::{DbError, EngineWorker, FieldWrite, TxError};
 use crate::pmem::Pool;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// How long an OCC reader or locker spins on a locked word before giving up (aborting).
-const SPIN_LIMIT: u32 = 256;
-
 /// A tuple's CC word in its PM header.
-struct PmWord<'a> {
+pub(super) struct PmWord<'a> {
     pool: &'a Pool,
     at: u64,
 }
@@ -33,7 +30,7 @@ impl MetaWord for PmWord<'_> {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum WriteKind {
+pub(super) enum WriteKind {
     Update,
     Insert,
     Delete,
@@ -41,13 +38,13 @@ enum WriteKind {
     Cancelled,
 }
 
-struct WriteRec {
-    table: TableId,
-    key: u64,
-    tuple: u64,
-    kind: WriteKind,
+pub(super) struct WriteRec {
+    pub(super) table: TableId,
+    pub(super) key: u64,
+    pub(super) tuple: u64,
+    pub(super) kind: WriteKind,
     /// OCC: the lock is held (taken at commit). 2PL: always true once recorded.
-    locked: bool,
+    pub(super) locked: bool,
 }
 
 /// One after-image range of a write, in program order.
@@ -93,23 +90,41 @@ impl HotSet {
 }
 
 pub(crate) struct FalconWorker {
-    eng: Arc<FalconEngine>,
-    /// The concurrency-control protocol (its metadata word is the tuple header's CC word).
-    cc: &'static dyn CcProtocol,
-    pool: Arc<Pool>,
-    thread: usize,
+    pub(super) eng: Arc<FalconEngine>,
+    /// The concurrency-control protocol (its word is the tuple header's CC word; see txcc.rs).
+    pub(super) proto: Protocol,
+    pub(super) pool: Arc<Pool>,
+    pub(super) thread: usize,
     state: Option<ThreadState>,
-    tables: Vec<Arc<TableRt>>,
+    pub(super) tables: Vec<Arc<TableRt>>,
     in_txn: bool,
-    read_only: bool,
-    /// OCC: (tuple, version read). 2PL: tuples read-locked (version unused).
-    reads: Vec<(u64, u64)>,
-    writes: Vec<WriteRec>,
+    pub(super) read_only: bool,
+    /// OCC: (tuple, version read). TicToc: (tuple, wts read). 2PL: tuples read-locked.
+    pub(super) reads: Vec<(u64, u64)>,
+    /// TicToc: the rts seen with each read, parallel to `reads`.
+    pub(super) tictoc_rts: Vec<u64>,
+    /// TicToc: the rts of each tuple locked at commit.
+    pub(super) locked_rts: Vec<u64>,
+    pub(super) writes: Vec<WriteRec>,
     ranges: Vec<RangeRec>,
     data: Vec<u8>,
     payload: Vec<u8>,
     /// Largest version / write_ts seen: the commit tid must exceed it.
-    max_seen: u64,
+    pub(super) max_seen: u64,
+    /// TO, MVTO: the transaction's timestamp (a tid); wait-die: its priority.
+    pub(super) ts: u64,
+    /// The largest `ts` handed out by this worker (TO and wait-die timestamps stay unique).
+    pub(super) ts_issued: u64,
+    /// Multi-version snapshot reads: the snapshot timestamp.
+    pub(super) snapshot: Option<u64>,
+    /// H-Store: partitions held.
+    pub(super) partitions: Vec<usize>,
+    /// MV: pending chain entries were pushed by this commit.
+    pub(super) retired: bool,
+    /// MV: the end they carry (pending, or the commit tid once known).
+    pub(super) retired_end: u64,
+    /// MV: (end timestamp, tuple) of versions this thread retired, oldest first (Falcon §5.4).
+    pub(super) version_queue: std::collections::VecDeque<(u64, u64)>,
     hot: HotSet,
     scratch: Vec<u8>,
     scan_hits: Vec<(u64, u64)>,
@@ -127,7 +142,16 @@ impl FalconWorker {
             .ok_or_else(|| DbError::Config(format!("worker slot {thread} is already in use")))?;
         let tables = eng.tables.read().clone();
         Ok(FalconWorker {
-            cc: eng.protocol.implementation(),
+            proto: eng.protocol,
+            tictoc_rts: Vec::new(),
+            locked_rts: Vec::new(),
+            ts: 0,
+            ts_issued: 0,
+            snapshot: None,
+            partitions: Vec::new(),
+            retired: false,
+            retired_end: 0,
+            version_queue: std::collections::VecDeque::new(),
             pool: eng.pool.clone(),
             hot: HotSet::new(eng.config.hot_tuples.max(1)),
             thread,
@@ -148,7 +172,7 @@ impl FalconWorker {
         })
     }
 
-    fn st(&mut self) -> &mut ThreadState {
+    pub(super) fn st(&mut self) -> &mut ThreadState {
         self.state
             .as_mut()
             .expect("state is present while the worker lives")
@@ -165,7 +189,20 @@ impl FalconWorker {
         Ok(())
     }
 
-    fn word(&self, tuple: u64) -> PmWord<'_> {
+    /// Whether every version this transaction has read is still current (an early OCC
+    /// validation, used to tell a stale read from a real duplicate key).
+    fn reads_still_valid(&self) -> bool {
+        match self.proto {
+            Protocol::Occ | Protocol::Silo | Protocol::Mvocc => self.reads.iter().all(|&(t, v)| {
+                crate::cc::occ::validate(&self.word(t), v, self.write_locked_by_me(t))
+            }),
+            Protocol::Tictoc => self.reads.iter().all(|&(t, wts)| self.write_ts(t) == wts),
+            // Lock-based and timestamp-ordering protocols never hold a stale read.
+            _ => true,
+        }
+    }
+
+    pub(super) fn word(&self, tuple: u64) -> PmWord<'_> {
         PmWord {
             pool: &self.pool,
             at: tuple + tuple::CC,
@@ -178,12 +215,12 @@ impl FalconWorker {
             .position(|w| w.table == table && w.key == key)
     }
 
-    fn holds_read_lock(&self, tuple: u64) -> bool {
+    pub(super) fn holds_read_lock(&self, tuple: u64) -> bool {
         self.reads.iter().any(|&(t, _)| t == tuple)
     }
 
     /// Reads a committed row under the protocol into `out`; NotFound if the slot no longer holds
-    /// a live row with `key`.
+    /// a live row with `key` (or, for snapshot reads, held none at the snapshot).
     fn cc_read(
         &mut self,
         tuple: u64,
@@ -192,51 +229,28 @@ impl FalconWorker {
         out: &mut [u8],
     ) -> Result<(), TxError> {
         let not_found = TxError::NotFound { table, key };
-        let cc = self.cc;
-        let held = cc.holds_read_locks()
-            && (self.holds_read_lock(tuple)
-                || self.writes.iter().any(|w| w.tuple == tuple && w.locked));
-        for _ in 0..SPIN_LIMIT {
-            let token = if held {
-                None
-            } else {
-                match cc.read_begin(&self.word(tuple)) {
-                    ReadStart::Go(token) => Some(token),
-                    ReadStart::Retry => {
-                        std::hint::spin_loop();
-                        continue;
-                    }
-                    ReadStart::Abort => return Err(TxError::Conflict),
+        match self.protocol_read(tuple, out)? {
+            Some(c) => {
+                self.max_seen = self.max_seen.max(c.write_ts);
+                if c.flags == tuple::LIVE && c.key == key {
+                    Ok(())
+                } else {
+                    Err(not_found)
                 }
-            };
-            let flags = self.pool.read_u64(tuple + tuple::FLAGS);
-            let stored_key = self.pool.read_u64(tuple + tuple::KEY);
-            let write_ts = self.pool.read_u64(tuple + tuple::WRITE_TS);
-            self.pool.read_bytes(tuple + tuple::HEADER, out);
-            if let Some(token) = token {
-                std::sync::atomic::fence(Ordering::Acquire);
-                if !cc.read_end(&self.word(tuple), token) {
-                    continue;
-                }
-                self.reads.push((tuple, token));
             }
-            self.max_seen = self.max_seen.max(write_ts);
-            return if flags == tuple::LIVE && stored_key == key {
-                Ok(())
-            } else {
-                Err(not_found)
-            };
+            None => Err(not_found),
         }
-        Err(TxError::Conflict)
     }
 
     /// Locks `tuple` for writing during execution (protocols that lock early, e.g. 2PL), upgrading
     /// a read lock, and checks it still holds `key`.
     fn lock_for_write(&mut self, tuple: u64, key: u64, table: TableId) -> Result<(), TxError> {
-        let held = self.reads.iter().position(|&(t, _)| t == tuple);
-        if !self.cc.try_write_lock(&self.word(tuple), held.is_some()) {
-            return Err(TxError::Conflict);
-        }
+        let held = if self.holds_read_locks() {
+            self.reads.iter().position(|&(t, _)| t == tuple)
+        } else {
+            None
+        };
+        self.lock_early(tuple, held.is_some())?;
         if let Some(i) = held {
             self.reads.swap_remove(i);
         }
@@ -322,7 +336,10 @@ impl FalconWorker {
     }
 
     fn end_txn(&mut self) {
+        self.cc_end();
         self.reads.clear();
+        self.tictoc_rts.clear();
+        self.locked_rts.clear();
         self.writes.clear();
         self.ranges.clear();
         self.data.clear();
@@ -332,6 +349,7 @@ impl FalconWorker {
 
     /// Releases every lock and returns unpublished insert slots; used by abort and failed commits.
     fn rollback(&mut self, published_inserts: usize) {
+        self.settle_versions(false);
         let mut inserts_seen = 0;
         for i in 0..self.writes.len() {
             let (table, key, t, kind, locked) = {
@@ -352,13 +370,13 @@ impl FalconWorker {
                     self.release_slot(table, t);
                 }
                 WriteKind::Cancelled if t == 0 => {}
-                _ if locked => self.cc.release_write(&self.word(t), None),
+                _ if locked => self.release_word(t, None),
                 _ => {}
             }
         }
-        if self.cc.holds_read_locks() {
+        if self.holds_read_locks() {
             for i in 0..self.reads.len() {
-                self.cc.release_read(&self.word(self.reads[i].0));
+                crate::cc::lock2pl::read_unlock(&self.word(self.reads[i].0));
             }
         }
         self.end_txn();
@@ -540,11 +558,12 @@ impl EngineWorker for FalconWorker {
         self.in_txn = true;
         self.read_only = read_only;
         self.max_seen = 0;
-        self.eng.active[self.thread].store(self.eng.clock.now(), Ordering::Release);
+        self.cc_begin();
     }
 
     fn read(&mut self, table: TableId, key: u64, out: &mut [u8]) -> Result<(), TxError> {
         self.ensure_table(table)?;
+        self.partition_lock(key)?;
         if out.len() != self.tables[table as usize].row {
             return Err(TxError::SchemaMismatch(format!(
                 "table {} has rows of {} bytes, the buffer has {}",
@@ -582,6 +601,7 @@ impl EngineWorker for FalconWorker {
             return Err(TxError::ReadOnly);
         }
         self.ensure_table(table)?;
+        self.partition_lock(key)?;
         for f in writes {
             if f.offset + f.bytes.len() > self.tables[table as usize].row {
                 return Err(TxError::RowTooLarge(format!(
@@ -605,7 +625,7 @@ impl EngineWorker for FalconWorker {
                     .index
                     .get(key)
                     .ok_or(TxError::NotFound { table, key })?;
-                let locked = self.cc.locks_writes_early();
+                let locked = self.locks_writes_early();
                 if locked {
                     self.lock_for_write(t, key, table)?;
                 }
@@ -630,6 +650,7 @@ impl EngineWorker for FalconWorker {
             return Err(TxError::ReadOnly);
         }
         self.ensure_table(table)?;
+        self.partition_lock(key)?;
         if row.len() > self.eng.config.max_row_bytes {
             return Err(TxError::RowTooLarge(format!(
                 "a row of {} bytes exceeds the limit of {} bytes",
@@ -654,7 +675,13 @@ impl EngineWorker for FalconWorker {
             self.push_range(w, 0, row);
             return Ok(());
         }
-        if self.tables[table as usize].index.get(key).is_some() {
+        if let Some(existing) = self.tables[table as usize].index.get(key) {
+            // A locked entry may be another transaction's insert, published at its commit and
+            // possibly about to be withdrawn if that commit fails validation: its fate is not
+            // known yet, so this is a conflict to retry, not a duplicate.
+            if self.word(existing).load() & LOCK_BIT != 0 {
+                return Err(TxError::Conflict);
+            }
             return Err(TxError::DuplicateKey { table, key });
         }
         let t = self.alloc_slot(table)?;
@@ -675,6 +702,7 @@ impl EngineWorker for FalconWorker {
             return Err(TxError::ReadOnly);
         }
         self.ensure_table(table)?;
+        self.partition_lock(key)?;
         if let Some(w) = self.find_write(table, key) {
             match self.writes[w].kind {
                 WriteKind::Delete | WriteKind::Cancelled => {
@@ -694,7 +722,7 @@ impl EngineWorker for FalconWorker {
             .index
             .get(key)
             .ok_or(TxError::NotFound { table, key })?;
-        let locked = self.cc.locks_writes_early();
+        let locked = self.locks_writes_early();
         if locked {
             self.lock_for_write(t, key, table)?;
         }
@@ -784,37 +812,17 @@ impl EngineWorker for FalconWorker {
         if !self.in_txn {
             return Ok(0);
         }
-        let cc = self.cc;
         let policy = self.eng.policy;
-        // 1. Protocols that lock at commit (OCC): lock the write set in address order (so no
-        // deadlock can form), spinning briefly on each lock.
-        if !cc.locks_writes_early() {
-            let mut order: Vec<usize> = (0..self.writes.len())
-                .filter(|&i| matches!(self.writes[i].kind, WriteKind::Update | WriteKind::Delete))
-                .collect();
-            order.sort_unstable_by_key(|&i| self.writes[i].tuple);
-            for i in order {
-                let t = self.writes[i].tuple;
-                let mut got = false;
-                for _ in 0..SPIN_LIMIT {
-                    if cc.try_write_lock(&self.word(t), false) {
-                        got = true;
-                        break;
-                    }
-                    std::hint::spin_loop();
-                }
-                match got {
-                    true => {
-                        self.writes[i].locked = true;
-                        let write_ts = self.pool.read_u64(t + tuple::WRITE_TS);
-                        self.max_seen = self.max_seen.max(write_ts);
-                    }
-                    false => {
-                        self.rollback(0);
-                        return Err(TxError::Conflict);
-                    }
-                }
-            }
+        let proto = self.proto;
+        // 1. Protocols that lock at commit (OCC, Silo, TicToc, MVOCC, SI): lock the write set in
+        // address order (so no deadlock can form), spinning briefly on each lock.
+        let locks_at_commit = matches!(
+            proto,
+            Protocol::Occ | Protocol::Silo | Protocol::Tictoc | Protocol::Mvocc | Protocol::Si
+        );
+        if locks_at_commit && !self.lock_at_commit() {
+            self.rollback(0);
+            return Err(TxError::Conflict);
         }
         // 2. Publish inserts, locked, so readers wait until they are applied.
         let mut published = 0;
@@ -834,33 +842,46 @@ impl EngineWorker for FalconWorker {
                 .insert_new(key, t)
                 .is_err()
             {
+                // The key was absent when `insert` checked; a transaction that committed since
+                // has inserted it. That invalidates this transaction's observation of absence,
+                // so it is a conflict (retryable), not a duplicate the caller made: on retry the
+                // transaction sees the new row and decides again (TPC-C New-Order re-reads the
+                // district's next order id and inserts a fresh key).
                 self.rollback(published);
-                return Err(TxError::DuplicateKey { table, key });
+                return Err(TxError::Conflict);
             }
             published += 1;
         }
-        // 3. Validate the read set (OCC).
-        if cc.validates_reads() {
-            for i in 0..self.reads.len() {
-                let (t, v) = self.reads[i];
-                let mine = self.writes.iter().any(|w| w.tuple == t && w.locked);
-                if !cc.validate_read(&self.word(t), v, mine) {
-                    self.rollback(published);
-                    return Err(TxError::Conflict);
-                }
-            }
-        }
+        // The write set is locked; reads are validated next. Without a full fence between the
+        // two, the lock stores may still be in a store buffer while the validation loads run:
+        // two transactions that each read what the other writes both validate (write skew).
+        // Found by the loom model in tests/cc_model.rs.
+        std::sync::atomic::fence(Ordering::SeqCst);
         let has_writes = self.writes.iter().any(|w| w.kind != WriteKind::Cancelled);
+        // 3. The commit tid (for the MV protocols after retiring the old images, so a snapshot
+        // reader that finds no retired image knows the tid is above its snapshot), then read
+        // validation at that tid (OCC family, TicToc).
+        let tid = if has_writes || proto == Protocol::Tictoc {
+            if has_writes {
+                self.retire_versions();
+            }
+            let tid = self.commit_tid();
+            if has_writes {
+                self.settle_versions_pending(tid);
+            }
+            tid
+        } else {
+            0
+        };
+        if !self.validate_reads(tid) {
+            self.rollback(published);
+            return Err(TxError::Conflict);
+        }
         if !has_writes {
             self.rollback(0);
             return Ok(self.st().last_tid);
         }
-        // 4. The commit tid: above the thread's last and every version this transaction saw.
-        let last = self.st().last_tid;
-        let tid = self
-            .eng
-            .clock
-            .next_tid(self.thread, last, tid_timestamp(self.max_seen));
+        // 4. The commit tid is final.
         self.st().last_tid = tid;
         // 5. Log window: entries and the COMMITTED mark (Algorithm 1, line 2).
         let logged = if policy.log {
@@ -936,6 +957,7 @@ impl EngineWorker for FalconWorker {
             }
         }
         // 7. Headers, write_ts, lock release (line 5); index maintenance.
+        let reuse = self.reuse_stamp(tid);
         for i in 0..self.writes.len() {
             let (table, key, t, kind) = (
                 self.writes[i].table,
@@ -955,7 +977,7 @@ impl EngineWorker for FalconWorker {
                 WriteKind::Update => {}
             }
             self.pool.write_u64(t + tuple::WRITE_TS, tid);
-            cc.release_write(&self.word(t), Some(tid));
+            self.release_word(t, Some(tid));
             if policy.persist_data {
                 self.pool.flush(t, tuple::HEADER);
             }
@@ -968,7 +990,7 @@ impl EngineWorker for FalconWorker {
                         st.tables
                             .resize_with(table as usize + 1, TableAlloc::default);
                     }
-                    st.tables[table as usize].deleted.push_back((t, tid));
+                    st.tables[table as usize].deleted.push_back((t, reuse));
                 }
                 WriteKind::Insert if !rt.secondary.is_empty() => {
                     let row = self.pool.read_vec(t + tuple::HEADER, rt.row);
@@ -1017,9 +1039,9 @@ impl EngineWorker for FalconWorker {
             }
         }
         // Read locks go last (strict 2PL).
-        if cc.holds_read_locks() {
+        if self.holds_read_locks() {
             for i in 0..self.reads.len() {
-                cc.release_read(&self.word(self.reads[i].0));
+                crate::cc::lock2pl::read_unlock(&self.word(self.reads[i].0));
             }
         }
         // A spilled redo is closed at once, so the spill chain can be reused by the next one.
@@ -1031,8 +1053,18 @@ impl EngineWorker for FalconWorker {
             self.pool.persist(at, 8);
         }
         self.eng.last_commit.fetch_max(tid, Ordering::AcqRel);
+        self.settle_versions(true);
         self.end_txn();
+        self.reclaim_versions();
         Ok(tid)
+    }
+
+    fn resolve_miss(&mut self, error: TxError) -> TxError {
+        let stale = !self.reads_still_valid();
+        match error {
+            TxError::NotFound { .. } | TxError::DuplicateKey { .. } if stale => TxError::Conflict,
+            other => other,
+        }
     }
 
     fn abort(&mut self) {

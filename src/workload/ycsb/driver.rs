@@ -94,9 +94,18 @@ pub struct YcsbDriver<'db> {
     version: u64,
     field_len: usize,
     field_count: u32,
+    last_read_only: bool,
 }
 
+/// The transaction kinds a [`YcsbDriver`] reports, by [`TxnOutcome::kind`].
+pub const TXN_KINDS: [&str; 2] = ["read-write", "read-only"];
+
 impl<'db> YcsbDriver<'db> {
+    /// Whether the last transaction ran as read-only.
+    pub fn last_was_read_only(&self) -> bool {
+        self.last_read_only
+    }
+
     /// A driver for `table` on its own worker, with a per-thread seed.
     pub fn new(
         db: &'db Db,
@@ -121,19 +130,27 @@ impl<'db> YcsbDriver<'db> {
             version: 0,
             field_len: workload.field_len,
             field_count: workload.field_count,
+            last_read_only: false,
         })
     }
 
-    /// Runs one generated transaction; returns the conflict aborts it took.
+    /// Runs one generated transaction; returns the conflict aborts it took. A transaction whose
+    /// operations are all reads or scans runs as read-only (so multi-version protocols serve it
+    /// from a snapshot, Falcon §5.2.3); see [`YcsbDriver::last_was_read_only`].
     pub fn run_one(&mut self) -> Result<u32, DbError> {
         self.generator.next_txn(&mut self.rng, &mut self.ops);
+        let read_only = self
+            .ops
+            .iter()
+            .all(|op| matches!(op, Op::Read { .. } | Op::Scan { .. }));
+        self.last_read_only = read_only;
         self.version += 1;
         let (table, field_len, field_count, version) =
             (self.table, self.field_len, self.field_count, self.version);
         let ops = &self.ops;
         let row = &mut self.row;
         let field = &mut self.field;
-        let outcome = self.worker.run_counted(false, |tx| {
+        let outcome = self.worker.run_counted(read_only, |tx| {
             for op in ops {
                 match *op {
                     Op::Read { key } => tx.read_into(table, key, row)?,
@@ -197,7 +214,7 @@ impl TxnDriver for YcsbDriver<'_> {
     fn run_txn(&mut self) -> Result<TxnOutcome, DriverError> {
         let aborts = self.run_one().map_err(|e| Box::new(e) as DriverError)?;
         Ok(TxnOutcome {
-            kind: 0,
+            kind: usize::from(self.last_read_only),
             committed: true,
             aborts,
         })
