@@ -69,8 +69,8 @@ fn falcon_noflush_eadr() {
 
 #[test]
 fn falcon_noflush_is_refused_under_adr() {
-    let err = crashtest::run(&small(EngineKind::FalconNoflush, Adr, WorkloadKind::Bank))
-        .unwrap_err();
+    let err =
+        crashtest::run(&small(EngineKind::FalconNoflush, Adr, WorkloadKind::Bank)).unwrap_err();
     assert!(
         matches!(&err, CrashTestError::Unsupported(m) if m.contains("not crash-safe under adr")),
         "{err}"

@@ -199,6 +199,20 @@ fn bad_zen_configurations_are_refused() {
     assert!(matches!(Db::create(c), Err(DbError::Config(_))));
     let c = config(Protocol::Occ, PersistenceDomain::Volatile);
     assert!(matches!(Db::create(c), Err(DbError::Config(m)) if m.contains("durable")));
+    for protocol in Protocol::ALL {
+        let supported = pmtx::engine::zen::SUPPORTED_PROTOCOLS.contains(&protocol);
+        match Db::create(config(protocol, PersistenceDomain::Eadr)) {
+            Ok(_) => assert!(supported, "{protocol} accepted"),
+            Err(DbError::UnsupportedProtocol {
+                engine,
+                protocol: p,
+            }) => {
+                assert!(!supported, "{protocol} refused");
+                assert_eq!((engine, p), (EngineKind::Zen, protocol));
+            }
+            Err(e) => panic!("{protocol}: {e}"),
+        }
+    }
 }
 
 #[test]

@@ -198,9 +198,9 @@ impl TableRt {
         let entry = row as u64 + cache::ENTRY_OVERHEAD;
         let per_region_min = config.cache_min_entries.div_ceil(threads).max(16);
         // The hard limit per region, reached only when every entry is pinned (a long-running
-        // transaction, e.g. a bulk load in one transaction): at least 4 Mi entries or the whole
+        // transaction, e.g. a bulk load in one transaction): at least 1 Mi entries or the whole
         // budget. Chunks are allocated lazily, so a high limit costs only its pointer array.
-        let hard = (config.cache_bytes.unwrap_or(0) / entry).max(4 << 20);
+        let hard = (config.cache_bytes.unwrap_or(0) / entry).max(1 << 20);
         let cache = MetCache::new(
             row,
             threads,

@@ -201,6 +201,34 @@ impl ZenWorker {
         Ok(())
     }
 
+    /// OCC: whether every read is still valid (a miss explained by a stale read is a conflict).
+    fn reads_still_valid(&self) -> bool {
+        !self.cc.validates_reads()
+            || self.reads.iter().all(|&(table, r, token)| {
+                let mine = self
+                    .writes
+                    .iter()
+                    .any(|w| w.table == table && w.eref == r && w.locked);
+                let e = self.tables[table as usize].cache.entry(r);
+                self.cc.validate_read(&e.cc, token, mine)
+            })
+    }
+
+    /// Whether `key` is held by another transaction's insert that has not committed yet (its
+    /// entry has no Tx-CTS): a duplicate only if that transaction commits, so a conflict.
+    fn insert_in_flight(&self, table: TableId, key: u64) -> bool {
+        let Some(t) = self.tables.get(table as usize) else {
+            return false;
+        };
+        match t.index.get(key) {
+            Some(v) if is_cache_ref(v) => {
+                let e = t.cache.entry(v);
+                e.cts.load(Ordering::Acquire) == 0 && e.cc.load(Ordering::Acquire) & LOCK_BIT != 0
+            }
+            _ => false,
+        }
+    }
+
     fn find_write(&self, table: TableId, key: u64) -> Option<usize> {
         self.writes
             .iter()
@@ -1122,6 +1150,20 @@ impl EngineWorker for ZenWorker {
             self.eng.rebalance();
         }
         Ok(tid)
+    }
+
+    fn resolve_miss(&mut self, error: TxError) -> TxError {
+        match error {
+            TxError::NotFound { .. } | TxError::DuplicateKey { .. }
+                if !self.reads_still_valid() =>
+            {
+                TxError::Conflict
+            }
+            TxError::DuplicateKey { table, key } if self.insert_in_flight(table, key) => {
+                TxError::Conflict
+            }
+            other => other,
+        }
     }
 
     fn abort(&mut self) {
