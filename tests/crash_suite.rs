@@ -11,9 +11,9 @@ use pmtx::pmem::PersistenceDomain::{self, Adr, Eadr};
 /// A small configuration: short runs, many crash points.
 fn small(engine: EngineKind, domain: PersistenceDomain, workload: WorkloadKind) -> CrashTestConfig {
     let mut c = CrashTestConfig::new(engine, domain, workload);
-    c.txns_per_thread = 10;
-    c.liveness_txns = 2;
-    c.recovery_crash_every = 32;
+    c.txns_per_thread = 6;
+    c.liveness_txns = 1;
+    c.recovery_crash_every = 64;
     c
 }
 

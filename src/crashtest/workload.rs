@@ -68,13 +68,19 @@ pub struct Uncertain {
     pub since: u64,
 }
 
+/// The last durable write of a key: (commit tid, oracle sequence number, row or tombstone).
+pub type AckedWrite = (u64, u64, Option<Vec<u8>>);
+
+/// Where a child process forwards oracle events.
+pub type EventSink = Box<dyn Fn(&OracleEvent) + Send + Sync>;
+
 /// The committed state a correct recovery must reproduce, kept in DRAM outside the pool.
 #[derive(Clone, Debug, Default)]
 pub struct Oracle {
     /// Whether the workload's tables were created.
     pub tables_created: bool,
     /// Per table: key → (tid, sequence number, row or tombstone) of the last durable write.
-    pub acked: Vec<BTreeMap<u64, (u64, u64, Option<Vec<u8>>)>>,
+    pub acked: Vec<BTreeMap<u64, AckedWrite>>,
     /// Per thread: the write set about to commit, with its sequence number.
     in_flight: BTreeMap<usize, (Vec<Write>, u64)>,
     /// Commits that returned but are not yet reported durable: (tid, writes, since).
@@ -187,7 +193,7 @@ impl Oracle {
 /// that forwards them to the parent.
 pub struct Recorder {
     oracle: Mutex<Oracle>,
-    sink: Option<Box<dyn Fn(&OracleEvent) + Send + Sync>>,
+    sink: Option<EventSink>,
 }
 
 impl Recorder {
@@ -200,7 +206,7 @@ impl Recorder {
     }
 
     /// Also hands every event to `sink`.
-    pub fn with_sink(mut self, sink: Box<dyn Fn(&OracleEvent) + Send + Sync>) -> Recorder {
+    pub fn with_sink(mut self, sink: EventSink) -> Recorder {
         self.sink = Some(sink);
         self
     }
