@@ -184,7 +184,12 @@ fn tpcc_clean(domain: PersistenceDomain, images: u64) {
     let r = crashtest::run(&c).unwrap();
     assert_eq!(r.total_violations(), 0, "{}", r.render());
     assert!(r.images >= images, "{}", r.render());
-    assert_eq!(r.unformatted, 0, "crashes come after the load: {}", r.render());
+    assert_eq!(
+        r.unformatted,
+        0,
+        "crashes come after the load: {}",
+        r.render()
+    );
 }
 
 #[test]
@@ -208,7 +213,9 @@ fn tpcc_catches_an_injected_fault_under_adr() {
     let r = crashtest::run(&c).unwrap();
     assert!(r.total_violations() > 0, "{}", r.render());
     assert!(
-        r.examples.iter().any(|e| e.reproduce.contains("--workload tpcc")),
+        r.examples
+            .iter()
+            .any(|e| e.reproduce.contains("--workload tpcc")),
         "{}",
         r.render()
     );

@@ -269,11 +269,31 @@ impl CrashWorkload for TpccCrash {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
+
+    fn state(next_o_id: u64, orders: &[u64]) -> Observed {
+        let schemas = schema::schemas();
+        let mut rows: Observed = vec![BTreeMap::new(); schemas.len()];
+        let mut d = vec![0u8; schemas[DISTRICT].row_size()];
+        let at = schemas[DISTRICT].column_offset(district::NEXT_O_ID);
+        d[at..at + 8].copy_from_slice(&next_o_id.to_le_bytes());
+        rows[DISTRICT].insert(keys::district(1, 1), d);
+        for &o in orders {
+            let row = vec![0u8; schemas[ORDER].row_size()];
+            rows[ORDER].insert(keys::order(1, 1, o), row);
+        }
+        rows
+    }
 
     #[test]
-    fn the_crash_scale_is_valid_and_small() {
-        let c = crash_config();
-        c.validate().unwrap();
-        assert!(c.items * 2 + c.customers_per_district * DISTRICTS * 20 < 1000);
+    fn orders_per_district_must_match_d_next_o_id() {
+        let w = TpccCrash::new(crash_config());
+        assert!(w.check(&state(4, &[1, 2, 3])).is_empty());
+        // The order of an acknowledged New-Order (D_NEXT_O_ID 4) is missing, or one is too many.
+        assert_eq!(w.check(&state(4, &[1, 2])).len(), 1);
+        assert_eq!(w.check(&state(3, &[1, 2, 3])).len(), 1);
+        // A gap.
+        assert_eq!(w.check(&state(4, &[1, 2, 4])).len(), 1);
+        crash_config().validate().unwrap();
     }
 }

@@ -347,7 +347,8 @@ impl<'db, 'r> TxCtx<'db, 'r> {
         let thread = self.thread;
         self.recorder
             .record(OracleEvent::InFlight { thread, writes });
-        self.recorder.record(OracleEvent::Returned { thread, tid: 0 });
+        self.recorder
+            .record(OracleEvent::Returned { thread, tid: 0 });
         self.recorder.record(OracleEvent::DurableUpTo { tid: 0 });
     }
 
@@ -476,7 +477,9 @@ impl WorkloadKind {
         match self {
             WorkloadKind::Bank => Box::new(BankCrash { accounts: 8 }),
             WorkloadKind::Ycsb => Box::new(YcsbCrash { records: 16 }),
-            WorkloadKind::Tpcc => Box::new(super::tpcc::TpccCrash::new(super::tpcc::crash_config())),
+            WorkloadKind::Tpcc => {
+                Box::new(super::tpcc::TpccCrash::new(super::tpcc::crash_config()))
+            }
         }
     }
 }
