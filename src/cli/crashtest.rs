@@ -20,7 +20,7 @@ pub struct Args {
     /// The persistence domain simulated (adr or eadr).
     #[arg(long, default_value = "adr")]
     pub domain: PersistenceDomain,
-    /// The workload: bank or ycsb.
+    /// The workload: bank, ycsb or tpcc (a tiny TPC-C loaded before the crash window).
     #[arg(long, default_value = "bank")]
     pub workload: WorkloadKind,
     /// The concurrency-control protocol.

@@ -218,6 +218,17 @@ pub fn check_state(
     out
 }
 
+/// The workload's checks of the whole recovered database ([`CrashWorkload::check_db`]), as
+/// invariant violations.
+pub fn check_database(workload: &dyn CrashWorkload, db: &Db) -> Vec<Violation> {
+    let broken = workload.check_db(db);
+    if broken.is_empty() {
+        Vec::new()
+    } else {
+        vec![Violation::new(ViolationKind::Invariant, summarize(&broken))]
+    }
+}
+
 fn describe(row: Option<&Vec<u8>>) -> String {
     match row {
         None => "nothing".into(),

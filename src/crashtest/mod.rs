@@ -13,6 +13,7 @@
 
 pub mod checks;
 pub mod realkill;
+pub mod tpcc;
 pub mod workload;
 
 use crate::alloc::PAGE_SIZE;
@@ -441,7 +442,9 @@ fn check_recovered(
 ) -> Vec<Violation> {
     let checked = catch(|| -> Result<(Vec<Violation>, Observed), Violation> {
         let (observed, live) = observe(db, workload, oracle)?;
-        Ok((check_state(workload, oracle, &observed, &live), observed))
+        let mut found = check_state(workload, oracle, &observed, &live);
+        found.extend(checks::check_database(workload, db));
+        Ok((found, observed))
     });
     let observed = match checked {
         Caught::Done(Ok((v, _))) if !v.is_empty() => return v,
@@ -477,7 +480,9 @@ fn check_recovered(
         }
         let oracle = recorder.snapshot();
         let (observed, live) = observe(db, workload, &oracle).map_err(|v| v.message)?;
-        Ok(check_state(workload, &oracle, &observed, &live))
+        let mut found = check_state(workload, &oracle, &observed, &live);
+        found.extend(checks::check_database(workload, db));
+        Ok(found)
     });
     let problems = match live {
         Caught::Done(Ok(v)) => v.into_iter().map(|v| v.message).collect(),
@@ -600,6 +605,8 @@ pub fn run(cfg: &CrashTestConfig) -> Result<CrashTestReport, CrashTestError> {
     let dry = run_to_crash(cfg, workload, CrashTrigger::Never)?;
     let events = dry.sim.crashed_at().unwrap_or_else(|| dry.sim.events());
     drop(dry);
+    // Workloads that load outside the crash window (TPC-C) crash only after their load.
+    let first_event = workload.crash_window_start().min(events);
     let mut report = CrashTestReport {
         engine: cfg.engine,
         domain: cfg.domain,
@@ -620,7 +627,7 @@ pub fn run(cfg: &CrashTestConfig) -> Result<CrashTestReport, CrashTestError> {
     };
     let mut rng = StdRng::seed_from_u64(cfg.seed);
     let mut recovery_ms = Vec::new();
-    let mut next_exhaustive = 0u64;
+    let mut next_exhaustive = first_event;
     let per_point = cfg.images_per_point.max(1);
     loop {
         let point = if let Some(e) = cfg.event {
@@ -638,7 +645,7 @@ pub fn run(cfg: &CrashTestConfig) -> Result<CrashTestReport, CrashTestError> {
             if report.images >= cfg.images {
                 break;
             }
-            rng.gen_range(0..=events)
+            rng.gen_range(first_event..=events)
         };
         report.crash_points += 1;
         let run = run_to_crash(cfg, workload, CrashTrigger::AtEvent(point))?;

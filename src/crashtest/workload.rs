@@ -237,7 +237,7 @@ pub struct OTx<'a, 'b> {
     writes: Vec<Write>,
 }
 
-impl OTx<'_, '_> {
+impl<'b> OTx<'_, 'b> {
     /// The row of `key` in workload table `table`, `None` if there is none.
     pub fn get(&mut self, table: usize, key: u64) -> Result<Option<Vec<u8>>, TxError> {
         match self.tx.get(self.tables[table], key) {
@@ -279,6 +279,22 @@ impl OTx<'_, '_> {
         self.note(table, key, None);
         Ok(())
     }
+
+    /// The transaction itself, for workloads whose transactions are written against [`Tx`]
+    /// (TPC-C). What it writes that way is unknown to the oracle until [`OTx::record`] notes it.
+    pub fn tx(&mut self) -> &mut Tx<'b> {
+        self.tx
+    }
+
+    /// Notes the row of `key` as this transaction leaves it (its whole after-image, read back
+    /// through the transaction; `None` when deleted) in the write set the oracle records. A
+    /// workload writing through [`OTx::tx`] notes every key it wrote; one it forgets differs from
+    /// its acknowledged value after recovery and is reported as lost.
+    pub fn record(&mut self, table: usize, key: u64) -> Result<(), TxError> {
+        let row = self.get(table, key)?;
+        self.note(table, key, row);
+        Ok(())
+    }
 }
 
 /// One thread's context: its worker, its oracle thread number and its own key range for inserts.
@@ -317,6 +333,23 @@ impl<'db, 'r> TxCtx<'db, 'r> {
             next_key: INSERT_KEY_BASE + (epoch << 32) + ((thread as u64) << 24),
             own_keys: Vec::new(),
         })
+    }
+
+    /// The thread's worker (for reads outside the recorded transactions).
+    pub fn worker(&mut self) -> &mut Worker<'db> {
+        &mut self.worker
+    }
+
+    /// Records `writes` as acknowledged by a load that ran outside [`TxCtx::run`] and has
+    /// returned (on the synchronous engines every commit that returned is durable). It gets tid
+    /// 0, so that any later commit orders after it.
+    pub fn record_loaded(&mut self, writes: Vec<Write>) {
+        let thread = self.thread;
+        self.recorder
+            .record(OracleEvent::InFlight { thread, writes });
+        self.recorder
+            .record(OracleEvent::Returned { thread, tid: 0 });
+        self.recorder.record(OracleEvent::DurableUpTo { tid: 0 });
     }
 
     /// Runs `f` as a transaction (retrying conflicts), recording its writes before the commit and
@@ -400,6 +433,17 @@ pub trait CrashWorkload: Send + Sync {
     fn step(&self, ctx: &mut TxCtx<'_, '_>, rng: &mut StdRng) -> Result<(), DbError>;
     /// Invariants of a state (empty: all hold); `rows` holds every row the oracle knows of.
     fn check(&self, rows: &Observed) -> Vec<String>;
+    /// Invariants checked on the whole recovered database rather than the rows the oracle knows
+    /// (TPC-C's consistency conditions); empty: all hold.
+    fn check_db(&self, _db: &Db) -> Vec<String> {
+        Vec::new()
+    }
+    /// The first PM event of a run crash points are drawn from: a workload that loads outside
+    /// the crash window records the event count at the end of its load here (during the
+    /// crash-free run that counts events). 0: the whole run, creation and load included.
+    fn crash_window_start(&self) -> u64 {
+        0
+    }
 }
 
 /// The workloads the harness knows.
@@ -410,17 +454,21 @@ pub enum WorkloadKind {
     Bank,
     /// YCSB-style reads, two-record updates, inserts and deletes with per-record checksums.
     Ycsb,
+    /// A very small TPC-C (loaded before the crash window): New-Order, Payment, Delivery; the
+    /// consistency conditions of clause 3.3.2 after every recovery.
+    Tpcc,
 }
 
 impl WorkloadKind {
     /// Every workload.
-    pub const ALL: [WorkloadKind; 2] = [WorkloadKind::Bank, WorkloadKind::Ycsb];
+    pub const ALL: [WorkloadKind; 3] = [WorkloadKind::Bank, WorkloadKind::Ycsb, WorkloadKind::Tpcc];
 
     /// The command-line name.
     pub fn name(self) -> &'static str {
         match self {
             WorkloadKind::Bank => "bank",
             WorkloadKind::Ycsb => "ycsb",
+            WorkloadKind::Tpcc => "tpcc",
         }
     }
 
@@ -429,6 +477,9 @@ impl WorkloadKind {
         match self {
             WorkloadKind::Bank => Box::new(BankCrash { accounts: 8 }),
             WorkloadKind::Ycsb => Box::new(YcsbCrash { records: 16 }),
+            WorkloadKind::Tpcc => {
+                Box::new(super::tpcc::TpccCrash::new(super::tpcc::crash_config()))
+            }
         }
     }
 }
@@ -445,7 +496,9 @@ impl std::str::FromStr for WorkloadKind {
         WorkloadKind::ALL
             .into_iter()
             .find(|w| w.name() == s)
-            .ok_or_else(|| format!("unknown crash workload '{s}' (expected one of: bank, ycsb)"))
+            .ok_or_else(|| {
+                format!("unknown crash workload '{s}' (expected one of: bank, ycsb, tpcc)")
+            })
     }
 }
 

@@ -222,11 +222,13 @@ pub fn check_consistency(db: &Db) -> Result<ConsistencyReport, ConsistencyError>
 
             // Condition 2: D_NEXT_O_ID − 1 = max(O_ID) = max(NO_O_ID).
             let max_o = orders.keys().next_back().copied().unwrap_or(0);
-            checker.expect(next_o_id - 1 == max_o, 2, || {
+            // Checked subtraction: a damaged row (D_NEXT_O_ID 0, e.g. after a bad recovery) is a
+            // violation to report, not an overflow.
+            checker.expect(next_o_id.checked_sub(1) == Some(max_o), 2, || {
                 format!("district ({w},{d}): D_NEXT_O_ID {next_o_id} but max(O_ID) {max_o}")
             });
             if let (Some(&min_no), Some(&max_no)) = (new_orders.first(), new_orders.last()) {
-                checker.expect(next_o_id - 1 == max_no, 2, || {
+                checker.expect(next_o_id.checked_sub(1) == Some(max_no), 2, || {
                     format!("district ({w},{d}): D_NEXT_O_ID {next_o_id} but max(NO_O_ID) {max_no}")
                 });
                 // Condition 3: the new orders are a contiguous range.

@@ -32,9 +32,10 @@ pub fn load(
         let handles: Vec<_> = (0..threads)
             .map(|t| {
                 s.spawn(move || -> Result<(), TpccError> {
+                    let mut worker = db.worker()?;
                     let mut loader = Loader {
                         tpcc,
-                        worker: db.worker()?,
+                        worker: &mut worker,
                         rng: StdRng::seed_from_u64(seed.wrapping_add(t * 0x9e37_79b9)),
                         progress,
                         now: now(),
@@ -52,8 +53,27 @@ pub fn load(
             .collect();
         handles
             .into_iter()
-            .try_for_each(|h| h.join().expect("TPC-C loader thread panicked"))
+            // A loader's panic goes on unwinding here with its own payload (a simulated crash of
+            // the crash harness must reach the harness as one, not as a new panic).
+            .try_for_each(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
     })
+}
+
+/// Loads the whole initial population on the calling thread through `worker` (the crash
+/// harness: no other thread, no other worker slot).
+pub fn load_with(worker: &mut Worker<'_>, tpcc: &Tpcc, seed: u64) -> Result<(), TpccError> {
+    let mut loader = Loader {
+        tpcc,
+        worker,
+        rng: StdRng::seed_from_u64(seed),
+        progress: &|_| {},
+        now: now(),
+    };
+    loader.items(1, tpcc.config.items + 1)?;
+    for w in 1..=tpcc.config.warehouses {
+        loader.warehouse(w)?;
+    }
+    Ok(())
 }
 
 /// Rows per loading transaction (roughly).
@@ -61,7 +81,7 @@ const BATCH: u64 = 200;
 
 struct Loader<'a, 'db> {
     tpcc: &'a Tpcc,
-    worker: Worker<'db>,
+    worker: &'a mut Worker<'db>,
     rng: StdRng,
     progress: &'a (dyn Fn(u64) + Sync),
     now: u64,

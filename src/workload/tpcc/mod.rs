@@ -20,7 +20,7 @@ pub mod schema;
 pub mod txns;
 
 use crate::catalog::TableId;
-use crate::db::{Db, Value};
+use crate::db::{Db, Value, Worker};
 use crate::engine::{DbError, TxError};
 use random::NuRandConstants;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -213,10 +213,22 @@ impl Tpcc {
         for schema in schema::schemas() {
             db.create_table(schema)?;
         }
+        Tpcc::init(db, &mut db.worker()?, config, seed)
+    }
+
+    /// Records the scale (through `worker`) in a database whose TPC-C tables (the
+    /// [`schema::schemas`], in order) exist but are empty, e.g. created by the crash harness.
+    pub fn init(
+        db: &Db,
+        worker: &mut Worker<'_>,
+        config: TpccConfig,
+        seed: u64,
+    ) -> Result<Tpcc, TpccError> {
+        config.validate()?;
         use rand::SeedableRng;
         let load = NuRandConstants::for_load(&mut rand::rngs::StdRng::seed_from_u64(!seed));
         let tpcc = Tpcc::attach(db, load, seed)?;
-        db.run(|tx| {
+        worker.run(|tx| {
             tx.insert(
                 tpcc.meta,
                 0,
@@ -237,10 +249,15 @@ impl Tpcc {
 
     /// Opens the TPC-C tables of an existing database (e.g. after recovery), reading its scale.
     pub fn open(db: &Db, seed: u64) -> Result<Tpcc, TpccError> {
+        Tpcc::open_with(db, &mut db.worker()?, seed)
+    }
+
+    /// As [`Tpcc::open`], reading through the caller's `worker` (no second worker slot taken).
+    pub fn open_with(db: &Db, worker: &mut Worker<'_>, seed: u64) -> Result<Tpcc, TpccError> {
         let meta = db
             .table(schema::TABLE_NAMES[9])
             .ok_or_else(|| TpccError::NotTpcc(format!("no table {}", schema::TABLE_NAMES[9])))?;
-        let row = db
+        let row = worker
             .run(|tx| tx.get(meta, 0))
             .map_err(|e| TpccError::NotTpcc(format!("no scale recorded ({e})")))?;
         let load = NuRandConstants {
@@ -258,7 +275,7 @@ impl Tpcc {
         };
         tpcc.config.validate()?;
         let history = tpcc.history;
-        let last = db.run(|tx| tx.scan_rev(history, u64::MAX, 1))?;
+        let last = worker.run(|tx| tx.scan_rev(history, u64::MAX, 1))?;
         let next = last.first().map_or(0, |(k, _)| k + 1);
         tpcc.history_seq.store(next, Ordering::Relaxed);
         Ok(tpcc)
@@ -292,6 +309,12 @@ impl Tpcc {
     /// A fresh HISTORY key.
     pub fn next_history_key(&self) -> u64 {
         self.history_seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// HISTORY keys handed out so far plus the first one: the next key [`Tpcc::next_history_key`]
+    /// returns (the crash harness derives a Payment's HISTORY key from it).
+    pub fn peek_history_key(&self) -> u64 {
+        self.history_seq.load(Ordering::Relaxed)
     }
 }
 
