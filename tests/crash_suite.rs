@@ -1,9 +1,9 @@
 //! The crash-consistency suite (issue 4): every engine under every domain it supports, thousands
 //! of simulated crash images, real SIGKILLs, and proof that the harness catches injected bugs.
 
+use pmtx::cc::Protocol;
 use pmtx::crashtest::realkill::{self, RealKillConfig};
 use pmtx::crashtest::workload::WorkloadKind;
-use pmtx::cc::Protocol;
 use pmtx::crashtest::{self, CrashTestConfig, CrashTestError, InjectedFault, ENGINES};
 use pmtx::engine::falcon::Fault;
 use pmtx::engine::zen::ZenFault;

@@ -75,7 +75,12 @@ pub(crate) fn run(args: Args) -> CliResult {
         println!("{:<20} {:<42} WHAT IT BREAKS", "FAULT", "ENGINES");
         for f in InjectedFault::all() {
             let engines: Vec<&str> = f.engines().iter().map(|e| e.name()).collect();
-            println!("{:<20} {:<42} {}", f.name(), engines.join(","), f.describe());
+            println!(
+                "{:<20} {:<42} {}",
+                f.name(),
+                engines.join(","),
+                f.describe()
+            );
         }
         return Ok(());
     }

@@ -157,7 +157,10 @@ mod tests {
             assert_eq!(f.to_string().parse::<InjectedFault>(), Ok(f));
         }
         let err = "skip-everything".parse::<InjectedFault>().unwrap_err();
-        assert!(err.contains("skip-fence") && err.contains("skip-log-flush"), "{err}");
+        assert!(
+            err.contains("skip-fence") && err.contains("skip-log-flush"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -171,7 +174,10 @@ mod tests {
         let falcon: InjectedFault = "skip-data-flush".parse().unwrap();
         assert!(falcon.check(EngineKind::Inp).is_ok());
         let err = falcon.check(EngineKind::Zen).unwrap_err();
-        assert!(err.contains("not to zen") && err.contains("skip-tuple-flush"), "{err}");
+        assert!(
+            err.contains("not to zen") && err.contains("skip-tuple-flush"),
+            "{err}"
+        );
         let err = falcon.check(EngineKind::Volatile).unwrap_err();
         assert!(err.contains("volatile has no injectable faults"), "{err}");
     }

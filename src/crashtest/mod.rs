@@ -593,21 +593,41 @@ fn crash_recovery(
     rng: &mut StdRng,
 ) -> Option<(u64, Vec<Vec<Violation>>)> {
     let tables = workload.schemas().len();
-    let open_under = |trigger: CrashTrigger| -> Option<Arc<CrashSim>> {
-        let pool =
-            Pool::from_image(&image.bytes, &cfg.pool_options().with_crash_sim(trigger)).ok()?;
+    // `Err`: the recovery panicked for real (not the simulator's crash).
+    let open_under = |trigger: CrashTrigger| -> Result<Option<Arc<CrashSim>>, String> {
+        let Ok(pool) = Pool::from_image(&image.bytes, &cfg.pool_options().with_crash_sim(trigger))
+        else {
+            return Ok(None);
+        };
         let sim = pool.crash_sim().expect("attached").clone();
         match catch(|| Db::open_pool(pool, cfg.db_config(tables))) {
-            Caught::Done(Ok(_)) | Caught::Crashed => Some(sim),
-            _ => None,
+            Caught::Done(Ok(_)) | Caught::Crashed => Ok(Some(sim)),
+            Caught::Done(Err(_)) => Ok(None),
+            Caught::Panicked(m) => Err(m),
         }
     };
-    let events = open_under(CrashTrigger::Never)?.events();
+    // A panic here was already reported by the plain recovery of the same image.
+    let events = open_under(CrashTrigger::Never).ok()??.events();
     if events == 0 {
+        // This recovery writes nothing to PM (e.g. Zen's, unless it discards a persisting
+        // transaction): there is no event to crash it at.
         return None;
     }
     let at = rng.gen_range(0..events);
-    let sim = open_under(CrashTrigger::AtEvent(at))?;
+    let sim = match open_under(CrashTrigger::AtEvent(at)) {
+        Ok(sim) => sim?,
+        // A recovery stopped by the simulator must unwind as the simulator's crash; anything else
+        // (e.g. a scan thread's crash turned into a real panic on join) is a violation.
+        Err(m) => {
+            return Some((
+                at,
+                vec![vec![Violation::new(
+                    ViolationKind::Panic,
+                    format!("recovery crashed at its event {at} panicked: {m}"),
+                )]],
+            ))
+        }
+    };
     let state = sim.crash_state()?;
     let found = state
         .images(2, rng.gen())
