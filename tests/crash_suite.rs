@@ -1,10 +1,12 @@
 //! The crash-consistency suite (issue 4): every engine under every domain it supports, thousands
 //! of simulated crash images, real SIGKILLs, and proof that the harness catches injected bugs.
 
+use pmtx::cc::Protocol;
 use pmtx::crashtest::realkill::{self, RealKillConfig};
 use pmtx::crashtest::workload::WorkloadKind;
-use pmtx::crashtest::{self, CrashTestConfig, CrashTestError, ENGINES};
+use pmtx::crashtest::{self, CrashTestConfig, CrashTestError, InjectedFault, ENGINES};
 use pmtx::engine::falcon::Fault;
+use pmtx::engine::zen::ZenFault;
 use pmtx::engine::EngineKind;
 use pmtx::pmem::PersistenceDomain::{self, Adr, Eadr};
 
@@ -68,6 +70,46 @@ fn falcon_noflush_eadr() {
 }
 
 #[test]
+fn zen_adr() {
+    clean(EngineKind::Zen, Adr);
+}
+
+#[test]
+fn zen_eadr() {
+    clean(EngineKind::Zen, Eadr);
+}
+
+#[test]
+fn an_engine_is_refused_a_protocol_it_does_not_run() {
+    let mut c = small(EngineKind::Zen, Adr, WorkloadKind::Bank);
+    c.protocol = Protocol::To;
+    let err = crashtest::run(&c).unwrap_err();
+    assert!(
+        matches!(&err, CrashTestError::Unsupported(m)
+            if m.contains("zen does not run the to protocol") && m.contains("occ")),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_fault_of_another_engine_is_refused() {
+    let mut c = small(EngineKind::Zen, Adr, WorkloadKind::Bank);
+    c.fault = Some(Fault::SkipDataFlush.into());
+    let err = crashtest::run(&c).unwrap_err();
+    assert!(
+        matches!(&err, CrashTestError::Unsupported(m) if m.contains("not to zen")),
+        "{err}"
+    );
+    let mut c = small(EngineKind::Falcon, Adr, WorkloadKind::Bank);
+    c.fault = Some(ZenFault::SkipFence.into());
+    let err = crashtest::run(&c).unwrap_err();
+    assert!(
+        matches!(&err, CrashTestError::Unsupported(m) if m.contains("applies to zen only")),
+        "{err}"
+    );
+}
+
+#[test]
 fn falcon_noflush_is_refused_under_adr() {
     let err =
         crashtest::run(&small(EngineKind::FalconNoflush, Adr, WorkloadKind::Bank)).unwrap_err();
@@ -79,8 +121,13 @@ fn falcon_noflush_is_refused_under_adr() {
 
 #[test]
 fn two_threads_crash_at_global_events() {
-    for (engine, domain) in [(EngineKind::Falcon, Adr), (EngineKind::Inp, Eadr)] {
+    for (engine, domain, protocol) in [
+        (EngineKind::Falcon, Adr, Protocol::Occ),
+        (EngineKind::Inp, Eadr, Protocol::Occ),
+        (EngineKind::Zen, Adr, Protocol::NoWait),
+    ] {
         let mut c = small(engine, domain, WorkloadKind::Bank);
+        c.protocol = protocol;
         c.threads = 2;
         c.images = 200;
         let r = crashtest::run(&c).unwrap();
@@ -99,11 +146,13 @@ fn exhaustive_over_every_event_of_a_short_run() {
     assert_eq!(r.total_violations(), 0, "{}", r.render());
 }
 
-/// The harness can fail: every injected Falcon fault is caught under ADR.
+/// The harness can fail: every injected fault of every engine (Falcon's on falcon, Zen's on zen)
+/// is caught under ADR.
 #[test]
 fn every_injected_fault_is_caught_under_adr() {
-    for fault in Fault::ALL {
-        let mut c = small(EngineKind::Falcon, Adr, WorkloadKind::Bank);
+    for fault in InjectedFault::all() {
+        let engine = fault.engines()[0];
+        let mut c = small(engine, Adr, WorkloadKind::Bank);
         c.images = 400;
         c.fault = Some(fault);
         let r = crashtest::run(&c).unwrap();
@@ -123,7 +172,7 @@ fn every_injected_fault_is_caught_under_adr() {
 fn a_reported_event_reproduces_alone() {
     let mut c = small(EngineKind::Falcon, Adr, WorkloadKind::Bank);
     c.images = 300;
-    c.fault = Some(Fault::SkipDataFlush);
+    c.fault = Some(Fault::SkipDataFlush.into());
     let r = crashtest::run(&c).unwrap();
     let event = r.examples[0].event;
     c.event = Some(event);

@@ -5,8 +5,7 @@ use super::CliResult;
 use crate::cc::Protocol;
 use crate::crashtest::realkill::{self, RealKillConfig};
 use crate::crashtest::workload::WorkloadKind;
-use crate::crashtest::{self, CrashTestConfig};
-use crate::engine::falcon::Fault;
+use crate::crashtest::{self, CrashTestConfig, InjectedFault};
 use crate::engine::EngineKind;
 use crate::pmem::PersistenceDomain;
 use std::path::PathBuf;
@@ -56,10 +55,11 @@ pub struct Args {
     /// Write the summary as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// Turn on one deliberate engine bug (test-only; see --list-faults).
+    /// Turn on one deliberate engine bug (test-only; see --list-faults; it must be one of the
+    /// engine's own faults).
     #[arg(long)]
-    pub inject_fault: Option<Fault>,
-    /// List the injectable faults and exit.
+    pub inject_fault: Option<InjectedFault>,
+    /// List the injectable faults (with the engines each applies to) and exit.
     #[arg(long)]
     pub list_faults: bool,
     /// Internal: run as the child of a real-kill round on this pool.
@@ -72,8 +72,15 @@ pub struct Args {
 
 pub(crate) fn run(args: Args) -> CliResult {
     if args.list_faults {
-        for f in Fault::ALL {
-            println!("{:<20} {}", f.name(), f.describe());
+        println!("{:<20} {:<42} WHAT IT BREAKS", "FAULT", "ENGINES");
+        for f in InjectedFault::all() {
+            let engines: Vec<&str> = f.engines().iter().map(|e| e.name()).collect();
+            println!(
+                "{:<20} {:<42} {}",
+                f.name(),
+                engines.join(","),
+                f.describe()
+            );
         }
         return Ok(());
     }

@@ -12,6 +12,7 @@
 //! Real crashes (SIGKILL of a child `pmtx` process) are in [`realkill`].
 
 pub mod checks;
+pub mod fault;
 pub mod realkill;
 pub mod tpcc;
 pub mod workload;
@@ -20,11 +21,12 @@ use crate::alloc::PAGE_SIZE;
 use crate::catalog::TableId;
 use crate::cc::Protocol;
 use crate::db::{Db, DbConfig};
-use crate::engine::falcon::Fault;
 use crate::engine::{DbError, EngineKind};
 use crate::pmem::{
     CrashImage, CrashSim, CrashTrigger, PersistenceDomain, Pool, PoolOptions, SimulatedCrash,
 };
+pub use fault::InjectedFault;
+
 use checks::{check_state, observe, Violation, ViolationKind};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -36,16 +38,33 @@ use std::time::Instant;
 use workload::{CrashWorkload, Observed, Oracle, OracleEvent, Recorder, TxCtx, WorkloadKind};
 
 /// Engines the suite covers. Adding an engine is one entry here (and, if it is not crash-safe
-/// under some domain, one arm in [`supported`]).
+/// under some domain, one arm in [`supported`]; the protocols it runs come from
+/// [`EngineKind::supports`]).
 pub const ENGINES: &[EngineKind] = &[
     EngineKind::Falcon,
     EngineKind::FalconAllflush,
     EngineKind::FalconNoflush,
     EngineKind::Inp,
+    EngineKind::Zen,
 ];
 
-/// Whether the suite runs `engine` under `domain`; `Err` says why not.
-pub fn supported(engine: EngineKind, domain: PersistenceDomain) -> Result<(), String> {
+/// Whether the suite runs `engine` with `protocol` under `domain`; `Err` says why not.
+pub fn supported(
+    engine: EngineKind,
+    domain: PersistenceDomain,
+    protocol: Protocol,
+) -> Result<(), String> {
+    if !engine.supports(protocol) {
+        let runs: Vec<&str> = Protocol::ALL
+            .iter()
+            .filter(|p| engine.supports(**p))
+            .map(|p| p.name())
+            .collect();
+        return Err(format!(
+            "engine {engine} does not run the {protocol} protocol (it runs: {})",
+            runs.join(", ")
+        ));
+    }
     if !matches!(domain, PersistenceDomain::Adr | PersistenceDomain::Eadr) {
         return Err(format!(
             "the crash simulator models adr and eadr; {domain} is not crash-tested"
@@ -103,8 +122,8 @@ pub struct CrashTestConfig {
     pub recovery_crash_every: u64,
     /// Transactions run on each recovered database to check it is live.
     pub liveness_txns: usize,
-    /// A deliberate engine bug (Falcon's test-only fault knob).
-    pub fault: Option<Fault>,
+    /// A deliberate engine bug (the engine's test-only fault knob; it must apply to `engine`).
+    pub fault: Option<InjectedFault>,
 }
 
 impl CrashTestConfig {
@@ -140,7 +159,9 @@ impl CrashTestConfig {
             .domain(self.domain)
             .max_threads(self.threads + 1);
         c.counting = false;
-        c.fault = self.fault;
+        if let Some(f) = self.fault {
+            f.apply(&mut c);
+        }
         c.max_retries = 100_000;
         c.pool_size = self.pool_size(tables);
         c
@@ -157,12 +178,30 @@ impl CrashTestConfig {
         PoolOptions::new(self.engine.layout(), self.domain).with_counting(false)
     }
 
+    /// Whether this configuration can run: engine × domain × protocol ([`supported`]), threads,
+    /// and a fault that applies to the engine.
+    pub fn check(&self) -> Result<(), CrashTestError> {
+        supported(self.engine, self.domain, self.protocol).map_err(CrashTestError::Unsupported)?;
+        if self.threads == 0 || self.threads > 8 {
+            return Err(CrashTestError::Unsupported(
+                "threads must be between 1 and 8".into(),
+            ));
+        }
+        if let Some(f) = self.fault {
+            f.check(self.engine).map_err(CrashTestError::Unsupported)?;
+        }
+        Ok(())
+    }
+
     /// The command line that reproduces crash point `event` of this configuration.
     pub fn reproduce(&self, event: u64) -> String {
         let mut s = format!(
             "pmtx crashtest --engine {} --domain {} --workload {} --threads {} --seed {} --event {event}",
             self.engine, self.domain, self.workload, self.threads, self.seed
         );
+        if self.protocol != Protocol::Occ {
+            s.push_str(&format!(" --cc {}", self.protocol));
+        }
         if let Some(f) = self.fault {
             s.push_str(&format!(" --inject-fault {f}"));
         }
@@ -223,7 +262,7 @@ pub struct CrashTestReport {
     /// The seed.
     pub seed: u64,
     /// The injected fault, if any.
-    pub fault: Option<Fault>,
+    pub fault: Option<InjectedFault>,
     /// PM events of one whole (crash-free) run.
     pub events_per_run: u64,
     /// Crash points tried.
@@ -559,21 +598,41 @@ fn crash_recovery(
     rng: &mut StdRng,
 ) -> Option<(u64, Vec<Vec<Violation>>)> {
     let tables = workload.schemas().len();
-    let open_under = |trigger: CrashTrigger| -> Option<Arc<CrashSim>> {
-        let pool =
-            Pool::from_image(&image.bytes, &cfg.pool_options().with_crash_sim(trigger)).ok()?;
+    // `Err`: the recovery panicked for real (not the simulator's crash).
+    let open_under = |trigger: CrashTrigger| -> Result<Option<Arc<CrashSim>>, String> {
+        let Ok(pool) = Pool::from_image(&image.bytes, &cfg.pool_options().with_crash_sim(trigger))
+        else {
+            return Ok(None);
+        };
         let sim = pool.crash_sim().expect("attached").clone();
         match catch(|| Db::open_pool(pool, cfg.db_config(tables))) {
-            Caught::Done(Ok(_)) | Caught::Crashed => Some(sim),
-            _ => None,
+            Caught::Done(Ok(_)) | Caught::Crashed => Ok(Some(sim)),
+            Caught::Done(Err(_)) => Ok(None),
+            Caught::Panicked(m) => Err(m),
         }
     };
-    let events = open_under(CrashTrigger::Never)?.events();
+    // A panic here was already reported by the plain recovery of the same image.
+    let events = open_under(CrashTrigger::Never).ok()??.events();
     if events == 0 {
+        // This recovery writes nothing to PM (e.g. Zen's, unless it discards a persisting
+        // transaction): there is no event to crash it at.
         return None;
     }
     let at = rng.gen_range(0..events);
-    let sim = open_under(CrashTrigger::AtEvent(at))?;
+    let sim = match open_under(CrashTrigger::AtEvent(at)) {
+        Ok(sim) => sim?,
+        // A recovery stopped by the simulator must unwind as the simulator's crash; anything else
+        // (e.g. a scan thread's crash turned into a real panic on join) is a violation.
+        Err(m) => {
+            return Some((
+                at,
+                vec![vec![Violation::new(
+                    ViolationKind::Panic,
+                    format!("recovery crashed at its event {at} panicked: {m}"),
+                )]],
+            ))
+        }
+    };
     let state = sim.crash_state()?;
     let found = state
         .images(2, rng.gen())
@@ -586,17 +645,7 @@ fn crash_recovery(
 
 /// Runs a crash test.
 pub fn run(cfg: &CrashTestConfig) -> Result<CrashTestReport, CrashTestError> {
-    supported(cfg.engine, cfg.domain).map_err(CrashTestError::Unsupported)?;
-    if cfg.threads == 0 || cfg.threads > 8 {
-        return Err(CrashTestError::Unsupported(
-            "threads must be between 1 and 8".into(),
-        ));
-    }
-    if cfg.fault.is_some() && !ENGINES.contains(&cfg.engine) {
-        return Err(CrashTestError::Unsupported(
-            "faults are injected into the Falcon engines only".into(),
-        ));
-    }
+    cfg.check()?;
     crate::pmem::retain_freed_memory();
     let started = Instant::now();
     let workload = cfg.workload.build();

@@ -111,7 +111,7 @@ pub fn child_main(test: &CrashTestConfig, path: &Path) -> Result<(), CrashTestEr
 /// Runs `cfg.kills` rounds: spawn, kill, recover, check.
 pub fn run(cfg: &RealKillConfig) -> Result<RealKillReport, CrashTestError> {
     let test = &cfg.test;
-    super::supported(test.engine, test.domain).map_err(CrashTestError::Unsupported)?;
+    test.check()?;
     if test.workload == WorkloadKind::Tpcc {
         // A kill lands anywhere, the load included, and TPC-C's load is outside its oracle.
         return Err(CrashTestError::Unsupported(
@@ -145,9 +145,15 @@ pub fn run(cfg: &RealKillConfig) -> Result<RealKillReport, CrashTestError> {
             .args(["crashtest", "--engine", test.engine.name()])
             .args(["--domain", test.domain.name()])
             .args(["--workload", test.workload.name()])
+            .args(["--cc", test.protocol.name()])
             .args(["--threads", &test.threads.to_string()])
             .args(["--seed", &(test.seed + u64::from(round)).to_string()])
             .args(["--child-txns", "1000000"])
+            .args(
+                test.fault
+                    .map(|f| vec!["--inject-fault".to_string(), f.to_string()])
+                    .unwrap_or_default(),
+            )
             .arg("--child-pool")
             .arg(&path)
             .stdin(Stdio::null())

@@ -194,7 +194,10 @@ pub(super) fn recover(engine: &mut ZenEngine) -> Result<(RecoveryReport, u64), D
             .collect();
         handles
             .into_iter()
-            .flat_map(|h| h.join().expect("recovery scan thread panicked"))
+            // A scan thread stopped by a simulated crash (or by a bug) unwinds the caller with
+            // its own payload: `expect` would turn the simulator's crash into a real panic
+            // (found by the crash-consistency suite when it crashes recovery itself).
+            .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
             .collect()
     });
     let mut states: Vec<ThreadState> = (0..threads).map(|_| ThreadState::default()).collect();

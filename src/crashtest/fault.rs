@@ -1,0 +1,196 @@
+//! The test-only faults the harness can inject, over every engine that has them: Falcon's
+//! [`Fault`] (the Falcon-layout engines) and Zen's [`ZenFault`]. One command-line name space
+//! (`--inject-fault NAME`, `--list-faults`); a fault given for an engine it does not apply to is
+//! refused with an error naming the engines it does apply to.
+
+use crate::db::DbConfig;
+use crate::engine::falcon::Fault;
+use crate::engine::zen::ZenFault;
+use crate::engine::EngineKind;
+use serde::Serialize;
+
+/// A deliberate engine bug, for showing that the harness catches it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(untagged)]
+pub enum InjectedFault {
+    /// A Falcon fault (falcon, falcon-allflush, falcon-noflush, inp: `DbConfig::fault`).
+    Falcon(Fault),
+    /// A Zen fault (`DbConfig::zen_fault`).
+    Zen(ZenFault),
+}
+
+/// The engines Falcon's faults apply to (they share Falcon's commit code).
+const FALCON_ENGINES: &[EngineKind] = &[
+    EngineKind::Falcon,
+    EngineKind::FalconAllflush,
+    EngineKind::FalconNoflush,
+    EngineKind::Inp,
+];
+
+impl InjectedFault {
+    /// Every fault of every engine, Falcon's first.
+    pub fn all() -> Vec<InjectedFault> {
+        Fault::ALL
+            .into_iter()
+            .map(InjectedFault::Falcon)
+            .chain(ZenFault::ALL.into_iter().map(InjectedFault::Zen))
+            .collect()
+    }
+
+    /// The faults that apply to `engine`.
+    pub fn for_engine(engine: EngineKind) -> Vec<InjectedFault> {
+        InjectedFault::all()
+            .into_iter()
+            .filter(|f| f.applies_to(engine))
+            .collect()
+    }
+
+    /// The command-line name (unique over all engines).
+    pub fn name(self) -> &'static str {
+        match self {
+            InjectedFault::Falcon(f) => f.name(),
+            InjectedFault::Zen(f) => f.name(),
+        }
+    }
+
+    /// What the fault breaks.
+    pub fn describe(self) -> &'static str {
+        match self {
+            InjectedFault::Falcon(f) => f.describe(),
+            InjectedFault::Zen(f) => f.describe(),
+        }
+    }
+
+    /// The engines the fault applies to.
+    pub fn engines(self) -> &'static [EngineKind] {
+        match self {
+            InjectedFault::Falcon(_) => FALCON_ENGINES,
+            InjectedFault::Zen(_) => &[EngineKind::Zen],
+        }
+    }
+
+    /// Whether the fault applies to `engine`.
+    pub fn applies_to(self, engine: EngineKind) -> bool {
+        self.engines().contains(&engine)
+    }
+
+    /// `Err` with a clear message when the fault does not apply to `engine`.
+    pub fn check(self, engine: EngineKind) -> Result<(), String> {
+        if self.applies_to(engine) {
+            return Ok(());
+        }
+        let engines: Vec<&str> = self.engines().iter().map(|e| e.name()).collect();
+        let own: Vec<&str> = InjectedFault::for_engine(engine)
+            .into_iter()
+            .map(InjectedFault::name)
+            .collect();
+        Err(format!(
+            "fault {self} applies to {} only, not to {engine} ({})",
+            engines.join(", "),
+            if own.is_empty() {
+                format!("{engine} has no injectable faults")
+            } else {
+                format!("its faults: {}", own.join(", "))
+            }
+        ))
+    }
+
+    /// Turns the fault on in `config` (the engine's own knob).
+    pub fn apply(self, config: &mut DbConfig) {
+        match self {
+            InjectedFault::Falcon(f) => config.fault = Some(f),
+            InjectedFault::Zen(f) => config.zen_fault = Some(f),
+        }
+    }
+}
+
+impl From<Fault> for InjectedFault {
+    fn from(f: Fault) -> Self {
+        InjectedFault::Falcon(f)
+    }
+}
+
+impl From<ZenFault> for InjectedFault {
+    fn from(f: ZenFault) -> Self {
+        InjectedFault::Zen(f)
+    }
+}
+
+impl std::fmt::Display for InjectedFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for InjectedFault {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        InjectedFault::all()
+            .into_iter()
+            .find(|f| f.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = InjectedFault::all()
+                    .into_iter()
+                    .map(InjectedFault::name)
+                    .collect();
+                format!(
+                    "unknown fault '{s}' (expected one of: {}; see --list-faults)",
+                    names.join(", ")
+                )
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_round_trip() {
+        let all = InjectedFault::all();
+        assert_eq!(all.len(), Fault::ALL.len() + ZenFault::ALL.len());
+        let mut names: Vec<&str> = all.iter().map(|f| f.name()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), all.len(), "fault names collide: {names:?}");
+        for f in all {
+            assert_eq!(f.to_string().parse::<InjectedFault>(), Ok(f));
+        }
+        let err = "skip-everything".parse::<InjectedFault>().unwrap_err();
+        assert!(
+            err.contains("skip-fence") && err.contains("skip-log-flush"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_fault_of_another_engine_is_refused() {
+        let zen: InjectedFault = "skip-fence".parse().unwrap();
+        assert_eq!(zen, InjectedFault::Zen(ZenFault::SkipFence));
+        assert!(zen.check(EngineKind::Zen).is_ok());
+        let err = zen.check(EngineKind::Falcon).unwrap_err();
+        assert!(err.contains("applies to zen only"), "{err}");
+        assert!(err.contains("skip-data-flush"), "{err}");
+        let falcon: InjectedFault = "skip-data-flush".parse().unwrap();
+        assert!(falcon.check(EngineKind::Inp).is_ok());
+        let err = falcon.check(EngineKind::Zen).unwrap_err();
+        assert!(
+            err.contains("not to zen") && err.contains("skip-tuple-flush"),
+            "{err}"
+        );
+        let err = falcon.check(EngineKind::Volatile).unwrap_err();
+        assert!(err.contains("volatile has no injectable faults"), "{err}");
+    }
+
+    #[test]
+    fn apply_sets_the_engines_own_knob() {
+        let mut c = DbConfig::default();
+        InjectedFault::Zen(ZenFault::SkipTupleFlush).apply(&mut c);
+        assert_eq!(c.zen_fault, Some(ZenFault::SkipTupleFlush));
+        assert_eq!(c.fault, None);
+        let mut c = DbConfig::default();
+        InjectedFault::Falcon(Fault::SkipLogFence).apply(&mut c);
+        assert_eq!(c.fault, Some(Fault::SkipLogFence));
+        assert_eq!(c.zen_fault, None);
+    }
+}
