@@ -258,7 +258,7 @@ fn tpcc_catches_an_injected_fault_under_adr() {
     let mut c = small(EngineKind::Falcon, Adr, WorkloadKind::Tpcc);
     c.images = 200;
     c.seed = 21;
-    c.fault = Some(Fault::CommitMarkFirst);
+    c.fault = Some(Fault::CommitMarkFirst.into());
     let r = crashtest::run(&c).unwrap();
     assert!(r.total_violations() > 0, "{}", r.render());
     assert!(
