@@ -1,6 +1,6 @@
 //! TPC-C ([`crate::workload::tpcc`]) as a crash workload: a very small database is loaded before
 //! the crash window, then New-Order, Payment and Delivery transactions of
-//! [`txns`](crate::workload::tpcc::txns) run under the crash simulator.
+//! [`crate::workload::tpcc::txns`] run under the crash simulator.
 //!
 //! The transactions are the benchmark's own, written against [`Tx`](crate::db::Tx); each notes
 //! the keys it wrote (derived from its input and output: New-Order's district, order, new-order,
@@ -13,7 +13,7 @@
 //! rows' `D_NEXT_O_ID`, the orders of every acknowledged New-Order; open transactions all or
 //! nothing), the orders per district on the rows the oracle knows, and the consistency
 //! conditions of clause 3.3.2 on the whole database
-//! ([`check_consistency`](crate::workload::tpcc::consistency::check_consistency)).
+//! ([`crate::workload::tpcc::consistency::check_consistency`]).
 
 use super::workload::{CrashWorkload, OTx, Observed, TxCtx, Write};
 use crate::catalog::Schema;
