@@ -13,6 +13,7 @@
 //!   asynchronous (DUDETx): for the others it is the last commit that returned.
 
 pub mod falcon;
+mod meta;
 pub mod zen;
 
 use crate::catalog::{Catalog, CatalogError, Schema, TableId};

@@ -51,7 +51,7 @@ mod worker;
 
 pub use cache::{split_budget, TableDemand};
 
-use crate::alloc::{PageManager, PageTag};
+use crate::alloc::PageManager;
 use crate::catalog::{Catalog, CatalogStore, Schema, TableId};
 use crate::cc::{Protocol, TidClock, MAX_THREADS};
 use crate::engine::{DbError, Engine, EngineKind, EngineWorker, RecoveryReport};
@@ -356,31 +356,22 @@ impl ZenEngine {
     pub fn create(pool: Arc<Pool>, config: ZenConfig) -> Result<Arc<ZenEngine>, DbError> {
         Self::validate(&config)?;
         Self::check_domain(pool.domain())?;
-        let pages = PageManager::format(&pool)?;
-        let meta_index = pages.allocate(
+        let (pages, meta_page) = crate::engine::meta::format(
             &pool,
-            PageTag {
-                kind: kind::META,
-                owner: 0,
-                value: 0,
+            &crate::engine::meta::MetaLayout {
+                page_kind: kind::META,
+                magic_at: meta::F_MAGIC,
+                magic: meta::MAGIC,
+                catalog_at: meta::CATALOG_AT,
+                catalog_slot_bytes: meta::CATALOG_SLOT_BYTES,
+                fields: &[
+                    (meta::F_VERSION, meta::VERSION),
+                    (meta::F_MAX_THREADS, config.max_threads as u64),
+                    (meta::F_MAX_ROW, config.max_row_bytes as u64),
+                    (meta::F_CATALOG_SLOT, meta::CATALOG_SLOT_BYTES),
+                ],
             },
         )?;
-        let meta_page = pages.page_offset(meta_index);
-        let catalog_store = CatalogStore {
-            base: meta_page + meta::CATALOG_AT,
-            slot_bytes: meta::CATALOG_SLOT_BYTES,
-        };
-        catalog_store.store(&pool, &Catalog::default())?;
-        let m = |f: u64, v: u64| pool.write_u64(meta_page + f, v);
-        m(meta::F_VERSION, meta::VERSION);
-        m(meta::F_MAX_THREADS, config.max_threads as u64);
-        m(meta::F_MAX_ROW, config.max_row_bytes as u64);
-        m(meta::F_CATALOG_SLOT, meta::CATALOG_SLOT_BYTES);
-        pool.persist(meta_page + 8, 32);
-        // The magic last, then the root: a crash before either leaves a pool that open refuses.
-        pool.write_u64(meta_page + meta::F_MAGIC, meta::MAGIC);
-        pool.persist(meta_page, 8);
-        pool.set_root(meta_page)?;
         Ok(Arc::new(Self::assemble(
             pool,
             pages,
