@@ -12,6 +12,7 @@
 //! - [`Engine::durable_tid`] tells which commits are durable, for engines whose durability is
 //!   asynchronous (DUDETx): for the others it is the last commit that returned.
 
+mod common;
 pub mod falcon;
 mod meta;
 pub mod zen;

@@ -109,16 +109,7 @@ impl std::fmt::Display for Fault {
 impl std::str::FromStr for Fault {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Fault::ALL
-            .into_iter()
-            .find(|f| f.name() == s)
-            .ok_or_else(|| {
-                let names: Vec<&str> = Fault::ALL.iter().map(|f| f.name()).collect();
-                format!(
-                    "unknown fault '{s}' (expected one of: {})",
-                    names.join(", ")
-                )
-            })
+        crate::engine::common::parse_named(s, &Fault::ALL, Fault::name, "fault")
     }
 }
 

@@ -10,7 +10,7 @@ use super::window::{self, EntryKind};
 use super::{FalconEngine, TableAlloc, ThreadState};
 use crate::alloc::PAGE_SIZE;
 use crate::cc::tid_timestamp;
-use crate::engine::{DbError, RecoveryReport};
+use crate::engine::{common::PhaseClock, DbError, RecoveryReport};
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -27,13 +27,7 @@ fn corrupt(msg: impl Into<String>) -> DbError {
 pub(super) fn recover(engine: &mut FalconEngine) -> Result<(RecoveryReport, u64), DbError> {
     let started = Instant::now();
     let mut report = RecoveryReport::default();
-    let mut phase_start = Instant::now();
-    let mut phase = |report: &mut RecoveryReport, name: &str| {
-        report
-            .phases
-            .push((name.to_string(), phase_start.elapsed().as_secs_f64() * 1e3));
-        phase_start = Instant::now();
-    };
+    let mut phase = PhaseClock::start();
     let pool = engine.pool.clone();
     let threads = engine.config.max_threads;
     let ntables = engine.tables.read().len();
@@ -65,7 +59,7 @@ pub(super) fn recover(engine: &mut FalconEngine) -> Result<(RecoveryReport, u64)
     for chain in spills.values_mut() {
         chain.sort();
     }
-    phase(&mut report, "page table");
+    phase.lap(&mut report, "page table");
 
     // Phase 2: collect committed window slots.
     let slots = engine.config.window_slots as u64;
@@ -111,7 +105,7 @@ pub(super) fn recover(engine: &mut FalconEngine) -> Result<(RecoveryReport, u64)
     }
     committed.sort_by_key(|t| t.tid);
     report.committed_in_log = committed.len() as u64;
-    phase(&mut report, "read log windows");
+    phase.lap(&mut report, "read log windows");
 
     // Phase 3: replay. Pass 1 writes data, pass 2 headers, each made durable before the next step.
     let heap_tables: HashMap<u64, u32> = heap.iter().map(|&(t, _, off)| (off, t)).collect();
@@ -192,7 +186,7 @@ pub(super) fn recover(engine: &mut FalconEngine) -> Result<(RecoveryReport, u64)
         }
     }
     pool.fence();
-    phase(&mut report, "replay");
+    phase.lap(&mut report, "replay");
 
     // Phase 4: scan the heap in parallel; rebuild indexes, free lists, clear locks.
     let workers = std::thread::available_parallelism()
@@ -277,7 +271,7 @@ pub(super) fn recover(engine: &mut FalconEngine) -> Result<(RecoveryReport, u64)
     for (slot_state, st) in engine.threads.iter().zip(states) {
         *slot_state.lock() = Some(st);
     }
-    phase(&mut report, "heap scan and index rebuild");
+    phase.lap(&mut report, "heap scan and index rebuild");
     report.total_ms = started.elapsed().as_secs_f64() * 1e3;
     Ok((report, tid_timestamp(max_ts)))
 }

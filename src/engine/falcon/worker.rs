@@ -6,7 +6,7 @@ use super::{FalconEngine, Fault, TableAlloc, TableRt, ThreadState};
 use crate::alloc::{AllocError, PageTag, PAGE_SIZE};
 use crate::catalog::TableId;
 use crate::cc::{tid_timestamp, MetaWord, Protocol, LOCK_BIT};
-use crate::engine::{DbError, EngineWorker, FieldWrite, TxError};
+use crate::engine::{common, DbError, EngineWorker, FieldWrite, TxError};
 use crate::pmem::Pool;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -746,42 +746,14 @@ impl EngineWorker for FalconWorker {
     ) -> Result<(), TxError> {
         self.ensure_table(table)?;
         let mut hits = std::mem::take(&mut self.scan_hits);
-        hits.clear();
-        let collect = |k: u64, t: u64| {
-            hits.push((k, t));
-            true
-        };
-        let scanned = if reverse {
-            self.tables[table as usize]
-                .index
-                .scan_rev(from, limit, collect)
-        } else {
-            self.tables[table as usize].index.scan(from, limit, collect)
-        };
-        if let Err(e) = scanned {
-            self.scan_hits = hits;
-            return Err(TxError::Unsupported(format!(
-                "table {}: {e}",
-                self.tables[table as usize].schema.name
-            )));
-        }
         let mut row = std::mem::take(&mut self.scratch);
-        row.resize(self.tables[table as usize].row, 0);
-        let mut result = Ok(());
-        for &(key, _) in &hits {
-            match self.read(table, key, &mut row) {
-                Ok(()) => {
-                    if !f(key, &row) {
-                        break;
-                    }
-                }
-                Err(TxError::NotFound { .. }) => continue,
-                Err(e) => {
-                    result = Err(e);
-                    break;
-                }
-            }
-        }
+        let rt = &self.tables[table as usize];
+        row.resize(rt.row, 0);
+        let result =
+            common::collect_scan_hits(&rt.index, &rt.schema.name, from, reverse, limit, &mut hits)
+                .and_then(|()| {
+                    common::visit_hits(&hits, &mut row, |key, out| self.read(table, key, out), f)
+                });
         self.scratch = row;
         self.scan_hits = hits;
         result
@@ -795,17 +767,8 @@ impl EngineWorker for FalconWorker {
         out: &mut Vec<u64>,
     ) -> Result<(), TxError> {
         self.ensure_table(table)?;
-        let sec = self.tables[table as usize]
-            .secondary
-            .get(index)
-            .ok_or_else(|| {
-                TxError::SchemaMismatch(format!(
-                    "table {} has no secondary index {index}",
-                    self.tables[table as usize].schema.name
-                ))
-            })?;
-        sec.lookup(secondary, out);
-        Ok(())
+        let rt = &self.tables[table as usize];
+        common::lookup_secondary(&rt.secondary, &rt.schema.name, index, secondary, out)
     }
 
     fn commit(&mut self) -> Result<u64, TxError> {

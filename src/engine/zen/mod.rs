@@ -114,16 +114,7 @@ impl std::fmt::Display for ZenFault {
 impl std::str::FromStr for ZenFault {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        ZenFault::ALL
-            .into_iter()
-            .find(|f| f.name() == s)
-            .ok_or_else(|| {
-                let names: Vec<&str> = ZenFault::ALL.iter().map(|f| f.name()).collect();
-                format!(
-                    "unknown zen fault '{s}' (expected one of: {})",
-                    names.join(", ")
-                )
-            })
+        crate::engine::common::parse_named(s, &ZenFault::ALL, ZenFault::name, "zen fault")
     }
 }
 

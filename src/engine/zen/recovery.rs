@@ -21,7 +21,7 @@ use super::{Garbage, TableAlloc, TableRt, ThreadState, ZenEngine};
 use crate::alloc::PAGE_SIZE;
 use crate::catalog::TableId;
 use crate::cc::tid_timestamp;
-use crate::engine::{DbError, RecoveryReport};
+use crate::engine::{common::PhaseClock, DbError, RecoveryReport};
 use crate::pmem::Pool;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -143,13 +143,7 @@ fn scan_region(
 pub(super) fn recover(engine: &mut ZenEngine) -> Result<(RecoveryReport, u64), DbError> {
     let started = Instant::now();
     let mut report = RecoveryReport::default();
-    let mut phase_start = Instant::now();
-    let mut phase = |report: &mut RecoveryReport, name: &str| {
-        report
-            .phases
-            .push((name.to_string(), phase_start.elapsed().as_secs_f64() * 1e3));
-        phase_start = Instant::now();
-    };
+    let mut phase = PhaseClock::start();
     let pool = engine.pool.clone();
     let threads = engine.config.max_threads;
     let tables = engine.tables.read().clone();
@@ -172,7 +166,7 @@ pub(super) fn recover(engine: &mut ZenEngine) -> Result<(RecoveryReport, u64), D
         }
     }
     let heap_pages: usize = regions.iter().map(Vec::len).sum();
-    phase(&mut report, "page table");
+    phase.lap(&mut report, "page table");
 
     // Phase 2: Algorithm 2 on every region, regions spread over the available cores.
     let busy: Vec<usize> = (0..threads).filter(|&r| !regions[r].is_empty()).collect();
@@ -221,7 +215,7 @@ pub(super) fn recover(engine: &mut ZenEngine) -> Result<(RecoveryReport, u64), D
         }
         st.garbage.extend(scan.garbage);
     }
-    phase(&mut report, "scan regions (Algorithm 2)");
+    phase.lap(&mut report, "scan regions (Algorithm 2)");
 
     // Phase 3: drop deleted keys (their tombstones become garbage), rebuild secondary indexes.
     let mut rows = 0u64;
@@ -262,7 +256,7 @@ pub(super) fn recover(engine: &mut ZenEngine) -> Result<(RecoveryReport, u64), D
     for (slot_state, st) in engine.threads.iter().zip(states) {
         *slot_state.lock() = Some(st);
     }
-    phase(&mut report, "tombstones and secondary indexes");
+    phase.lap(&mut report, "tombstones and secondary indexes");
     report.rows = rows;
     report.facts = vec![
         ("heap pages".into(), heap_pages as u64),

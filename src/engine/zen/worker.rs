@@ -10,7 +10,7 @@ use super::{
 use crate::alloc::{PageTag, PAGE_SIZE};
 use crate::catalog::TableId;
 use crate::cc::{tid_timestamp, CcProtocol, ReadStart, LOCK_BIT};
-use crate::engine::{DbError, EngineWorker, FieldWrite, TxError};
+use crate::engine::{common, DbError, EngineWorker, FieldWrite, TxError};
 use crate::pmem::Pool;
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
@@ -820,39 +820,14 @@ impl EngineWorker for ZenWorker {
     ) -> Result<(), TxError> {
         self.ensure_table(table)?;
         let mut hits = std::mem::take(&mut self.scan_hits);
-        hits.clear();
-        let collect = |k: u64, v: u64| {
-            hits.push((k, v));
-            true
-        };
-        let rt = &self.tables[table as usize];
-        let scanned = if reverse {
-            rt.index.scan_rev(from, limit, collect)
-        } else {
-            rt.index.scan(from, limit, collect)
-        };
-        if let Err(e) = scanned {
-            let name = rt.schema.name.clone();
-            self.scan_hits = hits;
-            return Err(TxError::Unsupported(format!("table {name}: {e}")));
-        }
         let mut row = std::mem::take(&mut self.scratch);
+        let rt = &self.tables[table as usize];
         row.resize(rt.row, 0);
-        let mut result = Ok(());
-        for &(key, _) in &hits {
-            match self.read(table, key, &mut row) {
-                Ok(()) => {
-                    if !f(key, &row) {
-                        break;
-                    }
-                }
-                Err(TxError::NotFound { .. }) => continue,
-                Err(e) => {
-                    result = Err(e);
-                    break;
-                }
-            }
-        }
+        let result =
+            common::collect_scan_hits(&rt.index, &rt.schema.name, from, reverse, limit, &mut hits)
+                .and_then(|()| {
+                    common::visit_hits(&hits, &mut row, |key, out| self.read(table, key, out), f)
+                });
         self.scratch = row;
         self.scan_hits = hits;
         result
@@ -867,14 +842,7 @@ impl EngineWorker for ZenWorker {
     ) -> Result<(), TxError> {
         self.ensure_table(table)?;
         let rt = &self.tables[table as usize];
-        let sec = rt.secondary.get(index).ok_or_else(|| {
-            TxError::SchemaMismatch(format!(
-                "table {} has no secondary index {index}",
-                rt.schema.name
-            ))
-        })?;
-        sec.lookup(secondary, out);
-        Ok(())
+        common::lookup_secondary(&rt.secondary, &rt.schema.name, index, secondary, out)
     }
 
     fn commit(&mut self) -> Result<u64, TxError> {

@@ -1,0 +1,108 @@
+//! Pieces every engine's worker and recovery share: range scans and secondary lookups over the
+//! DRAM indexes, recovery phase timing, and parsing of the test-only fault names.
+
+use crate::engine::{RecoveryReport, TxError};
+use crate::index::{PrimaryIndex, SecondaryIndex};
+use std::time::Instant;
+
+/// Collects the `(key, value)` hits of a primary-index range scan into `hits` (cleared first).
+/// A hash-only index refuses scans; the error names the table.
+pub(crate) fn collect_scan_hits(
+    index: &PrimaryIndex,
+    table_name: &str,
+    from: u64,
+    reverse: bool,
+    limit: usize,
+    hits: &mut Vec<(u64, u64)>,
+) -> Result<(), TxError> {
+    hits.clear();
+    let collect = |k: u64, v: u64| {
+        hits.push((k, v));
+        true
+    };
+    let scanned = if reverse {
+        index.scan_rev(from, limit, collect)
+    } else {
+        index.scan(from, limit, collect)
+    };
+    scanned
+        .map(|_| ())
+        .map_err(|e| TxError::Unsupported(format!("table {table_name}: {e}")))
+}
+
+/// Reads the row of every hit through the transaction (`read`, so the protocol sees each read)
+/// and hands it to `f` until `f` returns false. A key deleted since the index scan is skipped.
+pub(crate) fn visit_hits(
+    hits: &[(u64, u64)],
+    row: &mut [u8],
+    mut read: impl FnMut(u64, &mut [u8]) -> Result<(), TxError>,
+    f: &mut dyn FnMut(u64, &[u8]) -> bool,
+) -> Result<(), TxError> {
+    for &(key, _) in hits {
+        match read(key, row) {
+            Ok(()) => {
+                if !f(key, row) {
+                    break;
+                }
+            }
+            Err(TxError::NotFound { .. }) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Looks `key` up in the table's `index`-th secondary index, with a typed error for a missing one.
+pub(crate) fn lookup_secondary(
+    secondary: &[SecondaryIndex],
+    table_name: &str,
+    index: usize,
+    key: u64,
+    out: &mut Vec<u64>,
+) -> Result<(), TxError> {
+    let sec = secondary.get(index).ok_or_else(|| {
+        TxError::SchemaMismatch(format!("table {table_name} has no secondary index {index}"))
+    })?;
+    sec.lookup(key, out);
+    Ok(())
+}
+
+/// Times recovery phases into a [`RecoveryReport`].
+pub(crate) struct PhaseClock {
+    phase_start: Instant,
+}
+
+impl PhaseClock {
+    /// Starts timing the first phase.
+    pub(crate) fn start() -> PhaseClock {
+        PhaseClock {
+            phase_start: Instant::now(),
+        }
+    }
+
+    /// Ends the current phase as `name` and starts the next.
+    pub(crate) fn lap(&mut self, report: &mut RecoveryReport, name: &str) {
+        report.phases.push((
+            name.to_string(),
+            self.phase_start.elapsed().as_secs_f64() * 1e3,
+        ));
+        self.phase_start = Instant::now();
+    }
+}
+
+/// Finds the item of `all` whose `name` is `s`; the error lists every name (`what` says which
+/// kind of name it is, e.g. "fault").
+pub(crate) fn parse_named<T: Copy>(
+    s: &str,
+    all: &[T],
+    name: impl Fn(T) -> &'static str,
+    what: &str,
+) -> Result<T, String> {
+    all.iter().copied().find(|&t| name(t) == s).ok_or_else(|| {
+        let names: Vec<&str> = all.iter().map(|&t| name(t)).collect();
+        format!(
+            "unknown {what} '{s}' (expected one of: {})",
+            names.join(", ")
+        )
+    })
+}
