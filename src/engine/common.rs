@@ -106,3 +106,33 @@ pub(crate) fn parse_named<T: Copy>(
         )
     })
 }
+
+/// Refuses a row buffer (`what`: "buffer", "insert") whose length is not the table's row size.
+pub(crate) fn check_row_len(
+    table_name: &str,
+    row: usize,
+    got: usize,
+    what: &str,
+) -> Result<(), TxError> {
+    if got == row {
+        return Ok(());
+    }
+    Err(TxError::SchemaMismatch(format!(
+        "table {table_name} has rows of {row} bytes, the {what} has {got}"
+    )))
+}
+
+/// The oldest start timestamp of running transactions other than `thread`'s own (`u64::MAX`
+/// marks an idle slot), the bound below which deleted or superseded versions may be reused.
+pub(crate) fn oldest_active_excluding(
+    active: &[crossbeam_utils::CachePadded<std::sync::atomic::AtomicU64>],
+    thread: usize,
+) -> u64 {
+    active
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| i != thread)
+        .map(|(_, a)| a.load(std::sync::atomic::Ordering::Acquire))
+        .min()
+        .unwrap_or(u64::MAX)
+}

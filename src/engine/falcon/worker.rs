@@ -540,13 +540,7 @@ fn pm_full(e: AllocError) -> TxError {
 impl FalconEngine {
     /// The oldest start timestamp of running transactions other than `thread`'s own.
     pub(crate) fn oldest_active_excluding(&self, thread: usize) -> u64 {
-        self.active
-            .iter()
-            .enumerate()
-            .filter(|&(i, _)| i != thread)
-            .map(|(_, a)| a.load(Ordering::Acquire))
-            .min()
-            .unwrap_or(u64::MAX)
+        crate::engine::common::oldest_active_excluding(&self.active, thread)
     }
 }
 
@@ -564,14 +558,8 @@ impl EngineWorker for FalconWorker {
     fn read(&mut self, table: TableId, key: u64, out: &mut [u8]) -> Result<(), TxError> {
         self.ensure_table(table)?;
         self.partition_lock(key)?;
-        if out.len() != self.tables[table as usize].row {
-            return Err(TxError::SchemaMismatch(format!(
-                "table {} has rows of {} bytes, the buffer has {}",
-                self.tables[table as usize].schema.name,
-                self.tables[table as usize].row,
-                out.len()
-            )));
-        }
+        let rt = &self.tables[table as usize];
+        common::check_row_len(&rt.schema.name, rt.row, out.len(), "buffer")?;
         if let Some(w) = self.find_write(table, key) {
             let (kind, t) = (self.writes[w].kind, self.writes[w].tuple);
             match kind {
@@ -658,14 +646,8 @@ impl EngineWorker for FalconWorker {
                 self.eng.config.max_row_bytes
             )));
         }
-        if row.len() != self.tables[table as usize].row {
-            return Err(TxError::SchemaMismatch(format!(
-                "table {} has rows of {} bytes, the insert has {}",
-                self.tables[table as usize].schema.name,
-                self.tables[table as usize].row,
-                row.len()
-            )));
-        }
+        let rt = &self.tables[table as usize];
+        common::check_row_len(&rt.schema.name, rt.row, row.len(), "insert")?;
         if let Some(w) = self.find_write(table, key) {
             if self.writes[w].kind != WriteKind::Delete {
                 return Err(TxError::DuplicateKey { table, key });

@@ -490,13 +490,7 @@ impl ZenEngine {
 
     /// The oldest start timestamp of running transactions other than `thread`'s own.
     pub(crate) fn oldest_active_excluding(&self, thread: usize) -> u64 {
-        self.active
-            .iter()
-            .enumerate()
-            .filter(|&(i, _)| i != thread)
-            .map(|(_, a)| a.load(Ordering::Acquire))
-            .min()
-            .unwrap_or(u64::MAX)
+        crate::engine::common::oldest_active_excluding(&self.active, thread)
     }
 
     /// The region (thread slot) that owns the NVM-tuple at `slot`.

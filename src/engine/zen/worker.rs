@@ -641,14 +641,7 @@ impl EngineWorker for ZenWorker {
         self.ensure_table(table)?;
         self.check_exclusive()?;
         let rt = &self.tables[table as usize];
-        if out.len() != rt.row {
-            return Err(TxError::SchemaMismatch(format!(
-                "table {} has rows of {} bytes, the buffer has {}",
-                rt.schema.name,
-                rt.row,
-                out.len()
-            )));
-        }
+        common::check_row_len(&rt.schema.name, rt.row, out.len(), "buffer")?;
         if let Some(w) = self.find_write(table, key) {
             match self.writes[w].kind {
                 WriteKind::Delete | WriteKind::Cancelled => {
@@ -740,14 +733,7 @@ impl EngineWorker for ZenWorker {
             )));
         }
         let rt = &self.tables[table as usize];
-        if row.len() != rt.row {
-            return Err(TxError::SchemaMismatch(format!(
-                "table {} has rows of {} bytes, the insert has {}",
-                rt.schema.name,
-                rt.row,
-                row.len()
-            )));
-        }
+        common::check_row_len(&rt.schema.name, rt.row, row.len(), "insert")?;
         if let Some(w) = self.find_write(table, key) {
             if self.writes[w].kind != WriteKind::Delete {
                 return Err(TxError::DuplicateKey { table, key });
