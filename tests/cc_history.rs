@@ -23,9 +23,19 @@ fn schema() -> Schema {
     )
 }
 
-fn db(protocol: Protocol) -> (Db, TableId) {
+/// Every engine that runs every protocol, with every protocol: (engine, protocol) pairs.
+fn cases(protocols: impl IntoIterator<Item = Protocol> + Clone) -> Vec<(EngineKind, Protocol)> {
+    [EngineKind::Falcon, EngineKind::Zen]
+        .into_iter()
+        .flat_map(|e| protocols.clone().into_iter().map(move |p| (e, p)))
+        .collect()
+}
+
+fn db(engine: EngineKind, protocol: Protocol) -> (Db, TableId) {
+    // Failures name the case (stderr is shown for failing tests).
+    eprintln!("cc_history: engine {engine}, protocol {protocol}");
     let mut cfg = DbConfig::default()
-        .engine(EngineKind::Falcon)
+        .engine(engine)
         .protocol(protocol)
         .domain(PersistenceDomain::Eadr)
         .pool_size(32 << 20)
@@ -130,8 +140,8 @@ fn contended_history(db: &Db, t: TableId, txns: u32) -> History {
 
 #[test]
 fn every_protocol_commits_serializable_histories_and_keeps_the_total() {
-    for protocol in Protocol::ALL {
-        let (db, t) = db(protocol);
+    for (engine, protocol) in cases(Protocol::ALL) {
+        let (db, t) = db(engine, protocol);
         let history = contended_history(&db, t, 250);
         assert_eq!(history.len(), 500, "{protocol}");
         if protocol.is_serializable() {
@@ -153,8 +163,8 @@ fn every_protocol_commits_serializable_histories_and_keeps_the_total() {
 
 #[test]
 fn multi_version_read_only_transactions_never_abort() {
-    for protocol in Protocol::ALL.into_iter().filter(|p| p.is_multi_version()) {
-        let (db, t) = db(protocol);
+    for (engine, protocol) in cases(Protocol::ALL.into_iter().filter(|p| p.is_multi_version())) {
+        let (db, t) = db(engine, protocol);
         std::thread::scope(|s| {
             let db = &db;
             s.spawn(move || {
@@ -206,8 +216,8 @@ fn multi_version_read_only_transactions_never_abort() {
 /// commit (write skew); under every serializable protocol at most one does.
 #[test]
 fn write_skew_occurs_under_si_and_nowhere_else() {
-    for protocol in Protocol::ALL {
-        let (db, t) = db(protocol);
+    for (engine, protocol) in cases(Protocol::ALL) {
+        let (db, t) = db(engine, protocol);
         // The Db's workers are idle, so slots 0 and 1 are free for two engine workers.
         let mut w1 = db.engine().clone().worker(0).unwrap();
         let mut w2 = db.engine().clone().worker(1).unwrap();
@@ -364,8 +374,8 @@ proptest::proptest! {
         b in proptest::collection::vec(spec(), 10..30),
     ) {
         let threads = [a, b];
-        for protocol in Protocol::ALL {
-            let (db, t) = db(protocol);
+        for (engine, protocol) in cases(Protocol::ALL) {
+            let (db, t) = db(engine, protocol);
             let history = run_specs(&db, t, &threads);
             let checked = if protocol.is_serializable() {
                 history.check_serializable()

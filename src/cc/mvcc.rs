@@ -77,6 +77,12 @@ impl VersionStore {
         chain.iter().rev().find(|v| v.begin == begin).map(|v| v.end)
     }
 
+    /// `(live, end)` of the newest version retired for `tuple`, if any.
+    pub fn newest(&self, tuple: u64) -> Option<(bool, u64)> {
+        let chain = self.chains.get(&tuple)?;
+        chain.last().map(|v| (v.live, v.end))
+    }
+
     /// Sets the end of the entry of `tuple` that `begin` wrote and that is still pending
     /// (`end == u64::MAX`) to `end`.
     pub fn settle(&self, tuple: u64, begin: u64, end: u64) {

@@ -147,6 +147,7 @@ impl DbConfig {
         c.cache_bytes = self.cache_bytes;
         c.cache_min_entries = self.cache_min_entries;
         c.fault = self.zen_fault;
+        c.cc_options = self.cc_options;
         c
     }
 
@@ -467,12 +468,25 @@ impl<'db> Worker<'db> {
                 Ok((value, tid)) => return Ok(RunOutcome { value, aborts, tid }),
                 Err(e) => {
                     self.inner.abort();
+                    self.stop_if_power_failed();
                     if !e.is_retryable() || aborts >= max_retries {
                         return Err(DbError::Tx(e));
                     }
                     aborts += 1;
                     self.backoff(aborts);
                 }
+            }
+        }
+    }
+
+    /// Under the crash simulator, a worker whose transaction aborted after the simulated power
+    /// failure stops here (unwinding with [`crate::pmem::SimulatedCrash`]), as it would at its
+    /// next PM event: an engine whose concurrency control lives in DRAM (Zen's Met-Cache) can
+    /// otherwise retry forever against a lock that a crashed thread held, without touching PM.
+    fn stop_if_power_failed(&self) {
+        if let Some(sim) = self.db.engine().pool().and_then(|p| p.crash_sim()) {
+            if let Some(event) = sim.crashed_at() {
+                std::panic::resume_unwind(Box::new(crate::pmem::SimulatedCrash { event }));
             }
         }
     }

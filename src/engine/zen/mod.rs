@@ -41,19 +41,22 @@
 //!   keeps growing past its budget for the long transaction (up to a hard limit, then `PmFull`)
 //!   instead of running out, and the wait for the others is bounded (exclusivity is a
 //!   performance mode here: correctness never depends on it, the protocol still runs).
-//! - Protocols: OCC (Silo) and 2PL no-wait, with their words in the Met-Cache entry (§3.3.2);
-//!   others are refused with [`DbError::UnsupportedProtocol`].
+//! - Protocols (§3.3.2, §4.4): every protocol of the CC layer, with its per-tuple metadata in
+//!   the Met-Cache entry's CC-Meta word and Tx-CTS and its per-transaction context in the worker
+//!   (`txcc.rs`); old versions of the multi-version protocols in a DRAM version store per table,
+//!   keyed by primary key. Of Zen's ten methods only Cicada is missing (no engine has it yet).
 
 mod cache;
 pub mod layout;
 mod recovery;
+mod txcc;
 mod worker;
 
 pub use cache::{split_budget, TableDemand};
 
 use crate::alloc::PageManager;
 use crate::catalog::{Catalog, CatalogStore, Schema, TableId};
-use crate::cc::{Protocol, TidClock, MAX_THREADS};
+use crate::cc::{CcOptions, CcShared, Protocol, TidClock, VersionStore, MAX_THREADS};
 use crate::engine::{DbError, Engine, EngineKind, EngineWorker, RecoveryReport};
 use crate::index::{PrimaryIndex, PrimaryIndexKind, SecondaryIndex};
 use crate::pmem::{PersistenceDomain, Pool};
@@ -121,7 +124,7 @@ impl std::str::FromStr for ZenFault {
 /// Parameters of a Zen database.
 #[derive(Clone, Debug)]
 pub struct ZenConfig {
-    /// Concurrency control (OCC or 2PL no-wait).
+    /// Concurrency control (any of [`Protocol::ALL`], §3.3.2).
     pub protocol: Protocol,
     /// Worker slots (threads, and NVM/Met-Cache regions), at most 256.
     pub max_threads: usize,
@@ -136,6 +139,8 @@ pub struct ZenConfig {
     pub cache_min_entries: usize,
     /// A deliberate ordering bug for the crash-consistency harness (never set in production).
     pub fault: Option<ZenFault>,
+    /// Options of the concurrency-control protocols (waiting, H-Store partitions).
+    pub cc_options: CcOptions,
 }
 
 impl ZenConfig {
@@ -149,6 +154,7 @@ impl ZenConfig {
             cache_bytes: None,
             cache_min_entries: 1024,
             fault: None,
+            cc_options: CcOptions::default(),
         }
     }
 }
@@ -171,6 +177,8 @@ pub(crate) struct TableRt {
     pub cache: MetCache,
     /// Tuples accessed (f_i numerator), summed from the workers now and then.
     pub accesses: AtomicU64,
+    /// Old versions for the multi-version protocols, keyed by primary key (DRAM only).
+    pub versions: VersionStore,
 }
 
 impl TableRt {
@@ -206,6 +214,7 @@ impl TableRt {
             secondary,
             cache,
             accesses: AtomicU64::new(0),
+            versions: VersionStore::new(),
             schema,
         }
     }
@@ -231,6 +240,10 @@ pub(crate) struct Garbage {
     pub table: TableId,
     pub slot: u64,
     pub tid: u64,
+    /// The slot may be reused once every running transaction began after this timestamp: the
+    /// superseding commit's timestamp, or the clock at its install when that is later (TO, Silo
+    /// and TicToc commit tids need not follow the clock).
+    pub reuse: u64,
 }
 
 /// Slots freed into a region by other threads: (table, slot).
@@ -276,6 +289,11 @@ pub struct ZenEngine {
     pub(crate) clock: TidClock,
     /// Per thread: start timestamp of its running transaction, or `u64::MAX`.
     pub(crate) active: Box<[CachePadded<AtomicU64>]>,
+    /// The protocols' shared context (waits-for, partitions, epoch, snapshot clock).
+    pub(crate) cc: CcShared,
+    /// Per thread: the snapshot its running multi-version transaction reads at, or `u64::MAX`
+    /// (bounds version-chain pruning).
+    pub(crate) snap_active: Box<[CachePadded<AtomicU64>]>,
     /// Per region: the tid of its thread's latest durable commit (whose LP tuple must stay).
     pub(crate) region_commit: Box<[CachePadded<AtomicU64>]>,
     /// Per thread: every version it superseded with a tid below this is durably zeroed.
@@ -297,8 +315,9 @@ pub struct ZenEngine {
     report: Option<RecoveryReport>,
 }
 
-/// Protocols Zen runs (§3.3.2 lists more; these are the ones pmtx implements over a cache word).
-pub const SUPPORTED_PROTOCOLS: [Protocol; 2] = [Protocol::Occ, Protocol::NoWait];
+/// Protocols Zen runs over the Met-Cache's CC-Meta word (§3.3.2, §4.4): every protocol of the CC
+/// layer. Of Zen's ten, Cicada is the one pmtx does not implement (no engine has it yet).
+pub const SUPPORTED_PROTOCOLS: [Protocol; 12] = Protocol::ALL;
 
 impl ZenEngine {
     fn validate(config: &ZenConfig) -> Result<(), DbError> {
@@ -402,6 +421,7 @@ impl ZenEngine {
         let mut engine = Self::assemble(pool, pages, meta_page, config, catalog);
         let (report, floor) = recovery::recover(&mut engine)?;
         engine.clock = TidClock::new(floor);
+        engine.cc.snapshots.raise_to(floor);
         engine.report = Some(report);
         engine.rebalance();
         Ok(Arc::new(engine))
@@ -438,6 +458,8 @@ impl ZenEngine {
             tables: RwLock::new(tables),
             clock: TidClock::new(0),
             active: padded(u64::MAX),
+            cc: CcShared::new(n, config.cc_options),
+            snap_active: padded(u64::MAX),
             region_commit: padded(0),
             gc_done: padded(u64::MAX),
             inbox: (0..n).map(|_| Mutex::new(Vec::new())).collect(),

@@ -3,20 +3,19 @@
 
 use super::cache::{is_cache_ref, region_of};
 use super::layout::{kind, tuple};
+use super::txcc::{release, ReadRec, Seen, TxContext};
 use super::{
     Garbage, TableAlloc, TableRt, ThreadState, ZenEngine, ZenFault, GARBAGE_THRESHOLD,
     REBALANCE_EVERY,
 };
 use crate::alloc::{PageTag, PAGE_SIZE};
 use crate::catalog::TableId;
-use crate::cc::{tid_timestamp, CcProtocol, ReadStart, LOCK_BIT};
+use crate::cc::{tid_timestamp, Protocol, LOCK_BIT};
 use crate::engine::{common, DbError, EngineWorker, FieldWrite, TxError};
 use crate::pmem::Pool;
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
-/// How long an OCC reader or locker spins on a locked word before aborting.
-const SPIN_LIMIT: u32 = 256;
 /// How often a lookup retries when the entry it found was replaced under it.
 const LOCATE_ATTEMPTS: u32 = 64;
 /// How long a long-running transaction waits for the others to abort before going on.
@@ -26,7 +25,7 @@ const EXCLUSIVE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 const GC_BUDGET: usize = 64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum WriteKind {
+pub(super) enum WriteKind {
     Update,
     Insert,
     Delete,
@@ -34,21 +33,39 @@ enum WriteKind {
     Cancelled,
 }
 
-struct WriteRec {
-    table: TableId,
-    key: u64,
+pub(super) struct WriteRec {
+    pub table: TableId,
+    pub key: u64,
     /// The Met-Cache entry written (0 for inserts).
-    eref: u64,
-    kind: WriteKind,
+    pub eref: u64,
+    pub kind: WriteKind,
     /// The CC lock of `eref` is held.
-    locked: bool,
+    pub locked: bool,
     /// The entry receiving the new version when it is not `eref` (inserts, and copies of entries
     /// of other regions, §3.2), claimed at commit.
-    target: u64,
+    pub target: u64,
     /// The NVM-tuple slot the new version goes to.
-    slot: u64,
+    pub slot: u64,
     /// Offset of the new row in `rows`.
-    row_at: usize,
+    pub row_at: usize,
+    /// MV protocols: the `begin` of the chain entry retired for this write.
+    pub retired_begin: u64,
+}
+
+impl WriteRec {
+    fn new(table: TableId, key: u64, eref: u64, kind: WriteKind, locked: bool) -> WriteRec {
+        WriteRec {
+            table,
+            key,
+            eref,
+            kind,
+            locked,
+            target: 0,
+            slot: 0,
+            row_at: 0,
+            retired_begin: 0,
+        }
+    }
 }
 
 /// (table, secondary index, primary key, old secondary key, new secondary key).
@@ -62,28 +79,30 @@ struct RangeRec {
 }
 
 pub(crate) struct ZenWorker {
-    eng: Arc<ZenEngine>,
-    cc: &'static dyn CcProtocol,
+    pub(super) eng: Arc<ZenEngine>,
+    pub(super) proto: Protocol,
+    /// The protocol's per-transaction context (§3.3.2).
+    pub(super) cx: TxContext,
     pool: Arc<Pool>,
-    thread: usize,
-    state: Option<ThreadState>,
-    tables: Vec<Arc<TableRt>>,
+    pub(super) thread: usize,
+    pub(super) state: Option<ThreadState>,
+    pub(super) tables: Vec<Arc<TableRt>>,
     in_txn: bool,
-    read_only: bool,
+    pub(super) read_only: bool,
     /// Met-Cache entries pinned (the active bit) by this transaction.
     pins: Vec<(TableId, u64)>,
-    /// OCC: (table, entry, version read). 2PL: entries read-locked.
-    reads: Vec<(TableId, u64, u64)>,
-    writes: Vec<WriteRec>,
+    /// OCC family: versions read, for validation. 2PL: entries read-locked.
+    pub(super) reads: Vec<ReadRec>,
+    pub(super) writes: Vec<WriteRec>,
     ranges: Vec<RangeRec>,
     data: Vec<u8>,
     /// New rows built at commit.
     rows: Vec<u8>,
     /// Secondary index changes: (table, index, key, old secondary key, new secondary key).
     secondary: Vec<SecondaryChange>,
-    max_seen: u64,
+    pub(super) max_seen: u64,
     row_buf: Vec<u8>,
-    scratch: Vec<u8>,
+    pub(super) scratch: Vec<u8>,
     scan_hits: Vec<(u64, u64)>,
     /// Tuples accessed per table since the last rebalance (f_i of §3.2).
     accesses: Vec<u64>,
@@ -117,7 +136,8 @@ impl ZenWorker {
         eng.workers.fetch_add(1, Ordering::Relaxed);
         eng.rebalance();
         Ok(ZenWorker {
-            cc: eng.protocol.implementation(),
+            proto: eng.protocol,
+            cx: TxContext::default(),
             pool: eng.pool.clone(),
             thread,
             state: Some(state),
@@ -201,19 +221,6 @@ impl ZenWorker {
         Ok(())
     }
 
-    /// OCC: whether every read is still valid (a miss explained by a stale read is a conflict).
-    fn reads_still_valid(&self) -> bool {
-        !self.cc.validates_reads()
-            || self.reads.iter().all(|&(table, r, token)| {
-                let mine = self
-                    .writes
-                    .iter()
-                    .any(|w| w.table == table && w.eref == r && w.locked);
-                let e = self.tables[table as usize].cache.entry(r);
-                self.cc.validate_read(&e.cc, token, mine)
-            })
-    }
-
     /// Whether `key` is held by another transaction's insert that has not committed yet (its
     /// entry has no Tx-CTS): a duplicate only if that transaction commits, so a conflict.
     fn insert_in_flight(&self, table: TableId, key: u64) -> bool {
@@ -283,7 +290,7 @@ impl ZenWorker {
             e.key.store(key, Ordering::Relaxed);
             e.nvm.store(v, Ordering::Relaxed);
             e.cts.store(cts, Ordering::Relaxed);
-            e.cc.store(self.cc.idle_word(cts), Ordering::Relaxed);
+            e.cc.store(self.proto.idle_word(cts), Ordering::Relaxed);
             t.cache.publish(r, 1);
             if t.index.replace_if(key, v, r) {
                 self.pins.push((table, r));
@@ -297,84 +304,64 @@ impl ZenWorker {
         Err(TxError::Conflict)
     }
 
-    /// Reads the latest committed row under the protocol.
+    /// Reads the row of `key` that the protocol lets this transaction see.
     fn cc_read(&mut self, table: TableId, key: u64, out: &mut [u8]) -> Result<(), TxError> {
-        let cc = self.cc;
         for _ in 0..LOCATE_ATTEMPTS {
-            let r = self.locate(table, key)?;
-            let held = cc.holds_read_locks()
-                && (self.reads.iter().any(|&(tb, e, _)| tb == table && e == r)
-                    || self
-                        .writes
+            let r = match self.locate(table, key) {
+                Ok(r) => r,
+                // A snapshot may still see a row deleted since (the chain is keyed by key).
+                Err(TxError::NotFound { .. }) if self.read_absent_at_snapshot(table, key, out) => {
+                    return Ok(())
+                }
+                Err(e) => return Err(e),
+            };
+            let held = self.write_locked_by_me(table, r)
+                || (self.holds_read_locks()
+                    && self
+                        .reads
                         .iter()
-                        .any(|w| w.table == table && w.eref == r && w.locked));
-            let e = self.tables[table as usize].cache.entry(r);
-            let mut token = None;
-            if !held {
-                let mut spins = 0;
-                loop {
-                    match cc.read_begin(&e.cc) {
-                        ReadStart::Go(tk) => {
-                            token = Some(tk);
-                            break;
+                        .any(|rd| rd.table == table && rd.eref == r));
+            match self.protocol_read(table, r, key, held, out)? {
+                Seen::Chain { live: true } => return Ok(()),
+                Seen::Chain { live: false } => return Err(TxError::NotFound { table, key }),
+                Seen::Entry { cts, read } => {
+                    if !self.tables[table as usize].cache.entry(r).is_current(key) {
+                        // Superseded (copied, deleted or evicted) under us: look it up again.
+                        if read.is_some() && self.holds_read_locks() {
+                            self.release_read(table, r);
                         }
-                        ReadStart::Retry if spins < SPIN_LIMIT => {
-                            spins += 1;
-                            std::hint::spin_loop();
-                        }
-                        _ => return Err(TxError::Conflict),
+                        continue;
                     }
+                    if let Some(rd) = read {
+                        self.reads.push(rd);
+                    }
+                    self.max_seen = self.max_seen.max(cts);
+                    return Ok(());
                 }
             }
-            e.copy_row(out);
-            let cts = e.cts.load(Ordering::Relaxed);
-            if let Some(tk) = token {
-                fence(Ordering::Acquire);
-                if !cc.read_end(&e.cc, tk) {
-                    continue;
-                }
-            }
-            if !e.is_current(key) {
-                if token.is_some() && cc.holds_read_locks() {
-                    cc.release_read(&e.cc);
-                }
-                continue;
-            }
-            if let Some(tk) = token {
-                self.reads.push((table, r, tk));
-            }
-            self.max_seen = self.max_seen.max(cts);
-            return Ok(());
         }
         Err(TxError::Conflict)
     }
 
-    /// Locks an entry for writing during execution (2PL), upgrading a read lock.
+    /// Locks an entry for writing during execution (2PL, TO), upgrading a read lock.
     fn lock_for_write(&mut self, table: TableId, key: u64, r: u64) -> Result<(), TxError> {
-        let held = self
-            .reads
-            .iter()
-            .position(|&(tb, e, _)| tb == table && e == r);
-        let e = self.tables[table as usize].cache.entry(r);
-        if !self.cc.try_write_lock(&e.cc, held.is_some()) {
-            return Err(TxError::Conflict);
-        }
+        let held = if self.holds_read_locks() {
+            self.reads
+                .iter()
+                .position(|rd| rd.table == table && rd.eref == r)
+        } else {
+            None
+        };
+        self.lock_early(table, r, held.is_some())?;
         if let Some(i) = held {
             self.reads.swap_remove(i);
         }
+        let e = self.tables[table as usize].cache.entry(r);
         self.max_seen = self.max_seen.max(e.cts.load(Ordering::Relaxed));
         if !e.is_current(key) {
             // Superseded under us: keep the lock recorded so that abort releases it.
-            self.writes.push(WriteRec {
-                table,
-                key,
-                eref: r,
-                kind: WriteKind::Cancelled,
-                locked: true,
-                target: 0,
-                slot: 0,
-                row_at: 0,
-            });
+            self.writes
+                .push(WriteRec::new(table, key, r, WriteKind::Cancelled, true));
             return Err(TxError::Conflict);
         }
         Ok(())
@@ -472,7 +459,7 @@ impl ZenWorker {
             let Some(&g) = self.st().garbage.front() else {
                 break;
             };
-            if tid_timestamp(g.tid) >= min_active {
+            if g.reuse >= min_active {
                 break;
             }
             self.st().garbage.pop_front();
@@ -488,7 +475,7 @@ impl ZenWorker {
                 .min()
                 .unwrap_or(u64::MAX);
             while let Some(&g) = self.st().tombs.front() {
-                if tid_timestamp(g.tid) >= min_active || g.tid >= zeroed_below {
+                if g.reuse >= min_active || g.tid >= zeroed_below {
                     break;
                 }
                 self.st().tombs.pop_front();
@@ -512,7 +499,9 @@ impl ZenWorker {
             self.tables[table as usize].cache.unpin(r);
         }
         self.pins.clear();
+        self.cc_end();
         self.reads.clear();
+        self.cx.locked_rts.clear();
         self.writes.clear();
         self.ranges.clear();
         self.data.clear();
@@ -529,7 +518,7 @@ impl ZenWorker {
 
     /// Releases every lock, unpublishes inserts and frees claimed entries (abort, failed commit).
     fn rollback(&mut self) {
-        let cc = self.cc;
+        self.settle_versions(false);
         for w in &self.writes {
             let cache = &self.tables[w.table as usize].cache;
             match w.kind {
@@ -544,12 +533,12 @@ impl ZenWorker {
                 _ => {}
             }
             if w.locked && w.eref != 0 {
-                cc.release_write(&cache.entry(w.eref).cc, None);
+                self.release_word(w.table, w.eref, None);
             }
         }
-        if cc.holds_read_locks() {
-            for &(table, r, _) in &self.reads {
-                cc.release_read(&self.tables[table as usize].cache.entry(r).cc);
+        if self.holds_read_locks() {
+            for rd in &self.reads {
+                self.release_read(rd.table, rd.eref);
             }
         }
         self.end_txn();
@@ -635,11 +624,13 @@ impl EngineWorker for ZenWorker {
         self.read_only = read_only;
         self.max_seen = 0;
         self.eng.active[self.thread].store(self.eng.clock.now(), Ordering::Release);
+        self.cc_begin();
     }
 
     fn read(&mut self, table: TableId, key: u64, out: &mut [u8]) -> Result<(), TxError> {
         self.ensure_table(table)?;
         self.check_exclusive()?;
+        self.partition_lock(key)?;
         let rt = &self.tables[table as usize];
         common::check_row_len(&rt.schema.name, rt.row, out.len(), "buffer")?;
         if let Some(w) = self.find_write(table, key) {
@@ -667,6 +658,7 @@ impl EngineWorker for ZenWorker {
         }
         self.ensure_table(table)?;
         self.check_exclusive()?;
+        self.partition_lock(key)?;
         let rt = &self.tables[table as usize];
         for f in writes {
             if f.offset + f.bytes.len() > rt.row {
@@ -689,7 +681,7 @@ impl EngineWorker for ZenWorker {
             None => {
                 let r = self.locate(table, key)?;
                 self.tables[table as usize].cache.entry(r).prefetch_row();
-                let locked = self.cc.locks_writes_early();
+                let locked = self.locks_writes_early();
                 if locked {
                     self.lock_for_write(table, key, r)?;
                 } else {
@@ -700,16 +692,8 @@ impl EngineWorker for ZenWorker {
                         .load(Ordering::Relaxed);
                     self.max_seen = self.max_seen.max(cts);
                 }
-                self.writes.push(WriteRec {
-                    table,
-                    key,
-                    eref: r,
-                    kind: WriteKind::Update,
-                    locked,
-                    target: 0,
-                    slot: 0,
-                    row_at: 0,
-                });
+                self.writes
+                    .push(WriteRec::new(table, key, r, WriteKind::Update, locked));
                 self.writes.len() - 1
             }
         };
@@ -725,6 +709,7 @@ impl EngineWorker for ZenWorker {
         }
         self.ensure_table(table)?;
         self.check_exclusive()?;
+        self.partition_lock(key)?;
         if row.len() > self.eng.config.max_row_bytes {
             return Err(TxError::RowTooLarge(format!(
                 "a row of {} bytes exceeds the limit of {} bytes",
@@ -747,16 +732,8 @@ impl EngineWorker for ZenWorker {
             return Err(TxError::DuplicateKey { table, key });
         }
         self.accesses[table as usize] += 1;
-        self.writes.push(WriteRec {
-            table,
-            key,
-            eref: 0,
-            kind: WriteKind::Insert,
-            locked: false,
-            target: 0,
-            slot: 0,
-            row_at: 0,
-        });
+        self.writes
+            .push(WriteRec::new(table, key, 0, WriteKind::Insert, false));
         let w = self.writes.len() - 1;
         self.push_range(w, 0, row);
         Ok(())
@@ -768,6 +745,7 @@ impl EngineWorker for ZenWorker {
         }
         self.ensure_table(table)?;
         self.check_exclusive()?;
+        self.partition_lock(key)?;
         if let Some(w) = self.find_write(table, key) {
             match self.writes[w].kind {
                 WriteKind::Delete | WriteKind::Cancelled => {
@@ -779,20 +757,12 @@ impl EngineWorker for ZenWorker {
             return Ok(());
         }
         let r = self.locate(table, key)?;
-        let locked = self.cc.locks_writes_early();
+        let locked = self.locks_writes_early();
         if locked {
             self.lock_for_write(table, key, r)?;
         }
-        self.writes.push(WriteRec {
-            table,
-            key,
-            eref: r,
-            kind: WriteKind::Delete,
-            locked,
-            target: 0,
-            slot: 0,
-            row_at: 0,
-        });
+        self.writes
+            .push(WriteRec::new(table, key, r, WriteKind::Delete, locked));
         Ok(())
     }
 
@@ -838,10 +808,10 @@ impl EngineWorker for ZenWorker {
         if let Err(e) = self.check_exclusive() {
             return self.fail(e);
         }
-        let cc = self.cc;
         let thread = self.thread;
-        // 1. OCC: lock the write set in a global order (table, entry), spinning briefly.
-        if !cc.locks_writes_early() {
+        // 1. Protocols that lock at commit (OCC family, H-Store): lock the write set in a global
+        // order (table, entry), spinning briefly on each lock.
+        if self.locks_at_commit() {
             let mut order: Vec<usize> = (0..self.writes.len())
                 .filter(|&i| matches!(self.writes[i].kind, WriteKind::Update | WriteKind::Delete))
                 .collect();
@@ -852,19 +822,20 @@ impl EngineWorker for ZenWorker {
                     self.writes[i].key,
                     self.writes[i].eref,
                 );
-                let e = self.tables[table as usize].cache.entry(r);
-                let mut got = false;
-                for _ in 0..SPIN_LIMIT {
-                    if cc.try_write_lock(&e.cc, false) {
-                        got = true;
-                        break;
-                    }
-                    std::hint::spin_loop();
-                }
-                if !got {
+                if !self.lock_at_commit(table, r) {
+                    // SI's first-committer check fails with the lock taken: record it.
+                    self.writes[i].locked = self.proto == Protocol::Si
+                        && self.tables[table as usize]
+                            .cache
+                            .entry(r)
+                            .cc
+                            .load(Ordering::Relaxed)
+                            & LOCK_BIT
+                            != 0;
                     return self.fail(TxError::Conflict);
                 }
                 self.writes[i].locked = true;
+                let e = self.tables[table as usize].cache.entry(r);
                 self.max_seen = self.max_seen.max(e.cts.load(Ordering::Relaxed));
                 if !e.is_current(key) {
                     return self.fail(TxError::Conflict);
@@ -917,23 +888,30 @@ impl EngineWorker for ZenWorker {
                 }
             }
         }
-        // 3. OCC: validate the read set.
-        if cc.validates_reads() {
-            for k in 0..self.reads.len() {
-                let (table, r, token) = self.reads[k];
-                let mine = self
-                    .writes
-                    .iter()
-                    .any(|w| w.table == table && w.eref == r && w.locked);
-                let e = self.tables[table as usize].cache.entry(r);
-                if !cc.validate_read(&e.cc, token, mine) {
-                    return self.fail(TxError::Conflict);
-                }
-            }
-        }
+        // The write set is locked; reads are validated next. Without a full fence between the
+        // two, the lock stores may still be in a store buffer while the validation loads run
+        // (write skew; found by the loom model of tests/cc_model.rs for Falcon).
+        fence(Ordering::SeqCst);
         let order: Vec<usize> = (0..self.writes.len())
             .filter(|&i| self.writes[i].kind != WriteKind::Cancelled)
             .collect();
+        // 3. The commit tid (for the MV protocols after retiring the old images, so a snapshot
+        // reader that finds no retired image knows the tid is above its snapshot), then read
+        // validation at that tid (OCC family, TicToc).
+        let last = self.st().last_tid;
+        let tid = if !order.is_empty() || self.proto == Protocol::Tictoc {
+            if !order.is_empty() {
+                self.retire_versions();
+            }
+            let tid = self.commit_tid(last);
+            self.settle_versions_pending(tid);
+            tid
+        } else {
+            0
+        };
+        if !self.validate_reads(tid) {
+            return self.fail(TxError::Conflict);
+        }
         if order.is_empty() {
             self.rollback();
             return Ok(self.st().last_tid);
@@ -952,12 +930,7 @@ impl EngineWorker for ZenWorker {
                 }
             }
         }
-        // 5. The commit tid, and the new rows (the entry is locked, so its row is the latest).
-        let last = self.st().last_tid;
-        let tid = self
-            .eng
-            .clock
-            .next_tid(thread, last, tid_timestamp(self.max_seen));
+        // 5. The commit tid is final; the new rows (the entry is locked, so its row is the latest).
         self.st().last_tid = tid;
         let mut old = std::mem::take(&mut self.scratch);
         for &i in &order {
@@ -1002,24 +975,28 @@ impl EngineWorker for ZenWorker {
         self.eng.region_commit[thread].store(tid, Ordering::Release);
         // 8. Install the new versions in the Met-Cache and the index, release the locks.
         fence(Ordering::Release);
+        let proto = self.proto;
+        let reuse = tid_timestamp(tid).max(self.eng.clock.now());
         for &i in &order {
             let w = &self.writes[i];
             let t = &self.tables[w.table as usize];
             let st = self.state.as_mut().expect("state present");
             let row = &self.rows[w.row_at..w.row_at + t.row];
+            let garbage = |slot| Garbage {
+                table: w.table,
+                slot,
+                tid,
+                reuse,
+            };
             match w.kind {
                 WriteKind::Update if w.target == 0 => {
                     let e = t.cache.entry(w.eref);
                     let old_nvm = e.nvm.load(Ordering::Relaxed);
                     e.store_row(row);
                     e.nvm.store(w.slot, Ordering::Relaxed);
-                    e.cts.store(tid, Ordering::Relaxed);
-                    cc.release_write(&e.cc, Some(tid));
-                    st.garbage.push_back(Garbage {
-                        table: w.table,
-                        slot: old_nvm,
-                        tid,
-                    });
+                    e.cts.store(tid, Ordering::Release);
+                    release(proto, &e.cc, Some(tid));
+                    st.garbage.push_back(garbage(old_nvm));
                 }
                 WriteKind::Update => {
                     let (e, copy) = (t.cache.entry(w.eref), t.cache.entry(w.target));
@@ -1027,43 +1004,34 @@ impl EngineWorker for ZenWorker {
                     copy.key.store(w.key, Ordering::Relaxed);
                     copy.nvm.store(w.slot, Ordering::Relaxed);
                     copy.cts.store(tid, Ordering::Relaxed);
-                    copy.cc.store(cc.idle_word(tid), Ordering::Relaxed);
+                    copy.cc.store(proto.idle_word(tid), Ordering::Relaxed);
                     t.cache.publish(w.target, 1);
                     self.pins.push((w.table, w.target));
                     let swapped = t.index.replace_if(w.key, w.eref, w.target);
                     debug_assert!(swapped, "a locked current entry is the index's value");
+                    // Superseded, then stamped: validation by Tx-CTS fails on the old entry.
                     t.cache.supersede(w.eref);
+                    e.cts.store(tid, Ordering::Release);
                     let old_nvm = e.nvm.load(Ordering::Relaxed);
-                    cc.release_write(&e.cc, Some(tid));
-                    st.garbage.push_back(Garbage {
-                        table: w.table,
-                        slot: old_nvm,
-                        tid,
-                    });
+                    release(proto, &e.cc, Some(tid));
+                    st.garbage.push_back(garbage(old_nvm));
                 }
                 WriteKind::Insert => {
                     let e = t.cache.entry(w.target);
                     e.store_row(row);
                     e.nvm.store(w.slot, Ordering::Relaxed);
-                    e.cts.store(tid, Ordering::Relaxed);
-                    cc.release_write(&e.cc, Some(tid));
+                    e.cts.store(tid, Ordering::Release);
+                    release(proto, &e.cc, Some(tid));
                 }
                 WriteKind::Delete => {
                     let e = t.cache.entry(w.eref);
                     t.index.remove_if(w.key, w.eref);
                     t.cache.supersede(w.eref);
+                    e.cts.store(tid, Ordering::Release);
                     let old_nvm = e.nvm.load(Ordering::Relaxed);
-                    cc.release_write(&e.cc, Some(tid));
-                    st.garbage.push_back(Garbage {
-                        table: w.table,
-                        slot: old_nvm,
-                        tid,
-                    });
-                    st.tombs.push_back(Garbage {
-                        table: w.table,
-                        slot: w.slot,
-                        tid,
-                    });
+                    release(proto, &e.cc, Some(tid));
+                    st.garbage.push_back(garbage(old_nvm));
+                    st.tombs.push_back(garbage(w.slot));
                 }
                 WriteKind::Cancelled => {}
             }
@@ -1080,15 +1048,15 @@ impl EngineWorker for ZenWorker {
         // Cancelled records may still hold a lock (a failed 2PL upgrade kept for release).
         for w in &self.writes {
             if w.kind == WriteKind::Cancelled && w.locked && w.eref != 0 {
-                let e = self.tables[w.table as usize].cache.entry(w.eref);
-                cc.release_write(&e.cc, None);
+                self.release_word(w.table, w.eref, None);
             }
         }
-        if cc.holds_read_locks() {
-            for &(table, r, _) in &self.reads {
-                cc.release_read(&self.tables[table as usize].cache.entry(r).cc);
+        if self.holds_read_locks() {
+            for rd in &self.reads {
+                self.release_read(rd.table, rd.eref);
             }
         }
+        self.settle_versions(true);
         self.eng.last_commit.fetch_max(tid, Ordering::AcqRel);
         self.end_txn();
         self.txns += 1;
@@ -1103,6 +1071,7 @@ impl EngineWorker for ZenWorker {
                 .fetch_add(std::mem::take(&mut self.txns), Ordering::Relaxed);
             self.eng.rebalance();
         }
+        self.reclaim_versions();
         Ok(tid)
     }
 

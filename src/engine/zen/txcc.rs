@@ -1,0 +1,802 @@
+//! The concurrency-control side of a Zen worker (§3.3.2): every protocol of pmtx's CC layer run
+//! over the CC-Meta word of Met-Cache entries, entirely in DRAM. Zen evaluates ten methods
+//! (§4.4): 2PL no-wait, wait-die and deadlock detection; OCC, Silo and TicToc; MVCC (DBx1000's
+//! multi-version timestamp ordering, `mvto` here), Hekaton (multi-version OCC, `mvocc`), Cicada,
+//! and H-Store. pmtx runs all of them but Cicada, plus `to`, `mv2pl` and `si`, which the CC layer
+//! also offers.
+//!
+//! What each protocol keeps in the CC-Meta word is documented in its module under `crate::cc`;
+//! the word's companion, the write timestamp, is the entry's Tx-CTS. Per-transaction context
+//! (timestamps, snapshots, held partitions, the version queue) lives in the worker, the
+//! per-database context in the engine's [`crate::cc::CcShared`].
+//!
+//! **Multi-version protocols.** Old versions are kept in DRAM (Falcon §6.2.2 describes ZenS doing
+//! the same: "the maintenance of extra multiple versions in the DRAM buffer pool"), in a version
+//! store per table keyed by primary key: Met-Cache entries move (eviction, copies into another
+//! region, §3.2), the key does not. A writer retires the entry's current image to the chain
+//! (pending) before it takes its commit timestamp, so a snapshot reader that finds no retired
+//! image knows the writer's timestamp is above its snapshot (the same rule as Falcon's, see
+//! `engine::falcon::txcc`). Since chains are keyed by key, a snapshot read of a key that a later
+//! transaction deleted still finds the row in the chain after the index forgot it.
+//!
+//! **Superseded entries.** When a writer copies an entry of another region (§3.2) or deletes a
+//! tuple, the old entry gets the COPY bit and then the writer's commit tid as its Tx-CTS, before
+//! its word is released: validation by write timestamp (TicToc, snapshot reads) fails on it, and
+//! readers re-locate the tuple.
+
+use super::worker::{WriteKind, ZenWorker};
+use crate::catalog::TableId;
+use crate::cc::{
+    lock2pl, mvcc, occ, tictoc, tid_timestamp, to, MetaWord, Protocol, LOCK_BIT, TID_THREAD_BITS,
+};
+use crate::engine::TxError;
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+
+/// Polls of a word held by a transaction that is committing (or, for TO and OCC, a short
+/// critical section) before giving up.
+const SPIN_LIMIT: u32 = 256;
+/// The end of a version chain entry whose replacing writer has no commit tid yet.
+pub(super) const PENDING: u64 = u64::MAX;
+
+/// A backoff step of a polling loop: spin first, then yield (two cores shared by many threads).
+#[inline]
+fn backoff(round: u32) {
+    if round < 32 {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}
+
+/// The tid with timestamp part at least `ts` and thread part `thread`, and not below `min_tid`.
+#[inline]
+fn tid_at_least(min_tid: u64, thread: usize) -> u64 {
+    let thread = thread as u64;
+    let base = min_tid >> TID_THREAD_BITS;
+    let candidate = (base << TID_THREAD_BITS) | thread;
+    if candidate >= min_tid {
+        candidate
+    } else {
+        ((base + 1) << TID_THREAD_BITS) | thread
+    }
+}
+
+/// Releases a write lock held under `proto`: commit with `tid`, or abort (`None`).
+pub(super) fn release(proto: Protocol, word: &AtomicU64, tid: Option<u64>) {
+    match proto {
+        Protocol::NoWait | Protocol::WaitDie | Protocol::DlDetect | Protocol::Mv2pl => {
+            lock2pl::write_unlock(word)
+        }
+        Protocol::To | Protocol::Mvto => to::unlock(word),
+        Protocol::Tictoc => match tid {
+            Some(tid) => tictoc::unlock(word, tid),
+            None => tictoc::unlock(word, MetaWord::load(word)),
+        },
+        _ => {
+            let version = tid.unwrap_or_else(|| MetaWord::load(word)) & !LOCK_BIT;
+            occ::unlock(word, version)
+        }
+    }
+}
+
+/// A read the transaction keeps for validation or release.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct ReadRec {
+    pub table: TableId,
+    /// The Met-Cache entry read.
+    pub eref: u64,
+    /// OCC family: the version word read; TicToc: the `wts` (Tx-CTS) read; 2PL: 0 (a read lock).
+    pub token: u64,
+    /// TicToc: the `rts` seen with it.
+    pub rts: u64,
+}
+
+/// What a protocol read produced.
+pub(super) enum Seen {
+    /// The entry's row was copied; its Tx-CTS. The caller checks the entry is still current and
+    /// then records `read` (if any) in the read set.
+    Entry { cts: u64, read: Option<ReadRec> },
+    /// A snapshot read answered from the version chain (or found the tuple absent at the
+    /// snapshot: `live` false).
+    Chain { live: bool },
+}
+
+/// The per-transaction context of the protocols.
+#[derive(Default)]
+pub(super) struct TxContext {
+    /// TO, MVTO, wait-die, H-Store: the transaction's timestamp (a tid).
+    pub ts: u64,
+    /// The largest timestamp this thread handed out (so a retry gets a fresh one).
+    pub ts_issued: u64,
+    /// MV read-only transactions and SI: the snapshot timestamp.
+    pub snapshot: Option<u64>,
+    /// H-Store: partitions held.
+    pub partitions: Vec<usize>,
+    /// TicToc: the `rts` of each write-set entry locked at commit.
+    pub locked_rts: Vec<u64>,
+    /// MV protocols: this commit retired old images to the version chains.
+    pub retired: bool,
+    /// Their end (PENDING until the commit tid is known).
+    pub retired_end: u64,
+    /// MV protocols: (end timestamp, table, key) of retired versions, for pruning (Falcon §5.4's
+    /// per-thread version queue).
+    pub version_queue: std::collections::VecDeque<(u64, TableId, u64)>,
+}
+
+impl ZenWorker {
+    fn word(&self, table: TableId, r: u64) -> &AtomicU64 {
+        &self.tables[table as usize].cache.entry(r).cc
+    }
+
+    fn cts_of(&self, table: TableId, r: u64) -> u64 {
+        self.tables[table as usize]
+            .cache
+            .entry(r)
+            .cts
+            .load(Ordering::Acquire)
+    }
+
+    /// Whether the protocol locks tuples as they are written (2PL, TO) rather than at commit.
+    pub(super) fn locks_writes_early(&self) -> bool {
+        match self.proto {
+            Protocol::NoWait | Protocol::WaitDie | Protocol::DlDetect => true,
+            Protocol::To | Protocol::Mvto => true,
+            Protocol::Mv2pl => !self.read_only,
+            _ => false,
+        }
+    }
+
+    /// Whether the read set holds read locks to release (2PL).
+    pub(super) fn holds_read_locks(&self) -> bool {
+        matches!(
+            self.proto,
+            Protocol::NoWait | Protocol::WaitDie | Protocol::DlDetect | Protocol::Mv2pl
+        )
+    }
+
+    /// Whether reads go to snapshots (MV read-only transactions, SI).
+    pub(super) fn reads_snapshots(&self) -> bool {
+        self.cx.snapshot.is_some()
+            && matches!(self.proto, Protocol::Mvocc | Protocol::Mv2pl | Protocol::Si)
+    }
+
+    /// Sets up the transaction's context: TO and MVTO take their timestamp at begin, the MV
+    /// protocols publish a snapshot, wait-die and H-Store a priority.
+    pub(super) fn cc_begin(&mut self) {
+        let thread = self.thread;
+        self.cx.snapshot = None;
+        self.cx.ts = 0;
+        let eng = &self.eng;
+        match self.proto {
+            Protocol::Mvto => {
+                let (shared, active) = (&eng.cc, &eng.snap_active[thread]);
+                // Publish a lower bound first, so a concurrent pruner never passes our snapshot.
+                active.store(shared.snapshots.current(), Ordering::SeqCst);
+                let ts = shared.snapshots.stamp(eng.clock.now());
+                active.store(ts - 1, Ordering::SeqCst);
+                self.cx.ts = (ts << TID_THREAD_BITS) | thread as u64;
+                self.cx.ts_issued = self.cx.ts;
+                self.cx.snapshot = Some(ts - 1);
+            }
+            Protocol::Mvocc | Protocol::Mv2pl | Protocol::Si => {
+                let s = eng.cc.snapshots.snapshot(&eng.snap_active[thread]);
+                if self.read_only || self.proto == Protocol::Si {
+                    self.cx.snapshot = Some(s);
+                }
+            }
+            Protocol::To | Protocol::WaitDie | Protocol::Hstore => {
+                let last = self
+                    .state
+                    .as_ref()
+                    .map_or(0, |s| s.last_tid)
+                    .max(self.cx.ts_issued);
+                self.cx.ts = eng.clock.next_tid(thread, last, 0);
+                self.cx.ts_issued = self.cx.ts;
+                if self.proto != Protocol::To {
+                    eng.cc.txn_ts[thread].store(self.cx.ts, Ordering::Release);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Releases what the context holds at the end of a transaction.
+    pub(super) fn cc_end(&mut self) {
+        let shared = &self.eng.cc;
+        for p in self.cx.partitions.drain(..) {
+            shared.partitions.unlock(p);
+        }
+        match self.proto {
+            Protocol::WaitDie | Protocol::Hstore => {
+                shared.txn_ts[self.thread].store(u64::MAX, Ordering::Release)
+            }
+            Protocol::DlDetect => shared.waits_for[self.thread].store(0, Ordering::SeqCst),
+            Protocol::Mvto | Protocol::Mvocc | Protocol::Mv2pl | Protocol::Si => {
+                self.eng.snap_active[self.thread].store(u64::MAX, Ordering::SeqCst)
+            }
+            _ => {}
+        }
+    }
+
+    /// H-Store: takes the lock of `key`'s partition. On a conflict an older transaction waits
+    /// for a younger holder and a younger one aborts (wait-die on the begin timestamps).
+    pub(super) fn partition_lock(&mut self, key: u64) -> Result<(), TxError> {
+        if self.proto != Protocol::Hstore {
+            return Ok(());
+        }
+        let shared = &self.eng.cc;
+        let locks = &shared.partitions;
+        let p = locks.partition_of(key);
+        if self.cx.partitions.contains(&p) {
+            return Ok(());
+        }
+        for round in 0..shared.options.wait_spins {
+            if locks.try_lock(p, self.thread) {
+                self.cx.partitions.push(p);
+                return Ok(());
+            }
+            match locks.owner(p) {
+                Some(holder) if holder != self.thread => {
+                    let theirs = shared.txn_ts[holder].load(Ordering::Acquire);
+                    if self.cx.ts >= theirs {
+                        return Err(TxError::Conflict);
+                    }
+                }
+                _ => {}
+            }
+            backoff(round);
+        }
+        Err(TxError::Conflict)
+    }
+
+    /// Reads entry `r` of `table` (holding `key`) under the protocol into `out`. `held`: the
+    /// transaction already holds a lock on it (2PL read lock, or its write lock).
+    pub(super) fn protocol_read(
+        &mut self,
+        table: TableId,
+        r: u64,
+        key: u64,
+        held: bool,
+        out: &mut [u8],
+    ) -> Result<Seen, TxError> {
+        let e = self.tables[table as usize].cache.entry(r);
+        if held {
+            e.copy_row(out);
+            let cts = e.cts.load(Ordering::Acquire);
+            return Ok(Seen::Entry { cts, read: None });
+        }
+        if let Some(s) = self.cx.snapshot.filter(|_| self.reads_snapshots()) {
+            return self.read_snapshot(table, r, key, out, s);
+        }
+        let rec = |token, rts| ReadRec {
+            table,
+            eref: r,
+            token,
+            rts,
+        };
+        match self.proto {
+            Protocol::Occ | Protocol::Silo | Protocol::Mvocc | Protocol::Si => {
+                for round in 0..SPIN_LIMIT {
+                    let Some(version) = occ::stable_version(&e.cc) else {
+                        backoff(round);
+                        continue;
+                    };
+                    e.copy_row(out);
+                    let cts = e.cts.load(Ordering::Relaxed);
+                    fence(Ordering::Acquire);
+                    if e.cc.load(Ordering::Relaxed) == version {
+                        return Ok(Seen::Entry {
+                            cts,
+                            read: Some(rec(version, 0)),
+                        });
+                    }
+                }
+                Err(TxError::Conflict)
+            }
+            Protocol::NoWait | Protocol::WaitDie | Protocol::DlDetect | Protocol::Mv2pl => {
+                self.wait_for_2pl(table, r, lock2pl::try_read_lock)?;
+                let e = self.tables[table as usize].cache.entry(r);
+                e.copy_row(out);
+                let cts = e.cts.load(Ordering::Acquire);
+                Ok(Seen::Entry {
+                    cts,
+                    read: Some(rec(0, 0)),
+                })
+            }
+            Protocol::Tictoc => {
+                for round in 0..SPIN_LIMIT {
+                    let w = e.cc.load(Ordering::Acquire);
+                    if w & LOCK_BIT != 0 {
+                        backoff(round);
+                        continue;
+                    }
+                    let wts = e.cts.load(Ordering::Acquire);
+                    e.copy_row(out);
+                    fence(Ordering::Acquire);
+                    let w2 = e.cc.load(Ordering::Relaxed);
+                    if w2 & LOCK_BIT != 0 || e.cts.load(Ordering::Relaxed) != wts {
+                        continue;
+                    }
+                    return Ok(Seen::Entry {
+                        cts: wts,
+                        read: Some(rec(wts, tictoc::rts(w))),
+                    });
+                }
+                Err(TxError::Conflict)
+            }
+            Protocol::To | Protocol::Mvto => self.read_to(table, r, key, out),
+            Protocol::Hstore => {
+                e.copy_row(out);
+                let cts = e.cts.load(Ordering::Acquire);
+                Ok(Seen::Entry { cts, read: None })
+            }
+        }
+    }
+
+    /// TO: raise the entry's read timestamp to ours, copy, and abort if the version is newer than
+    /// us. MVTO: a newer version sends the read to the version chain instead.
+    fn read_to(
+        &mut self,
+        table: TableId,
+        r: u64,
+        key: u64,
+        out: &mut [u8],
+    ) -> Result<Seen, TxError> {
+        let multi = self.proto == Protocol::Mvto;
+        let ts = self.cx.ts;
+        // MVTO reads at its timestamp: the versions that committed before it.
+        let snapshot = tid_timestamp(ts).saturating_sub(1);
+        let patience = if self.read_only {
+            self.eng.cc.options.wait_spins
+        } else {
+            SPIN_LIMIT
+        };
+        let t = &self.tables[table as usize];
+        let e = t.cache.entry(r);
+        for round in 0..patience {
+            let wts = e.cts.load(Ordering::Acquire);
+            if multi && wts > ts {
+                return Ok(Self::read_chain(&t.versions, key, out, snapshot));
+            }
+            if !to::stamp_read(&e.cc, ts) {
+                // A write is in flight: it may be older than us, so wait for it.
+                backoff(round);
+                continue;
+            }
+            e.copy_row(out);
+            fence(Ordering::Acquire);
+            if e.cc.load(Ordering::Relaxed) & LOCK_BIT != 0 || e.cts.load(Ordering::Relaxed) != wts
+            {
+                continue;
+            }
+            if wts > ts {
+                if multi {
+                    return Ok(Self::read_chain(&t.versions, key, out, snapshot));
+                }
+                return Err(TxError::Conflict);
+            }
+            return Ok(Seen::Entry {
+                cts: wts,
+                read: None,
+            });
+        }
+        Err(TxError::Conflict)
+    }
+
+    /// The version of `key` that snapshot `s` sees, from the version chain.
+    fn read_chain(versions: &mvcc::VersionStore, key: u64, out: &mut [u8], s: u64) -> Seen {
+        match versions.read_at(key, s, out) {
+            Some((_, live)) => Seen::Chain { live },
+            None => Seen::Chain { live: false },
+        }
+    }
+
+    /// A snapshot read of a tuple the index no longer has (deleted after the snapshot).
+    pub(super) fn read_absent_at_snapshot(&self, table: TableId, key: u64, out: &mut [u8]) -> bool {
+        match self.cx.snapshot.filter(|_| self.reads_snapshots()) {
+            Some(s) => matches!(
+                Self::read_chain(&self.tables[table as usize].versions, key, out, s),
+                Seen::Chain { live: true }
+            ),
+            None => false,
+        }
+    }
+
+    /// A snapshot read (MV read-only transactions, SI): the entry's version if the snapshot sees
+    /// it, else the chain. Never takes a lock; waits only while a writer that the snapshot must
+    /// see is applying its commit (between its commit timestamp and its unlock).
+    fn read_snapshot(
+        &mut self,
+        table: TableId,
+        r: u64,
+        key: u64,
+        out: &mut [u8],
+        s: u64,
+    ) -> Result<Seen, TxError> {
+        let t = &self.tables[table as usize];
+        let (e, versions) = (t.cache.entry(r), &t.versions);
+        for round in 0..self.eng.cc.options.wait_spins {
+            let w1 = e.cc.load(Ordering::SeqCst);
+            let wts1 = e.cts.load(Ordering::SeqCst);
+            if wts1 == 0 {
+                // An insert in flight. Its writer pushes a dead marker before it takes its
+                // commit timestamp: no marker means a timestamp above the snapshot.
+                match versions.newest(key) {
+                    Some((false, end)) if end == PENDING || tid_timestamp(end) <= s => {
+                        if !e.is_current(key) {
+                            // Rolled back: the caller looks the key up again.
+                            return Ok(Seen::Entry { cts: 0, read: None });
+                        }
+                        backoff(round);
+                        continue;
+                    }
+                    _ => return Ok(Seen::Chain { live: false }),
+                }
+            }
+            if tid_timestamp(wts1) > s {
+                return Ok(Self::read_chain(versions, key, out, s));
+            }
+            e.copy_row(out);
+            fence(Ordering::SeqCst);
+            let w2 = e.cc.load(Ordering::SeqCst);
+            if e.cts.load(Ordering::SeqCst) != wts1 {
+                continue;
+            }
+            if w1 & LOCK_BIT != 0 || w2 & LOCK_BIT != 0 {
+                // A writer holds the entry. Until it retires the current image it has neither a
+                // commit timestamp nor installed anything, so the copy is the committed version;
+                // once retired, the chain says whether the snapshot must see the new version
+                // (wait) or the old one (use the chain).
+                match versions.replaced_by(key, wts1) {
+                    Some(end) if end == PENDING || tid_timestamp(end) <= s => {
+                        backoff(round);
+                        continue;
+                    }
+                    Some(_) => match Self::read_chain(versions, key, out, s) {
+                        Seen::Chain { live: true } => return Ok(Seen::Chain { live: true }),
+                        // The writer failed and took its entry back: look again.
+                        _ => {
+                            backoff(round);
+                            continue;
+                        }
+                    },
+                    None => {}
+                }
+            }
+            return Ok(Seen::Entry {
+                cts: wts1,
+                read: None,
+            });
+        }
+        Err(TxError::Conflict)
+    }
+
+    /// Takes a 2PL lock with the protocol's waiting policy (no-wait, wait-die, dl-detect).
+    fn wait_for_2pl(
+        &mut self,
+        table: TableId,
+        r: u64,
+        attempt: impl Fn(&AtomicU64) -> Result<(), lock2pl::Holder>,
+    ) -> Result<(), TxError> {
+        let shared = &self.eng.cc;
+        let word = self.word(table, r);
+        let mut result = Err(TxError::Conflict);
+        let mut reader_waits = 0;
+        for round in 0..shared.options.wait_spins {
+            match attempt(word) {
+                Ok(()) => {
+                    result = Ok(());
+                    break;
+                }
+                Err(holder) => match lock2pl::decide(self.proto, shared, self.thread, holder) {
+                    lock2pl::Decision::Abort => break,
+                    // Readers are not named, so a wait on them cannot be checked for a cycle
+                    // (two readers upgrading deadlock): it gets a short time-out instead.
+                    lock2pl::Decision::Wait if holder == lock2pl::Holder::Readers => {
+                        reader_waits += 1;
+                        if reader_waits > SPIN_LIMIT {
+                            break;
+                        }
+                        backoff(round)
+                    }
+                    lock2pl::Decision::Wait => backoff(round),
+                },
+            }
+        }
+        if self.proto == Protocol::DlDetect {
+            shared.waits_for[self.thread].store(0, Ordering::SeqCst);
+        }
+        result
+    }
+
+    /// Locks entry `r` for a write during execution (2PL, TO), upgrading a read lock.
+    pub(super) fn lock_early(
+        &mut self,
+        table: TableId,
+        r: u64,
+        holds_read: bool,
+    ) -> Result<(), TxError> {
+        match self.proto {
+            Protocol::To | Protocol::Mvto => {
+                let ts = self.cx.ts;
+                let word = self.word(table, r);
+                to::try_write_lock(word, ts).map_err(|_| TxError::Conflict)?;
+                if self.cts_of(table, r) > ts {
+                    // A younger transaction already wrote it: TO aborts (no Thomas write rule,
+                    // the write is a read-modify-write of the row's bytes).
+                    to::unlock(word);
+                    return Err(TxError::Conflict);
+                }
+                Ok(())
+            }
+            _ => {
+                let thread = self.thread;
+                self.wait_for_2pl(table, r, |w| lock2pl::try_write_lock(w, holds_read, thread))
+            }
+        }
+    }
+
+    /// Whether the protocol locks its write set at commit (OCC family; H-Store too, uncontended:
+    /// its partition locks exclude every other writer, but the lock bit keeps Zen's insert and
+    /// install paths uniform).
+    pub(super) fn locks_at_commit(&self) -> bool {
+        matches!(
+            self.proto,
+            Protocol::Occ
+                | Protocol::Silo
+                | Protocol::Tictoc
+                | Protocol::Mvocc
+                | Protocol::Si
+                | Protocol::Hstore
+        )
+    }
+
+    /// Takes the write lock of entry `r` at commit (spinning briefly); SI's first-committer check.
+    /// Returns false when refused.
+    pub(super) fn lock_at_commit(&mut self, table: TableId, r: u64) -> bool {
+        let word = self.word(table, r);
+        let mut got = None;
+        for round in 0..SPIN_LIMIT {
+            let w = word.load(Ordering::Acquire);
+            if w & LOCK_BIT == 0 && word.cas(w, w | LOCK_BIT) {
+                got = Some(w);
+                break;
+            }
+            backoff(round);
+        }
+        let Some(old) = got else {
+            return false;
+        };
+        if self.proto == Protocol::Tictoc {
+            self.cx.locked_rts.push(tictoc::rts(old));
+        }
+        if self.proto == Protocol::Si {
+            // First committer wins (ArchTM §5.3): a version newer than the snapshot means a
+            // concurrent transaction committed a write to this tuple first. The lock is held, so
+            // the caller records it before failing.
+            let s = self.cx.snapshot.expect("SI transactions have a snapshot");
+            if tid_timestamp(self.cts_of(table, r)) > s {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// The commit tid, after the write set is locked (and, for the MV protocols, its old images
+    /// retired as pending versions).
+    pub(super) fn commit_tid(&mut self, last: u64) -> u64 {
+        let now = self.eng.clock.now();
+        let thread = self.thread;
+        match self.proto {
+            Protocol::To | Protocol::Mvto => self.cx.ts,
+            Protocol::Silo => {
+                let ts = self.eng.cc.epoch.commit_ts(
+                    now,
+                    tid_timestamp(last),
+                    tid_timestamp(self.max_seen),
+                );
+                (ts << TID_THREAD_BITS) | thread as u64
+            }
+            Protocol::Tictoc => {
+                // ct ≥ every read's wts, > every written entry's rts and wts, > the thread's
+                // last tid (per-region Tx-CTS order must be commit order, Algorithm 2).
+                let mut ct = last + 1;
+                for rd in &self.reads {
+                    ct = ct.max(rd.token);
+                }
+                for &rts in &self.cx.locked_rts {
+                    ct = ct.max(rts + 1);
+                }
+                for w in &self.writes {
+                    if w.locked && matches!(w.kind, WriteKind::Update | WriteKind::Delete) {
+                        ct = ct.max(self.cts_of(w.table, w.eref) + 1);
+                    }
+                }
+                tid_at_least(ct, thread)
+            }
+            Protocol::Mvocc | Protocol::Mv2pl | Protocol::Si => {
+                let floor = now
+                    .max(tid_timestamp(last) + 1)
+                    .max(tid_timestamp(self.max_seen) + 1);
+                let ts = self.eng.cc.snapshots.stamp(floor);
+                (ts << TID_THREAD_BITS) | thread as u64
+            }
+            _ => self
+                .eng
+                .clock
+                .next_tid(thread, last, tid_timestamp(self.max_seen)),
+        }
+    }
+
+    /// Validates the read set at commit time `tid` (OCC family: versions unchanged; TicToc:
+    /// versions unchanged and valid at `tid`, extending read timestamps).
+    pub(super) fn validate_reads(&self, tid: u64) -> bool {
+        match self.proto {
+            Protocol::Occ | Protocol::Silo | Protocol::Mvocc => self.reads.iter().all(|rd| {
+                let mine = self.write_locked_by_me(rd.table, rd.eref);
+                occ::validate(self.word(rd.table, rd.eref), rd.token, mine)
+            }),
+            Protocol::Tictoc => self.reads.iter().all(|rd| {
+                let mine = self.write_locked_by_me(rd.table, rd.eref);
+                if rd.rts >= tid && !mine {
+                    // Valid through tid already, unless overwritten since.
+                    return self.cts_of(rd.table, rd.eref) == rd.token;
+                }
+                tictoc::validate_and_extend(
+                    self.word(rd.table, rd.eref),
+                    rd.token,
+                    tid,
+                    || self.cts_of(rd.table, rd.eref),
+                    mine,
+                )
+            }),
+            _ => true,
+        }
+    }
+
+    /// Whether every read is still valid now (a miss explained by a stale read is a conflict).
+    pub(super) fn reads_still_valid(&self) -> bool {
+        match self.proto {
+            Protocol::Occ | Protocol::Silo | Protocol::Mvocc => self.validate_reads(0),
+            Protocol::Tictoc => self
+                .reads
+                .iter()
+                .all(|rd| self.cts_of(rd.table, rd.eref) == rd.token),
+            // Lock-based and timestamp-ordering protocols never hold a stale read.
+            _ => true,
+        }
+    }
+
+    /// Releases the write lock of entry `r`: commit with `tid`, or abort (`None`).
+    pub(super) fn release_word(&self, table: TableId, r: u64, tid: Option<u64>) {
+        release(self.proto, self.word(table, r), tid);
+    }
+
+    /// Releases a read lock (2PL).
+    pub(super) fn release_read(&self, table: TableId, r: u64) {
+        lock2pl::read_unlock(self.word(table, r));
+    }
+
+    /// MV protocols: retires the current image of every entry the transaction overwrites or
+    /// deletes, and a dead marker for every insert, as pending chain entries, before the commit
+    /// timestamp is taken.
+    pub(super) fn retire_versions(&mut self) {
+        if !self.proto.is_multi_version() {
+            return;
+        }
+        let end = if self.proto == Protocol::Mvto {
+            self.cx.ts
+        } else {
+            PENDING
+        };
+        let mut row = std::mem::take(&mut self.scratch);
+        for i in 0..self.writes.len() {
+            let (table, key, kind, eref) = (
+                self.writes[i].table,
+                self.writes[i].key,
+                self.writes[i].kind,
+                self.writes[i].eref,
+            );
+            let t = &self.tables[table as usize];
+            let version = match kind {
+                WriteKind::Update | WriteKind::Delete => {
+                    let e = t.cache.entry(eref);
+                    row.resize(t.row, 0);
+                    e.copy_row(&mut row);
+                    mvcc::Version {
+                        begin: e.cts.load(Ordering::Acquire),
+                        end,
+                        live: true,
+                        key,
+                        row: row.clone().into_boxed_slice(),
+                    }
+                }
+                // The key was absent until now: a dead version from the end of its last life.
+                WriteKind::Insert => mvcc::Version {
+                    begin: t.versions.newest(key).map_or(0, |(_, e)| e),
+                    end,
+                    live: false,
+                    key,
+                    row: Box::new([]),
+                },
+                WriteKind::Cancelled => continue,
+            };
+            self.writes[i].retired_begin = version.begin;
+            t.versions.push(key, version);
+            self.cx.retired = true;
+        }
+        self.scratch = row;
+        self.cx.retired_end = end;
+        fence(Ordering::SeqCst);
+    }
+
+    /// MV protocols: sets the end of the pending entries to the commit tid, once it is known.
+    pub(super) fn settle_versions_pending(&mut self, tid: u64) {
+        if !self.cx.retired {
+            return;
+        }
+        for w in self
+            .writes
+            .iter()
+            .filter(|w| w.kind != WriteKind::Cancelled)
+        {
+            self.tables[w.table as usize]
+                .versions
+                .settle(w.key, w.retired_begin, tid);
+        }
+        self.cx.retired_end = tid;
+        fence(Ordering::SeqCst);
+    }
+
+    /// MV protocols, at the end of a commit that retired versions: queue them for pruning
+    /// (`committed`) or drop them (the commit failed after retiring).
+    pub(super) fn settle_versions(&mut self, committed: bool) {
+        if !self.cx.retired {
+            return;
+        }
+        self.cx.retired = false;
+        let end = self.cx.retired_end;
+        for w in self
+            .writes
+            .iter()
+            .filter(|w| w.kind != WriteKind::Cancelled)
+        {
+            if committed {
+                self.cx
+                    .version_queue
+                    .push_back((tid_timestamp(end), w.table, w.key));
+            } else {
+                self.tables[w.table as usize]
+                    .versions
+                    .discard(w.key, w.retired_begin, end);
+            }
+        }
+    }
+
+    /// MV protocols: prunes the chains this thread retired versions into, below the oldest
+    /// snapshot (per-thread version queues ordered by end timestamp, as in Falcon §5.4).
+    pub(super) fn reclaim_versions(&mut self) {
+        let Some(&(first_end, _, _)) = self.cx.version_queue.front() else {
+            return;
+        };
+        let eng = &self.eng;
+        let oldest = mvcc::oldest_snapshot(&eng.cc.snapshots, eng.snap_active.iter().map(|a| &**a));
+        if first_end > oldest {
+            return;
+        }
+        while let Some(&(end, table, key)) = self.cx.version_queue.front() {
+            if end > oldest {
+                break;
+            }
+            self.cx.version_queue.pop_front();
+            self.tables[table as usize].versions.prune(key, oldest);
+        }
+    }
+
+    /// Whether this transaction holds the write lock of entry `r`.
+    pub(super) fn write_locked_by_me(&self, table: TableId, r: u64) -> bool {
+        self.writes
+            .iter()
+            .any(|w| w.table == table && w.eref == r && w.locked)
+    }
+}
