@@ -69,6 +69,7 @@ fn update_index_gc(
                         table: table.id,
                         slot,
                         tid: pc,
+                        header: 0,
                     });
                     return;
                 }
@@ -77,6 +78,7 @@ fn update_index_gc(
                         table: table.id,
                         slot: p,
                         tid: cts,
+                        header: 0,
                     });
                     return;
                 }
@@ -233,6 +235,7 @@ pub(super) fn recover(engine: &mut ZenEngine) -> Result<(RecoveryReport, u64), D
                     table: table.id,
                     slot,
                     tid: tuple::cts(word),
+                    header: word,
                 });
                 tombstones += 1;
                 continue;
