@@ -221,6 +221,66 @@ fn persist_is_flush_and_fence_under_adr_and_nothing_under_eadr() {
     }
 }
 
+#[test]
+fn a_non_temporal_store_is_durable_at_the_next_fence_and_not_before() {
+    let row: Vec<u8> = (0..200u32).map(|i| i as u8 | 1).collect();
+    // Fenced: every image holds the whole row; one event, counted as a write and a flush.
+    let p = pool(ADR);
+    let a = p.first_usable() + 8; // not line aligned: the row spans 4 lines
+    let sim = p.crash_sim().unwrap();
+    let stats = pmtx::pmem::stats::thread_snapshot();
+    p.write_bytes_nt(a, &row);
+    assert_eq!(sim.events(), 1, "a non-temporal store is one event");
+    let counted = pmtx::pmem::stats::thread_snapshot() - stats;
+    assert_eq!(counted.bytes_written, 200);
+    assert_eq!(counted.lines_flushed, 4);
+    p.fence();
+    let state = crash(&p);
+    assert_eq!(state.image_count(), 1, "nothing is pending after the fence");
+    for img in all_images(&state) {
+        assert_eq!(&img.bytes[a as usize..a as usize + 200], &row[..]);
+    }
+    // Not fenced: the row may be lost (the durable image has none of it), and any image holds a
+    // per-line prefix of it.
+    let p = pool(ADR);
+    let a = p.first_usable() + 8;
+    p.write_bytes_nt(a, &row);
+    let state = crash(&p);
+    assert!(state.image_count() > 1);
+    let durable = state.durable_image();
+    assert!(durable.bytes[a as usize..a as usize + 200]
+        .iter()
+        .all(|&b| b == 0));
+    assert_eq!(
+        &state.full_image().bytes[a as usize..a as usize + 200],
+        &row[..]
+    );
+    // Another thread's fence does not make it durable.
+    let p = std::sync::Arc::new(pool(ADR));
+    let a = p.first_usable();
+    p.write_bytes_nt(a, &row);
+    let other = p.clone();
+    std::thread::spawn(move || other.fence()).join().unwrap();
+    let state = crash(&p);
+    assert!(state.durable_image().bytes[a as usize..a as usize + 200]
+        .iter()
+        .all(|&b| b == 0));
+}
+
+#[test]
+fn a_non_temporal_store_without_the_simulator_stores_every_byte() {
+    for domain in [ADR, EADR, PersistenceDomain::Volatile] {
+        let pool = Pool::create_in_memory(SIZE, &opts(domain)).unwrap();
+        let b = pool.first_usable();
+        for (start, len) in [(0u64, 1000usize), (3, 61), (8, 8), (13, 3), (64, 0)] {
+            let row: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(31) | 1).collect();
+            pool.write_bytes_nt(b + start, &row);
+            pool.fence();
+            assert_eq!(pool.read_vec(b + start, len), row, "{domain} {start} {len}");
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // 3. flushed but not fenced
 

@@ -105,6 +105,63 @@ pub(crate) fn store_fence() {
     std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
 }
 
+/// Copies `src` to `dst` with non-temporal (streaming) stores where the destination is 8-byte
+/// aligned: `movnti` for 8-byte words, `movntdq` for 16-byte aligned pairs. A streaming store
+/// bypasses the cache: it writes the line without first reading it (no read-for-ownership of a
+/// cold destination) and reaches memory, i.e. the persistence domain under ADR, once the write
+/// combining buffer drains, which the next `sfence` forces. Until that fence streaming stores are
+/// not ordered with other stores. Returns `(head, tail)`: how many leading and trailing bytes were
+/// copied with ordinary stores instead (the parts of `dst` not covered by whole aligned words),
+/// which the caller must flush like any store. Off x86-64 and under Miri everything is copied
+/// with ordinary stores (`(src.len(), 0)`).
+///
+/// # Safety
+/// `dst..dst + src.len()` must lie in a live, writable mapping of this process that no Rust
+/// reference covers, and must not overlap `src`.
+#[inline]
+pub(crate) unsafe fn stream_copy(dst: *mut u8, src: &[u8]) -> (usize, usize) {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    // SAFETY: the caller guarantees the destination range is mapped, writable and disjoint from
+    // `src`; every access below stays within `dst..dst + len` and `src`. `movnti` and `movntdq`
+    // are in the x86-64 baseline (SSE2); `movntdq` needs a 16-byte aligned destination, which
+    // the loop ensures, and its source is read unaligned (`loadu`).
+    unsafe {
+        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128, _mm_stream_si64};
+        let len = src.len();
+        let s = src.as_ptr();
+        let head = ((8 - (dst as usize & 7)) & 7).min(len);
+        std::ptr::copy_nonoverlapping(s, dst, head);
+        let mut i = head;
+        if len - i >= 8 && (dst as usize + i) & 15 != 0 {
+            _mm_stream_si64(
+                dst.add(i).cast::<i64>(),
+                s.add(i).cast::<i64>().read_unaligned(),
+            );
+            i += 8;
+        }
+        while len - i >= 16 {
+            let v = _mm_loadu_si128(s.add(i).cast::<__m128i>());
+            _mm_stream_si128(dst.add(i).cast::<__m128i>(), v);
+            i += 16;
+        }
+        if len - i >= 8 {
+            _mm_stream_si64(
+                dst.add(i).cast::<i64>(),
+                s.add(i).cast::<i64>().read_unaligned(),
+            );
+            i += 8;
+        }
+        std::ptr::copy_nonoverlapping(s.add(i), dst.add(i), len - i);
+        (head, len - i)
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    // SAFETY: as above: the caller guarantees the destination is mapped, writable and disjoint.
+    unsafe {
+        std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len());
+        (src.len(), 0)
+    }
+}
+
 /// Hints the CPU to start loading the cache line holding `addr` into its caches. It has no
 /// architectural effect (never faults, changes no data), so it is safe for any address; it is a
 /// no-op off x86-64 and under Miri. Layers above `pmem` may not use `unsafe`; this lets them
@@ -134,5 +191,27 @@ mod tests {
         unsafe { flush_line(first, data.as_ptr()) };
         store_fence();
         assert_eq!(data[0], 7);
+    }
+
+    #[test]
+    fn stream_copy_copies_every_byte_at_any_alignment() {
+        let src: Vec<u8> = (0..200u32).map(|i| (i * 7 + 3) as u8).collect();
+        for start in 0..17 {
+            for len in [0, 1, 7, 8, 9, 15, 16, 17, 31, 64, 100, 183] {
+                let mut buf = vec![0u8; 256];
+                // SAFETY: `start + len` is at most 200 < 256: the range lies in `buf`, which no
+                // other reference covers while the copy runs.
+                let (head, tail) = unsafe { stream_copy(buf.as_mut_ptr().add(start), &src[..len]) };
+                store_fence();
+                assert!(head + tail <= len);
+                assert_eq!(
+                    &buf[start..start + len],
+                    &src[..len],
+                    "start {start} len {len}"
+                );
+                assert!(buf[..start].iter().all(|&b| b == 0));
+                assert!(buf[start + len..].iter().all(|&b| b == 0));
+            }
+        }
     }
 }

@@ -115,6 +115,9 @@ pub struct CrashSim {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Event {
     Store,
+    /// A non-temporal store: a store whose lines are written back at the calling thread's next
+    /// fence, exactly like a store followed by a flush of its range (one event).
+    StoreFlushed,
     Flush,
     Fence,
 }
@@ -222,6 +225,14 @@ impl CrashSim {
                 let mut data = vec![0u8; len as usize];
                 map.load(off, &mut data);
                 self.log_store(&mut st, off, &data);
+            }
+            Event::StoreFlushed => {
+                if stored && self.domain != PersistenceDomain::Eadr && len > 0 {
+                    let mut data = vec![0u8; len as usize];
+                    map.load(off, &mut data);
+                    self.log_store(&mut st, off, &data);
+                }
+                self.log_flush(&mut st, tid, (off, len));
             }
             Event::Store => {}
             Event::Flush => self.log_flush(&mut st, tid, (off, len)),

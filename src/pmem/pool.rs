@@ -561,11 +561,41 @@ impl Pool {
         self.map.load(off, dst);
     }
 
+    /// Copies `dst.len()` 8-byte words at `off` (8-byte aligned) into `dst` (relaxed loads and
+    /// stores): reads PM straight into a DRAM structure of atomic words (e.g. Zen's Met-Cache
+    /// entry) without a bounce buffer.
+    #[inline]
+    pub fn read_words(&self, off: u64, dst: &[std::sync::atomic::AtomicU64]) {
+        self.assert_readable(off, dst.len() as u64 * 8);
+        Self::assert_aligned(off);
+        for (i, d) in dst.iter().enumerate() {
+            d.store(
+                self.map.word(off + i as u64 * 8).load(Ordering::Relaxed),
+                Ordering::Relaxed,
+            );
+        }
+    }
+
     /// Returns `len` bytes at `off` as a new vector.
     pub fn read_vec(&self, off: u64, len: usize) -> Vec<u8> {
         let mut v = vec![0u8; len];
         self.read_bytes(off, &mut v);
         v
+    }
+
+    /// Hints the CPU to start loading the lines of `[off, off + len)` (see [`super::prefetch`]):
+    /// no architectural effect, not a PM event. For a reader that knows which PM bytes it will
+    /// read shortly and has other work to overlap with the misses.
+    #[inline]
+    pub fn prefetch(&self, off: u64, len: u64) {
+        if len == 0 {
+            return;
+        }
+        self.assert_readable(off, len);
+        let first = off & !(CACHE_LINE - 1);
+        for i in 0..Self::lines_of(off, len) {
+            cpu::prefetch(self.map.ptr(first + i * CACHE_LINE));
+        }
     }
 
     // ---- stores ----
@@ -617,6 +647,85 @@ impl Pool {
             self.map.store(off, src);
             true
         });
+    }
+
+    /// Copies `src` to PM at `off` with non-temporal (streaming) stores, for data the writer will
+    /// not read back soon (e.g. a new out-of-place version): the destination lines are not read
+    /// first and no flush is needed. The bytes are durable after the calling thread's next
+    /// [`fence`], exactly as after `write_bytes(off, src)` + `flush(off, len)`, and that is how the
+    /// crash simulator models it (one event); counted as that write and flush too.
+    ///
+    /// Until that fence the streaming stores are not ordered with later stores, even for other
+    /// threads' loads: a caller that publishes the data (a lock release, an index update) must
+    /// fence in between. Bytes of `[off, off + len)` not covered by whole aligned 8-byte words
+    /// are stored normally and flushed. The volatile domain stores normally (nothing to persist);
+    /// `Msync`, the simulator and targets without streaming stores store and flush.
+    ///
+    /// [`fence`]: Pool::fence
+    #[inline]
+    pub fn write_bytes_nt(&self, off: u64, src: &[u8]) {
+        let len = src.len() as u64;
+        self.assert_user_writable(off, len);
+        if len == 0 {
+            return;
+        }
+        let native = self.sim.is_none()
+            && matches!(
+                self.domain,
+                PersistenceDomain::Adr | PersistenceDomain::Eadr
+            )
+            && self.flush_insn != FlushInstruction::None;
+        if !native {
+            if let Some(sim) = &self.sim {
+                let apply = || {
+                    self.map.store(off, src);
+                    true
+                };
+                if let Err(apply) = sim.record(&self.map, Event::StoreFlushed, off, len, apply) {
+                    sim.after_crash();
+                    apply();
+                }
+                if self.counting {
+                    stats::count_write(len);
+                    stats::count_flush(Self::lines_of(off, len));
+                }
+            } else {
+                self.write_bytes(off, src);
+                self.flush(off, len);
+            }
+            return;
+        }
+        // SAFETY: `[off, off + len)` was bounds-checked above against the writable range of the
+        // live mapping, which is shared memory no Rust reference covers (all access goes through
+        // raw pointers and atomics), and `src` is a Rust slice, so not inside the mapping.
+        let (head, tail) = unsafe { cpu::stream_copy(self.map.ptr(off), src) };
+        if head > 0 {
+            self.flush_native(off, head as u64);
+        }
+        if tail > 0 {
+            self.flush_native(off + len - tail as u64, tail as u64);
+        }
+        if self.counting {
+            stats::count_write(len);
+            stats::count_flush(Self::lines_of(off, len));
+        }
+    }
+
+    #[inline(always)]
+    fn lines_of(off: u64, len: u64) -> u64 {
+        let first = off & !(CACHE_LINE - 1);
+        (off + len - first).div_ceil(CACHE_LINE)
+    }
+
+    /// Writes back the lines of a range already bounds-checked (no simulator, no counting).
+    #[inline(always)]
+    fn flush_native(&self, off: u64, len: u64) {
+        let first = off & !(CACHE_LINE - 1);
+        for i in 0..Self::lines_of(off, len) {
+            // SAFETY: the caller bounds-checked `[off, off + len)`, so every line start from
+            // `first` up to `off + len` lies in the live mapping.
+            unsafe { cpu::flush_line(self.flush_insn, self.map.ptr(first + i * CACHE_LINE)) };
+        }
     }
 
     /// Sets `len` bytes at `off` to `byte`.

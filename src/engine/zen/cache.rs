@@ -26,7 +26,7 @@
 //! region and entry number), the "unused bit" of §3.1.
 
 use crate::index::PrimaryIndex;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 /// Marks an index value as a Met-Cache reference rather than an NVM offset.
@@ -64,7 +64,9 @@ pub fn region_of(r: u64) -> usize {
     ((r & !CACHE_REF) >> REGION_SHIFT) as usize
 }
 
-/// One Met-Cache entry.
+/// One Met-Cache entry: one cache line of metadata (aligned, so that pins of neighbouring
+/// entries by different threads do not share a line), the row in its own allocation.
+#[repr(align(64))]
 pub struct Entry {
     /// The CC-Meta word (§3.2): the protocol's per-tuple metadata.
     pub cc: AtomicU64,
@@ -76,6 +78,9 @@ pub struct Entry {
     pub nvm: AtomicU64,
     /// The Tx-CTS of that version.
     pub cts: AtomicU64,
+    /// Whether that version's NVM header carries the LP bit (it was the last tuple its commit
+    /// persisted): with `cts`, the header word, so reclamation need not read it from NVM.
+    pub lp: AtomicBool,
     /// The row, as little-endian words.
     pub data: Box<[AtomicU64]>,
 }
@@ -88,6 +93,7 @@ impl Entry {
             key: AtomicU64::new(0),
             nvm: AtomicU64::new(0),
             cts: AtomicU64::new(0),
+            lp: AtomicBool::new(false),
             data: (0..words).map(|_| AtomicU64::new(0)).collect(),
         }
     }
@@ -133,6 +139,19 @@ impl Entry {
         for line in self.data.chunks(8) {
             crate::pmem::prefetch(line.as_ptr());
         }
+    }
+
+    /// The NVM header word of the cached version (LP, Tx-CTS; never DELETED: a cached version
+    /// is live), as it was persisted. Read under the write lock (or by the owner of an
+    /// unpublished entry), like `nvm`.
+    #[inline]
+    pub fn header_word(&self) -> u64 {
+        let lp = if self.lp.load(Ordering::Relaxed) {
+            super::layout::tuple::LP
+        } else {
+            0
+        };
+        self.cts.load(Ordering::Relaxed) | lp
     }
 
     /// Whether the entry currently holds `key` and is the latest version (not superseded).

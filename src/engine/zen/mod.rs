@@ -244,6 +244,11 @@ pub(crate) struct Garbage {
     /// superseding commit's timestamp, or the clock at its install when that is later (TO, Silo
     /// and TicToc commit tids need not follow the clock).
     pub reuse: u64,
+    /// The slot's NVM header word (LP, DELETED, Tx-CTS) as the version was persisted, kept in
+    /// DRAM so that reclamation need not read the cold NVM line to apply the LP-evidence rule;
+    /// 0 when not known (recovery), and then read from NVM. A slot's header word does not change
+    /// between the commit that persisted it and its reclamation.
+    pub header: u64,
 }
 
 /// Slots freed into a region by other threads: (table, slot).

@@ -70,6 +70,7 @@ fn update_index_gc(
                         slot,
                         tid: pc,
                         reuse: tid_timestamp(pc),
+                        header: 0,
                     });
                     return;
                 }
@@ -79,6 +80,7 @@ fn update_index_gc(
                         slot: p,
                         tid: cts,
                         reuse: tid_timestamp(cts),
+                        header: 0,
                     });
                     return;
                 }
@@ -236,6 +238,7 @@ pub(super) fn recover(engine: &mut ZenEngine) -> Result<(RecoveryReport, u64), D
                     slot,
                     tid: tuple::cts(word),
                     reuse: tid_timestamp(tuple::cts(word)),
+                    header: word,
                 });
                 tombstones += 1;
                 continue;

@@ -101,7 +101,6 @@ pub(crate) struct ZenWorker {
     /// Secondary index changes: (table, index, key, old secondary key, new secondary key).
     secondary: Vec<SecondaryChange>,
     pub(super) max_seen: u64,
-    row_buf: Vec<u8>,
     pub(super) scratch: Vec<u8>,
     scan_hits: Vec<(u64, u64)>,
     /// Tuples accessed per table since the last rebalance (f_i of §3.2).
@@ -153,7 +152,6 @@ impl ZenWorker {
             rows: Vec::new(),
             secondary: Vec::new(),
             max_seen: 0,
-            row_buf: Vec::new(),
             scratch: Vec::new(),
             scan_hits: Vec::new(),
             txns: 0,
@@ -259,6 +257,9 @@ impl ZenWorker {
                 std::hint::spin_loop();
                 continue;
             }
+            // A miss: start loading the NVM-tuple (header and row) while a victim is claimed
+            // (the CLOCK scan and the victim's index update miss in the cache too).
+            self.pool.prefetch(v, t.slot);
             let st = self.state.as_mut().expect("state present");
             let hand = &mut Self::alloc_state(st, table).hand;
             let mut overflowed = false;
@@ -279,17 +280,18 @@ impl ZenWorker {
                 t.cache.release_claimed(r);
                 continue;
             }
-            self.row_buf.resize(t.row, 0);
-            self.pool.read_bytes(v + tuple::HEADER, &mut self.row_buf);
+            // The row goes straight from the NVM-tuple into the claimed (unpublished) entry:
+            // its words cover the row rounded up to 8 bytes, which the 16-byte slot holds.
+            let e = t.cache.entry(r);
+            self.pool.read_words(v + tuple::HEADER, &e.data);
             if self.pool.read_u64(v + tuple::WORD) != word {
                 t.cache.release_claimed(r);
                 continue;
             }
-            let e = t.cache.entry(r);
-            e.store_row(&self.row_buf);
             e.key.store(key, Ordering::Relaxed);
             e.nvm.store(v, Ordering::Relaxed);
             e.cts.store(cts, Ordering::Relaxed);
+            e.lp.store(word & tuple::LP != 0, Ordering::Relaxed);
             e.cc.store(self.proto.idle_word(cts), Ordering::Relaxed);
             t.cache.publish(r, 1);
             if t.index.replace_if(key, v, r) {
@@ -415,7 +417,13 @@ impl ZenWorker {
     /// latest commit.
     fn reclaim(&mut self, g: Garbage) -> bool {
         let eng = &self.eng;
-        let word = self.pool.read_u64(g.slot + tuple::WORD);
+        // The header word as persisted, kept in DRAM (`Garbage::header`); read from NVM only
+        // for garbage found by recovery.
+        let word = if g.header != 0 {
+            g.header
+        } else {
+            self.pool.read_u64(g.slot + tuple::WORD)
+        };
         let owner = eng.region_of_slot(g.slot);
         if word & tuple::LP != 0
             && tuple::cts(word) >= eng.region_commit[owner].load(Ordering::Acquire)
@@ -551,6 +559,16 @@ impl ZenWorker {
 
     /// Writes the new versions out of place and makes them durable with the LP bit of the last
     /// one as the commit mark (Algorithm 1).
+    ///
+    /// Departure (equivalent ordering): Algorithm 1 stores each tuple and `clwb`s its lines; here
+    /// the lines it flushes before its `sfence` (every line of every tuple but the header line of
+    /// the last one) are written with non-temporal stores ([`Pool::write_bytes_nt`]) and not
+    /// flushed. A streaming store reaches the persistence domain at the next `sfence` exactly like
+    /// a store + `clwb`, so the one `sfence` of line 10 still orders all of them before the LP
+    /// store, which stays an ordinary store + `clwb` of the header line (lines 11–12). New
+    /// versions go to cold slots and are not read back by this thread, so streaming them skips
+    /// the read-for-ownership of every line. The `sfence` also orders the streaming stores before
+    /// the lock releases that publish the versions to other threads.
     fn persist(&mut self, tid: u64, order: &[usize]) {
         let pool = &self.pool;
         let fault = self.eng.config.fault;
@@ -561,33 +579,52 @@ impl ZenWorker {
             let w = &self.writes[i];
             let t = &self.tables[w.table as usize];
             let mut word = tid & tuple::CTS_MASK;
-            let len = if w.kind == WriteKind::Delete {
+            let row: &[u8] = if w.kind == WriteKind::Delete {
                 word |= tuple::DELETED;
-                tuple::HEADER
+                &[]
             } else {
-                pool.write_bytes(
-                    w.slot + tuple::HEADER,
-                    &self.rows[w.row_at..w.row_at + t.row],
-                );
-                tuple::HEADER + t.row as u64
+                &self.rows[w.row_at..w.row_at + t.row]
             };
-            pool.write_u64(w.slot + tuple::KEY, w.key);
-            if n < last {
-                pool.write_u64(w.slot + tuple::WORD, word);
-                if flush_tuples {
-                    pool.flush(w.slot, len); // lines 2–5: clwb every line of the tuple
+            if !flush_tuples {
+                // The fault: Algorithm 1 without its flushes (ordinary stores, no clwb).
+                if !row.is_empty() {
+                    pool.write_bytes(w.slot + tuple::HEADER, row);
                 }
+                pool.write_u64(w.slot + tuple::KEY, w.key);
+                if n < last {
+                    pool.write_u64(w.slot + tuple::WORD, word);
+                } else {
+                    last_word = word | tuple::LP;
+                }
+                continue;
+            }
+            if n < last {
+                // Lines 2–5: the whole tuple, header (LP = 0) and row, streamed.
+                let mut header = [0u8; tuple::HEADER as usize];
+                header[..8].copy_from_slice(&word.to_ne_bytes());
+                header[8..].copy_from_slice(&w.key.to_ne_bytes());
+                pool.write_bytes_nt(w.slot, &header);
+                pool.write_bytes_nt(w.slot + tuple::HEADER, row);
             } else {
                 last_word = word | tuple::LP;
-                // Lines 7–9: every line of the last tuple but the one holding its header.
+                // Lines 7–9: every line of the last tuple but the one holding its header is
+                // streamed; the header line (tuple id, the row's first bytes) gets ordinary
+                // stores, flushed with the LP store after the fence.
                 let after_header = (w.slot | 63) + 1;
-                if flush_tuples && w.slot + len > after_header {
-                    pool.flush(after_header, w.slot + len - after_header);
+                let in_header_line =
+                    ((after_header - w.slot - tuple::HEADER) as usize).min(row.len());
+                if in_header_line > 0 {
+                    pool.write_bytes(w.slot + tuple::HEADER, &row[..in_header_line]);
                 }
+                pool.write_bytes_nt(
+                    w.slot + tuple::HEADER + in_header_line as u64,
+                    &row[in_header_line..],
+                );
+                pool.write_u64(w.slot + tuple::KEY, w.key);
             }
         }
         if fault != Some(ZenFault::SkipFence) {
-            pool.fence(); // line 10: one sfence for all the clwbs
+            pool.fence(); // line 10: one sfence for all the streaming stores
         }
         let last_slot = self.writes[order[last]].slot;
         pool.write_u64(last_slot + tuple::WORD, last_word); // line 11: LP = 1
@@ -977,26 +1014,32 @@ impl EngineWorker for ZenWorker {
         fence(Ordering::Release);
         let proto = self.proto;
         let reuse = tid_timestamp(tid).max(self.eng.clock.now());
+        let lp_write = order[order.len() - 1];
         for &i in &order {
             let w = &self.writes[i];
+            // Persist put the LP bit on the last tuple only.
+            let lp = i == lp_write;
             let t = &self.tables[w.table as usize];
             let st = self.state.as_mut().expect("state present");
             let row = &self.rows[w.row_at..w.row_at + t.row];
-            let garbage = |slot| Garbage {
+            let garbage = |slot, header| Garbage {
                 table: w.table,
                 slot,
                 tid,
                 reuse,
+                header,
             };
             match w.kind {
                 WriteKind::Update if w.target == 0 => {
                     let e = t.cache.entry(w.eref);
                     let old_nvm = e.nvm.load(Ordering::Relaxed);
+                    let old_header = e.header_word();
                     e.store_row(row);
                     e.nvm.store(w.slot, Ordering::Relaxed);
+                    e.lp.store(lp, Ordering::Relaxed);
                     e.cts.store(tid, Ordering::Release);
                     release(proto, &e.cc, Some(tid));
-                    st.garbage.push_back(garbage(old_nvm));
+                    st.garbage.push_back(garbage(old_nvm, old_header));
                 }
                 WriteKind::Update => {
                     let (e, copy) = (t.cache.entry(w.eref), t.cache.entry(w.target));
@@ -1004,34 +1047,39 @@ impl EngineWorker for ZenWorker {
                     copy.key.store(w.key, Ordering::Relaxed);
                     copy.nvm.store(w.slot, Ordering::Relaxed);
                     copy.cts.store(tid, Ordering::Relaxed);
+                    copy.lp.store(lp, Ordering::Relaxed);
                     copy.cc.store(proto.idle_word(tid), Ordering::Relaxed);
                     t.cache.publish(w.target, 1);
                     self.pins.push((w.table, w.target));
                     let swapped = t.index.replace_if(w.key, w.eref, w.target);
                     debug_assert!(swapped, "a locked current entry is the index's value");
+                    // The old version's header before the entry is stamped below.
+                    let (old_nvm, old_header) = (e.nvm.load(Ordering::Relaxed), e.header_word());
                     // Superseded, then stamped: validation by Tx-CTS fails on the old entry.
                     t.cache.supersede(w.eref);
                     e.cts.store(tid, Ordering::Release);
-                    let old_nvm = e.nvm.load(Ordering::Relaxed);
                     release(proto, &e.cc, Some(tid));
-                    st.garbage.push_back(garbage(old_nvm));
+                    st.garbage.push_back(garbage(old_nvm, old_header));
                 }
                 WriteKind::Insert => {
                     let e = t.cache.entry(w.target);
                     e.store_row(row);
                     e.nvm.store(w.slot, Ordering::Relaxed);
+                    e.lp.store(lp, Ordering::Relaxed);
                     e.cts.store(tid, Ordering::Release);
                     release(proto, &e.cc, Some(tid));
                 }
                 WriteKind::Delete => {
                     let e = t.cache.entry(w.eref);
+                    let (old_nvm, old_header) = (e.nvm.load(Ordering::Relaxed), e.header_word());
                     t.index.remove_if(w.key, w.eref);
                     t.cache.supersede(w.eref);
                     e.cts.store(tid, Ordering::Release);
-                    let old_nvm = e.nvm.load(Ordering::Relaxed);
                     release(proto, &e.cc, Some(tid));
-                    st.garbage.push_back(garbage(old_nvm));
-                    st.tombs.push_back(garbage(w.slot));
+                    st.garbage.push_back(garbage(old_nvm, old_header));
+                    let lp_bit = if lp { tuple::LP } else { 0 };
+                    let tomb_header = (tid & tuple::CTS_MASK) | tuple::DELETED | lp_bit;
+                    st.tombs.push_back(garbage(w.slot, tomb_header));
                 }
                 WriteKind::Cancelled => {}
             }
