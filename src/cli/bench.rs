@@ -213,7 +213,7 @@ pub(crate) fn finish(common: &CommonArgs, reports: &mut [RunReport]) -> CliResul
     }
     bench::print_table(reports, &mut std::io::stdout())?;
     if common.repeat > 1 && common.compare_volatile {
-        println!(
+        outln!(
             "\nmedian over {} rounds (each ratio measured against volatile in the same round):",
             common.repeat
         );
@@ -230,7 +230,7 @@ pub(crate) fn finish(common: &CommonArgs, reports: &mut [RunReport]) -> CliResul
             tps.sort_by(f64::total_cmp);
             ratios.sort_by(f64::total_cmp);
             let mid = |v: &[f64]| v.get(v.len() / 2).copied().unwrap_or(0.0);
-            println!(
+            outln!(
                 "  {engine:<16} {threads} thr  {:>12.0} tx/s  ×volatile {:.3} (range {:.3}–{:.3})",
                 mid(&tps),
                 mid(&ratios),

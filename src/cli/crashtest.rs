@@ -72,10 +72,10 @@ pub struct Args {
 
 pub(crate) fn run(args: Args) -> CliResult {
     if args.list_faults {
-        println!("{:<20} {:<42} WHAT IT BREAKS", "FAULT", "ENGINES");
+        outln!("{:<20} {:<42} WHAT IT BREAKS", "FAULT", "ENGINES");
         for f in InjectedFault::all() {
             let engines: Vec<&str> = f.engines().iter().map(|e| e.name()).collect();
-            println!(
+            outln!(
                 "{:<20} {:<42} {}",
                 f.name(),
                 engines.join(","),
@@ -112,7 +112,7 @@ pub(crate) fn run(args: Args) -> CliResult {
         });
         let _ = std::fs::remove_dir_all(&dir);
         let report = report?;
-        print!("{}", report.render());
+        out!("{}", report.render());
         if let Some(path) = &args.json {
             std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
         }
@@ -126,7 +126,7 @@ pub(crate) fn run(args: Args) -> CliResult {
         return Ok(());
     }
     let report = crashtest::run(&cfg)?;
-    print!("{}", report.render());
+    out!("{}", report.render());
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
     }

@@ -31,7 +31,7 @@ pub(crate) fn run(args: DemoArgs) -> CliResult {
     let size = bytes_needed.div_ceil(crate::alloc::PAGE_SIZE) * crate::alloc::PAGE_SIZE
         + 2 * crate::alloc::PAGE_SIZE;
     let pool = Pool::create(args.pool.as_deref(), size, &opts)?;
-    println!(
+    outln!(
         "created {} ({}, mapping {:?}, flush with {})",
         pool.path()
             .map(|p| p.display().to_string())
@@ -66,7 +66,7 @@ pub(crate) fn run(args: DemoArgs) -> CliResult {
     }
     let elapsed = start.elapsed();
     let d = stats::thread_snapshot() - before;
-    println!(
+    outln!(
         "wrote and persisted {} records of {RECORD} B under {}: {:.0} ns per record; {} flushed lines, {} fences",
         args.records,
         args.domain,
@@ -75,7 +75,7 @@ pub(crate) fn run(args: DemoArgs) -> CliResult {
         d.fences
     );
     let usage = pages.usage(&pool);
-    println!(
+    outln!(
         "space used: {} of {}",
         human_bytes(usage.bytes_used),
         human_bytes(usage.bytes_total)
@@ -112,7 +112,7 @@ fn show_crash(domain: PersistenceDomain) -> CliResult {
             format!("a={} b={}", word(a), word(b))
         })
         .collect();
-    println!(
+    outln!(
         "{domain}: wrote a=1 (persisted) and b=2 (not flushed), then power failed: {} possible state(s): {}",
         images.len(),
         survivors.join(" | ")

@@ -49,7 +49,7 @@ pub(crate) fn run(args: InspectArgs) -> CliResult {
             "space": usage,
             "note": note,
         });
-        println!("{}", serde_json::to_string_pretty(&json)?);
+        outln!("{}", serde_json::to_string_pretty(&json)?);
         return Ok(());
     }
     let created =
@@ -57,21 +57,21 @@ pub(crate) fn run(args: InspectArgs) -> CliResult {
     let age = std::time::SystemTime::now()
         .duration_since(created)
         .unwrap_or_default();
-    println!("pool          {}", args.pool.display());
-    println!("layout        {}", info.header.layout);
-    println!("format        version {}", info.header.version);
-    println!("uuid          {}", info.header.uuid);
-    println!(
+    outln!("pool          {}", args.pool.display());
+    outln!("layout        {}", info.header.layout);
+    outln!("format        version {}", info.header.version);
+    outln!("uuid          {}", info.header.uuid);
+    outln!(
         "size          {} ({} bytes)",
         human_bytes(info.header.size),
         info.header.size
     );
-    println!(
+    outln!(
         "created       {} ns after the Unix epoch ({}s ago)",
         info.header.created_unix_ns,
         age.as_secs()
     );
-    println!(
+    outln!(
         "mapping       {}",
         match info.mapping {
             MappingKind::DaxSync => "DAX, MAP_SYNC (stores reach the media without the page cache)",
@@ -81,11 +81,11 @@ pub(crate) fn run(args: InspectArgs) -> CliResult {
         }
     );
     match domain {
-        Some(d) => println!("domain        {d}{}", domain_note(d)),
-        None => println!("domain        none (read-only)"),
+        Some(d) => outln!("domain        {d}{}", domain_note(d)),
+        None => outln!("domain        none (read-only)"),
     }
-    println!("flush         {}", info.flush_instruction.name());
-    println!(
+    outln!("flush         {}", info.flush_instruction.name());
+    outln!(
         "root          {}",
         if info.root == 0 {
             "none".to_string()
@@ -94,17 +94,17 @@ pub(crate) fn run(args: InspectArgs) -> CliResult {
         }
     );
     match usage {
-        Some(u) => println!(
+        Some(u) => outln!(
             "space used    {} of {} ({} of {} pages of 2 MiB)",
             human_bytes(u.bytes_used),
             human_bytes(u.bytes_total),
             u.pages_used,
             u.pages_total
         ),
-        None => println!("space used    no page table yet (nothing allocated)"),
+        None => outln!("space used    no page table yet (nothing allocated)"),
     }
     if let Some(note) = note {
-        println!("note          {note}");
+        outln!("note          {note}");
     }
     Ok(())
 }

@@ -1,5 +1,37 @@
 //! The `pmtx` command line: one subcommand per file.
 
+/// `println!` for the CLI's output: a closed pipe (`pmtx recover --json | head`) ends the process
+/// quietly, as SIGPIPE does for C tools, where `println!` would panic.
+macro_rules! outln {
+    () => {
+        $crate::cli::write_stdout(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::cli::write_stdout(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// `print!` with [`outln!`]'s handling of a closed pipe.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::cli::write_stdout(format_args!($($arg)*))
+    };
+}
+
+/// Writes to stdout; exits with status 0 if the reader closed the pipe, and with status 1 (and a
+/// message) on any other output error.
+pub(crate) fn write_stdout(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = stdout.write_fmt(args).and_then(|()| stdout.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("pmtx: error: cannot write to standard output: {e}");
+        std::process::exit(1);
+    }
+}
+
 mod bench;
 mod bench_tatp;
 mod bench_tpcc;

@@ -38,7 +38,7 @@ pub(crate) fn run(args: Args) -> CliResult {
         plot::plot(&runs, &args.figure, &args.out)?
     };
     for path in written {
-        println!("wrote {}", path.display());
+        outln!("wrote {}", path.display());
     }
     Ok(())
 }

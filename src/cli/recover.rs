@@ -40,28 +40,28 @@ pub(crate) fn run(args: RecoverArgs) -> CliResult {
         .map_err(|e| format!("after recovery: {e}"))?;
     if args.json {
         let json = serde_json::json!({ "report": report, "rows_per_table": rows });
-        println!("{}", serde_json::to_string_pretty(&json)?);
+        outln!("{}", serde_json::to_string_pretty(&json)?);
         return Ok(());
     }
-    println!("recovered {} with {}", args.pool.display(), args.engine);
+    outln!("recovered {} with {}", args.pool.display(), args.engine);
     for (phase, ms) in &report.phases {
-        println!("  {phase:<32} {ms:>10.3} ms");
+        outln!("  {phase:<32} {ms:>10.3} ms");
     }
-    println!("  {:<32} {:>10.3} ms", "total", report.total_ms);
+    outln!("  {:<32} {:>10.3} ms", "total", report.total_ms);
     if args.engine.layout() == "falcon" {
-        println!(
+        outln!(
             "log: {} committed transactions ({} entries replayed), {} discarded; {} rows; {} stale locks cleared",
             report.committed_in_log, report.replayed_entries, report.discarded_in_log, report.rows, report.locks_cleared
         );
     } else {
-        println!("{} rows", report.rows);
+        outln!("{} rows", report.rows);
     }
     for (fact, n) in &report.facts {
-        println!("  {fact:<32} {n:>10}");
+        outln!("  {fact:<32} {n:>10}");
     }
     let catalog = db.engine().catalog();
     for (schema, n) in catalog.tables.iter().zip(rows) {
-        println!("  table {:<20} {n} rows", schema.name);
+        outln!("  table {:<20} {n} rows", schema.name);
     }
     Ok(())
 }
