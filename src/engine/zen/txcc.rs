@@ -551,9 +551,10 @@ impl ZenWorker {
         )
     }
 
-    /// Takes the write lock of entry `r` at commit (spinning briefly); SI's first-committer check.
-    /// Returns false when refused.
-    pub(super) fn lock_at_commit(&mut self, table: TableId, r: u64) -> bool {
+    /// Takes the write lock of entry `r` at commit (spinning briefly), then SI's first-committer
+    /// check. `Err(held)` when refused: `held` says whether the lock was taken (SI's check failed
+    /// after locking), so the caller releases only a lock that is its own.
+    pub(super) fn lock_at_commit(&mut self, table: TableId, r: u64) -> Result<(), bool> {
         let word = self.word(table, r);
         let mut got = None;
         for round in 0..SPIN_LIMIT {
@@ -565,21 +566,20 @@ impl ZenWorker {
             backoff(round);
         }
         let Some(old) = got else {
-            return false;
+            return Err(false);
         };
         if self.proto == Protocol::Tictoc {
             self.cx.locked_rts.push(tictoc::rts(old));
         }
         if self.proto == Protocol::Si {
             // First committer wins (ArchTM §5.3): a version newer than the snapshot means a
-            // concurrent transaction committed a write to this tuple first. The lock is held, so
-            // the caller records it before failing.
+            // concurrent transaction committed a write to this tuple first.
             let s = self.cx.snapshot.expect("SI transactions have a snapshot");
             if tid_timestamp(self.cts_of(table, r)) > s {
-                return false;
+                return Err(true);
             }
         }
-        true
+        Ok(())
     }
 
     /// The commit tid, after the write set is locked (and, for the MV protocols, its old images

@@ -859,16 +859,8 @@ impl EngineWorker for ZenWorker {
                     self.writes[i].key,
                     self.writes[i].eref,
                 );
-                if !self.lock_at_commit(table, r) {
-                    // SI's first-committer check fails with the lock taken: record it.
-                    self.writes[i].locked = self.proto == Protocol::Si
-                        && self.tables[table as usize]
-                            .cache
-                            .entry(r)
-                            .cc
-                            .load(Ordering::Relaxed)
-                            & LOCK_BIT
-                            != 0;
+                if let Err(held) = self.lock_at_commit(table, r) {
+                    self.writes[i].locked = held;
                     return self.fail(TxError::Conflict);
                 }
                 self.writes[i].locked = true;
