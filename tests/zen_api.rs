@@ -419,3 +419,60 @@ fn histories_through_a_tiny_cache_are_serializable_under_every_protocol() {
         assert_eq!(db.check_structure().unwrap(), vec![ROWS], "{protocol}");
     }
 }
+
+/// A key deleted by one thread and inserted again by another must survive recovery: Algorithm 2
+/// keeps the version with the newest Tx-CTS, so the insert must commit above the tombstone even
+/// when its protocol's tids do not follow commit order (TO fixes its tid at begin; OCC tids may
+/// trail another thread's). Under TO the older inserter is refused instead.
+#[test]
+fn a_key_deleted_by_one_thread_and_reinserted_by_another_survives_recovery() {
+    use pmtx::engine::TxError;
+    for protocol in Protocol::ALL {
+        let dir = pool_dir();
+        let path = dir.path().join("zen.pool");
+        let cfg = config(protocol, PersistenceDomain::Adr).path(&path);
+        let (t, inserted) = {
+            let db = Db::create(cfg.clone()).unwrap();
+            let t = db
+                .create_table(Schema::new("kv", &[("v", ColumnType::U64)]).ordered())
+                .unwrap();
+            db.run(|tx| tx.insert(t, 7, &[Value::U64(1)])).unwrap();
+            // The inserter begins first (the older timestamp under TO), the deleter commits
+            // first, then the inserter inserts the now absent key and commits.
+            let mut inserter = db.engine().clone().worker(0).unwrap();
+            let mut deleter = db.engine().clone().worker(1).unwrap();
+            inserter.begin(false);
+            deleter.begin(false);
+            deleter.delete(t, 7).unwrap();
+            deleter.commit().unwrap();
+            let row = 2u64.to_le_bytes();
+            let inserted = inserter
+                .insert(t, 7, &row)
+                .and_then(|()| inserter.commit().map(|_| ()));
+            match inserted {
+                Ok(()) => {}
+                Err(TxError::Conflict) => {
+                    assert!(
+                        matches!(protocol, Protocol::To | Protocol::Mvto),
+                        "{protocol}: refused the insert"
+                    );
+                    inserter.abort();
+                }
+                Err(e) => panic!("{protocol}: {e}"),
+            }
+            (t, inserted.is_ok())
+        };
+        let db = Db::open(cfg).unwrap();
+        let rows = db.run(|tx| tx.scan(t, 0, usize::MAX)).unwrap();
+        if inserted {
+            assert_eq!(
+                rows.len(),
+                1,
+                "{protocol}: the acknowledged insert was lost"
+            );
+            assert_eq!(rows[0].1.u64(0), 2, "{protocol}");
+        } else {
+            assert!(rows.is_empty(), "{protocol}");
+        }
+    }
+}

@@ -179,6 +179,10 @@ pub(crate) struct TableRt {
     pub accesses: AtomicU64,
     /// Old versions for the multi-version protocols, keyed by primary key (DRAM only).
     pub versions: VersionStore,
+    /// The largest tid of a committed delete: an insert commits above it, so that an insert
+    /// of a key deleted by another thread outranks the tombstone in recovery's "newest Tx-CTS
+    /// wins" (Algorithm 2), whatever the protocol's tids.
+    pub deleted_up_to: AtomicU64,
 }
 
 impl TableRt {
@@ -215,6 +219,7 @@ impl TableRt {
             cache,
             accesses: AtomicU64::new(0),
             versions: VersionStore::new(),
+            deleted_up_to: AtomicU64::new(0),
             schema,
         }
     }

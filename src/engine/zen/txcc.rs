@@ -114,6 +114,8 @@ pub(super) struct TxContext {
     pub partitions: Vec<usize>,
     /// TicToc: the `rts` of each write-set entry locked at commit.
     pub locked_rts: Vec<u64>,
+    /// The largest committed-delete tid of the tables this transaction inserts into.
+    pub insert_floor: u64,
     /// MV protocols: this commit retired old images to the version chains.
     pub retired: bool,
     /// Their end (PENDING until the commit tid is known).
@@ -582,6 +584,30 @@ impl ZenWorker {
         Ok(())
     }
 
+    /// Inserts commit above every delete committed before them (`TableRt::deleted_up_to`): an
+    /// insert's only "read" is the key's absence, which no protocol records, yet recovery orders
+    /// a re-inserted key's versions against its tombstone by Tx-CTS. TO and MVTO, whose tid is
+    /// fixed at begin, abort instead when a delete with a larger tid came first. Called after
+    /// the inserts are published and fenced, so a delete that removed the key is visible here.
+    pub(super) fn order_after_deletes(&mut self) -> Result<(), TxError> {
+        self.cx.insert_floor = 0;
+        for w in self.writes.iter().filter(|w| w.kind == WriteKind::Insert) {
+            let hw = self.tables[w.table as usize]
+                .deleted_up_to
+                .load(Ordering::SeqCst);
+            self.cx.insert_floor = self.cx.insert_floor.max(hw);
+        }
+        match self.proto {
+            Protocol::To | Protocol::Mvto if self.cx.insert_floor > self.cx.ts => {
+                Err(TxError::Conflict)
+            }
+            _ => {
+                self.max_seen = self.max_seen.max(self.cx.insert_floor);
+                Ok(())
+            }
+        }
+    }
+
     /// The commit tid, after the write set is locked (and, for the MV protocols, its old images
     /// retired as pending versions).
     pub(super) fn commit_tid(&mut self, last: u64) -> u64 {
@@ -600,7 +626,7 @@ impl ZenWorker {
             Protocol::Tictoc => {
                 // ct ≥ every read's wts, > every written entry's rts and wts, > the thread's
                 // last tid (per-region Tx-CTS order must be commit order, Algorithm 2).
-                let mut ct = last + 1;
+                let mut ct = (last + 1).max(self.cx.insert_floor + 1);
                 for rd in &self.reads {
                     ct = ct.max(rd.token);
                 }

@@ -927,6 +927,9 @@ impl EngineWorker for ZenWorker {
         // 3. The commit tid (for the MV protocols after retiring the old images, so a snapshot
         // reader that finds no retired image knows the tid is above its snapshot), then read
         // validation at that tid (OCC family, TicToc).
+        if let Err(e) = self.order_after_deletes() {
+            return self.fail(e);
+        }
         let last = self.st().last_tid;
         let tid = if !order.is_empty() || self.proto == Protocol::Tictoc {
             if !order.is_empty() {
@@ -1064,6 +1067,9 @@ impl EngineWorker for ZenWorker {
                 WriteKind::Delete => {
                     let e = t.cache.entry(w.eref);
                     let (old_nvm, old_header) = (e.nvm.load(Ordering::Relaxed), e.header_word());
+                    // Before the key leaves the index: an insert that finds it absent then sees
+                    // this tid (`order_after_deletes`).
+                    t.deleted_up_to.fetch_max(tid, Ordering::SeqCst);
                     t.index.remove_if(w.key, w.eref);
                     t.cache.supersede(w.eref);
                     e.cts.store(tid, Ordering::Release);
