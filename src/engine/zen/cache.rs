@@ -3,7 +3,8 @@
 //!
 //! An entry holds the row (as 8-byte words, so concurrent readers copy it with plain atomic loads
 //! in safe Rust, validated by the CC word as in a seqlock), the NVM-tuple it caches (`nvm`), its
-//! Tx-CTS, the tuple id and a state word packing the paper's bits:
+//! Tx-CTS, the tuple id and a state word packing the paper's bits (metadata and row are contiguous
+//! words of one slab per chunk of entries, see [`Entry`]):
 //!
 //! | bits | meaning |
 //! | --- | --- |
@@ -26,7 +27,7 @@
 //! region and entry number), the "unused bit" of §3.1.
 
 use crate::index::PrimaryIndex;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 /// Marks an index value as a Met-Cache reference rather than an NVM offset.
@@ -48,8 +49,19 @@ pub const VALID: u64 = 1 << 35;
 /// Entries per lazily allocated chunk of a region.
 const CHUNK: usize = 512;
 
-/// Bytes an entry costs beyond its row (metadata words, the row's box, allocator slack): what
-/// the cache budget is charged per entry on top of the row.
+/// Metadata words at the head of an entry: `cc`, `state`, `key`, `nvm`, `cts`, `lp`.
+const META: usize = 6;
+const CC: usize = 0;
+const STATE: usize = 1;
+const KEY: usize = 2;
+const NVM: usize = 3;
+const CTS: usize = 4;
+const LP: usize = 5;
+/// Words per cache line.
+const LINE_WORDS: usize = 8;
+
+/// Bytes an entry costs beyond its row (metadata words, padding to whole lines): what the cache
+/// budget is charged per entry on top of the row.
 pub const ENTRY_OVERHEAD: u64 = 64;
 
 /// Whether an index value is a cache reference.
@@ -64,44 +76,73 @@ pub fn region_of(r: u64) -> usize {
     ((r & !CACHE_REF) >> REGION_SHIFT) as usize
 }
 
-/// One Met-Cache entry: one cache line of metadata (aligned, so that pins of neighbouring
-/// entries by different threads do not share a line), the row in its own allocation.
-#[repr(align(64))]
-pub struct Entry {
-    /// The CC-Meta word (§3.2): the protocol's per-tuple metadata.
-    pub cc: AtomicU64,
-    /// Pins and the CLOCK/COPY/EVICTING/VALID bits.
-    pub state: AtomicU64,
-    /// The tuple id (primary key).
-    pub key: AtomicU64,
-    /// The NVM-tuple holding the committed version this entry caches.
-    pub nvm: AtomicU64,
-    /// The Tx-CTS of that version.
-    pub cts: AtomicU64,
-    /// Whether that version's NVM header carries the LP bit (it was the last tuple its commit
-    /// persisted): with `cts`, the header word, so reclamation need not read it from NVM.
-    pub lp: AtomicBool,
-    /// The row, as little-endian words.
-    pub data: Box<[AtomicU64]>,
+/// One Met-Cache entry, a view of its words in its chunk's slab: the metadata words first, then
+/// the row, contiguous (so the hardware prefetcher follows from the metadata into the row), the
+/// entry starting on a cache line and padded to whole lines (pins of neighbouring entries by
+/// different threads do not share a line).
+#[derive(Clone, Copy)]
+pub struct Entry<'a> {
+    meta: &'a [AtomicU64; META],
+    /// Metadata and row words (the row exactly, without the padding).
+    all: &'a [AtomicU64],
 }
 
-impl Entry {
-    fn new(words: usize) -> Entry {
-        Entry {
-            cc: AtomicU64::new(0),
-            state: AtomicU64::new(0),
-            key: AtomicU64::new(0),
-            nvm: AtomicU64::new(0),
-            cts: AtomicU64::new(0),
-            lp: AtomicBool::new(false),
-            data: (0..words).map(|_| AtomicU64::new(0)).collect(),
-        }
+impl<'a> Entry<'a> {
+    fn new(all: &'a [AtomicU64]) -> Entry<'a> {
+        let meta = all
+            .first_chunk()
+            .expect("an entry starts with its metadata");
+        Entry { meta, all }
+    }
+
+    /// The CC-Meta word (§3.2): the protocol's per-tuple metadata.
+    #[inline]
+    pub fn cc(self) -> &'a AtomicU64 {
+        &self.meta[CC]
+    }
+
+    /// Pins and the CLOCK/COPY/EVICTING/VALID bits.
+    #[inline]
+    pub fn state(self) -> &'a AtomicU64 {
+        &self.meta[STATE]
+    }
+
+    /// The tuple id (primary key).
+    #[inline]
+    pub fn key(self) -> &'a AtomicU64 {
+        &self.meta[KEY]
+    }
+
+    /// The NVM-tuple holding the committed version this entry caches.
+    #[inline]
+    pub fn nvm(self) -> &'a AtomicU64 {
+        &self.meta[NVM]
+    }
+
+    /// The Tx-CTS of that version.
+    #[inline]
+    pub fn cts(self) -> &'a AtomicU64 {
+        &self.meta[CTS]
+    }
+
+    /// Records whether that version's NVM header carries the LP bit (it was the last tuple its
+    /// commit persisted): with `cts`, the header word, so reclamation need not read it from NVM.
+    #[inline]
+    pub fn set_lp(self, lp: bool) {
+        let word = if lp { super::layout::tuple::LP } else { 0 };
+        self.meta[LP].store(word, Ordering::Relaxed);
+    }
+
+    /// The row, as little-endian words.
+    #[inline]
+    pub fn row(self) -> &'a [AtomicU64] {
+        &self.all[META..]
     }
 
     /// Copies the row into `out` (relaxed loads: the caller validates with the CC word).
     #[inline]
-    pub fn copy_row(&self, out: &mut [u8]) {
-        let mut words = self.data.iter();
+    pub fn copy_row(self, out: &mut [u8]) {
+        let mut words = self.row().iter();
         let mut chunks = out.chunks_exact_mut(8);
         for (chunk, w) in (&mut chunks).zip(&mut words) {
             chunk.copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
@@ -116,8 +157,8 @@ impl Entry {
     /// Stores `row` (relaxed stores: the caller holds the write lock or owns the entry unpublished,
     /// and has issued a release fence after taking the lock).
     #[inline]
-    pub fn store_row(&self, row: &[u8]) {
-        let mut words = self.data.iter();
+    pub fn store_row(self, row: &[u8]) {
+        let mut words = self.row().iter();
         let chunks = row.chunks_exact(8);
         let tail = chunks.remainder();
         for (chunk, w) in chunks.zip(&mut words) {
@@ -131,12 +172,12 @@ impl Entry {
         }
     }
 
-    /// Asks the CPU to start loading the row's lines (a hint, no effect on correctness): a blind
+    /// Asks the CPU to start loading the entry's lines (a hint, no effect on correctness): a blind
     /// update reads the whole row only at commit, so its misses can overlap the rest of the
     /// transaction instead of stalling the commit.
     #[inline]
-    pub fn prefetch_row(&self) {
-        for line in self.data.chunks(8) {
+    pub fn prefetch_row(self) {
+        for line in self.all.chunks(LINE_WORDS) {
             crate::pmem::prefetch(line.as_ptr());
         }
     }
@@ -145,25 +186,38 @@ impl Entry {
     /// is live), as it was persisted. Read under the write lock (or by the owner of an
     /// unpublished entry), like `nvm`.
     #[inline]
-    pub fn header_word(&self) -> u64 {
-        let lp = if self.lp.load(Ordering::Relaxed) {
-            super::layout::tuple::LP
-        } else {
-            0
-        };
-        self.cts.load(Ordering::Relaxed) | lp
+    pub fn header_word(self) -> u64 {
+        self.cts().load(Ordering::Relaxed) | self.meta[LP].load(Ordering::Relaxed)
     }
 
     /// Whether the entry currently holds `key` and is the latest version (not superseded).
     #[inline]
-    pub fn is_current(&self, key: u64) -> bool {
-        let s = self.state.load(Ordering::Acquire);
-        s & (VALID | EVICTING | COPIED) == VALID && self.key.load(Ordering::Relaxed) == key
+    pub fn is_current(self, key: u64) -> bool {
+        let s = self.state().load(Ordering::Acquire);
+        s & (VALID | EVICTING | COPIED) == VALID && self.key().load(Ordering::Relaxed) == key
+    }
+}
+
+/// [`CHUNK`] entries in one slab of words, each entry `stride` words from the previous, the
+/// first at a 64-byte boundary (`base` words into the allocation).
+struct Chunk {
+    words: Box<[AtomicU64]>,
+    base: usize,
+}
+
+impl Chunk {
+    fn new(stride: usize) -> Chunk {
+        let words: Box<[AtomicU64]> = (0..CHUNK * stride + LINE_WORDS - 1)
+            .map(|_| AtomicU64::new(0))
+            .collect();
+        let misalign = words.as_ptr() as usize % (LINE_WORDS * 8);
+        let base = (LINE_WORDS * 8 - misalign) % (LINE_WORDS * 8) / 8;
+        Chunk { words, base }
     }
 }
 
 struct Region {
-    chunks: Box<[OnceLock<Box<[Entry]>>]>,
+    chunks: Box<[OnceLock<Chunk>]>,
     /// Entries handed out so far (only the owner grows it).
     len: AtomicUsize,
 }
@@ -171,7 +225,10 @@ struct Region {
 /// The Met-Cache of one table.
 pub struct MetCache {
     regions: Box<[Region]>,
+    /// Metadata and row words of an entry.
     words: usize,
+    /// Words from one entry to the next: `words` rounded up to whole lines.
+    stride: usize,
     /// Entries each region may hold (set by the knapsack split, [`split_budget`]).
     capacity: AtomicUsize,
     /// Hard limit per region (chunk table size).
@@ -194,7 +251,8 @@ impl MetCache {
                     len: AtomicUsize::new(0),
                 })
                 .collect(),
-            words: row.div_ceil(8),
+            words: META + row.div_ceil(8),
+            stride: (META + row.div_ceil(8)).next_multiple_of(LINE_WORDS),
             capacity: AtomicUsize::new(capacity.clamp(1, max_entries)),
             max_entries: chunks * CHUNK,
         }
@@ -222,12 +280,14 @@ impl MetCache {
 
     /// The entry a reference names.
     #[inline]
-    pub fn entry(&self, r: u64) -> &Entry {
+    pub fn entry(&self, r: u64) -> Entry<'_> {
         let region = &self.regions[region_of(r)];
         let i = (r & ENTRY_MASK) as usize;
-        &region.chunks[i / CHUNK]
+        let chunk = region.chunks[i / CHUNK]
             .get()
-            .expect("a reference names an allocated entry")[i % CHUNK]
+            .expect("a reference names an allocated entry");
+        let at = chunk.base + i % CHUNK * self.stride;
+        Entry::new(&chunk.words[at..at + self.words])
     }
 
     fn reference(region: usize, i: usize) -> u64 {
@@ -238,38 +298,38 @@ impl MetCache {
     #[inline]
     pub fn pin(&self, r: u64, key: u64) -> bool {
         let e = self.entry(r);
-        let s = e.state.fetch_add(1, Ordering::AcqRel) + 1;
-        if s & (VALID | EVICTING | COPIED) == VALID && e.key.load(Ordering::Relaxed) == key {
+        let s = e.state().fetch_add(1, Ordering::AcqRel) + 1;
+        if s & (VALID | EVICTING | COPIED) == VALID && e.key().load(Ordering::Relaxed) == key {
             if s & CLOCK == 0 {
-                e.state.fetch_or(CLOCK, Ordering::AcqRel); // referenced (CLOCK, §3.2)
+                e.state().fetch_or(CLOCK, Ordering::AcqRel); // referenced (CLOCK, §3.2)
             }
             return true;
         }
-        e.state.fetch_sub(1, Ordering::AcqRel);
+        e.state().fetch_sub(1, Ordering::AcqRel);
         false
     }
 
     /// Releases a pin (the CLOCK bit was set when it was taken).
     #[inline]
     pub fn unpin(&self, r: u64) {
-        self.entry(r).state.fetch_sub(1, Ordering::AcqRel);
+        self.entry(r).state().fetch_sub(1, Ordering::AcqRel);
     }
 
     /// Publishes a filled entry as VALID and referenced with `pins` pins.
     pub fn publish(&self, r: u64, pins: u64) {
         self.entry(r)
-            .state
+            .state()
             .store(VALID | CLOCK | pins, Ordering::Release);
     }
 
     /// Marks a pinned entry superseded: the index no longer points at it.
     pub fn supersede(&self, r: u64) {
-        self.entry(r).state.fetch_or(COPIED, Ordering::AcqRel);
+        self.entry(r).state().fetch_or(COPIED, Ordering::AcqRel);
     }
 
     /// Returns a claimed (EVICTING, unpublished) entry to the free state.
     pub fn release_claimed(&self, r: u64) {
-        self.entry(r).state.store(0, Ordering::Release);
+        self.entry(r).state().store(0, Ordering::Release);
     }
 
     /// An entry of `region` claimed for filling (state EVICTING, no pins): a never-used entry
@@ -298,26 +358,26 @@ impl MetCache {
             *hand = if *hand + 1 >= len { 0 } else { *hand + 1 };
             let r = Self::reference(region, *hand);
             let e = self.entry(r);
-            let s = e.state.load(Ordering::Acquire);
+            let s = e.state().load(Ordering::Acquire);
             if s & (PINS | EVICTING) != 0 {
                 continue;
             }
             if s & CLOCK != 0 {
-                e.state.fetch_and(!CLOCK, Ordering::AcqRel);
+                e.state().fetch_and(!CLOCK, Ordering::AcqRel);
                 continue;
             }
-            if e.state
+            if e.state()
                 .compare_exchange(s, s | EVICTING, Ordering::AcqRel, Ordering::Acquire)
                 .is_err()
             {
                 continue;
             }
             if s & VALID != 0 && s & COPIED == 0 {
-                let key = e.key.load(Ordering::Relaxed);
-                let unlinked = index.replace_if(key, r, e.nvm.load(Ordering::Relaxed));
+                let key = e.key().load(Ordering::Relaxed);
+                let unlinked = index.replace_if(key, r, e.nvm().load(Ordering::Relaxed));
                 debug_assert!(unlinked, "a current entry is the index's value for its key");
             }
-            e.state.store(EVICTING, Ordering::Release);
+            e.state().store(EVICTING, Ordering::Release);
             return Ok(r);
         }
         if len < self.max_entries {
@@ -330,10 +390,10 @@ impl MetCache {
     fn grow(&self, region: usize) -> u64 {
         let reg = &self.regions[region];
         let i = reg.len.load(Ordering::Relaxed);
-        let words = self.words;
-        reg.chunks[i / CHUNK].get_or_init(|| (0..CHUNK).map(|_| Entry::new(words)).collect());
+        let stride = self.stride;
+        reg.chunks[i / CHUNK].get_or_init(|| Chunk::new(stride));
         let r = Self::reference(region, i);
-        self.entry(r).state.store(EVICTING, Ordering::Release);
+        self.entry(r).state().store(EVICTING, Ordering::Release);
         reg.len.store(i + 1, Ordering::Release);
         r
     }
@@ -421,8 +481,8 @@ mod tests {
         assert_eq!(region_of(a), 1);
         for (r, key) in [(a, 7u64), (b, 8u64)] {
             let e = cache.entry(r);
-            e.key.store(key, Ordering::Relaxed);
-            e.nvm.store(4096 * key, Ordering::Relaxed);
+            e.key().store(key, Ordering::Relaxed);
+            e.nvm().store(4096 * key, Ordering::Relaxed);
             cache.publish(r, 0);
             index.insert_new(key, r).unwrap();
         }

@@ -306,8 +306,8 @@ pub(super) fn check_structure(engine: &ZenEngine) -> Result<Vec<u64>, String> {
                     return;
                 }
                 (
-                    e.nvm.load(Ordering::Acquire),
-                    Some(e.cts.load(Ordering::Acquire)),
+                    e.nvm().load(Ordering::Acquire),
+                    Some(e.cts().load(Ordering::Acquire)),
                 )
             } else {
                 (v, None)

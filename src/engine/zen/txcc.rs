@@ -127,14 +127,14 @@ pub(super) struct TxContext {
 
 impl ZenWorker {
     fn word(&self, table: TableId, r: u64) -> &AtomicU64 {
-        &self.tables[table as usize].cache.entry(r).cc
+        self.tables[table as usize].cache.entry(r).cc()
     }
 
     fn cts_of(&self, table: TableId, r: u64) -> u64 {
         self.tables[table as usize]
             .cache
             .entry(r)
-            .cts
+            .cts()
             .load(Ordering::Acquire)
     }
 
@@ -264,7 +264,7 @@ impl ZenWorker {
         let e = self.tables[table as usize].cache.entry(r);
         if held {
             e.copy_row(out);
-            let cts = e.cts.load(Ordering::Acquire);
+            let cts = e.cts().load(Ordering::Acquire);
             return Ok(Seen::Entry { cts, read: None });
         }
         if let Some(s) = self.cx.snapshot.filter(|_| self.reads_snapshots()) {
@@ -279,14 +279,14 @@ impl ZenWorker {
         match self.proto {
             Protocol::Occ | Protocol::Silo | Protocol::Mvocc | Protocol::Si => {
                 for round in 0..SPIN_LIMIT {
-                    let Some(version) = occ::stable_version(&e.cc) else {
+                    let Some(version) = occ::stable_version(e.cc()) else {
                         backoff(round);
                         continue;
                     };
                     e.copy_row(out);
-                    let cts = e.cts.load(Ordering::Relaxed);
+                    let cts = e.cts().load(Ordering::Relaxed);
                     fence(Ordering::Acquire);
-                    if e.cc.load(Ordering::Relaxed) == version {
+                    if e.cc().load(Ordering::Relaxed) == version {
                         return Ok(Seen::Entry {
                             cts,
                             read: Some(rec(version, 0)),
@@ -299,7 +299,7 @@ impl ZenWorker {
                 self.wait_for_2pl(table, r, lock2pl::try_read_lock)?;
                 let e = self.tables[table as usize].cache.entry(r);
                 e.copy_row(out);
-                let cts = e.cts.load(Ordering::Acquire);
+                let cts = e.cts().load(Ordering::Acquire);
                 Ok(Seen::Entry {
                     cts,
                     read: Some(rec(0, 0)),
@@ -307,16 +307,16 @@ impl ZenWorker {
             }
             Protocol::Tictoc => {
                 for round in 0..SPIN_LIMIT {
-                    let w = e.cc.load(Ordering::Acquire);
+                    let w = e.cc().load(Ordering::Acquire);
                     if w & LOCK_BIT != 0 {
                         backoff(round);
                         continue;
                     }
-                    let wts = e.cts.load(Ordering::Acquire);
+                    let wts = e.cts().load(Ordering::Acquire);
                     e.copy_row(out);
                     fence(Ordering::Acquire);
-                    let w2 = e.cc.load(Ordering::Relaxed);
-                    if w2 & LOCK_BIT != 0 || e.cts.load(Ordering::Relaxed) != wts {
+                    let w2 = e.cc().load(Ordering::Relaxed);
+                    if w2 & LOCK_BIT != 0 || e.cts().load(Ordering::Relaxed) != wts {
                         continue;
                     }
                     return Ok(Seen::Entry {
@@ -329,7 +329,7 @@ impl ZenWorker {
             Protocol::To | Protocol::Mvto => self.read_to(table, r, key, out),
             Protocol::Hstore => {
                 e.copy_row(out);
-                let cts = e.cts.load(Ordering::Acquire);
+                let cts = e.cts().load(Ordering::Acquire);
                 Ok(Seen::Entry { cts, read: None })
             }
         }
@@ -356,18 +356,19 @@ impl ZenWorker {
         let t = &self.tables[table as usize];
         let e = t.cache.entry(r);
         for round in 0..patience {
-            let wts = e.cts.load(Ordering::Acquire);
+            let wts = e.cts().load(Ordering::Acquire);
             if multi && wts > ts {
                 return Ok(Self::read_chain(&t.versions, key, out, snapshot));
             }
-            if !to::stamp_read(&e.cc, ts) {
+            if !to::stamp_read(e.cc(), ts) {
                 // A write is in flight: it may be older than us, so wait for it.
                 backoff(round);
                 continue;
             }
             e.copy_row(out);
             fence(Ordering::Acquire);
-            if e.cc.load(Ordering::Relaxed) & LOCK_BIT != 0 || e.cts.load(Ordering::Relaxed) != wts
+            if e.cc().load(Ordering::Relaxed) & LOCK_BIT != 0
+                || e.cts().load(Ordering::Relaxed) != wts
             {
                 continue;
             }
@@ -418,8 +419,8 @@ impl ZenWorker {
         let t = &self.tables[table as usize];
         let (e, versions) = (t.cache.entry(r), &t.versions);
         for round in 0..self.eng.cc.options.wait_spins {
-            let w1 = e.cc.load(Ordering::SeqCst);
-            let wts1 = e.cts.load(Ordering::SeqCst);
+            let w1 = e.cc().load(Ordering::SeqCst);
+            let wts1 = e.cts().load(Ordering::SeqCst);
             if wts1 == 0 {
                 // An insert in flight. Its writer pushes a dead marker before it takes its
                 // commit timestamp: no marker means a timestamp above the snapshot.
@@ -440,8 +441,8 @@ impl ZenWorker {
             }
             e.copy_row(out);
             fence(Ordering::SeqCst);
-            let w2 = e.cc.load(Ordering::SeqCst);
-            if e.cts.load(Ordering::SeqCst) != wts1 {
+            let w2 = e.cc().load(Ordering::SeqCst);
+            if e.cts().load(Ordering::SeqCst) != wts1 {
                 continue;
             }
             if w1 & LOCK_BIT != 0 || w2 & LOCK_BIT != 0 {
@@ -730,7 +731,7 @@ impl ZenWorker {
                     row.resize(t.row, 0);
                     e.copy_row(&mut row);
                     mvcc::Version {
-                        begin: e.cts.load(Ordering::Acquire),
+                        begin: e.cts().load(Ordering::Acquire),
                         end,
                         live: true,
                         key,

@@ -228,7 +228,8 @@ impl ZenWorker {
         match t.index.get(key) {
             Some(v) if is_cache_ref(v) => {
                 let e = t.cache.entry(v);
-                e.cts.load(Ordering::Acquire) == 0 && e.cc.load(Ordering::Acquire) & LOCK_BIT != 0
+                e.cts().load(Ordering::Acquire) == 0
+                    && e.cc().load(Ordering::Acquire) & LOCK_BIT != 0
             }
             _ => false,
         }
@@ -283,16 +284,16 @@ impl ZenWorker {
             // The row goes straight from the NVM-tuple into the claimed (unpublished) entry:
             // its words cover the row rounded up to 8 bytes, which the 16-byte slot holds.
             let e = t.cache.entry(r);
-            self.pool.read_words(v + tuple::HEADER, &e.data);
+            self.pool.read_words(v + tuple::HEADER, e.row());
             if self.pool.read_u64(v + tuple::WORD) != word {
                 t.cache.release_claimed(r);
                 continue;
             }
-            e.key.store(key, Ordering::Relaxed);
-            e.nvm.store(v, Ordering::Relaxed);
-            e.cts.store(cts, Ordering::Relaxed);
-            e.lp.store(word & tuple::LP != 0, Ordering::Relaxed);
-            e.cc.store(self.proto.idle_word(cts), Ordering::Relaxed);
+            e.key().store(key, Ordering::Relaxed);
+            e.nvm().store(v, Ordering::Relaxed);
+            e.cts().store(cts, Ordering::Relaxed);
+            e.set_lp(word & tuple::LP != 0);
+            e.cc().store(self.proto.idle_word(cts), Ordering::Relaxed);
             t.cache.publish(r, 1);
             if t.index.replace_if(key, v, r) {
                 self.pins.push((table, r));
@@ -359,7 +360,7 @@ impl ZenWorker {
             self.reads.swap_remove(i);
         }
         let e = self.tables[table as usize].cache.entry(r);
-        self.max_seen = self.max_seen.max(e.cts.load(Ordering::Relaxed));
+        self.max_seen = self.max_seen.max(e.cts().load(Ordering::Relaxed));
         if !e.is_current(key) {
             // Superseded under us: keep the lock recorded so that abort releases it.
             self.writes
@@ -534,7 +535,7 @@ impl ZenWorker {
                     self.tables[w.table as usize]
                         .index
                         .remove_if(w.key, w.target);
-                    cache.entry(w.target).cc.store(0, Ordering::Release);
+                    cache.entry(w.target).cc().store(0, Ordering::Release);
                     cache.supersede(w.target);
                 }
                 WriteKind::Update if w.target != 0 => cache.release_claimed(w.target),
@@ -725,7 +726,7 @@ impl EngineWorker for ZenWorker {
                     let cts = self.tables[table as usize]
                         .cache
                         .entry(r)
-                        .cts
+                        .cts()
                         .load(Ordering::Relaxed);
                     self.max_seen = self.max_seen.max(cts);
                 }
@@ -865,7 +866,7 @@ impl EngineWorker for ZenWorker {
                 }
                 self.writes[i].locked = true;
                 let e = self.tables[table as usize].cache.entry(r);
-                self.max_seen = self.max_seen.max(e.cts.load(Ordering::Relaxed));
+                self.max_seen = self.max_seen.max(e.cts().load(Ordering::Relaxed));
                 if !e.is_current(key) {
                     return self.fail(TxError::Conflict);
                 }
@@ -904,10 +905,10 @@ impl EngineWorker for ZenWorker {
             self.writes[i].target = r;
             if kind == WriteKind::Insert {
                 let e = t.cache.entry(r);
-                e.key.store(key, Ordering::Relaxed);
-                e.nvm.store(0, Ordering::Relaxed);
-                e.cts.store(0, Ordering::Relaxed);
-                e.cc.store(LOCK_BIT, Ordering::Relaxed);
+                e.key().store(key, Ordering::Relaxed);
+                e.nvm().store(0, Ordering::Relaxed);
+                e.cts().store(0, Ordering::Relaxed);
+                e.cc().store(LOCK_BIT, Ordering::Relaxed);
                 t.cache.publish(r, 1);
                 self.pins.push((table, r));
                 if t.index.insert_new(key, r).is_err() {
@@ -1027,53 +1028,53 @@ impl EngineWorker for ZenWorker {
             match w.kind {
                 WriteKind::Update if w.target == 0 => {
                     let e = t.cache.entry(w.eref);
-                    let old_nvm = e.nvm.load(Ordering::Relaxed);
+                    let old_nvm = e.nvm().load(Ordering::Relaxed);
                     let old_header = e.header_word();
                     e.store_row(row);
-                    e.nvm.store(w.slot, Ordering::Relaxed);
-                    e.lp.store(lp, Ordering::Relaxed);
-                    e.cts.store(tid, Ordering::Release);
-                    release(proto, &e.cc, Some(tid));
+                    e.nvm().store(w.slot, Ordering::Relaxed);
+                    e.set_lp(lp);
+                    e.cts().store(tid, Ordering::Release);
+                    release(proto, e.cc(), Some(tid));
                     st.garbage.push_back(garbage(old_nvm, old_header));
                 }
                 WriteKind::Update => {
                     let (e, copy) = (t.cache.entry(w.eref), t.cache.entry(w.target));
                     copy.store_row(row);
-                    copy.key.store(w.key, Ordering::Relaxed);
-                    copy.nvm.store(w.slot, Ordering::Relaxed);
-                    copy.cts.store(tid, Ordering::Relaxed);
-                    copy.lp.store(lp, Ordering::Relaxed);
-                    copy.cc.store(proto.idle_word(tid), Ordering::Relaxed);
+                    copy.key().store(w.key, Ordering::Relaxed);
+                    copy.nvm().store(w.slot, Ordering::Relaxed);
+                    copy.cts().store(tid, Ordering::Relaxed);
+                    copy.set_lp(lp);
+                    copy.cc().store(proto.idle_word(tid), Ordering::Relaxed);
                     t.cache.publish(w.target, 1);
                     self.pins.push((w.table, w.target));
                     let swapped = t.index.replace_if(w.key, w.eref, w.target);
                     debug_assert!(swapped, "a locked current entry is the index's value");
                     // The old version's header before the entry is stamped below.
-                    let (old_nvm, old_header) = (e.nvm.load(Ordering::Relaxed), e.header_word());
+                    let (old_nvm, old_header) = (e.nvm().load(Ordering::Relaxed), e.header_word());
                     // Superseded, then stamped: validation by Tx-CTS fails on the old entry.
                     t.cache.supersede(w.eref);
-                    e.cts.store(tid, Ordering::Release);
-                    release(proto, &e.cc, Some(tid));
+                    e.cts().store(tid, Ordering::Release);
+                    release(proto, e.cc(), Some(tid));
                     st.garbage.push_back(garbage(old_nvm, old_header));
                 }
                 WriteKind::Insert => {
                     let e = t.cache.entry(w.target);
                     e.store_row(row);
-                    e.nvm.store(w.slot, Ordering::Relaxed);
-                    e.lp.store(lp, Ordering::Relaxed);
-                    e.cts.store(tid, Ordering::Release);
-                    release(proto, &e.cc, Some(tid));
+                    e.nvm().store(w.slot, Ordering::Relaxed);
+                    e.set_lp(lp);
+                    e.cts().store(tid, Ordering::Release);
+                    release(proto, e.cc(), Some(tid));
                 }
                 WriteKind::Delete => {
                     let e = t.cache.entry(w.eref);
-                    let (old_nvm, old_header) = (e.nvm.load(Ordering::Relaxed), e.header_word());
+                    let (old_nvm, old_header) = (e.nvm().load(Ordering::Relaxed), e.header_word());
                     // Before the key leaves the index: an insert that finds it absent then sees
                     // this tid (`order_after_deletes`).
                     t.deleted_up_to.fetch_max(tid, Ordering::SeqCst);
                     t.index.remove_if(w.key, w.eref);
                     t.cache.supersede(w.eref);
-                    e.cts.store(tid, Ordering::Release);
-                    release(proto, &e.cc, Some(tid));
+                    e.cts().store(tid, Ordering::Release);
+                    release(proto, e.cc(), Some(tid));
                     st.garbage.push_back(garbage(old_nvm, old_header));
                     let lp_bit = if lp { tuple::LP } else { 0 };
                     let tomb_header = (tid & tuple::CTS_MASK) | tuple::DELETED | lp_bit;
