@@ -106,7 +106,11 @@ fn tiny_cache_transfers(engine: EngineKind, protocol: Protocol) {
             .run(|tx| (0..N).map(|k| Ok(tx.get(t, k)?.i64(0))).sum())
             .unwrap();
         assert_eq!(total, 1000 * N as i64, "{engine} {protocol}");
-        assert_eq!(db.check_structure().unwrap(), vec![N], "{engine} {protocol}");
+        assert_eq!(
+            db.check_structure().unwrap(),
+            vec![N],
+            "{engine} {protocol}"
+        );
     }
 }
 
