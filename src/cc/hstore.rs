@@ -34,6 +34,38 @@ impl PartitionLocks {
         false
     }
 
+    /// Takes the lock of `key`'s partition for `thread` (whose transaction timestamp is `ts`),
+    /// recording it in `held`. On a conflict an older transaction waits for a younger holder and
+    /// a younger one gives up (wait-die on the begin timestamps in `txn_ts`), for at most
+    /// `wait_spins` polls. Returns whether the partition is held.
+    pub fn lock_for(
+        &self,
+        key: u64,
+        thread: usize,
+        ts: u64,
+        txn_ts: &[crossbeam_utils::CachePadded<AtomicU64>],
+        wait_spins: u32,
+        held: &mut Vec<usize>,
+    ) -> bool {
+        let p = self.partition_of(key);
+        if held.contains(&p) {
+            return true;
+        }
+        for round in 0..wait_spins {
+            if self.try_lock(p, thread) {
+                held.push(p);
+                return true;
+            }
+            if let Some(holder) = self.owner(p).filter(|&h| h != thread) {
+                if ts >= txn_ts[holder].load(Ordering::Acquire) {
+                    return false;
+                }
+            }
+            super::backoff(round);
+        }
+        false
+    }
+
     /// The partition of `key`.
     #[inline]
     pub fn partition_of(&self, key: u64) -> usize {

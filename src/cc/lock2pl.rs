@@ -124,6 +124,48 @@ pub fn decide(protocol: Protocol, shared: &CcShared, me: usize, holder: Holder) 
     }
 }
 
+/// Polls of a word held by unnamed readers before a waiter gives up: readers cannot be checked
+/// for a waits-for cycle (two readers upgrading deadlock), so such a wait gets a short time-out.
+const READER_WAIT_LIMIT: u32 = 256;
+
+/// Takes a lock on `word` with `attempt`, waiting as `protocol`'s policy says ([`decide`]:
+/// no-wait aborts at once, wait-die waits only for younger writers, dl-detect until it closes a
+/// cycle), for at most `options.wait_spins` polls. Returns whether the lock was taken. Leaves
+/// `me`'s waits-for edge cleared.
+pub fn acquire<W: MetaWord + ?Sized>(
+    protocol: Protocol,
+    shared: &CcShared,
+    me: usize,
+    word: &W,
+    attempt: impl Fn(&W) -> Result<(), Holder>,
+) -> bool {
+    let mut taken = false;
+    let mut reader_waits = 0;
+    for round in 0..shared.options.wait_spins {
+        match attempt(word) {
+            Ok(()) => {
+                taken = true;
+                break;
+            }
+            Err(holder) => match decide(protocol, shared, me, holder) {
+                Decision::Abort => break,
+                Decision::Wait if holder == Holder::Readers => {
+                    reader_waits += 1;
+                    if reader_waits > READER_WAIT_LIMIT {
+                        break;
+                    }
+                    super::backoff(round)
+                }
+                Decision::Wait => super::backoff(round),
+            },
+        }
+    }
+    if protocol == Protocol::DlDetect {
+        shared.waits_for[me].store(0, Ordering::SeqCst);
+    }
+    taken
+}
+
 /// Whether following waits-for edges from `start` reaches `me`.
 pub fn closes_cycle(shared: &CcShared, me: usize, start: usize) -> bool {
     let mut at = start;

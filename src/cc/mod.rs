@@ -593,6 +593,16 @@ impl CcShared {
     }
 }
 
+/// A backoff step of a polling loop: spin first, then yield (two cores shared by many threads).
+#[inline]
+pub fn backoff(round: u32) {
+    if round < 32 {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}
+
 /// Bits of a transaction id that hold the thread id.
 pub const TID_THREAD_BITS: u32 = 8;
 /// The most threads a database can run (one id each).

@@ -19,6 +19,9 @@ use super::tid_timestamp;
 use dashmap::DashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// The `end` of a retired version whose replacing writer has no commit tid yet.
+pub const PENDING: u64 = u64::MAX;
+
 /// An old version of a tuple.
 #[derive(Clone, Debug)]
 pub struct Version {
@@ -84,13 +87,13 @@ impl VersionStore {
     }
 
     /// Sets the end of the entry of `tuple` that `begin` wrote and that is still pending
-    /// (`end == u64::MAX`) to `end`.
+    /// (`end == PENDING`) to `end`.
     pub fn settle(&self, tuple: u64, begin: u64, end: u64) {
         if let Some(mut chain) = self.chains.get_mut(&tuple) {
             if let Some(v) = chain
                 .iter_mut()
                 .rev()
-                .find(|v| v.begin == begin && v.end == u64::MAX)
+                .find(|v| v.begin == begin && v.end == PENDING)
             {
                 v.end = end;
             }

@@ -11,6 +11,20 @@
 
 use super::{MetaWord, LOCK_BIT};
 
+/// The tid with thread part `thread` that is at least `min_tid`: TicToc's commit time `ct` as a
+/// transaction id (`ts << TID_THREAD_BITS | thread`).
+#[inline]
+pub fn tid_at_least(min_tid: u64, thread: usize) -> u64 {
+    let thread = thread as u64;
+    let base = min_tid >> super::TID_THREAD_BITS;
+    let candidate = (base << super::TID_THREAD_BITS) | thread;
+    if candidate >= min_tid {
+        candidate
+    } else {
+        ((base + 1) << super::TID_THREAD_BITS) | thread
+    }
+}
+
 /// The `rts` of word value `w`.
 #[inline]
 pub fn rts(w: u64) -> u64 {

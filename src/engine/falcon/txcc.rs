@@ -11,7 +11,8 @@ use super::layout::tuple;
 use super::worker::{FalconWorker, PmWord, WriteKind};
 use crate::catalog::TableId;
 use crate::cc::{
-    lock2pl, mvcc, occ, tictoc, tid_timestamp, to, MetaWord, Protocol, LOCK_BIT, TID_THREAD_BITS,
+    backoff, lock2pl, mvcc, occ, tictoc, tid_timestamp, to, MetaWord, Protocol, LOCK_BIT,
+    TID_THREAD_BITS,
 };
 use crate::engine::TxError;
 use std::sync::atomic::{fence, Ordering};
@@ -19,32 +20,7 @@ use std::sync::atomic::{fence, Ordering};
 /// Polls of a word held by a transaction that is committing (or, for TO and OCC, a short
 /// critical section) before giving up.
 const SPIN_LIMIT: u32 = 256;
-/// Version chain entries whose end is not yet known (the writer is between retiring the old
-/// image and taking its commit timestamp).
-pub(super) const PENDING: u64 = u64::MAX;
-
-/// A backoff step of a polling loop: spin first, then yield (two cores shared by many threads).
-#[inline]
-pub(super) fn backoff(round: u32) {
-    if round < 32 {
-        std::hint::spin_loop();
-    } else {
-        std::thread::yield_now();
-    }
-}
-
-/// The tid with timestamp part at least `ts` and thread part `thread`, and not below `min_tid`.
-#[inline]
-fn tid_at_least(min_tid: u64, thread: usize) -> u64 {
-    let thread = thread as u64;
-    let base = min_tid >> TID_THREAD_BITS;
-    let candidate = (base << TID_THREAD_BITS) | thread;
-    if candidate >= min_tid {
-        candidate
-    } else {
-        ((base + 1) << TID_THREAD_BITS) | thread
-    }
-}
+pub(super) use crate::cc::mvcc::PENDING;
 
 /// What a read found: the flags, key and `write_ts` words of the tuple when the row was copied.
 pub(super) struct Copied {
@@ -130,28 +106,19 @@ impl FalconWorker {
             return Ok(());
         }
         let shared = &self.eng.cc;
-        let locks = &shared.partitions;
-        let p = locks.partition_of(key);
-        if self.partitions.contains(&p) {
-            return Ok(());
-        }
-        for round in 0..shared.options.wait_spins {
-            if locks.try_lock(p, self.thread) {
-                self.partitions.push(p);
-                return Ok(());
-            }
-            match locks.owner(p) {
-                Some(holder) if holder != self.thread => {
-                    let theirs = shared.txn_ts[holder].load(Ordering::Acquire);
-                    if self.ts >= theirs {
-                        return Err(TxError::Conflict);
-                    }
-                }
-                _ => {}
-            }
-            backoff(round);
-        }
-        Err(TxError::Conflict)
+        let (wait, txn_ts) = (shared.options.wait_spins, &shared.txn_ts[..]);
+        shared
+            .partitions
+            .lock_for(
+                key,
+                self.thread,
+                self.ts,
+                txn_ts,
+                wait,
+                &mut self.partitions,
+            )
+            .then_some(())
+            .ok_or(TxError::Conflict)
     }
 
     /// Copies the row and its header words.
@@ -347,35 +314,15 @@ impl FalconWorker {
         t: u64,
         attempt: impl Fn(&PmWord<'_>) -> Result<(), lock2pl::Holder>,
     ) -> Result<(), TxError> {
-        let shared = &self.eng.cc;
-        let limit = shared.options.wait_spins;
-        let mut result = Err(TxError::Conflict);
-        let mut reader_waits = 0;
-        for round in 0..limit {
-            match attempt(&self.word(t)) {
-                Ok(()) => {
-                    result = Ok(());
-                    break;
-                }
-                Err(holder) => match lock2pl::decide(self.proto, shared, self.thread, holder) {
-                    lock2pl::Decision::Abort => break,
-                    // Readers are not named, so a wait on them cannot be checked for a cycle
-                    // (two readers upgrading deadlock): it gets a short time-out instead.
-                    lock2pl::Decision::Wait if holder == lock2pl::Holder::Readers => {
-                        reader_waits += 1;
-                        if reader_waits > SPIN_LIMIT {
-                            break;
-                        }
-                        backoff(round)
-                    }
-                    lock2pl::Decision::Wait => backoff(round),
-                },
-            }
-        }
-        if self.proto == Protocol::DlDetect {
-            shared.waits_for[self.thread].store(0, Ordering::SeqCst);
-        }
-        result
+        lock2pl::acquire(
+            self.proto,
+            &self.eng.cc,
+            self.thread,
+            &self.word(t),
+            attempt,
+        )
+        .then_some(())
+        .ok_or(TxError::Conflict)
     }
 
     /// Locks `t` for a write during execution (2PL, TO). Returns false if refused.
@@ -469,7 +416,7 @@ impl FalconWorker {
                         ct = ct.max(self.write_ts(w.tuple) + 1);
                     }
                 }
-                tid_at_least(ct, self.thread)
+                tictoc::tid_at_least(ct, self.thread)
             }
             Protocol::Mvocc | Protocol::Mv2pl | Protocol::Si => {
                 let floor = now

@@ -27,7 +27,8 @@
 use super::worker::{WriteKind, ZenWorker};
 use crate::catalog::TableId;
 use crate::cc::{
-    lock2pl, mvcc, occ, tictoc, tid_timestamp, to, MetaWord, Protocol, LOCK_BIT, TID_THREAD_BITS,
+    backoff, lock2pl, mvcc, occ, tictoc, tid_timestamp, to, MetaWord, Protocol, LOCK_BIT,
+    TID_THREAD_BITS,
 };
 use crate::engine::TxError;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
@@ -35,31 +36,7 @@ use std::sync::atomic::{fence, AtomicU64, Ordering};
 /// Polls of a word held by a transaction that is committing (or, for TO and OCC, a short
 /// critical section) before giving up.
 const SPIN_LIMIT: u32 = 256;
-/// The end of a version chain entry whose replacing writer has no commit tid yet.
-pub(super) const PENDING: u64 = u64::MAX;
-
-/// A backoff step of a polling loop: spin first, then yield (two cores shared by many threads).
-#[inline]
-fn backoff(round: u32) {
-    if round < 32 {
-        std::hint::spin_loop();
-    } else {
-        std::thread::yield_now();
-    }
-}
-
-/// The tid with timestamp part at least `ts` and thread part `thread`, and not below `min_tid`.
-#[inline]
-fn tid_at_least(min_tid: u64, thread: usize) -> u64 {
-    let thread = thread as u64;
-    let base = min_tid >> TID_THREAD_BITS;
-    let candidate = (base << TID_THREAD_BITS) | thread;
-    if candidate >= min_tid {
-        candidate
-    } else {
-        ((base + 1) << TID_THREAD_BITS) | thread
-    }
-}
+pub(super) use crate::cc::mvcc::PENDING;
 
 /// Releases a write lock held under `proto`: commit with `tid`, or abort (`None`).
 pub(super) fn release(proto: Protocol, word: &AtomicU64, tid: Option<u64>) {
@@ -227,28 +204,19 @@ impl ZenWorker {
             return Ok(());
         }
         let shared = &self.eng.cc;
-        let locks = &shared.partitions;
-        let p = locks.partition_of(key);
-        if self.cx.partitions.contains(&p) {
-            return Ok(());
-        }
-        for round in 0..shared.options.wait_spins {
-            if locks.try_lock(p, self.thread) {
-                self.cx.partitions.push(p);
-                return Ok(());
-            }
-            match locks.owner(p) {
-                Some(holder) if holder != self.thread => {
-                    let theirs = shared.txn_ts[holder].load(Ordering::Acquire);
-                    if self.cx.ts >= theirs {
-                        return Err(TxError::Conflict);
-                    }
-                }
-                _ => {}
-            }
-            backoff(round);
-        }
-        Err(TxError::Conflict)
+        let (wait, txn_ts) = (shared.options.wait_spins, &shared.txn_ts[..]);
+        shared
+            .partitions
+            .lock_for(
+                key,
+                self.thread,
+                self.cx.ts,
+                txn_ts,
+                wait,
+                &mut self.cx.partitions,
+            )
+            .then_some(())
+            .ok_or(TxError::Conflict)
     }
 
     /// Reads entry `r` of `table` (holding `key`) under the protocol into `out`. `held`: the
@@ -481,35 +449,10 @@ impl ZenWorker {
         r: u64,
         attempt: impl Fn(&AtomicU64) -> Result<(), lock2pl::Holder>,
     ) -> Result<(), TxError> {
-        let shared = &self.eng.cc;
         let word = self.word(table, r);
-        let mut result = Err(TxError::Conflict);
-        let mut reader_waits = 0;
-        for round in 0..shared.options.wait_spins {
-            match attempt(word) {
-                Ok(()) => {
-                    result = Ok(());
-                    break;
-                }
-                Err(holder) => match lock2pl::decide(self.proto, shared, self.thread, holder) {
-                    lock2pl::Decision::Abort => break,
-                    // Readers are not named, so a wait on them cannot be checked for a cycle
-                    // (two readers upgrading deadlock): it gets a short time-out instead.
-                    lock2pl::Decision::Wait if holder == lock2pl::Holder::Readers => {
-                        reader_waits += 1;
-                        if reader_waits > SPIN_LIMIT {
-                            break;
-                        }
-                        backoff(round)
-                    }
-                    lock2pl::Decision::Wait => backoff(round),
-                },
-            }
-        }
-        if self.proto == Protocol::DlDetect {
-            shared.waits_for[self.thread].store(0, Ordering::SeqCst);
-        }
-        result
+        lock2pl::acquire(self.proto, &self.eng.cc, self.thread, word, attempt)
+            .then_some(())
+            .ok_or(TxError::Conflict)
     }
 
     /// Locks entry `r` for a write during execution (2PL, TO), upgrading a read lock.
@@ -639,7 +582,7 @@ impl ZenWorker {
                         ct = ct.max(self.cts_of(w.table, w.eref) + 1);
                     }
                 }
-                tid_at_least(ct, thread)
+                tictoc::tid_at_least(ct, thread)
             }
             Protocol::Mvocc | Protocol::Mv2pl | Protocol::Si => {
                 let floor = now
