@@ -103,6 +103,8 @@ pub(crate) struct ZenWorker {
     pub(super) max_seen: u64,
     pub(super) scratch: Vec<u8>,
     scan_hits: Vec<(u64, u64)>,
+    /// Write-set positions in lock or persist order, reused by every commit (no allocation).
+    commit_order: Vec<usize>,
     /// Tuples accessed per table since the last rebalance (f_i of §3.2).
     accesses: Vec<u64>,
     txns: u64,
@@ -154,6 +156,7 @@ impl ZenWorker {
             max_seen: 0,
             scratch: Vec::new(),
             scan_hits: Vec::new(),
+            commit_order: Vec::new(),
             txns: 0,
             exclusive_ready: false,
             eng,
@@ -850,11 +853,15 @@ impl EngineWorker for ZenWorker {
         // 1. Protocols that lock at commit (OCC family, H-Store): lock the write set in a global
         // order (table, entry), spinning briefly on each lock.
         if self.locks_at_commit() {
-            let mut order: Vec<usize> = (0..self.writes.len())
-                .filter(|&i| matches!(self.writes[i].kind, WriteKind::Update | WriteKind::Delete))
-                .collect();
+            let mut order = std::mem::take(&mut self.commit_order);
+            order.clear();
+            order.extend(
+                (0..self.writes.len()).filter(|&i| {
+                    matches!(self.writes[i].kind, WriteKind::Update | WriteKind::Delete)
+                }),
+            );
             order.sort_unstable_by_key(|&i| (self.writes[i].table, self.writes[i].eref));
-            for i in order {
+            for &i in &order {
                 let (table, key, r) = (
                     self.writes[i].table,
                     self.writes[i].key,
@@ -871,6 +878,7 @@ impl EngineWorker for ZenWorker {
                     return self.fail(TxError::Conflict);
                 }
             }
+            self.commit_order = order;
         }
         // 2. Claim this region's entries for new versions: inserts (published to the index,
         // locked, so readers wait until they are durable) and copies of other regions' entries
@@ -922,9 +930,11 @@ impl EngineWorker for ZenWorker {
         // two, the lock stores may still be in a store buffer while the validation loads run
         // (write skew; found by the loom model of tests/cc_model.rs for Falcon).
         fence(Ordering::SeqCst);
-        let order: Vec<usize> = (0..self.writes.len())
-            .filter(|&i| self.writes[i].kind != WriteKind::Cancelled)
-            .collect();
+        let mut order = std::mem::take(&mut self.commit_order);
+        order.clear();
+        order.extend(
+            (0..self.writes.len()).filter(|&i| self.writes[i].kind != WriteKind::Cancelled),
+        );
         // 3. The commit tid (for the MV protocols after retiring the old images, so a snapshot
         // reader that finds no retired image knows the tid is above its snapshot), then read
         // validation at that tid (OCC family, TicToc).
@@ -946,6 +956,7 @@ impl EngineWorker for ZenWorker {
             return self.fail(TxError::Conflict);
         }
         if order.is_empty() {
+            self.commit_order = order;
             self.rollback();
             return Ok(self.st().last_tid);
         }
@@ -1119,6 +1130,7 @@ impl EngineWorker for ZenWorker {
             self.eng.rebalance();
         }
         self.reclaim_versions();
+        self.commit_order = order;
         Ok(tid)
     }
 
