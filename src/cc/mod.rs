@@ -109,6 +109,25 @@ impl Protocol {
         )
     }
 
+    /// Whether a transaction locks tuples as it writes them (2PL, TO) rather than at commit;
+    /// MV2PL's read-only transactions take no locks.
+    pub fn locks_writes_early(self, read_only: bool) -> bool {
+        match self {
+            Protocol::NoWait | Protocol::WaitDie | Protocol::DlDetect => true,
+            Protocol::To | Protocol::Mvto => true,
+            Protocol::Mv2pl => !read_only,
+            _ => false,
+        }
+    }
+
+    /// Whether reads take read locks held to the end of the transaction (2PL).
+    pub fn holds_read_locks(self) -> bool {
+        matches!(
+            self,
+            Protocol::NoWait | Protocol::WaitDie | Protocol::DlDetect | Protocol::Mv2pl
+        )
+    }
+
     /// Whether committed histories are conflict-serializable (all but snapshot isolation).
     pub fn is_serializable(self) -> bool {
         self != Protocol::Si

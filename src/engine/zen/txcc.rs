@@ -115,22 +115,14 @@ impl ZenWorker {
             .load(Ordering::Acquire)
     }
 
-    /// Whether the protocol locks tuples as they are written (2PL, TO) rather than at commit.
+    /// Whether this transaction locks tuples as it writes them (2PL, TO).
     pub(super) fn locks_writes_early(&self) -> bool {
-        match self.proto {
-            Protocol::NoWait | Protocol::WaitDie | Protocol::DlDetect => true,
-            Protocol::To | Protocol::Mvto => true,
-            Protocol::Mv2pl => !self.read_only,
-            _ => false,
-        }
+        self.proto.locks_writes_early(self.read_only)
     }
 
     /// Whether the read set holds read locks to release (2PL).
     pub(super) fn holds_read_locks(&self) -> bool {
-        matches!(
-            self.proto,
-            Protocol::NoWait | Protocol::WaitDie | Protocol::DlDetect | Protocol::Mv2pl
-        )
+        self.proto.holds_read_locks()
     }
 
     /// Whether reads go to snapshots (MV read-only transactions, SI).
