@@ -10,6 +10,8 @@ use pmtx::engine::zen::ZenFault;
 use pmtx::engine::EngineKind;
 use pmtx::pmem::PersistenceDomain::{self, Adr, Eadr};
 
+mod common;
+
 /// A small configuration: short runs, many crash points.
 fn small(engine: EngineKind, domain: PersistenceDomain, workload: WorkloadKind) -> CrashTestConfig {
     let mut c = CrashTestConfig::new(engine, domain, workload);
@@ -184,19 +186,10 @@ fn a_reported_event_reproduces_alone() {
     assert!(again.total_violations() > 0, "{}", again.render());
 }
 
-fn shm_dir() -> tempfile::TempDir {
-    let shm = std::path::Path::new("/dev/shm");
-    if shm.is_dir() {
-        tempfile::tempdir_in(shm).unwrap()
-    } else {
-        tempfile::tempdir().unwrap()
-    }
-}
-
 /// At least 10 real SIGKILLs per engine, mid-workload, each recovered and checked.
 #[test]
 fn real_kills() {
-    let dir = shm_dir();
+    let dir = common::pool_dir();
     for (i, &engine) in ENGINES.iter().enumerate() {
         let domain = if engine == EngineKind::FalconNoflush || i % 2 == 1 {
             Eadr

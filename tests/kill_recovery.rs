@@ -11,19 +11,12 @@ use pmtx::workload::bank;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+mod common;
+
 const ACCOUNTS: u64 = 200;
 
-fn pool_dir() -> tempfile::TempDir {
-    let shm = std::path::Path::new("/dev/shm");
-    if shm.is_dir() {
-        tempfile::tempdir_in(shm).unwrap()
-    } else {
-        tempfile::tempdir().unwrap()
-    }
-}
-
 fn kill_and_recover(engine: EngineKind, protocol: Protocol, domain: PersistenceDomain, kills: u64) {
-    let dir = pool_dir();
+    let dir = common::pool_dir();
     let mut mid_run = 0;
     for round in 0..kills {
         let path = dir.path().join(format!("bank-{round}.pool"));

@@ -9,6 +9,8 @@ use pmtx::engine::zen::{split_budget, TableDemand};
 use pmtx::engine::{DbError, EngineKind};
 use pmtx::pmem::PersistenceDomain;
 
+mod common;
+
 fn config(protocol: Protocol, domain: PersistenceDomain) -> DbConfig {
     let mut c = DbConfig::default()
         .engine(EngineKind::Zen)
@@ -19,15 +21,6 @@ fn config(protocol: Protocol, domain: PersistenceDomain) -> DbConfig {
     c.cache_bytes = Some(64 * 1024);
     c.cache_min_entries = 8;
     c
-}
-
-fn pool_dir() -> tempfile::TempDir {
-    let shm = std::path::Path::new("/dev/shm");
-    if shm.is_dir() {
-        tempfile::tempdir_in(shm).unwrap()
-    } else {
-        tempfile::tempdir().unwrap()
-    }
 }
 
 #[test]
@@ -116,7 +109,7 @@ fn tiny_cache_transfers(engine: EngineKind, protocol: Protocol) {
 
 #[test]
 fn deleted_rows_stay_deleted_across_reopens_and_slots_are_reused() {
-    let dir = pool_dir();
+    let dir = common::pool_dir();
     let path = dir.path().join("zen.pool");
     let cfg = config(Protocol::Occ, PersistenceDomain::Adr).path(&path);
     let t;
@@ -458,7 +451,7 @@ fn histories_through_a_tiny_cache_are_serializable_under_every_protocol() {
 fn a_key_deleted_by_one_thread_and_reinserted_by_another_survives_recovery() {
     use pmtx::engine::TxError;
     for protocol in Protocol::ALL {
-        let dir = pool_dir();
+        let dir = common::pool_dir();
         let path = dir.path().join("zen.pool");
         let cfg = config(protocol, PersistenceDomain::Adr).path(&path);
         let (t, inserted) = {
