@@ -323,6 +323,8 @@ impl Db {
                 slot,
                 inner,
                 schemas: Vec::new(),
+                layouts: Vec::new(),
+                buffers: TxBuffers::default(),
                 rng: slot as u64 * 7919 + 1,
             }),
             Err(e) => {
@@ -349,7 +351,23 @@ pub struct Worker<'db> {
     slot: usize,
     inner: Box<dyn EngineWorker>,
     schemas: Vec<Schema>,
+    /// Per table: its column offsets, shared by the rows this worker reads. Built per worker so
+    /// that cloning one into a row touches a counter no other thread writes.
+    layouts: Vec<Arc<[usize]>>,
+    buffers: TxBuffers,
     rng: u64,
+}
+
+/// Scratch space a worker lends each transaction, so that typed access encodes without
+/// allocating per call.
+#[derive(Default)]
+struct TxBuffers {
+    /// Encoded column values of an update or insert.
+    row: Vec<u8>,
+    /// The row read by [`Tx::get_ref`].
+    read: Vec<u8>,
+    /// Per updated column: (row offset, start in `row`, length).
+    spans: Vec<(usize, usize, usize)>,
 }
 
 impl Drop for Worker<'_> {
@@ -421,6 +439,7 @@ impl<'db> Worker<'db> {
     fn refresh_schemas(&mut self) {
         let catalog = self.db.engine.catalog();
         self.schemas = catalog.tables;
+        self.layouts = self.schemas.iter().map(column_bounds).collect();
     }
 
     /// Runs `f` as a read-write transaction, retrying conflict aborts with randomised exponential
@@ -461,7 +480,8 @@ impl<'db> Worker<'db> {
             let mut tx = Tx {
                 inner: &mut *self.inner,
                 schemas: &self.schemas,
-                row: Vec::new(),
+                layouts: &self.layouts,
+                buf: &mut self.buffers,
             };
             let result = f(&mut tx).and_then(|v| tx.inner.commit().map(|tid| (v, tid)));
             match result {
@@ -510,40 +530,133 @@ impl<'db> Worker<'db> {
 pub struct Tx<'w> {
     inner: &'w mut dyn EngineWorker,
     schemas: &'w [Schema],
-    row: Vec<u8>,
+    layouts: &'w [Arc<[usize]>],
+    buf: &'w mut TxBuffers,
+}
+
+/// The byte bounds of a schema's columns: column `i` is `bounds[i]..bounds[i + 1]`.
+fn column_bounds(schema: &Schema) -> Arc<[usize]> {
+    (0..schema.columns.len())
+        .map(|i| schema.column_offset(i))
+        .chain(std::iter::once(schema.row_size()))
+        .collect()
+}
+
+/// Most row buffers a thread keeps for reuse (see [`Row`]'s `Drop`).
+const SPARE_ROW_BUFFERS: usize = 64;
+/// Larger buffers are freed rather than kept.
+const SPARE_ROW_BUFFER_MAX_BYTES: usize = 16 << 10;
+
+thread_local! {
+    /// Buffers of dropped rows, reused by the next reads on this thread: a transaction that reads
+    /// rows allocates nothing once the thread has warmed up.
+    static SPARE_ROWS: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A zeroed buffer of `len` bytes, reusing a dropped row's when there is one.
+fn row_buffer(len: usize) -> Vec<u8> {
+    let spare = SPARE_ROWS
+        .try_with(|spare| spare.borrow_mut().pop())
+        .ok()
+        .flatten();
+    match spare {
+        Some(mut bytes) => {
+            bytes.clear();
+            bytes.resize(len, 0);
+            bytes
+        }
+        None => vec![0; len],
+    }
 }
 
 /// A row read by a transaction, with typed accessors by column position.
+///
+/// Owns a copy of the row's bytes (taken consistently under the protocol). Dropped rows hand
+/// their buffer back to a small per-thread pool, so reading rows costs no allocation in steady
+/// state; [`Tx::get_ref`] avoids even that by lending the transaction's own buffer.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Row {
     bytes: Vec<u8>,
-    offsets: Vec<usize>,
+    bounds: Arc<[usize]>,
+}
+
+impl Drop for Row {
+    fn drop(&mut self) {
+        let bytes = std::mem::take(&mut self.bytes);
+        if bytes.capacity() == 0 || bytes.capacity() > SPARE_ROW_BUFFER_MAX_BYTES {
+            return;
+        }
+        // `try_with`: a row dropped while the thread exits just frees its buffer.
+        let _ = SPARE_ROWS.try_with(|spare| {
+            let mut spare = spare.borrow_mut();
+            if spare.len() < SPARE_ROW_BUFFERS {
+                spare.push(bytes);
+            }
+        });
+    }
 }
 
 impl Row {
+    /// A borrowed view with the same accessors.
+    pub fn as_ref(&self) -> RowRef<'_> {
+        RowRef {
+            bytes: &self.bytes,
+            bounds: &self.bounds,
+        }
+    }
     /// The row's bytes.
     pub fn bytes(&self) -> &[u8] {
         &self.bytes
     }
-    fn col(&self, i: usize) -> &[u8] {
-        let end = self.offsets.get(i + 1).copied().unwrap_or(self.bytes.len());
-        &self.bytes[self.offsets[i]..end]
-    }
     /// Column `i` as u64.
     pub fn u64(&self, i: usize) -> u64 {
-        u64::from_le_bytes(self.col(i).try_into().expect("column is 8 bytes"))
+        self.as_ref().u64(i)
     }
     /// Column `i` as i64.
     pub fn i64(&self, i: usize) -> i64 {
-        i64::from_le_bytes(self.col(i).try_into().expect("column is 8 bytes"))
+        self.as_ref().i64(i)
     }
     /// Column `i` as f64.
     pub fn f64(&self, i: usize) -> f64 {
-        f64::from_le_bytes(self.col(i).try_into().expect("column is 8 bytes"))
+        self.as_ref().f64(i)
     }
     /// Column `i`'s bytes.
     pub fn bytes_at(&self, i: usize) -> &[u8] {
-        self.col(i)
+        self.as_ref().bytes_at(i)
+    }
+}
+
+/// A row borrowed from a transaction ([`Tx::get_ref`]) or from a [`Row`], with typed accessors
+/// by column position.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RowRef<'a> {
+    bytes: &'a [u8],
+    bounds: &'a [usize],
+}
+
+impl<'a> RowRef<'a> {
+    /// The row's bytes.
+    pub fn bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+    /// Column `i`'s bytes.
+    pub fn bytes_at(&self, i: usize) -> &'a [u8] {
+        &self.bytes[self.bounds[i]..self.bounds[i + 1]]
+    }
+    fn word(&self, i: usize) -> [u8; 8] {
+        self.bytes_at(i).try_into().expect("column is 8 bytes")
+    }
+    /// Column `i` as u64.
+    pub fn u64(&self, i: usize) -> u64 {
+        u64::from_le_bytes(self.word(i))
+    }
+    /// Column `i` as i64.
+    pub fn i64(&self, i: usize) -> i64 {
+        i64::from_le_bytes(self.word(i))
+    }
+    /// Column `i` as f64.
+    pub fn f64(&self, i: usize) -> f64 {
+        f64::from_le_bytes(self.word(i))
     }
 }
 
@@ -584,19 +697,29 @@ fn encode_value(
     Ok(())
 }
 
-impl Tx<'_> {
-    fn schema(&self, table: TableId) -> Result<&Schema, TxError> {
-        self.schemas
+impl<'w> Tx<'w> {
+    fn schema(&self, table: TableId) -> Result<&'w Schema, TxError> {
+        let schemas = self.schemas;
+        schemas
             .get(table as usize)
             .ok_or_else(|| TxError::SchemaMismatch(format!("no table with id {table}")))
     }
 
-    fn row_of(&self, table: TableId, bytes: Vec<u8>) -> Result<Row, TxError> {
-        let schema = self.schema(table)?;
-        let offsets = (0..schema.columns.len())
-            .map(|i| schema.column_offset(i))
-            .collect();
-        Ok(Row { bytes, offsets })
+    fn bounds(&self, table: TableId) -> Result<&'w Arc<[usize]>, TxError> {
+        let layouts = self.layouts;
+        layouts
+            .get(table as usize)
+            .ok_or_else(|| TxError::SchemaMismatch(format!("no table with id {table}")))
+    }
+
+    /// An empty row of `table`, in a recycled buffer.
+    fn new_row(&self, table: TableId) -> Result<Row, TxError> {
+        let bounds = self.bounds(table)?;
+        let size = bounds.last().copied().unwrap_or(0);
+        Ok(Row {
+            bytes: row_buffer(size),
+            bounds: bounds.clone(),
+        })
     }
 
     /// Lets the engine turn a miss caused by a stale read into a conflict
@@ -610,10 +733,26 @@ impl Tx<'_> {
 
     /// Reads the row with `key`.
     pub fn get(&mut self, table: TableId, key: u64) -> Result<Row, TxError> {
-        let mut bytes = vec![0u8; self.schema(table)?.row_size()];
-        let read = self.inner.read(table, key, &mut bytes);
+        let mut row = self.new_row(table)?;
+        let read = self.inner.read(table, key, &mut row.bytes);
         self.miss(read)?;
-        self.row_of(table, bytes)
+        Ok(row)
+    }
+
+    /// Reads the row with `key` into the transaction's own buffer and lends it: no allocation
+    /// and no copy beyond the consistent read itself. The view lives until the next call on this
+    /// transaction; use [`get`](Self::get) for a row to keep.
+    pub fn get_ref(&mut self, table: TableId, key: u64) -> Result<RowRef<'_>, TxError> {
+        let bounds = self.bounds(table)?;
+        let mut bytes = std::mem::take(&mut self.buf.read);
+        bytes.resize(bounds.last().copied().unwrap_or(0), 0);
+        let read = self.inner.read(table, key, &mut bytes);
+        self.buf.read = bytes;
+        self.miss(read)?;
+        Ok(RowRef {
+            bytes: &self.buf.read,
+            bounds,
+        })
     }
 
     /// Reads the row with `key` into `out` (exactly the row size); no allocation.
@@ -624,7 +763,7 @@ impl Tx<'_> {
 
     /// Whether a row with `key` exists.
     pub fn exists(&mut self, table: TableId, key: u64) -> Result<bool, TxError> {
-        match self.get(table, key) {
+        match self.get_ref(table, key) {
             Ok(_) => Ok(true),
             Err(TxError::NotFound { .. }) => Ok(false),
             Err(e) => Err(e),
@@ -638,41 +777,34 @@ impl Tx<'_> {
         key: u64,
         values: &[(usize, Value<'_>)],
     ) -> Result<(), TxError> {
-        let schemas = self.schemas;
-        let schema = schemas
-            .get(table as usize)
-            .ok_or_else(|| TxError::SchemaMismatch(format!("no table with id {table}")))?;
-        let mut buf = std::mem::take(&mut self.row);
-        buf.clear();
-        let mut spans = Vec::with_capacity(values.len());
+        let schema = self.schema(table)?;
+        let Tx { inner, buf, .. } = self;
+        buf.row.clear();
+        buf.spans.clear();
         for (col, value) in values {
             if *col >= schema.columns.len() {
-                self.row = buf;
                 return Err(TxError::SchemaMismatch(format!(
                     "table {} has no column {col}",
                     schema.name
                 )));
             }
             let size = schema.columns[*col].ty.size();
-            let start = buf.len();
-            buf.resize(start + size, 0);
-            if let Err(e) = encode_value(schema, *col, value, &mut buf[start..]) {
-                self.row = buf;
-                return Err(e);
-            }
-            spans.push((schema.column_offset(*col), start, size));
+            let start = buf.row.len();
+            buf.row.resize(start + size, 0);
+            encode_value(schema, *col, value, &mut buf.row[start..])?;
+            buf.spans.push((schema.column_offset(*col), start, size));
         }
-        let writes: Vec<FieldWrite<'_>> = spans
+        let writes: smallvec::SmallVec<[FieldWrite<'_>; 8]> = buf
+            .spans
             .iter()
             .map(|&(offset, start, size)| FieldWrite {
                 offset,
-                bytes: &buf[start..start + size],
+                bytes: &buf.row[start..start + size],
             })
             .collect();
-        let result = self.inner.update(table, key, &writes);
-        let result = self.miss(result);
-        self.row = buf;
-        result
+        let result = inner.update(table, key, &writes);
+        drop(writes);
+        self.miss(result)
     }
 
     /// Replaces raw byte ranges of the row with `key` (for workloads that manage their own layout).
@@ -705,12 +837,14 @@ impl Tx<'_> {
                 values.len()
             )));
         }
-        let mut row = vec![0u8; schema.row_size()];
+        let row = &mut self.buf.row;
+        row.clear();
+        row.resize(schema.row_size(), 0);
         for (i, v) in values.iter().enumerate() {
             let at = schema.column_offset(i);
             encode_value(schema, i, v, &mut row[at..at + schema.columns[i].ty.size()])?;
         }
-        let result = self.inner.insert(table, key, &row);
+        let result = self.inner.insert(table, key, &self.buf.row);
         self.miss(result)
     }
 
@@ -753,14 +887,21 @@ impl Tx<'_> {
         reverse: bool,
         limit: usize,
     ) -> Result<Vec<(u64, Row)>, TxError> {
-        let mut raw = Vec::new();
+        let bounds = self.bounds(table)?;
+        let mut rows = Vec::new();
         self.inner.scan(table, from, reverse, limit, &mut |k, r| {
-            raw.push((k, r.to_vec()));
+            let mut bytes = row_buffer(0);
+            bytes.extend_from_slice(r);
+            rows.push((
+                k,
+                Row {
+                    bytes,
+                    bounds: bounds.clone(),
+                },
+            ));
             true
         })?;
-        raw.into_iter()
-            .map(|(k, b)| Ok((k, self.row_of(table, b)?)))
-            .collect()
+        Ok(rows)
     }
 
     /// Visits rows with keys `>= from` (or `<= from` when `reverse`) until `f` returns false.
