@@ -1,6 +1,7 @@
 //! Pieces every engine's worker and recovery share: range scans and secondary lookups over the
 //! DRAM indexes, recovery phase timing, and parsing of the test-only fault names.
 
+use crate::catalog::TableId;
 use crate::engine::{RecoveryReport, TxError};
 use crate::index::{PrimaryIndex, SecondaryIndex};
 use std::time::Instant;
@@ -30,16 +31,17 @@ pub(crate) fn collect_scan_hits(
         .map_err(|e| TxError::Unsupported(format!("table {table_name}: {e}")))
 }
 
-/// Reads the row of every hit through the transaction (`read`, so the protocol sees each read)
-/// and hands it to `f` until `f` returns false. A key deleted since the index scan is skipped.
+/// Reads the row of every hit through the transaction (`read(key, addr, row)`, so the protocol
+/// sees each read; `addr` is what the index held, sparing a second lookup) and hands it to `f`
+/// until `f` returns false. A key deleted since the index scan is skipped.
 pub(crate) fn visit_hits(
     hits: &[(u64, u64)],
     row: &mut [u8],
-    mut read: impl FnMut(u64, &mut [u8]) -> Result<(), TxError>,
+    mut read: impl FnMut(u64, u64, &mut [u8]) -> Result<(), TxError>,
     f: &mut dyn FnMut(u64, &[u8]) -> bool,
 ) -> Result<(), TxError> {
-    for &(key, _) in hits {
-        match read(key, row) {
+    for &(key, addr) in hits {
+        match read(key, addr, row) {
             Ok(()) => {
                 if !f(key, row) {
                     break;
@@ -135,4 +137,86 @@ pub(crate) fn oldest_active_excluding(
         .map(|(_, a)| a.load(std::sync::atomic::Ordering::Acquire))
         .min()
         .unwrap_or(u64::MAX)
+}
+
+/// Finds a transaction's write by table and key in its write set: a linear scan of the first
+/// [`WriteLookup::LINEAR`] writes (cheapest for the short transactions that dominate), a hash
+/// map for the writes after them, so that a transaction with thousands of writes (a bulk load,
+/// TPC-C Delivery's ~130) does not pay a quadratic scan. The engine records each write's
+/// position as it appends it, and clears the lookup with the write set.
+#[derive(Default)]
+pub(crate) struct WriteLookup {
+    beyond: std::collections::HashMap<(TableId, u64), usize, BuildWriteKeyHasher>,
+}
+
+impl WriteLookup {
+    /// Writes found by a linear scan.
+    pub(crate) const LINEAR: usize = 16;
+
+    /// Records that the write at `position` is the one of (`table`, `key`).
+    #[inline]
+    pub(crate) fn record(&mut self, position: usize, table: TableId, key: u64) {
+        if position >= Self::LINEAR {
+            self.beyond.insert((table, key), position);
+        }
+    }
+
+    /// The position of the write of (`table`, `key`) among `len` writes, where `is_at(i)` says
+    /// whether write `i` is that one.
+    #[inline]
+    pub(crate) fn find(
+        &self,
+        len: usize,
+        table: TableId,
+        key: u64,
+        is_at: impl Fn(usize) -> bool,
+    ) -> Option<usize> {
+        (0..len.min(Self::LINEAR)).find(|&i| is_at(i)).or_else(|| {
+            if len > Self::LINEAR {
+                self.beyond.get(&(table, key)).copied()
+            } else {
+                None
+            }
+        })
+    }
+
+    /// Forgets every write (the transaction ended).
+    #[inline]
+    pub(crate) fn clear(&mut self) {
+        if !self.beyond.is_empty() {
+            self.beyond.clear();
+        }
+    }
+}
+
+/// Hashes write-set keys with [`crate::index::mix64`]: they come from the engine's own callers,
+/// and SipHash would cost more than the scan it replaces.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct BuildWriteKeyHasher;
+
+impl std::hash::BuildHasher for BuildWriteKeyHasher {
+    type Hasher = WriteKeyHasher;
+    fn build_hasher(&self) -> WriteKeyHasher {
+        WriteKeyHasher(0)
+    }
+}
+
+/// See [`BuildWriteKeyHasher`].
+pub(crate) struct WriteKeyHasher(u64);
+
+impl std::hash::Hasher for WriteKeyHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = crate::index::mix64(self.0.rotate_left(29) ^ n);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
 }

@@ -106,6 +106,8 @@ pub(crate) struct FalconWorker {
     /// TicToc: the rts of each tuple locked at commit.
     pub(super) locked_rts: Vec<u64>,
     pub(super) writes: Vec<WriteRec>,
+    /// Finds a write of `writes` by table and key.
+    write_lookup: common::WriteLookup,
     ranges: Vec<RangeRec>,
     data: Vec<u8>,
     payload: Vec<u8>,
@@ -161,6 +163,7 @@ impl FalconWorker {
             read_only: false,
             reads: Vec::new(),
             writes: Vec::new(),
+            write_lookup: common::WriteLookup::default(),
             ranges: Vec::new(),
             data: Vec::new(),
             payload: Vec::new(),
@@ -210,9 +213,18 @@ impl FalconWorker {
     }
 
     fn find_write(&self, table: TableId, key: u64) -> Option<usize> {
-        self.writes
-            .iter()
-            .position(|w| w.table == table && w.key == key)
+        let writes = &self.writes;
+        self.write_lookup.find(writes.len(), table, key, |i| {
+            writes[i].table == table && writes[i].key == key
+        })
+    }
+
+    /// Appends a write and makes it findable by [`find_write`](Self::find_write).
+    fn push_write(&mut self, write: WriteRec) -> usize {
+        let position = self.writes.len();
+        self.write_lookup.record(position, write.table, write.key);
+        self.writes.push(write);
+        position
     }
 
     pub(super) fn holds_read_lock(&self, tuple: u64) -> bool {
@@ -261,7 +273,7 @@ impl FalconWorker {
             || self.pool.read_u64(tuple + tuple::KEY) != key
         {
             // Keep the lock recorded so abort releases it.
-            self.writes.push(WriteRec {
+            self.push_write(WriteRec {
                 table,
                 key,
                 tuple,
@@ -288,6 +300,39 @@ impl FalconWorker {
             let (o, l, d) = (r.offset as usize, r.len as usize, r.data as usize);
             out[o..o + l].copy_from_slice(&self.data[d..d + l]);
         }
+    }
+
+    /// A protocol read of `key` in a table already checked (`read`, and the rows of a scan):
+    /// the transaction's own write wins, else the committed row at `tuple`, the address the
+    /// caller's index hit gave, or the index's.
+    fn read_from(
+        &mut self,
+        table: TableId,
+        key: u64,
+        tuple: Option<u64>,
+        out: &mut [u8],
+    ) -> Result<(), TxError> {
+        self.partition_lock(key)?;
+        if let Some(w) = self.find_write(table, key) {
+            let (kind, t) = (self.writes[w].kind, self.writes[w].tuple);
+            match kind {
+                WriteKind::Delete | WriteKind::Cancelled => {
+                    return Err(TxError::NotFound { table, key })
+                }
+                WriteKind::Insert => {}
+                WriteKind::Update => self.cc_read(t, key, table, out)?,
+            }
+            self.overlay(w, out);
+            return Ok(());
+        }
+        let t = match tuple {
+            Some(t) => t,
+            None => self.tables[table as usize]
+                .index
+                .get(key)
+                .ok_or(TxError::NotFound { table, key })?,
+        };
+        self.cc_read(t, key, table, out)
     }
 
     /// A free slot of `table` owned by this thread: a reclaimable deleted slot (§5.4), a free one,
@@ -341,6 +386,7 @@ impl FalconWorker {
         self.tictoc_rts.clear();
         self.locked_rts.clear();
         self.writes.clear();
+        self.write_lookup.clear();
         self.ranges.clear();
         self.data.clear();
         self.in_txn = false;
@@ -557,26 +603,9 @@ impl EngineWorker for FalconWorker {
 
     fn read(&mut self, table: TableId, key: u64, out: &mut [u8]) -> Result<(), TxError> {
         self.ensure_table(table)?;
-        self.partition_lock(key)?;
         let rt = &self.tables[table as usize];
         common::check_row_len(&rt.schema.name, rt.row, out.len(), "buffer")?;
-        if let Some(w) = self.find_write(table, key) {
-            let (kind, t) = (self.writes[w].kind, self.writes[w].tuple);
-            match kind {
-                WriteKind::Delete | WriteKind::Cancelled => {
-                    return Err(TxError::NotFound { table, key })
-                }
-                WriteKind::Insert => {}
-                WriteKind::Update => self.cc_read(t, key, table, out)?,
-            }
-            self.overlay(w, out);
-            return Ok(());
-        }
-        let t = self.tables[table as usize]
-            .index
-            .get(key)
-            .ok_or(TxError::NotFound { table, key })?;
-        self.cc_read(t, key, table, out)
+        self.read_from(table, key, None, out)
     }
 
     fn update(
@@ -617,7 +646,7 @@ impl EngineWorker for FalconWorker {
                 if locked {
                     self.lock_for_write(t, key, table)?;
                 }
-                self.writes.push(WriteRec {
+                self.push_write(WriteRec {
                     table,
                     key,
                     tuple: t,
@@ -667,7 +696,7 @@ impl EngineWorker for FalconWorker {
             return Err(TxError::DuplicateKey { table, key });
         }
         let t = self.alloc_slot(table)?;
-        self.writes.push(WriteRec {
+        self.push_write(WriteRec {
             table,
             key,
             tuple: t,
@@ -708,7 +737,7 @@ impl EngineWorker for FalconWorker {
         if locked {
             self.lock_for_write(t, key, table)?;
         }
-        self.writes.push(WriteRec {
+        self.push_write(WriteRec {
             table,
             key,
             tuple: t,
@@ -734,7 +763,12 @@ impl EngineWorker for FalconWorker {
         let result =
             common::collect_scan_hits(&rt.index, &rt.schema.name, from, reverse, limit, &mut hits)
                 .and_then(|()| {
-                    common::visit_hits(&hits, &mut row, |key, out| self.read(table, key, out), f)
+                    common::visit_hits(
+                        &hits,
+                        &mut row,
+                        |key, tuple, out| self.read_from(table, key, Some(tuple), out),
+                        f,
+                    )
                 });
         self.scratch = row;
         self.scan_hits = hits;

@@ -94,6 +94,8 @@ pub(crate) struct ZenWorker {
     /// OCC family: versions read, for validation. 2PL: entries read-locked.
     pub(super) reads: Vec<ReadRec>,
     pub(super) writes: Vec<WriteRec>,
+    /// Finds a write of `writes` by table and key.
+    write_lookup: common::WriteLookup,
     ranges: Vec<RangeRec>,
     data: Vec<u8>,
     /// New rows built at commit.
@@ -149,6 +151,7 @@ impl ZenWorker {
             pins: Vec::new(),
             reads: Vec::new(),
             writes: Vec::new(),
+            write_lookup: common::WriteLookup::default(),
             ranges: Vec::new(),
             data: Vec::new(),
             rows: Vec::new(),
@@ -239,9 +242,18 @@ impl ZenWorker {
     }
 
     fn find_write(&self, table: TableId, key: u64) -> Option<usize> {
-        self.writes
-            .iter()
-            .position(|w| w.table == table && w.key == key)
+        let writes = &self.writes;
+        self.write_lookup.find(writes.len(), table, key, |i| {
+            writes[i].table == table && writes[i].key == key
+        })
+    }
+
+    /// Appends a write and makes it findable by [`find_write`](Self::find_write).
+    fn push_write(&mut self, write: WriteRec) -> usize {
+        let position = self.writes.len();
+        self.write_lookup.record(position, write.table, write.key);
+        self.writes.push(write);
+        position
     }
 
     /// Finds the tuple's Met-Cache entry and pins it, bringing the NVM-tuple into this thread's
@@ -366,8 +378,7 @@ impl ZenWorker {
         self.max_seen = self.max_seen.max(e.cts().load(Ordering::Relaxed));
         if !e.is_current(key) {
             // Superseded under us: keep the lock recorded so that abort releases it.
-            self.writes
-                .push(WriteRec::new(table, key, r, WriteKind::Cancelled, true));
+            self.push_write(WriteRec::new(table, key, r, WriteKind::Cancelled, true));
             return Err(TxError::Conflict);
         }
         Ok(())
@@ -515,6 +526,7 @@ impl ZenWorker {
         self.reads.clear();
         self.cx.locked_rts.clear();
         self.writes.clear();
+        self.write_lookup.clear();
         self.ranges.clear();
         self.data.clear();
         self.rows.clear();
@@ -733,8 +745,7 @@ impl EngineWorker for ZenWorker {
                         .load(Ordering::Relaxed);
                     self.max_seen = self.max_seen.max(cts);
                 }
-                self.writes
-                    .push(WriteRec::new(table, key, r, WriteKind::Update, locked));
+                self.push_write(WriteRec::new(table, key, r, WriteKind::Update, locked));
                 self.writes.len() - 1
             }
         };
@@ -773,8 +784,7 @@ impl EngineWorker for ZenWorker {
             return Err(TxError::DuplicateKey { table, key });
         }
         self.accesses[table as usize] += 1;
-        self.writes
-            .push(WriteRec::new(table, key, 0, WriteKind::Insert, false));
+        self.push_write(WriteRec::new(table, key, 0, WriteKind::Insert, false));
         let w = self.writes.len() - 1;
         self.push_range(w, 0, row);
         Ok(())
@@ -802,8 +812,7 @@ impl EngineWorker for ZenWorker {
         if locked {
             self.lock_for_write(table, key, r)?;
         }
-        self.writes
-            .push(WriteRec::new(table, key, r, WriteKind::Delete, locked));
+        self.push_write(WriteRec::new(table, key, r, WriteKind::Delete, locked));
         Ok(())
     }
 
@@ -823,7 +832,7 @@ impl EngineWorker for ZenWorker {
         let result =
             common::collect_scan_hits(&rt.index, &rt.schema.name, from, reverse, limit, &mut hits)
                 .and_then(|()| {
-                    common::visit_hits(&hits, &mut row, |key, out| self.read(table, key, out), f)
+                    common::visit_hits(&hits, &mut row, |key, _, out| self.read(table, key, out), f)
                 });
         self.scratch = row;
         self.scan_hits = hits;
