@@ -13,6 +13,7 @@
 //! All indexes are safe to share between threads (`&self` methods). Every single-key operation is
 //! atomic with respect to the others on the same key; scans and `for_each` are not snapshots.
 
+mod btree;
 mod hash;
 mod ordered;
 mod primary;

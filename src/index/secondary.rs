@@ -2,47 +2,13 @@
 
 use std::fmt;
 
-use crossbeam_skiplist::SkipSet;
-
+use super::btree::BTree;
 use super::mix64;
 
 /// FNV-1a 64-bit offset basis.
 const FNV_OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
 /// FNV-1a 64-bit prime.
 const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
-
-/// Expected heap bytes of one crossbeam-skiplist node whose key and value together take
-/// `payload` bytes.
-///
-/// A node is `value, key, refcount-and-height word (8 bytes), tower of 8-byte pointers`, with a
-/// tower height `h` drawn as 1 + trailing zeros of a random word, i.e. P(h) = 2^-h capped at 32
-/// (mean 2). Each node is a separate allocation; glibc malloc adds an 8-byte header and rounds to
-/// 16 bytes (32 at least). The result is the expectation of that size over the height
-/// distribution: 53 bytes for a 16-byte payload, against 40 bytes for the mean node alone.
-const fn expected_skiplist_node_bytes(payload: usize) -> usize {
-    const MAX_HEIGHT: usize = 32;
-    const fn allocation(payload: usize, height: usize) -> usize {
-        let requested = payload + 8 + 8 * height;
-        let chunk = (requested + 8).div_ceil(16) * 16;
-        if chunk < 32 {
-            32
-        } else {
-            chunk
-        }
-    }
-    // Sum allocation(h) × 2^-h in fixed point with 31 fractional bits; the capped height 32
-    // carries the remaining mass 2^-31.
-    let mut total: u64 = allocation(payload, MAX_HEIGHT) as u64;
-    let mut height = 1;
-    while height < MAX_HEIGHT {
-        total += (allocation(payload, height) as u64) << (31 - height);
-        height += 1;
-    }
-    ((total + (1 << 30)) >> 31) as usize
-}
-
-/// Expected bytes per entry: a skiplist node keyed by two u64s with no value.
-const NODE_BYTES: usize = expected_skiplist_node_bytes(16);
 
 fn fnv1a(mut hash: u64, bytes: &[u8]) -> u64 {
     for &byte in bytes {
@@ -72,30 +38,30 @@ pub fn secondary_key(parts: &[&[u8]]) -> u64 {
 /// A non-unique ordered index of `(secondary key, primary key)` pairs.
 ///
 /// Secondary keys are usually [`secondary_key`] hashes of the indexed columns; several rows may
-/// share one. Built on a lock-free [`SkipSet`] ordered by `(secondary key, primary key)`, so a
-/// lookup is one seek followed by a forward walk, and every method is atomic per pair.
+/// share one. Built on the same optimistic B+-tree as [`OrderedIndex`](super::OrderedIndex),
+/// with two-word keys ordered by `(secondary key, primary key)`, so a lookup is one descent
+/// followed by a walk along a leaf, and every method is atomic per pair.
 pub struct SecondaryIndex {
-    entries: SkipSet<(u64, u64)>,
+    pairs: BTree<2>,
 }
 
 impl SecondaryIndex {
     /// Creates an empty index.
     pub fn new() -> Self {
         Self {
-            entries: SkipSet::new(),
+            pairs: BTree::new(),
         }
     }
 
     /// Adds the pair `(secondary_key, primary_key)`; adding a pair already present does nothing.
     pub fn insert(&self, secondary_key: u64, primary_key: u64) {
-        // get_or_insert leaves an existing node alone, where insert would replace it and briefly
-        // hide the pair from concurrent lookups.
-        self.entries.get_or_insert((secondary_key, primary_key));
+        // A pair present already is left alone (Err): the index is a set.
+        let _ = self.pairs.insert_new([secondary_key, primary_key], 0);
     }
 
     /// Removes the pair; returns whether it was present.
     pub fn remove(&self, secondary_key: u64, primary_key: u64) -> bool {
-        self.entries.remove(&(secondary_key, primary_key)).is_some()
+        self.pairs.remove([secondary_key, primary_key]).is_some()
     }
 
     /// Appends to `out` every primary key paired with `secondary_key`, in ascending order, and
@@ -103,42 +69,54 @@ impl SecondaryIndex {
     ///
     /// Not a snapshot: pairs inserted or removed concurrently may or may not be seen.
     pub fn lookup(&self, secondary_key: u64, out: &mut Vec<u64>) -> usize {
-        let before = out.len();
-        out.extend(
-            self.entries
-                .range((secondary_key, 0)..=(secondary_key, u64::MAX))
-                .map(|entry| entry.value().1),
-        );
-        out.len() - before
+        self.pairs.walk(
+            [secondary_key, 0],
+            false,
+            usize::MAX,
+            |[key, _]| key == secondary_key,
+            |[_, primary_key], _| {
+                out.push(primary_key);
+                true
+            },
+        )
     }
 
     /// Whether the pair is present.
     pub fn contains(&self, secondary_key: u64, primary_key: u64) -> bool {
-        self.entries.contains(&(secondary_key, primary_key))
+        self.pairs.get([secondary_key, primary_key]).is_some()
     }
 
     /// Number of pairs.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.pairs.len()
     }
 
     /// Whether the index holds no pairs.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.len() == 0
     }
 
     /// Removes every pair.
     pub fn clear(&self) {
-        self.entries.clear();
+        let mut pairs = Vec::new();
+        self.pairs.walk(
+            [0, 0],
+            false,
+            usize::MAX,
+            |_| true,
+            |pair, _| {
+                pairs.push(pair);
+                true
+            },
+        );
+        for pair in pairs {
+            self.pairs.remove(pair);
+        }
     }
 
-    /// Estimated DRAM bytes used by the index.
-    ///
-    /// Pairs × the expected skiplist node allocation (16-byte pair, refcount-and-height word and
-    /// on average two 8-byte tower pointers, plus malloc's header and rounding: 53 bytes), plus
-    /// the fixed skiplist head. Removed nodes awaiting epoch-based reclamation are not counted.
+    /// DRAM bytes used by the index: its tree's nodes plus the fixed part.
     pub fn memory_bytes(&self) -> usize {
-        std::mem::size_of::<Self>() + self.len() * NODE_BYTES
+        std::mem::size_of::<Self>() + self.pairs.memory_bytes()
     }
 }
 
@@ -160,12 +138,6 @@ impl fmt::Debug for SecondaryIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn node_estimate_matches_the_hand_computed_expectation() {
-        // h=1: 48 B × 1/2, h=2: 48 × 1/4, h=3: 64 × 1/8, h=4: 64 × 1/16, h=5: 80 × 1/32, ...
-        assert_eq!(expected_skiplist_node_bytes(16), 53);
-    }
 
     fn lookup(index: &SecondaryIndex, secondary_key: u64) -> Vec<u64> {
         let mut out = Vec::new();
