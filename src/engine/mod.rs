@@ -264,6 +264,12 @@ pub trait EngineWorker: Send {
     fn insert(&mut self, table: TableId, key: u64, row: &[u8]) -> Result<(), TxError>;
     /// Deletes the row with `key`.
     fn delete(&mut self, table: TableId, key: u64) -> Result<(), TxError>;
+    /// Hints that the transaction will read or write the rows with `keys` soon: the engine may
+    /// start loading their index entries and tuples so that the misses overlap instead of
+    /// following one another. No effect on the transaction's result; the default does nothing.
+    fn prefetch(&mut self, table: TableId, keys: &[u64]) {
+        let _ = (table, keys);
+    }
     /// Visits rows with keys `>= from` (or `<= from` when `reverse`) in key order, at most `limit`,
     /// until `f` returns false. Needs an ordered primary index.
     fn scan(

@@ -105,6 +105,16 @@ impl PrimaryIndex {
         forward!(self.get(key))
     }
 
+    /// Starts loading what a lookup of `key` will read, so that a transaction that knows its
+    /// keys can overlap the misses: the bucket of a hash index. An ordered index has no single
+    /// place to prefetch (its lookup is a descent), so this does nothing there.
+    #[inline]
+    pub fn prefetch(&self, key: u64) {
+        if let Self::Hash(index) = self {
+            index.prefetch(key);
+        }
+    }
+
     /// Inserts `key → addr` only if `key` is absent; otherwise returns the address already stored.
     #[inline]
     pub fn insert_new(&self, key: u64, addr: u64) -> Result<(), u64> {

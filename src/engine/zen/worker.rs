@@ -700,6 +700,18 @@ impl EngineWorker for ZenWorker {
         self.cc_read(table, key, out)
     }
 
+    /// The index buckets of the keys: where each entry lives (Met-Cache or NVM) is known only
+    /// after the lookup, which `locate` does anyway.
+    fn prefetch(&mut self, table: TableId, keys: &[u64]) {
+        if self.ensure_table(table).is_err() {
+            return;
+        }
+        let rt = &self.tables[table as usize];
+        for &key in keys {
+            rt.index.prefetch(key);
+        }
+    }
+
     fn update(
         &mut self,
         table: TableId,

@@ -267,6 +267,15 @@ pub fn new_order(
         keys::order(w, d, o_id),
         &[Value::U64(o_id), Value::U64(d), Value::U64(w)],
     )?;
+    // Every item and stock row is known now: start their misses together.
+    let items: smallvec::SmallVec<[u64; 15]> = input.lines.iter().map(|l| l.item).collect();
+    let stocks: smallvec::SmallVec<[u64; 15]> = input
+        .lines
+        .iter()
+        .map(|l| keys::stock(l.supply_w, l.item))
+        .collect();
+    tx.prefetch(t.item, &items);
+    tx.prefetch(t.stock, &stocks);
     let mut out = Vec::with_capacity(input.lines.len());
     let mut sum = 0i64;
     for (n, line) in input.lines.iter().enumerate() {
@@ -696,9 +705,13 @@ pub fn stock_level(tx: &mut Tx<'_>, t: &Tpcc, input: &StockLevelInput) -> Result
     )?;
     items.sort_unstable();
     items.dedup();
+    for item in items.iter_mut() {
+        *item = keys::stock(w, *item);
+    }
+    tx.prefetch(t.stock, &items);
     let mut low = 0;
-    for i in items {
-        if tx.get(t.stock, keys::stock(w, i))?.i64(stock::QUANTITY) < input.threshold {
+    for &stock_key in &items {
+        if tx.get_ref(t.stock, stock_key)?.i64(stock::QUANTITY) < input.threshold {
             low += 1;
         }
     }

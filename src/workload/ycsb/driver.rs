@@ -91,6 +91,10 @@ pub struct YcsbDriver<'db> {
     ops: Vec<Op>,
     row: Vec<u8>,
     field: Vec<u8>,
+    /// A whole record of `field` copies, for whole-record updates.
+    whole: Vec<u8>,
+    /// The keys of the current transaction's point operations, prefetched together.
+    keys: Vec<u64>,
     version: u64,
     field_len: usize,
     field_count: u32,
@@ -127,6 +131,8 @@ impl<'db> YcsbDriver<'db> {
             ops: Vec::new(),
             row: vec![0u8; row_len],
             field: vec![0u8; workload.field_len],
+            whole: Vec::with_capacity(row_len),
+            keys: Vec::new(),
             version: 0,
             field_len: workload.field_len,
             field_count: workload.field_count,
@@ -150,7 +156,18 @@ impl<'db> YcsbDriver<'db> {
         let ops = &self.ops;
         let row = &mut self.row;
         let field = &mut self.field;
+        let whole = &mut self.whole;
+        let keys = &mut self.keys;
+        keys.clear();
+        keys.extend(ops.iter().filter_map(|op| match *op {
+            Op::Read { key } | Op::Update { key, .. } | Op::ReadModifyWrite { key, .. } => {
+                Some(key)
+            }
+            Op::Insert { .. } | Op::Scan { .. } => None,
+        }));
         let outcome = self.worker.run_counted(read_only, |tx| {
+            // The transaction's keys are known up front: overlap their misses.
+            tx.prefetch(table, keys);
             for op in ops {
                 match *op {
                     Op::Read { key } => tx.read_into(table, key, row)?,
@@ -169,13 +186,16 @@ impl<'db> YcsbDriver<'db> {
                                 tx.update_bytes(table, key, &[w])?;
                             }
                             None => {
-                                let writes: Vec<FieldWrite<'_>> = (0..field_count as usize)
-                                    .map(|i| FieldWrite {
-                                        offset: i * field_len,
-                                        bytes: &field[..],
-                                    })
-                                    .collect();
-                                tx.update_bytes(table, key, &writes)?;
+                                // The whole record, every field set to `field`: one write.
+                                whole.clear();
+                                for _ in 0..field_count {
+                                    whole.extend_from_slice(field);
+                                }
+                                let w = FieldWrite {
+                                    offset: 0,
+                                    bytes: whole,
+                                };
+                                tx.update_bytes(table, key, &[w])?;
                             }
                         }
                     }
