@@ -126,11 +126,14 @@ fn io_err<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(std::io::Error) -
     }
 }
 
-/// Where a pool goes when the caller gives no path: a new file under /dev/shm when it exists (DRAM
-/// standing in for PM), else under the temporary directory.
+/// Where a pool goes when the caller gives no path: a new file in `$PMTX_SCRATCH_DIR` when that is
+/// set, else under /dev/shm when it exists (DRAM standing in for PM), else under the temporary
+/// directory.
 pub fn default_pool_path(layout: &str) -> PathBuf {
     let shm = Path::new("/dev/shm");
-    let dir = if shm.is_dir() {
+    let dir = if let Some(dir) = std::env::var_os("PMTX_SCRATCH_DIR") {
+        PathBuf::from(dir)
+    } else if shm.is_dir() {
         shm.to_path_buf()
     } else {
         std::env::temp_dir()

@@ -194,4 +194,25 @@ mod tests {
             .unwrap();
         assert!(check(&db, 50).unwrap_err().contains("negative"));
     }
+
+    #[test]
+    fn a_load_of_several_batches_is_checked_only_once_complete() {
+        let accounts = 2 * LOAD_BATCH + 7;
+        let db = Db::create(DbConfig::default().pool_size(32 << 20)).unwrap();
+        load(&db, accounts).unwrap();
+        check(&db, accounts).unwrap();
+        let marker = db.table("bank_loaded").unwrap();
+        let rows = db.check_structure().unwrap();
+        assert_eq!(rows[marker as usize], 1);
+        assert!(check(&db, accounts + 1).unwrap_err().contains("marker"));
+        assert!(load(&db, MAX_ACCOUNTS + 1).is_err());
+
+        // A load stopped between batches (no marker yet) promised nothing.
+        let db = Db::create(DbConfig::default().pool_size(32 << 20)).unwrap();
+        let table = db.create_table(schema()).unwrap();
+        db.create_table(loaded_schema()).unwrap();
+        db.run(|tx| tx.insert(table, 0, &[Value::I64(INITIAL_BALANCE), Value::U64(0)]))
+            .unwrap();
+        check(&db, accounts).unwrap();
+    }
 }
