@@ -285,7 +285,7 @@ fn bench_bank_reports_its_check() {
 fn a_signal_removes_the_scratch_pool() {
     for signal in ["TERM", "INT"] {
         let scratch = common::pool_dir();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_pmtx"))
+        let child = Command::new(env!("CARGO_BIN_EXE_pmtx"))
             .args(["bench", "bank", "--duration", "60", "--warmup", "0"])
             .env("PMTX_SCRATCH_DIR", scratch.path())
             .stdout(Stdio::null())
