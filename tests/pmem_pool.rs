@@ -137,10 +137,10 @@ fn a_missing_path_is_not_found() {
 #[test]
 fn a_directory_or_a_foreign_file_is_not_a_pool() {
     let dir = tempfile::tempdir().unwrap();
-    assert!(matches!(
-        Pool::open(dir.path(), &opts("falcon")),
-        Err(PoolError::NotAPool { .. })
-    ));
+    // Named for what it is (issue 22): not "not a pmtx pool".
+    let err = Pool::open(dir.path(), &opts("falcon")).unwrap_err();
+    assert!(matches!(err, PoolError::IsADirectory { .. }), "{err}");
+    assert!(err.to_string().contains("is a directory"), "{err}");
     let path = dir.path().join("notes.txt");
     std::fs::write(
         &path,

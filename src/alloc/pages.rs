@@ -101,6 +101,12 @@ pub struct PageManager {
 }
 
 impl PageManager {
+    /// The largest pool whose every page the page table can describe (about 510 GiB): bytes
+    /// beyond it would never be used.
+    pub const fn max_pool_size() -> u64 {
+        (MAX_PAGES + 1) * PAGE_SIZE
+    }
+
     /// Pages that fit in a pool of `size` bytes.
     pub fn pages_for(size: u64) -> u64 {
         (size / PAGE_SIZE).saturating_sub(1).min(MAX_PAGES)

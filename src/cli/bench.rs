@@ -95,7 +95,7 @@ pub struct YcsbArgs {
 pub struct BankArgs {
     #[command(flatten)]
     pub common: CommonArgs,
-    /// Accounts (opened in one transaction).
+    /// Accounts (opened in batches; the load counts only once complete, see `workload::bank`).
     #[arg(long, default_value_t = 10_000)]
     pub accounts: u64,
     /// Check the invariant (total balance, no negative balance) after the run.
@@ -166,7 +166,7 @@ impl CommonArgs {
     /// `(round, threads, engine)` in run order: rounds outermost, so repeats interleave.
     pub(crate) fn plan(&self) -> Vec<(usize, usize, EngineKind)> {
         let mut plan = Vec::new();
-        for round in 0..self.repeat.max(1) {
+        for round in 0..self.repeat {
             for &threads in &self.threads {
                 for engine in self.engines() {
                     plan.push((round, threads, engine));
@@ -240,7 +240,8 @@ pub(crate) fn finish(common: &CommonArgs, reports: &mut [RunReport]) -> CliResul
         }
     }
     if let Some(path) = &common.json {
-        bench::write_json(reports, path)?;
+        bench::write_json(reports, path)
+            .map_err(|e| format!("--json {}: cannot write: {e}", path.display()))?;
     }
     Ok(())
 }
@@ -248,11 +249,20 @@ pub(crate) fn finish(common: &CommonArgs, reports: &mut [RunReport]) -> CliResul
 fn run_bank(args: BankArgs) -> CliResult {
     let common = args.common.clone();
     check_common(&common)?;
-    if args.accounts < 2 {
-        return Err("--accounts must be at least 2".into());
+    if args.accounts < 2 || args.accounts > crate::workload::bank::MAX_ACCOUNTS {
+        return Err(format!(
+            "--accounts must be between 2 and {}",
+            crate::workload::bank::MAX_ACCOUNTS
+        )
+        .into());
     }
     let max_threads = common.threads.iter().copied().max().unwrap_or(1) + 1;
-    let pool_size = args.accounts * 64 * 2 + (32 + 8 * max_threads as u64) * (2 << 20);
+    let pool_size = pool_size_for(
+        &format!("--accounts {}", args.accounts),
+        args.accounts
+            .checked_mul(64 * 2)
+            .and_then(|b| b.checked_add((32 + 8 * max_threads as u64) * crate::alloc::PAGE_SIZE)),
+    )?;
     let mut reports = Vec::new();
     for (round, threads, engine) in common.plan() {
         let db = Db::create(common.db_config(engine, threads, pool_size))?;
@@ -264,6 +274,11 @@ fn run_bank(args: BankArgs) -> CliResult {
         if args.check {
             crate::workload::bank::check(&db, args.accounts)
                 .map_err(|e| format!("bank invariant violated: {e}"))?;
+            eprintln!(
+                "{engine}, {threads} thr: bank check passed ({} accounts, total balance {}, none negative)",
+                args.accounts,
+                i128::from(args.accounts) * i128::from(crate::workload::bank::INITIAL_BALANCE)
+            );
         }
         let params = serde_json::json!({ "accounts": args.accounts, "pool_bytes": pool_size, "round": round });
         let domain = common.domain_of(engine);
@@ -317,7 +332,17 @@ fn run_ycsb(args: YcsbArgs) -> CliResult {
     let slot = crate::engine::falcon::layout::tuple::slot_size(row as usize);
     // Room for the records, YCSB-D/E inserts, per-thread pages and windows.
     let max_threads = common.threads.iter().copied().max().unwrap_or(1) + 1;
-    let pool_size = (args.records * slot) * 3 / 2 + (64 + 8 * max_threads as u64) * (2 << 20);
+    if args.records == 0 {
+        return Err("--records must be at least 1".into());
+    }
+    let pool_size = pool_size_for(
+        &format!("--records {}", args.records),
+        args.records
+            .checked_mul(slot)
+            .and_then(|b| b.checked_mul(3))
+            .map(|b| b / 2)
+            .and_then(|b| b.checked_add((64 + 8 * max_threads as u64) * crate::alloc::PAGE_SIZE)),
+    )?;
     let mut reports: Vec<RunReport> = Vec::new();
     for (round, threads, engine) in common.plan() {
         let mut config = common.db_config(engine, threads, pool_size);
@@ -396,14 +421,80 @@ pub(crate) fn check_common(common: &CommonArgs) -> CliResult {
     if common.threads.iter().any(|&t| t == 0 || t > 255) {
         return Err("--threads must be between 1 and 255".into());
     }
-    if common.duration.is_nan()
-        || common.duration <= 0.0
-        || common.warmup.is_nan()
-        || common.warmup < 0.0
-    {
-        return Err("--duration must be positive and --warmup not negative".into());
+    // Finite and at most a day: `Duration::from_secs_f64` panics on inf or 1e300, and pool sizes
+    // grow with the run time.
+    if !(common.duration > 0.0 && common.duration <= MAX_RUN_SECONDS) {
+        return Err(format!(
+            "--duration must be more than 0 and at most {MAX_RUN_SECONDS} seconds, not {:?}",
+            common.duration
+        )
+        .into());
+    }
+    if !(common.warmup >= 0.0 && common.warmup <= MAX_RUN_SECONDS) {
+        return Err(format!(
+            "--warmup must be 0 to {MAX_RUN_SECONDS} seconds, not {:?}",
+            common.warmup
+        )
+        .into());
+    }
+    if common.repeat == 0 {
+        return Err("--repeat must be at least 1".into());
+    }
+    if common.hot_tuples > crate::engine::MAX_HOT_TUPLES {
+        return Err(format!(
+            "--hot-tuples must be at most {}",
+            crate::engine::MAX_HOT_TUPLES
+        )
+        .into());
+    }
+    if common.partitions == 0 || common.partitions > crate::engine::MAX_PARTITIONS {
+        return Err(format!(
+            "--partitions must be between 1 and {}",
+            crate::engine::MAX_PARTITIONS
+        )
+        .into());
+    }
+    if let Some(path) = &common.json {
+        check_output_path(path, "--json")?;
     }
     Ok(())
+}
+
+/// Longest `--duration` and `--warmup`: one day.
+pub(crate) const MAX_RUN_SECONDS: f64 = 86_400.0;
+
+/// Checks before a long run that `path` can be written at its end: its directory exists, and it
+/// is not itself a directory.
+pub(crate) fn check_output_path(path: &std::path::Path, flag: &str) -> CliResult {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    if !dir.is_dir() {
+        return Err(format!(
+            "{flag} {}: the directory {} does not exist",
+            path.display(),
+            dir.display()
+        )
+        .into());
+    }
+    if path.is_dir() {
+        return Err(format!("{flag} {}: is a directory", path.display()).into());
+    }
+    Ok(())
+}
+
+/// A pool size computed from command-line numbers: checked arithmetic, and no larger than the
+/// page manager can use (larger pools would only end in "persistent memory is full").
+pub(crate) fn pool_size_for(what: &str, bytes: Option<u64>) -> Result<u64, String> {
+    let max = crate::alloc::PageManager::max_pool_size().min(crate::pmem::MAX_POOL_SIZE);
+    match bytes {
+        Some(b) if b <= max => Ok(b),
+        _ => Err(format!(
+            "{what} needs a pool of more than {} ({max} bytes), the largest pmtx can use",
+            super::human_bytes(max)
+        )),
+    }
 }
 
 /// Sets every report's ratio to the volatile run among them (same thread count).

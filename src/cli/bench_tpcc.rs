@@ -91,13 +91,22 @@ pub(crate) fn run(args: Args) -> CliResult {
     // thread-second), plus per-thread pages and log windows.
     let seconds = (common.duration + common.warmup).ceil() as u64;
     let pool_size = match args.pool_mib {
-        Some(m) if m > 0 => m << 20,
-        Some(_) => return Err("--pool-mib must be positive".into()),
-        None => {
-            loaded_bytes(&config) * 5 / 4
-                + seconds * max_threads as u64 * (40 << 20)
-                + (64 + 8 * (max_threads + args.load_threads) as u64) * (2 << 20)
+        Some(m) if m > 0 => {
+            super::bench::pool_size_for(&format!("--pool-mib {m}"), m.checked_mul(1 << 20))?
         }
+        Some(_) => return Err("--pool-mib must be positive".into()),
+        None => super::bench::pool_size_for(
+            &format!(
+                "{} warehouses for {seconds} s on {max_threads} threads",
+                args.warehouses
+            ),
+            (|| {
+                (loaded_bytes(&config) / 4)
+                    .checked_mul(5)?
+                    .checked_add(seconds.checked_mul(max_threads as u64 * (40 << 20))?)?
+                    .checked_add((64 + 8 * (max_threads + args.load_threads) as u64) * (2 << 20))
+            })(),
+        )?,
     };
     let mut reports = Vec::new();
     for (round, threads, engine) in common.plan() {

@@ -84,6 +84,10 @@ pub(crate) fn run(args: Args) -> CliResult {
         }
         return Ok(());
     }
+    check_counts(&args)?;
+    if let Some(path) = &args.json {
+        super::bench::check_output_path(path, "--json")?;
+    }
     let mut cfg = CrashTestConfig::new(args.engine, args.domain, args.workload);
     cfg.protocol = args.cc;
     cfg.images = args.images;
@@ -102,6 +106,7 @@ pub(crate) fn run(args: Args) -> CliResult {
     }
     if let Some(kills) = args.real_kills {
         let dir = tempfile_dir()?;
+        crate::pmem::scratch::register(&dir);
         let report = realkill::run(&RealKillConfig {
             test: cfg,
             kills,
@@ -111,10 +116,12 @@ pub(crate) fn run(args: Args) -> CliResult {
             max_delay_ms: 600,
         });
         let _ = std::fs::remove_dir_all(&dir);
+        crate::pmem::scratch::unregister(&dir);
         let report = report?;
         out!("{}", report.render());
         if let Some(path) = &args.json {
-            std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
+            std::fs::write(path, serde_json::to_string_pretty(&report)?)
+                .map_err(|e| format!("--json {}: cannot write: {e}", path.display()))?;
         }
         if report.total_violations() > 0 {
             return Err(format!(
@@ -128,7 +135,8 @@ pub(crate) fn run(args: Args) -> CliResult {
     let report = crashtest::run(&cfg)?;
     out!("{}", report.render());
     if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .map_err(|e| format!("--json {}: cannot write: {e}", path.display()))?;
     }
     if report.total_violations() > 0 {
         return Err(format!(
@@ -137,6 +145,23 @@ pub(crate) fn run(args: Args) -> CliResult {
             report.images
         )
         .into());
+    }
+    Ok(())
+}
+
+/// Refuses counts that would test nothing (and exit 0 as if all were well).
+fn check_counts(args: &Args) -> CliResult {
+    if args.real_kills == Some(0) {
+        return Err("--real-kills must be at least 1".into());
+    }
+    if args.images == 0 && args.event.is_none() && !args.exhaustive {
+        return Err("--images must be at least 1".into());
+    }
+    if args.images_per_point == 0 {
+        return Err("--images-per-point must be at least 1".into());
+    }
+    if args.txns == 0 {
+        return Err("--txns must be at least 1".into());
     }
     Ok(())
 }

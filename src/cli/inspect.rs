@@ -27,6 +27,17 @@ pub(crate) fn run(args: InspectArgs) -> CliResult {
             Pool::open_read_only(&args.pool)?,
             Some("in use by another process: mapped read-only, no lock taken"),
         ),
+        // A file (or file system) this user may not write: inspecting needs no write access.
+        Err(PoolError::Io {
+            op: "open", source, ..
+        }) if source.kind() == std::io::ErrorKind::PermissionDenied
+            || source.raw_os_error() == Some(libc::EROFS) =>
+        {
+            (
+                Pool::open_read_only(&args.pool)?,
+                Some("not writable here: mapped read-only, no lock taken"),
+            )
+        }
         Err(e) => return Err(e.into()),
     };
     let info = pool.info();

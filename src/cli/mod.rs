@@ -75,6 +75,7 @@ pub enum Command {
 /// Parses the process arguments and runs the command; errors are printed and give exit status 1.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    remove_scratch_files_on_signals();
     let result = match cli.command {
         Command::Inspect(args) => inspect::run(args),
         Command::Demo(args) => demo::run(args),
@@ -86,14 +87,41 @@ pub fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("pmtx: error: {e}");
-            let mut source = e.source();
-            while let Some(cause) = source {
-                eprintln!("  caused by: {cause}");
-                source = cause.source();
-            }
+            eprint!("{}", error_report(&*e));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The error and its chain of causes, one line each; a cause whose text the line before already
+/// shows (as `"open failed: {source}"` does) is not repeated.
+pub(crate) fn error_report(e: &dyn std::error::Error) -> String {
+    let mut report = format!("pmtx: error: {e}\n");
+    let mut shown = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !shown.contains(&text) {
+            report.push_str(&format!("  caused by: {text}\n"));
+        }
+        shown = text;
+        source = cause.source();
+    }
+    report
+}
+
+/// SIGINT, SIGTERM and SIGHUP end the process without running destructors: remove the scratch
+/// pools and directories first (`pmem::scratch`), then exit as a signalled process would (130).
+fn remove_scratch_files_on_signals() {
+    let installed = ctrlc::set_handler(|| {
+        let removed = crate::pmem::scratch::remove_all();
+        if removed > 0 {
+            eprintln!("pmtx: interrupted: removed {removed} scratch pool(s)");
+        }
+        std::process::exit(130);
+    });
+    if let Err(e) = installed {
+        eprintln!("pmtx: warning: no signal handler ({e}): an interrupted run may leave scratch pools in /dev/shm");
     }
 }
 
@@ -126,5 +154,36 @@ mod tests {
         Cli::command().debug_assert();
         assert_eq!(human_bytes(512), "512 B");
         assert_eq!(human_bytes(3 << 20), "3.0 MiB");
+    }
+
+    #[test]
+    fn an_error_chain_prints_each_cause_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::PermissionDenied, "Permission denied");
+        let e = crate::pmem::PoolError::Io {
+            path: "/p".into(),
+            op: "open",
+            source: io,
+        };
+        assert_eq!(
+            error_report(&e),
+            "pmtx: error: pool /p: open failed: Permission denied\n"
+        );
+        #[derive(Debug)]
+        struct Loading(std::io::Error);
+        impl std::fmt::Display for Loading {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("loading failed")
+            }
+        }
+        impl std::error::Error for Loading {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let e = Loading(std::io::Error::other("disk on fire"));
+        assert_eq!(
+            error_report(&e),
+            "pmtx: error: loading failed\n  caused by: disk on fire\n"
+        );
     }
 }

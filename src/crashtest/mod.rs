@@ -126,6 +126,10 @@ pub struct CrashTestConfig {
     pub fault: Option<InjectedFault>,
 }
 
+/// Log-ring slots per thread of an inp database under test (see `CrashTestConfig::db_config`):
+/// few enough that the default 24 transactions per thread go round the ring several times.
+pub const INP_CRASH_RING_SLOTS: usize = 4;
+
 impl CrashTestConfig {
     /// Defaults: 2000 images, seed 1, one thread, 24 transactions, 4 images per crash point,
     /// a crashed recovery every 16 images, 4 liveness transactions.
@@ -164,6 +168,13 @@ impl CrashTestConfig {
         }
         c.max_retries = 100_000;
         c.pool_size = self.pool_size(tables);
+        if self.engine == EngineKind::Inp {
+            // Inp's 256-slot log ring would not wrap in a run of a few dozen transactions, so no
+            // slot would ever be reused: a fault that shows only on a reused slot (commit-mark-first
+            // makes a stale payload look committed) would go unseen. A long run reuses every slot;
+            // a small ring makes a short one do so too.
+            c.window_slots = Some(INP_CRASH_RING_SLOTS);
+        }
         c
     }
 
@@ -189,6 +200,11 @@ impl CrashTestConfig {
         }
         if let Some(f) = self.fault {
             f.check(self.engine).map_err(CrashTestError::Unsupported)?;
+        }
+        if self.images_per_point == 0 || self.txns_per_thread == 0 {
+            return Err(CrashTestError::Unsupported(
+                "images per crash point and transactions per thread must be at least 1".into(),
+            ));
         }
         Ok(())
     }
@@ -677,7 +693,7 @@ pub fn run(cfg: &CrashTestConfig) -> Result<CrashTestReport, CrashTestError> {
     let mut rng = StdRng::seed_from_u64(cfg.seed);
     let mut recovery_ms = Vec::new();
     let mut next_exhaustive = first_event;
-    let per_point = cfg.images_per_point.max(1);
+    let per_point = cfg.images_per_point;
     loop {
         let point = if let Some(e) = cfg.event {
             if report.crash_points > 0 {

@@ -239,9 +239,36 @@ impl Db {
         let pool = if create {
             Pool::create(config.path.as_deref(), config.pool_size, &opts)?
         } else {
-            Pool::open(config.path.as_deref().expect("checked by open"), &opts)?
+            Pool::open(config.path.as_deref().expect("checked by open"), &opts)
+                .map_err(|e| Self::name_the_engines(e, config.engine))?
         };
         Self::engine_on(Arc::new(pool), config, create)
+    }
+
+    /// A layout mismatch named in engines, not layouts: "--engine inp" on a Zen pool must not
+    /// say that 'falcon' was requested.
+    fn name_the_engines(e: crate::pmem::PoolError, requested: EngineKind) -> DbError {
+        match e {
+            crate::pmem::PoolError::LayoutMismatch { path, found, .. } => {
+                let engines_of = |layout: &str| {
+                    EngineKind::ALL
+                        .into_iter()
+                        .filter(|k| k.layout() == layout)
+                        .map(EngineKind::name)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
+                let written_by = engines_of(&found);
+                DbError::Config(format!(
+                    "pool {} was created with the {found} layout (engines: {}); engine {requested} \
+                     opens {} pools only",
+                    path.display(),
+                    if written_by.is_empty() { "none of this build" } else { &written_by },
+                    requested.layout()
+                ))
+            }
+            other => other.into(),
+        }
     }
 
     fn engine_on(

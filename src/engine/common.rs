@@ -220,3 +220,18 @@ impl std::hash::Hasher for WriteKeyHasher {
         self.0
     }
 }
+
+/// Most hot tuples Falcon tracks per thread (`hot_tuples`): each costs DRAM in every worker.
+pub const MAX_HOT_TUPLES: usize = 1 << 20;
+/// Most `hstore` partitions (`CcOptions::partitions`): each is one lock word in DRAM.
+pub const MAX_PARTITIONS: usize = 1 << 20;
+
+/// Checks the partition count of `hstore` (both engines).
+pub(crate) fn check_partitions(partitions: usize) -> Result<(), super::DbError> {
+    if partitions == 0 || partitions > MAX_PARTITIONS {
+        return Err(super::DbError::Config(format!(
+            "hstore needs 1 to {MAX_PARTITIONS} partitions, not {partitions}"
+        )));
+    }
+    Ok(())
+}

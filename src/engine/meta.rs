@@ -55,3 +55,33 @@ pub(crate) fn format(pool: &Pool, layout: &MetaLayout<'_>) -> Result<(PageManage
     pool.set_root(meta_page)?;
     Ok((pages, meta_page))
 }
+
+/// The meta page named by the pool root, checked before anything is read through it: the root is
+/// a word in PM, and a corrupt one (zero, misaligned, past the end) must give an error, not a
+/// misaligned or out-of-range PM access.
+pub(crate) fn root_meta_page(pool: &Pool, engine: &str) -> Result<u64, DbError> {
+    let meta_page = pool.root();
+    if meta_page == 0 {
+        return Err(DbError::Corrupt(format!(
+            "the pool has no root: it was never formatted for {engine}"
+        )));
+    }
+    if meta_page % crate::alloc::PAGE_SIZE != 0 {
+        return Err(DbError::Corrupt(format!(
+            "the pool root {meta_page} is not the start of a 2 MiB page: the root word is corrupt"
+        )));
+    }
+    pool.check_range(meta_page, crate::alloc::PAGE_SIZE)
+        .map_err(|e| DbError::Corrupt(format!("the pool root is corrupt: {e}")))?;
+    Ok(meta_page)
+}
+
+/// Checks the catalog slot size recorded in a meta page against the one this build writes.
+pub(crate) fn check_catalog_slot(recorded: u64, expected: u64) -> Result<(), DbError> {
+    if recorded != expected {
+        return Err(DbError::Corrupt(format!(
+            "the meta page records catalog slots of {recorded} bytes, but this layout uses {expected}"
+        )));
+    }
+    Ok(())
+}

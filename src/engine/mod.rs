@@ -13,6 +13,7 @@
 //!   asynchronous (DUDETx): for the others it is the last commit that returned.
 
 mod common;
+pub use common::{MAX_HOT_TUPLES, MAX_PARTITIONS};
 pub mod falcon;
 mod meta;
 pub mod zen;

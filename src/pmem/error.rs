@@ -33,6 +33,12 @@ pub enum PoolError {
         #[source]
         source: std::io::Error,
     },
+    /// The path names a directory, not a pool file.
+    #[error("{path} is a directory, not a pool file")]
+    IsADirectory {
+        /// The path concerned.
+        path: PathBuf,
+    },
     /// The file does not start with the pool magic.
     #[error("{path} is not a pmtx pool (no pool magic in its first bytes)")]
     NotAPool {
@@ -80,7 +86,7 @@ pub enum PoolError {
         file: u64,
     },
     /// The pool was created for another engine (layout) than the one requested.
-    #[error("pool {path} holds layout '{found}', but '{expected}' was requested")]
+    #[error("pool {path} holds layout '{found}', but layout '{expected}' was requested (pick the engine the pool was created with)")]
     LayoutMismatch {
         /// The file concerned.
         path: PathBuf,

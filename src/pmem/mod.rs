@@ -23,6 +23,7 @@ pub mod error;
 pub mod header;
 mod mapping;
 mod pool;
+pub mod scratch;
 pub mod stats;
 
 pub use cpu::{prefetch, FlushInstruction, CACHE_LINE};
@@ -30,5 +31,7 @@ pub use crashsim::{CrashImage, CrashSim, CrashState, CrashTrigger, OnCrash, Simu
 pub use domain::PersistenceDomain;
 pub use error::{PoolError, PoolResult};
 pub use mapping::{retain_freed_memory, MappingKind};
-pub use pool::{default_pool_path, CrashSimOptions, Pool, PoolInfo, PoolOptions, MIN_POOL_SIZE};
+pub use pool::{
+    default_pool_path, CrashSimOptions, Pool, PoolInfo, PoolOptions, MAX_POOL_SIZE, MIN_POOL_SIZE,
+};
 pub use stats::PmStats;

@@ -17,6 +17,9 @@ use std::sync::Arc;
 
 /// The smallest pool: the reserved header page plus room to work.
 pub const MIN_POOL_SIZE: u64 = 64 * 1024;
+/// The largest pool: 64 TiB (file offsets are signed 64-bit, and a mapping must fit in the
+/// 47-bit user address space with room to spare).
+pub const MAX_POOL_SIZE: u64 = 1 << 46;
 
 /// How to create or open a pool.
 #[derive(Clone, Debug)]
@@ -123,11 +126,14 @@ fn io_err<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(std::io::Error) -
     }
 }
 
-/// Where a pool goes when the caller gives no path: a new file under /dev/shm when it exists (DRAM
-/// standing in for PM), else under the temporary directory.
+/// Where a pool goes when the caller gives no path: a new file in `$PMTX_SCRATCH_DIR` when that is
+/// set, else under /dev/shm when it exists (DRAM standing in for PM), else under the temporary
+/// directory.
 pub fn default_pool_path(layout: &str) -> PathBuf {
     let shm = Path::new("/dev/shm");
-    let dir = if shm.is_dir() {
+    let dir = if let Some(dir) = std::env::var_os("PMTX_SCRATCH_DIR") {
+        PathBuf::from(dir)
+    } else if shm.is_dir() {
         shm.to_path_buf()
     } else {
         std::env::temp_dir()
@@ -230,8 +236,12 @@ impl Pool {
             let map = Mapping::map_file(&file, &path, size, true)?;
             Self::assemble(map, header, Some(path.clone()), Some(file), opts)
         })();
-        if made.is_err() {
-            let _ = std::fs::remove_file(&path);
+        match &made {
+            Err(_) => {
+                let _ = std::fs::remove_file(&path);
+            }
+            Ok(_) if opts.remove_on_drop => super::scratch::register(&path),
+            Ok(_) => {}
         }
         made
     }
@@ -282,6 +292,7 @@ impl Pool {
     pub fn from_image(bytes: &[u8], opts: &PoolOptions) -> PoolResult<Pool> {
         let name = Path::new("<in-memory image>");
         let header = Header::decode(name, bytes, bytes.len() as u64)?;
+        Self::check_size(name, &header)?;
         Self::check_layout(name, &header, &opts.layout)?;
         Self::check_domain_fits(opts, true)?;
         let map = Mapping::heap(header.size)?;
@@ -298,6 +309,11 @@ impl Pool {
         if rounded < MIN_POOL_SIZE {
             return Err(PoolError::InvalidArgument(format!(
                 "pool size {size} is below the minimum of {MIN_POOL_SIZE} bytes"
+            )));
+        }
+        if rounded > MAX_POOL_SIZE {
+            return Err(PoolError::InvalidArgument(format!(
+                "pool size {size} is above the maximum of {MAX_POOL_SIZE} bytes (64 TiB)"
             )));
         }
         Self::check_domain_fits(opts, false)?;
@@ -339,6 +355,11 @@ impl Pool {
                     path: path.to_path_buf(),
                 })
             }
+            Ok(meta) if meta.is_dir() => {
+                return Err(PoolError::IsADirectory {
+                    path: path.to_path_buf(),
+                })
+            }
             Ok(meta) if !meta.is_file() => {
                 return Err(PoolError::NotAPool {
                     path: path.to_path_buf(),
@@ -374,7 +395,21 @@ impl Pool {
         file.read_exact_at(&mut first, 0)
             .map_err(io_err(path, "read header"))?;
         let header = Header::decode(path, &first, file_len)?;
+        Self::check_size(path, &header)?;
         Ok((file, header))
+    }
+
+    /// A header whose size (checksummed, and equal to the file's) is below the minimum would
+    /// leave the root word outside the mapping.
+    fn check_size(path: &Path, header: &Header) -> PoolResult<()> {
+        if header.size < MIN_POOL_SIZE {
+            return Err(PoolError::Truncated {
+                path: path.to_path_buf(),
+                expected: MIN_POOL_SIZE,
+                actual: header.size,
+            });
+        }
+        Ok(())
     }
 
     fn check_layout(path: &Path, header: &Header, expected: &str) -> PoolResult<()> {
@@ -898,6 +933,7 @@ impl Drop for Pool {
         if self.remove_on_drop {
             if let Some(path) = &self.path {
                 let _ = std::fs::remove_file(path);
+                super::scratch::unregister(path);
             }
         }
     }

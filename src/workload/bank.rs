@@ -19,30 +19,65 @@ pub fn schema() -> Schema {
     )
 }
 
-/// Creates the table and opens `accounts` accounts in one transaction, so that a crash leaves
-/// either none or all of them.
+/// Most accounts `load` opens (the pool and the DRAM index grow with them).
+pub const MAX_ACCOUNTS: u64 = 1 << 30;
+
+/// Accounts opened per load transaction: one huge transaction would make every insert search an
+/// ever longer write set (quadratic), so the load commits in batches of this many.
+pub const LOAD_BATCH: u64 = 1024;
+
+/// The table that marks a complete load: one row, key 0, holding the number of accounts.
+pub fn loaded_schema() -> Schema {
+    Schema::new("bank_loaded", &[("accounts", ColumnType::U64)])
+}
+
+/// Creates the tables and opens `accounts` accounts, [`LOAD_BATCH`] per transaction, then commits
+/// the `bank_loaded` marker. A crash before the marker leaves a load that never finished (and
+/// promised nothing); [`check`] holds a database to its accounts only once the marker is there.
 pub fn load(db: &Db, accounts: u64) -> Result<TableId, DbError> {
+    if accounts > MAX_ACCOUNTS {
+        return Err(DbError::Config(format!(
+            "at most {MAX_ACCOUNTS} bank accounts, not {accounts}"
+        )));
+    }
     let table = db.create_table(schema())?;
-    db.run(|tx| {
-        (0..accounts)
-            .try_for_each(|k| tx.insert(table, k, &[Value::I64(INITIAL_BALANCE), Value::U64(0)]))
-    })?;
+    let marker = db.create_table(loaded_schema())?;
+    let mut start = 0;
+    while start < accounts {
+        let end = accounts.min(start + LOAD_BATCH);
+        db.run(|tx| {
+            (start..end).try_for_each(|k| {
+                tx.insert(table, k, &[Value::I64(INITIAL_BALANCE), Value::U64(0)])
+            })
+        })?;
+        start = end;
+    }
+    db.run(|tx| tx.insert(marker, 0, &[Value::U64(accounts)]))?;
     Ok(table)
 }
 
-/// Checks the invariant: either no accounts (the load never committed) or exactly `accounts`
-/// accounts whose balances sum to `accounts × INITIAL_BALANCE`, none negative.
+/// Checks the invariant: either the load never finished (no `bank_loaded` marker: nothing was
+/// promised), or exactly `accounts` accounts whose balances sum to `accounts × INITIAL_BALANCE`,
+/// none negative.
 pub fn check(db: &Db, accounts: u64) -> Result<(), String> {
-    let Some(table) = db.table("bank_accounts") else {
+    let (Some(table), Some(marker)) = (db.table("bank_accounts"), db.table("bank_loaded")) else {
         return Ok(());
     };
     let rows = db.check_structure()?;
-    let count = rows[table as usize];
-    if count == 0 {
+    if rows[marker as usize] == 0 {
         return Ok(());
     }
+    let loaded = db
+        .run(|tx| Ok(tx.get(marker, 0)?.u64(0)))
+        .map_err(|e| e.to_string())?;
+    if loaded != accounts {
+        return Err(format!(
+            "the load marker records {loaded} accounts, expected {accounts}"
+        ));
+    }
+    let count = rows[table as usize];
     if count != accounts {
-        return Err(format!("{count} accounts, expected 0 or {accounts}"));
+        return Err(format!("{count} accounts, expected {accounts}"));
     }
     let balances: Vec<i64> = db
         .run(|tx| {
@@ -54,12 +89,10 @@ pub fn check(db: &Db, accounts: u64) -> Result<(), String> {
     if let Some((k, b)) = balances.iter().enumerate().find(|(_, &b)| b < 0) {
         return Err(format!("account {k} has a negative balance {b}"));
     }
-    let total: i64 = balances.iter().sum();
-    if total != accounts as i64 * INITIAL_BALANCE {
-        return Err(format!(
-            "total balance {total}, expected {}",
-            accounts as i64 * INITIAL_BALANCE
-        ));
+    let total: i128 = balances.iter().map(|&b| i128::from(b)).sum();
+    let expected = i128::from(accounts) * i128::from(INITIAL_BALANCE);
+    if total != expected {
+        return Err(format!("total balance {total}, expected {expected}"));
     }
     Ok(())
 }
@@ -160,5 +193,26 @@ mod tests {
         db.run(|tx| tx.update(table, 7, &[(0, Value::I64(-5))]))
             .unwrap();
         assert!(check(&db, 50).unwrap_err().contains("negative"));
+    }
+
+    #[test]
+    fn a_load_of_several_batches_is_checked_only_once_complete() {
+        let accounts = 2 * LOAD_BATCH + 7;
+        let db = Db::create(DbConfig::default().pool_size(32 << 20)).unwrap();
+        load(&db, accounts).unwrap();
+        check(&db, accounts).unwrap();
+        let marker = db.table("bank_loaded").unwrap();
+        let rows = db.check_structure().unwrap();
+        assert_eq!(rows[marker as usize], 1);
+        assert!(check(&db, accounts + 1).unwrap_err().contains("marker"));
+        assert!(load(&db, MAX_ACCOUNTS + 1).is_err());
+
+        // A load stopped between batches (no marker yet) promised nothing.
+        let db = Db::create(DbConfig::default().pool_size(32 << 20)).unwrap();
+        let table = db.create_table(schema()).unwrap();
+        db.create_table(loaded_schema()).unwrap();
+        db.run(|tx| tx.insert(table, 0, &[Value::I64(INITIAL_BALANCE), Value::U64(0)]))
+            .unwrap();
+        check(&db, accounts).unwrap();
     }
 }

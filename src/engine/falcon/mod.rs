@@ -317,17 +317,24 @@ impl FalconEngine {
                     .into(),
             ));
         }
-        let window_bytes = config.window_slots * config.window_slot_bytes;
-        if config.window_slot_bytes < 256 || window_bytes as u64 > crate::alloc::PAGE_SIZE {
+        // Checked: on open both numbers come from the pool's meta page.
+        let window_bytes = config
+            .window_slots
+            .checked_mul(config.window_slot_bytes)
+            .map_or(u64::MAX, |b| b as u64);
+        if config.window_slot_bytes < 256 || window_bytes > crate::alloc::PAGE_SIZE {
             return Err(DbError::Config(format!(
                 "window slots of {} bytes × {} must be at least 256 bytes each and fit in one 2 MiB page",
                 config.window_slot_bytes, config.window_slots
             )));
         }
-        if config.cc_options.partitions == 0 {
-            return Err(DbError::Config(
-                "hstore needs at least one partition".into(),
-            ));
+        crate::engine::common::check_partitions(config.cc_options.partitions)?;
+        if config.hot_tuples > crate::engine::common::MAX_HOT_TUPLES {
+            return Err(DbError::Config(format!(
+                "hot_tuples must be at most {}, not {}",
+                crate::engine::common::MAX_HOT_TUPLES,
+                config.hot_tuples
+            )));
         }
         if config.max_row_bytes == 0
             || tuple::slot_size(config.max_row_bytes) > crate::alloc::PAGE_SIZE
@@ -377,14 +384,7 @@ impl FalconEngine {
     /// the pool; `config` supplies the variant, protocol and thread count (which must not be
     /// smaller than the pool's).
     pub fn open(pool: Arc<Pool>, mut config: FalconConfig) -> Result<Arc<FalconEngine>, DbError> {
-        let meta_page = pool.root();
-        if meta_page == 0 {
-            return Err(DbError::Corrupt(
-                "the pool has no root: it was never formatted for Falcon".into(),
-            ));
-        }
-        pool.check_range(meta_page, crate::alloc::PAGE_SIZE)
-            .map_err(|e| DbError::Corrupt(e.to_string()))?;
+        let meta_page = crate::engine::meta::root_meta_page(&pool, "Falcon")?;
         let pages = PageManager::open(&pool)?;
         let r = |f: u64| pool.read_u64(meta_page + f);
         if r(meta::F_MAGIC) != meta::MAGIC || r(meta::F_VERSION) != meta::VERSION {
@@ -402,8 +402,9 @@ impl FalconEngine {
         let policy = Policy::new(config.kind, pool.domain(), config.hot_tuples)?;
         let catalog_store = CatalogStore {
             base: meta_page + meta::CATALOG_AT,
-            slot_bytes: r(meta::F_CATALOG_SLOT),
+            slot_bytes: meta::CATALOG_SLOT_BYTES,
         };
+        crate::engine::meta::check_catalog_slot(r(meta::F_CATALOG_SLOT), meta::CATALOG_SLOT_BYTES)?;
         let catalog = catalog_store.load(&pool)?;
         let mut engine = Self::assemble(pool, pages, meta_page, config, policy, catalog, 0, None);
         let (report, floor) = recovery::recover(&mut engine)?;

@@ -355,6 +355,7 @@ impl ZenEngine {
                 config.cache_ratio
             )));
         }
+        crate::engine::common::check_partitions(config.cc_options.partitions)?;
         if config.cache_min_entries == 0 {
             return Err(DbError::Config(
                 "cache_min_entries must be at least 1".into(),
@@ -405,14 +406,7 @@ impl ZenEngine {
     /// thread count is at least the pool's (each thread slot is a region).
     pub fn open(pool: Arc<Pool>, mut config: ZenConfig) -> Result<Arc<ZenEngine>, DbError> {
         Self::check_domain(pool.domain())?;
-        let meta_page = pool.root();
-        if meta_page == 0 {
-            return Err(DbError::Corrupt(
-                "the pool has no root: it was never formatted for Zen".into(),
-            ));
-        }
-        pool.check_range(meta_page, crate::alloc::PAGE_SIZE)
-            .map_err(|e| DbError::Corrupt(e.to_string()))?;
+        let meta_page = crate::engine::meta::root_meta_page(&pool, "Zen")?;
         let pages = PageManager::open(&pool)?;
         let r = |f: u64| pool.read_u64(meta_page + f);
         if r(meta::F_MAGIC) != meta::MAGIC || r(meta::F_VERSION) != meta::VERSION {
@@ -425,8 +419,9 @@ impl ZenEngine {
         Self::validate(&config)?;
         let catalog_store = CatalogStore {
             base: meta_page + meta::CATALOG_AT,
-            slot_bytes: r(meta::F_CATALOG_SLOT),
+            slot_bytes: meta::CATALOG_SLOT_BYTES,
         };
+        crate::engine::meta::check_catalog_slot(r(meta::F_CATALOG_SLOT), meta::CATALOG_SLOT_BYTES)?;
         let catalog = catalog_store.load(&pool)?;
         let mut engine = Self::assemble(pool, pages, meta_page, config, catalog);
         let (report, floor) = recovery::recover(&mut engine)?;
