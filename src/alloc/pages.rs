@@ -7,6 +7,12 @@
 //! `allocate` call returns, and a crash can never leave a page owned twice: at worst a page
 //! allocated just before the crash is free again after it (its owner had not yet published any
 //! durable reference to it).
+//!
+//! Integrity: a descriptor carries a 14-bit check of its page index, kind, owner and value
+//! (bytes 4–5, each with its top bit set, so no single damaged byte turns a descriptor into 0 =
+//! "free"); [`PageManager::allocated`] refuses a descriptor whose check fails. Every free page is
+//! all zero, and [`PageManager::allocate`] verifies that before handing a page out, so damage in a
+//! free page is reported instead of becoming phantom rows of its next owner.
 
 use crate::pmem::{Pool, PoolError};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,12 +22,13 @@ pub const PAGE_SIZE: u64 = 2 << 20;
 
 const SUPERBLOCK: u64 = 4096;
 const SUPER_MAGIC: u64 = u64::from_le_bytes(*b"PMTXPAGE");
-const SUPER_VERSION: u64 = 1;
+/// Version 2: descriptors carry a check (version 1 had none).
+const SUPER_VERSION: u64 = 2;
 const TABLE: u64 = 8192;
 /// Descriptors that fit between the table start and the first page.
 const MAX_PAGES: u64 = (PAGE_SIZE - TABLE) / 8;
 
-/// Who owns a page: a kind (non-zero, engine-defined), the owning thread slot, and a 48-bit
+/// Who owns a page: a kind (non-zero, engine-defined), the owning thread slot, and a 32-bit
 /// engine-defined value (a table id, a log ring number, ...).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PageTag {
@@ -29,23 +36,50 @@ pub struct PageTag {
     pub kind: u8,
     /// The thread slot that owns the page.
     pub owner: u8,
-    /// An engine-defined value of at most 48 bits.
+    /// An engine-defined value below 2^32.
     pub value: u64,
 }
 
+/// Largest tag value + 1.
+const VALUE_LIMIT: u64 = 1 << 32;
+
 impl PageTag {
-    fn encode(self) -> u64 {
-        debug_assert!(self.kind != 0 && self.value < (1 << 48));
-        (u64::from(self.kind) << 56) | (u64::from(self.owner) << 48) | self.value
+    /// The 16 check bits of `self` as the descriptor of page `index`: a CRC-32 folded to 14 bits,
+    /// with the top bit of each byte set.
+    fn check(self, index: u64) -> u64 {
+        let mut h = crc32fast::Hasher::new();
+        h.update(&index.to_le_bytes());
+        h.update(&[self.kind, self.owner]);
+        h.update(&self.value.to_le_bytes());
+        u64::from(h.finalize() as u16) | 0x8080
     }
 
+    fn encode(self, index: u64) -> u64 {
+        debug_assert!(self.kind != 0 && self.value < VALUE_LIMIT);
+        (u64::from(self.kind) << 56)
+            | (u64::from(self.owner) << 48)
+            | (self.check(index) << 32)
+            | self.value
+    }
+
+    /// The tag in `word`, unchecked (None: free).
     fn decode(word: u64) -> Option<PageTag> {
         let kind = (word >> 56) as u8;
-        (kind != 0).then_some(PageTag {
+        (word != 0).then_some(PageTag {
             kind,
             owner: (word >> 48) as u8,
-            value: word & ((1 << 48) - 1),
+            value: word & (VALUE_LIMIT - 1),
         })
+    }
+
+    /// The tag in `word`, the descriptor of page `index`, with its check verified.
+    fn decode_checked(word: u64, index: u64) -> Result<Option<PageTag>, AllocError> {
+        match Self::decode(word) {
+            Some(tag) if tag.kind == 0 || tag.encode(index) != word => Err(AllocError::Corrupt(
+                format!("descriptor of page {index} ({word:#018x}) fails its check"),
+            )),
+            other => Ok(other),
+        }
     }
 }
 
@@ -73,7 +107,7 @@ pub enum AllocError {
     #[error("page table is corrupt: {0}")]
     Corrupt(String),
     /// A tag that cannot be stored.
-    #[error("invalid page tag {0:?}: kind must be non-zero and value below 2^48")]
+    #[error("invalid page tag {0:?}: kind must be non-zero and value below 2^32")]
     BadTag(PageTag),
     /// An error of the pool underneath.
     #[error(transparent)]
@@ -141,7 +175,8 @@ impl PageManager {
     pub fn open(pool: &Pool) -> Result<PageManager, AllocError> {
         if pool.read_u64(SUPERBLOCK) != SUPER_MAGIC {
             return Err(AllocError::Corrupt(
-                "no page-table superblock (pool never formatted?)".into(),
+                "no page-table superblock (pool never formatted, or its superblock is damaged)"
+                    .into(),
             ));
         }
         let version = pool.read_u64(SUPERBLOCK + 8);
@@ -193,15 +228,24 @@ impl PageManager {
     /// Allocates a page for `tag`, durably, and returns its index. The page is all zero (see
     /// [`PageManager::free`]).
     pub fn allocate(&self, pool: &Pool, tag: PageTag) -> Result<u64, AllocError> {
-        if tag.kind == 0 || tag.value >= (1 << 48) {
+        if tag.kind == 0 || tag.value >= VALUE_LIMIT {
             return Err(AllocError::BadTag(tag));
         }
-        let word = tag.encode();
         let start = self.next_hint.load(Ordering::Relaxed) % self.pages;
         for step in 0..self.pages {
             let index = (start + step) % self.pages;
             let at = Self::descriptor(index);
-            if pool.read_u64(at) == 0 && pool.cas_u64(at, 0, word).is_ok() {
+            if pool.read_u64(at) == 0 && pool.cas_u64(at, 0, tag.encode(index)).is_ok() {
+                // A free page is all zero (see `free`); anything else is damage, which the new
+                // owner would read as data. Checked before the claim is made durable, and the
+                // claim is undone, so the pool is left as it was found.
+                if let Some(at_byte) = Self::first_nonzero(pool, self.page_offset(index), PAGE_SIZE)
+                {
+                    pool.write_u64(at, 0);
+                    return Err(AllocError::Corrupt(format!(
+                        "free page {index} is not all zero (byte {at_byte} of the pool): the pool is damaged; run `pmtx check`"
+                    )));
+                }
                 pool.persist(at, 8);
                 self.next_hint.store(index + 1, Ordering::Relaxed);
                 return Ok(index);
@@ -225,15 +269,48 @@ impl PageManager {
         pool.persist(at, 8);
     }
 
-    /// The owner of page `index`, if allocated.
+    /// The owner of page `index`, if allocated (check not verified: for hot paths that look up a
+    /// page [`PageManager::allocated`] has verified).
     pub fn tag(&self, pool: &Pool, index: u64) -> Option<PageTag> {
         PageTag::decode(pool.read_u64(Self::descriptor(index)))
     }
 
-    /// Every allocated page with its tag, in index order (recovery walks these).
-    pub fn allocated(&self, pool: &Pool) -> Vec<(u64, PageTag)> {
+    /// Every allocated page with its tag, in index order (recovery walks these); refuses a
+    /// descriptor whose check fails.
+    pub fn allocated(&self, pool: &Pool) -> Result<Vec<(u64, PageTag)>, AllocError> {
+        let mut out = Vec::new();
+        for i in 0..self.pages {
+            if let Some(t) = PageTag::decode_checked(pool.read_u64(Self::descriptor(i)), i)? {
+                out.push((i, t));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The offset of the first non-zero byte in `[off, off + len)`, if any.
+    pub fn first_nonzero(pool: &Pool, off: u64, len: u64) -> Option<u64> {
+        const CHUNK: u64 = 64 << 10;
+        let mut buf = vec![0u8; CHUNK.min(len) as usize];
+        let mut at = off;
+        while at < off + len {
+            let n = CHUNK.min(off + len - at) as usize;
+            pool.read_bytes(at, &mut buf[..n]);
+            if let Some(i) = buf[..n].iter().position(|&b| b != 0) {
+                return Some(at + i as u64);
+            }
+            at += n as u64;
+        }
+        None
+    }
+
+    /// Free pages (descriptor 0) that are not all zero, as `(page index, first non-zero offset)`;
+    /// for `pmtx check` (reads every free page).
+    pub fn dirty_free_pages(&self, pool: &Pool) -> Vec<(u64, u64)> {
         (0..self.pages)
-            .filter_map(|i| self.tag(pool, i).map(|t| (i, t)))
+            .filter(|&i| pool.read_u64(Self::descriptor(i)) == 0)
+            .filter_map(|i| {
+                Self::first_nonzero(pool, self.page_offset(i), PAGE_SIZE).map(|o| (i, o))
+            })
             .collect()
     }
 
@@ -307,7 +384,33 @@ mod tests {
         };
         let i = pm.allocate(&pool, tag).unwrap();
         let again = PageManager::open(&pool).unwrap();
-        assert_eq!(again.allocated(&pool), vec![(i, tag)]);
+        assert_eq!(again.allocated(&pool).unwrap(), vec![(i, tag)]);
+        // Damage to any byte of the descriptor is caught by its check.
+        let good = pool.read_u64(TABLE + i * 8);
+        for byte in 0..8 {
+            pool.write_u64(TABLE + i * 8, good ^ (0x41 << (8 * byte)));
+            assert!(
+                matches!(again.allocated(&pool), Err(AllocError::Corrupt(_))),
+                "byte {byte}"
+            );
+        }
+        pool.write_u64(TABLE + i * 8, good);
+        // A free page holding anything is refused by allocate, and the claim is undone.
+        let free_page = (0..again.page_count()).find(|&p| p != i).unwrap();
+        pool.write_u64(again.page_offset(free_page) + 4096, 7);
+        let err = (0..again.page_count())
+            .map(|_| again.allocate(&pool, tag))
+            .find_map(Result::err)
+            .unwrap();
+        assert!(
+            matches!(err, AllocError::Corrupt(ref m) if m.contains("not all zero")),
+            "{err}"
+        );
+        assert_eq!(again.tag(&pool, free_page), None);
+        assert_eq!(
+            again.dirty_free_pages(&pool),
+            vec![(free_page, again.page_offset(free_page) + 4096)]
+        );
         pool.write_u64(SUPERBLOCK + 16, 999);
         assert!(matches!(
             PageManager::open(&pool),

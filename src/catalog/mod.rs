@@ -8,6 +8,12 @@
 //! CRC: a new version is written to the slot not holding the newest valid one and persisted; open
 //! picks the valid slot with the highest sequence number. A crash while writing leaves the previous
 //! version in the other slot intact.
+//!
+//! A write first sets the target slot's sequence number to 0 and persists that, and writes the
+//! new sequence number last; so after any crash a slot is either empty (sequence 0) or complete.
+//! A slot with a sequence number whose length or CRC is wrong is therefore damage, never a torn
+//! write, and `load` reports it rather than quietly falling back to the older catalog (which
+//! would silently drop the newest tables).
 
 use crate::index::PrimaryIndexKind;
 use crate::pmem::Pool;
@@ -233,19 +239,48 @@ impl CatalogStore {
         self.base + i * self.slot_bytes
     }
 
-    fn read_slot(&self, pool: &Pool, i: u64) -> Option<(u64, Catalog)> {
+    /// Slot `i`: `None` if empty (sequence 0), an error if it has a sequence number but is
+    /// damaged.
+    fn read_slot(&self, pool: &Pool, i: u64) -> Result<Option<(u64, Catalog)>, CatalogError> {
         let at = self.slot(i);
+        let name = ["A", "B"][i as usize];
         let seq = pool.read_u64(at);
+        if seq == 0 {
+            return Ok(None);
+        }
+        let damaged = |what: &str| {
+            CatalogError::Corrupt(format!(
+                "catalog slot {name} (sequence {seq}) is damaged: {what}"
+            ))
+        };
         let len = pool.read_u64(at + 8);
-        if seq == 0 || len > self.slot_bytes - SLOT_HEADER {
-            return None;
+        if len > self.slot_bytes - SLOT_HEADER {
+            return Err(damaged(&format!("length {len} exceeds the slot")));
         }
         let payload = pool.read_vec(at + SLOT_HEADER, len as usize);
         let crc = pool.read_u64(at + 16);
         if crc != Self::crc(seq, &payload) {
-            return None;
+            return Err(damaged("its CRC does not match"));
         }
-        serde_json::from_slice(&payload).ok().map(|c| (seq, c))
+        serde_json::from_slice(&payload)
+            .map(|c| Some((seq, c)))
+            .map_err(|e| damaged(&format!("its JSON does not parse ({e})")))
+    }
+
+    fn check_bounds(&self, pool: &Pool) -> Result<(), CatalogError> {
+        if self.slot_bytes <= SLOT_HEADER
+            || self.base % 8 != 0
+            || self.slot_bytes % 8 != 0
+            || pool
+                .check_range(self.base, self.slot_bytes.saturating_mul(2))
+                .is_err()
+        {
+            return Err(CatalogError::Corrupt(format!(
+                "catalog slots of {} bytes at offset {} do not fit the pool",
+                self.slot_bytes, self.base
+            )));
+        }
+        Ok(())
     }
 
     fn crc(seq: u64, payload: &[u8]) -> u64 {
@@ -258,8 +293,9 @@ impl CatalogStore {
 
     /// Loads the newest valid catalog.
     pub fn load(&self, pool: &Pool) -> Result<Catalog, CatalogError> {
-        let a = self.read_slot(pool, 0);
-        let b = self.read_slot(pool, 1);
+        self.check_bounds(pool)?;
+        let a = self.read_slot(pool, 0)?;
+        let b = self.read_slot(pool, 1)?;
         match (a, b) {
             (Some((sa, ca)), Some((sb, cb))) => Ok(if sa > sb { ca } else { cb }),
             (Some((_, c)), None) | (None, Some((_, c))) => Ok(c),
@@ -279,7 +315,8 @@ impl CatalogStore {
                 capacity,
             });
         }
-        let seqs = [0, 1].map(|i| self.read_slot(pool, i).map_or(0, |(s, _)| s));
+        // A damaged slot counts as empty here: the new version goes over it or beside it.
+        let seqs = [0, 1].map(|i| self.read_slot(pool, i).ok().flatten().map_or(0, |(s, _)| s));
         let (target, seq) = if seqs[0] <= seqs[1] {
             (0, seqs[1] + 1)
         } else {
@@ -352,14 +389,21 @@ mod tests {
             .unwrap();
         store.store(&pool, &c2).unwrap();
         assert_eq!(store.load(&pool).unwrap(), c2);
-        // Corrupt the newest slot: the previous version is still there.
+        // A torn write leaves the target slot with sequence 0: the previous version is used.
         let newest = if pool.read_u64(8192) > pool.read_u64(8192 + 16384) {
             8192
         } else {
             8192 + 16384
         };
-        pool.write_u64(newest + SLOT_HEADER, 0xdead);
+        let seq = pool.read_u64(newest);
+        pool.write_u64(newest, 0);
         assert_eq!(store.load(&pool).unwrap(), c);
+        // Damage to a complete slot is reported, not hidden by falling back to the older one.
+        pool.write_u64(newest, seq);
+        pool.write_u64(newest + SLOT_HEADER, 0xdead);
+        let err = store.load(&pool).unwrap_err();
+        assert!(err.to_string().contains("CRC"), "{err}");
+        pool.write_u64(newest, 0);
         let huge = Catalog {
             tables: vec![schema(); 200],
         };

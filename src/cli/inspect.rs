@@ -1,6 +1,6 @@
 //! `pmtx inspect POOL`: what a pool file is and how it maps here.
 
-use super::{human_bytes, CliResult};
+use super::{human_bytes, utc_time, CliResult};
 use crate::alloc::PageManager;
 use crate::pmem::{MappingKind, PersistenceDomain, Pool, PoolError};
 use std::path::PathBuf;
@@ -10,9 +10,9 @@ use std::path::PathBuf;
 pub struct InspectArgs {
     /// The pool file.
     pub pool: PathBuf,
-    /// The persistence domain to open the pool with.
-    #[arg(long, default_value = "adr")]
-    pub domain: PersistenceDomain,
+    /// The persistence domain to open the pool with; default: the one it was created for.
+    #[arg(long)]
+    pub domain: Option<PersistenceDomain>,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -21,7 +21,11 @@ pub struct InspectArgs {
 pub(crate) fn run(args: InspectArgs) -> CliResult {
     // Open as an engine would (writable, trying MAP_SYNC, taking the lock); if another process
     // holds the lock, fall back to a read-only mapping and say so.
-    let (pool, note) = match Pool::open_any_layout(&args.pool, args.domain) {
+    let domain = match args.domain {
+        Some(d) => d,
+        None => Pool::read_header(&args.pool)?.domain,
+    };
+    let (pool, note) = match Pool::open_any_layout(&args.pool, domain) {
         Ok(pool) => (pool, None),
         Err(PoolError::Locked { .. }) => (
             Pool::open_read_only(&args.pool)?,
@@ -44,6 +48,19 @@ pub(crate) fn run(args: InspectArgs) -> CliResult {
     let usage = PageManager::is_formatted(&pool)
         .then(|| PageManager::open(&pool).map(|pm| pm.usage(&pool)))
         .transpose()?;
+    // Tables and row counts come from recovery on a private copy-on-write view (no byte written).
+    let tables = match super::check::recover_private(&args.pool) {
+        Ok(r) => Ok(r
+            .db
+            .engine()
+            .catalog()
+            .tables
+            .iter()
+            .zip(r.rows)
+            .map(|(s, n)| (s.name.clone(), s.row_size(), n))
+            .collect::<Vec<_>>()),
+        Err(super::check::Failure::Damaged(m) | super::check::Failure::CannotCheck(m)) => Err(m),
+    };
     let domain = match (pool.mapping_kind(), note) {
         (MappingKind::ReadOnly, _) => None,
         _ => Some(pool.domain()),
@@ -58,6 +75,9 @@ pub(crate) fn run(args: InspectArgs) -> CliResult {
             "flush_instruction": info.flush_instruction,
             "root": info.root,
             "space": usage,
+            "created_utc": utc_time(info.header.created_unix_ns),
+            "tables": tables.as_ref().map(|t| t.iter().map(|(name, row, rows)| serde_json::json!({ "table": name, "row_bytes": row, "rows": rows })).collect::<Vec<_>>()).ok(),
+            "tables_error": tables.as_ref().err(),
             "note": note,
         });
         outln!("{}", serde_json::to_string_pretty(&json)?);
@@ -78,10 +98,11 @@ pub(crate) fn run(args: InspectArgs) -> CliResult {
         info.header.size
     );
     outln!(
-        "created       {} ns after the Unix epoch ({}s ago)",
-        info.header.created_unix_ns,
+        "created       {} ({}s ago)",
+        utc_time(info.header.created_unix_ns),
         age.as_secs()
     );
+    outln!("created for   {} domain", info.header.domain);
     outln!(
         "mapping       {}",
         match info.mapping {
@@ -89,6 +110,7 @@ pub(crate) fn run(args: InspectArgs) -> CliResult {
             MappingKind::Shared => "MAP_SHARED, not DAX (the file system refused MAP_SYNC)",
             MappingKind::ReadOnly => "read-only MAP_SHARED",
             MappingKind::Heap => "heap",
+            MappingKind::Private => "private copy-on-write view (MAP_PRIVATE)",
         }
     );
     match domain {
@@ -113,6 +135,16 @@ pub(crate) fn run(args: InspectArgs) -> CliResult {
             u.pages_total
         ),
         None => outln!("space used    no page table yet (nothing allocated)"),
+    }
+    match &tables {
+        Ok(t) if t.is_empty() => outln!("tables        none"),
+        Ok(t) => {
+            outln!("tables        {}", t.len());
+            for (name, row, rows) in t {
+                outln!("  {name:<20} {rows:>12} rows of {row} bytes");
+            }
+        }
+        Err(m) => outln!("tables        unreadable: {m} (run `pmtx check`)"),
     }
     if let Some(note) = note {
         outln!("note          {note}");

@@ -4,7 +4,7 @@ use super::CliResult;
 use crate::cc::Protocol;
 use crate::db::{Db, DbConfig};
 use crate::engine::EngineKind;
-use crate::pmem::PersistenceDomain;
+use crate::pmem::{PersistenceDomain, Pool};
 use std::path::PathBuf;
 
 /// Arguments of `pmtx recover`.
@@ -12,28 +12,40 @@ use std::path::PathBuf;
 pub struct RecoverArgs {
     /// The pool file.
     pub pool: PathBuf,
-    /// The engine the pool was written by.
-    #[arg(long, default_value = "falcon")]
-    pub engine: EngineKind,
+    /// The engine to recover with; default: the one recorded in the pool header. Naming an
+    /// engine of another design than the pool's is refused.
+    #[arg(long)]
+    pub engine: Option<EngineKind>,
     /// Concurrency-control protocol the database runs (any of `pmtx bench --cc`): recovery
     /// resets each tuple word to that protocol's idle format.
     #[arg(long, default_value = "occ")]
     pub cc: Protocol,
-    /// The persistence domain.
-    #[arg(long, default_value = "eadr")]
-    pub domain: PersistenceDomain,
+    /// The persistence domain; default: the one the pool was created for (recorded in its
+    /// header). Another domain is refused unless `--allow-domain-change` is given.
+    #[arg(long)]
+    pub domain: Option<PersistenceDomain>,
+    /// Open the pool even though `--domain` differs from the domain it was created for (after
+    /// moving it to hardware with another persistence domain).
+    #[arg(long)]
+    pub allow_domain_change: bool,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
 }
 
 pub(crate) fn run(args: RecoverArgs) -> CliResult {
-    let config = DbConfig::default()
-        .engine(args.engine)
+    let header = Pool::read_header(&args.pool)?;
+    let mut config = DbConfig::default()
         .protocol(args.cc)
-        .domain(args.domain)
+        .domain(args.domain.unwrap_or(header.domain))
+        .allow_domain_change(args.allow_domain_change)
         .path(&args.pool);
+    if let Some(engine) = args.engine {
+        config = config.engine(engine);
+        config.engine_from_pool = false;
+    }
     let db = Db::open(config)?;
+    let engine = db.config().engine;
     let report = db.recovery_report().ok_or("the engine ran no recovery")?;
     let rows = db
         .check_structure()
@@ -43,12 +55,12 @@ pub(crate) fn run(args: RecoverArgs) -> CliResult {
         outln!("{}", serde_json::to_string_pretty(&json)?);
         return Ok(());
     }
-    outln!("recovered {} with {}", args.pool.display(), args.engine);
+    outln!("recovered {} with {}", args.pool.display(), engine);
     for (phase, ms) in &report.phases {
         outln!("  {phase:<32} {ms:>10.3} ms");
     }
     outln!("  {:<32} {:>10.3} ms", "total", report.total_ms);
-    if args.engine.layout() == "falcon" {
+    if engine.layout() == "falcon" {
         outln!(
             "log: {} committed transactions ({} entries replayed), {} discarded; {} rows; {} stale locks cleared",
             report.committed_in_log, report.replayed_entries, report.discarded_in_log, report.rows, report.locks_cleared

@@ -64,6 +64,13 @@ pub struct DbConfig {
     pub cache_min_entries: usize,
     /// Zen: a deliberate ordering bug for the crash harness (test-only).
     pub zen_fault: Option<ZenFault>,
+    /// [`Db::open`] takes the engine design from the pool header: when `engine` is of another
+    /// design (layout) than the pool's, the pool's design is used (true, the default) or the
+    /// open is refused (false: the caller insisted on an engine).
+    pub engine_from_pool: bool,
+    /// Open a pool created for another persistence domain than `domain` (refused otherwise:
+    /// the pool header records the domain it was created for).
+    pub allow_domain_change: bool,
 }
 
 impl Default for DbConfig {
@@ -87,6 +94,8 @@ impl Default for DbConfig {
             cache_bytes: None,
             cache_min_entries: 1024,
             zen_fault: None,
+            engine_from_pool: true,
+            allow_domain_change: false,
         }
     }
 }
@@ -105,6 +114,12 @@ impl DbConfig {
     /// Sets the domain.
     pub fn domain(mut self, domain: PersistenceDomain) -> Self {
         self.domain = domain;
+        self
+    }
+    /// Allows opening a pool created for another persistence domain (see
+    /// [`DbConfig::allow_domain_change`]).
+    pub fn allow_domain_change(mut self, allow: bool) -> Self {
+        self.allow_domain_change = allow;
         self
     }
     /// Sets the pool path.
@@ -157,7 +172,9 @@ impl DbConfig {
         } else {
             self.domain
         };
-        let mut o = PoolOptions::new(self.engine.layout(), domain).with_counting(self.counting);
+        let mut o = PoolOptions::new(self.engine.layout(), domain)
+            .with_counting(self.counting)
+            .allowing_domain_change(self.allow_domain_change);
         if let Some(t) = crash_sim {
             o = o.with_crash_sim(t);
         }
@@ -197,12 +214,30 @@ impl Db {
         Ok(Self::assemble(engine, config))
     }
 
-    /// Opens an existing database, recovering it; see [`Db::recovery_report`].
-    pub fn open(config: DbConfig) -> Result<Db, DbError> {
-        if config.path.is_none() {
+    /// Opens an existing database, recovering it; see [`Db::recovery_report`]. The engine design
+    /// comes from the pool header (see [`DbConfig::engine_from_pool`]); a pool created for another
+    /// persistence domain than `config.domain` is refused unless
+    /// [`DbConfig::allow_domain_change`] is set.
+    pub fn open(mut config: DbConfig) -> Result<Db, DbError> {
+        let Some(path) = config.path.clone() else {
             return Err(DbError::Config(
                 "opening a database needs the path of its pool".into(),
             ));
+        };
+        let header = Pool::read_header(&path)?;
+        if config.engine.layout() != header.layout {
+            match EngineKind::for_layout(&header.layout) {
+                Some(pool_engine) if config.engine_from_pool => config.engine = pool_engine,
+                _ => {
+                    return Err(DbError::Config(format!(
+                        "pool {} was created by the '{}' engine design; engine {} (design '{}') cannot open it",
+                        path.display(),
+                        header.layout,
+                        config.engine,
+                        config.engine.layout()
+                    )))
+                }
+            }
         }
         let engine = Self::make_engine(&config, None, false)?;
         Ok(Self::assemble(engine, config))

@@ -6,6 +6,11 @@ use crate::engine::{RecoveryReport, TxError};
 use crate::index::{PrimaryIndex, SecondaryIndex};
 use std::time::Instant;
 
+/// Every commit tid is below this: its timestamp, microseconds of clock summed over the pool's
+/// life (`cc::TidClock`), stays below 2^48 (8.9 years). Recovery treats a larger tid in a tuple
+/// header as damage (a flipped high byte), rather than restarting the clock from it.
+pub const TID_LIMIT: u64 = 1 << 56;
+
 /// Collects the `(key, value)` hits of a primary-index range scan into `hits` (cleared first).
 /// A hash-only index refuses scans; the error names the table.
 pub(crate) fn collect_scan_hits(

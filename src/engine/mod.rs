@@ -77,6 +77,16 @@ impl EngineKind {
         }
     }
 
+    /// The engine that opens pools of `layout` by default (the design's main variant).
+    pub fn for_layout(layout: &str) -> Option<EngineKind> {
+        match layout {
+            "falcon" => Some(EngineKind::Falcon),
+            "zen" => Some(EngineKind::Zen),
+            "volatile" => Some(EngineKind::Volatile),
+            _ => None,
+        }
+    }
+
     /// Whether this engine runs `protocol` (docs/CC.md has the matrix and the reasons).
     pub fn supports(self, protocol: crate::cc::Protocol) -> bool {
         match self {

@@ -66,7 +66,7 @@ pub enum PoolError {
         computed: u64,
     },
     /// The pool was written by a format version this build does not read.
-    #[error("pool {path}: format version {found} is not supported (this build reads version {supported})")]
+    #[error("pool {path}: format version {found} is not supported (this build reads version {supported}; pmtx has no converter: recreate the pool with this build)")]
     UnsupportedVersion {
         /// The file concerned.
         path: PathBuf,
@@ -94,6 +94,16 @@ pub enum PoolError {
         expected: String,
         /// The layout recorded in the pool.
         found: String,
+    },
+    /// The pool was created for another persistence domain than the one requested.
+    #[error("pool {path} was created for the {recorded} domain but is being opened with {requested}: a pool's durability guarantees hold only in its own domain (override explicitly if the hardware changed: `--allow-domain-change`, `DbConfig::allow_domain_change`)")]
+    DomainMismatch {
+        /// The file concerned.
+        path: PathBuf,
+        /// The domain recorded in the header.
+        recorded: super::PersistenceDomain,
+        /// The domain asked for.
+        requested: super::PersistenceDomain,
     },
     /// Another process (or another handle in this one) has the pool open for writing.
     #[error("pool {path} is in use: another process holds its lock")]

@@ -11,20 +11,27 @@
 //! | 32 | 8 | pool size in bytes |
 //! | 40 | 8 | creation time, nanoseconds since the Unix epoch |
 //! | 48 | 32 | layout (engine) name, UTF-8, NUL-padded |
-//! | 80 | 40 | reserved, zero |
+//! | 80 | 1 | persistence domain the pool was created for (1 volatile, 2 adr, 3 eadr, 4 msync) |
+//! | 81 | 39 | reserved, zero |
 //! | 120 | 8 | CRC-32 of bytes 0..120 |
+//!
+//! Version history: 1 had no domain byte, an unchecked page table and unchecked engine meta
+//! pages; 2 (this build) records the domain and checksums the page-table descriptors and the
+//! engine meta page (docs/ARCHITECTURE.md, "Integrity"). Version 1 pools are refused with
+//! [`PoolError::UnsupportedVersion`]: recreate them.
 //!
 //! The header is immutable after creation. The one mutable field, the root offset, lives in its own
 //! cache line at [`ROOT_OFFSET_WORD`] and is written with a single 8-byte atomic store, which can
 //! never be torn.
 
+use super::domain::PersistenceDomain;
 use super::error::{PoolError, PoolResult};
 use std::path::Path;
 
 /// The first eight bytes of every pool.
 pub const MAGIC: [u8; 8] = *b"PMTXPOOL";
 /// The format version this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// Bytes covered by the header and its checksum.
 pub const HEADER_LEN: usize = 128;
 /// Longest layout name, in bytes.
@@ -35,6 +42,22 @@ pub const ROOT_OFFSET_WORD: u64 = 192;
 pub const RESERVED_BYTES: u64 = 4096;
 
 const CHECKSUM_AT: usize = 120;
+const DOMAIN_AT: usize = 80;
+
+fn domain_code(d: PersistenceDomain) -> u8 {
+    match d {
+        PersistenceDomain::Volatile => 1,
+        PersistenceDomain::Adr => 2,
+        PersistenceDomain::Eadr => 3,
+        PersistenceDomain::Msync => 4,
+    }
+}
+
+fn domain_of(code: u8) -> Option<PersistenceDomain> {
+    PersistenceDomain::ALL
+        .into_iter()
+        .find(|&d| domain_code(d) == code)
+}
 
 /// The decoded pool header.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -49,6 +72,9 @@ pub struct Header {
     pub created_unix_ns: u64,
     /// The layout (engine) the pool was created for.
     pub layout: String,
+    /// The persistence domain the pool was created for; opening with another one is refused
+    /// unless the caller overrides it (see [`PoolOptions::allowing_domain_change`](super::PoolOptions::allowing_domain_change)).
+    pub domain: PersistenceDomain,
 }
 
 impl Header {
@@ -72,6 +98,7 @@ impl Header {
         b[32..40].copy_from_slice(&self.size.to_le_bytes());
         b[40..48].copy_from_slice(&self.created_unix_ns.to_le_bytes());
         b[48..48 + self.layout.len()].copy_from_slice(self.layout.as_bytes());
+        b[DOMAIN_AT] = domain_code(self.domain);
         let crc = u64::from(crc32fast::hash(&b[..CHECKSUM_AT]));
         b[CHECKSUM_AT..].copy_from_slice(&crc.to_le_bytes());
         b
@@ -139,12 +166,19 @@ impl Header {
                 computed,
             })?
             .to_string();
+        // Covered by the checksum, so an unknown code is a header this build did not write.
+        let domain = domain_of(bytes[DOMAIN_AT]).ok_or_else(|| PoolError::BadChecksum {
+            path: path_buf(),
+            stored,
+            computed,
+        })?;
         Ok(Header {
             version,
             uuid: uuid::Uuid::from_bytes(bytes[16..32].try_into().unwrap()),
             size,
             created_unix_ns: u64_at(40),
             layout,
+            domain,
         })
     }
 }
@@ -160,6 +194,7 @@ mod tests {
             size: 1 << 20,
             created_unix_ns: 42,
             layout: "falcon".into(),
+            domain: PersistenceDomain::Adr,
         }
     }
 
@@ -186,6 +221,16 @@ mod tests {
         ));
         let mut bad_version = good;
         bad_version[8] = 9;
+        let mut version_1 = good;
+        version_1[8] = 1;
+        assert!(matches!(
+            Header::decode(p, &version_1, 1 << 20),
+            Err(PoolError::UnsupportedVersion {
+                found: 1,
+                supported: 2,
+                ..
+            })
+        ));
         assert!(matches!(
             Header::decode(p, &bad_version, 1 << 20),
             Err(PoolError::UnsupportedVersion { found: 9, .. })

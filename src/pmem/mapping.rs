@@ -16,6 +16,9 @@ pub enum MappingKind {
     Shared,
     /// Read-only `mmap(MAP_SHARED)`, for inspection.
     ReadOnly,
+    /// `mmap(MAP_PRIVATE)` of a file opened read-only: a copy-on-write view for `pmtx check`;
+    /// stores stay in this process.
+    Private,
     /// A heap buffer: nothing outlives the process.
     Heap,
 }
@@ -94,6 +97,46 @@ impl Mapping {
             len,
             kind,
         })
+    }
+
+    /// Maps `len` bytes of `file` private and copy-on-write: stores change this process's copy of
+    /// a page and never the file (`file` may be open read-only). For `pmtx check`.
+    #[cfg(not(miri))]
+    pub(crate) fn map_file_private(file: &File, path: &Path, len: u64) -> PoolResult<Mapping> {
+        use std::os::fd::AsRawFd;
+        let len = usize::try_from(len).map_err(|_| {
+            PoolError::InvalidArgument(format!("pool size {len} does not fit in memory"))
+        })?;
+        // SAFETY: a fresh private mapping at an address of the kernel's choosing of `len` bytes,
+        // the file's size; MAP_PRIVATE needs only read access to `file`.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(PoolError::Io {
+                path: path.to_path_buf(),
+                op: "mmap",
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        Ok(Mapping {
+            base: p.cast(),
+            len,
+            kind: MappingKind::Private,
+        })
+    }
+
+    /// Miri cannot map files.
+    #[cfg(miri)]
+    pub(crate) fn map_file_private(file: &File, path: &Path, len: u64) -> PoolResult<Mapping> {
+        Self::map_file(file, path, len, false)
     }
 
     /// Miri cannot map files: refuse clearly so file-backed tests are skipped there.
@@ -194,7 +237,7 @@ impl Mapping {
 
     /// `msync(MS_SYNC)` of the pages covering `[off, off + len)`.
     pub(crate) fn msync(&self, off: u64, len: u64) -> std::io::Result<()> {
-        if self.kind == MappingKind::Heap || len == 0 {
+        if matches!(self.kind, MappingKind::Heap | MappingKind::Private) || len == 0 {
             return Ok(());
         }
         let page = 4096u64;

@@ -34,6 +34,8 @@ pub struct PoolOptions {
     pub crash_sim: Option<CrashSimOptions>,
     /// Delete the pool file when the pool is dropped (for scratch pools).
     pub remove_on_drop: bool,
+    /// Open a pool created for another persistence domain (refused otherwise).
+    pub allow_domain_change: bool,
 }
 
 /// Settings of a crash simulator attached at open.
@@ -54,7 +56,16 @@ impl PoolOptions {
             counting: true,
             crash_sim: None,
             remove_on_drop: false,
+            allow_domain_change: false,
         }
+    }
+
+    /// Opens the pool even if it was created for another persistence domain (after moving it to
+    /// other hardware, say); without this, [`Pool::open`] refuses with
+    /// [`PoolError::DomainMismatch`].
+    pub fn allowing_domain_change(mut self, allow: bool) -> PoolOptions {
+        self.allow_domain_change = allow;
+        self
     }
 
     /// Attaches a crash simulator with `trigger`, unwinding threads after the crash.
@@ -221,7 +232,7 @@ impl Pool {
         let made = (|| {
             lock_exclusive(&file, &path)?;
             preallocate(&file, &path, size)?;
-            let header = Self::new_header(size, &opts.layout);
+            let header = Self::new_header(size, opts);
             // The magic goes last, so a crash during creation leaves "not a pool", never a pool
             // with a half-written header.
             let mut bytes = header.encode();
@@ -248,10 +259,12 @@ impl Pool {
 
     /// Opens an existing pool for writing, taking its lock. Refuses, without writing a byte, a file
     /// that is not a pool, is truncated, has a bad header, an unknown version, a size that disagrees
-    /// with its header, or another layout than `opts.layout`.
+    /// with its header, another layout than `opts.layout`, or another persistence domain than the
+    /// one it was created for (unless `opts.allow_domain_change`).
     pub fn open(path: &Path, opts: &PoolOptions) -> PoolResult<Pool> {
         let (file, header) = Self::open_and_validate(path, true)?;
         Self::check_layout(path, &header, &opts.layout)?;
+        Self::check_domain_matches(path, &header, opts)?;
         Self::check_domain_fits(opts, false)?;
         let map = Mapping::map_file(&file, path, header.size, true)?;
         Self::assemble(map, header, Some(path.to_path_buf()), Some(file), opts)
@@ -264,6 +277,24 @@ impl Pool {
         let opts = PoolOptions::new(&header.layout.clone(), domain);
         let map = Mapping::map_file(&file, path, header.size, true)?;
         Self::assemble(map, header, Some(path.to_path_buf()), Some(file), &opts)
+    }
+
+    /// Reads and validates a pool's header without mapping or locking the file (what `Db::open`,
+    /// `pmtx recover` and `pmtx check` use to learn the engine and domain a pool was made for).
+    pub fn read_header(path: &Path) -> PoolResult<Header> {
+        Self::open_and_validate(path, false).map(|(_, h)| h)
+    }
+
+    /// Opens a private, copy-on-write view of a pool file for checking (`pmtx check`): the file is
+    /// opened read-only and mapped `MAP_PRIVATE`, so recovery can run on the view while no byte
+    /// can reach the file; no lock is taken, so this works on a pool another process has open
+    /// (which then is seen as a crash image, not necessarily a consistent one). The view's domain
+    /// is the one the pool was created for.
+    pub fn open_private_view(path: &Path) -> PoolResult<Pool> {
+        let (file, header) = Self::open_and_validate(path, false)?;
+        let map = Mapping::map_file_private(&file, path, header.size)?;
+        let opts = PoolOptions::new(&header.layout.clone(), header.domain);
+        Self::assemble(map, header, Some(path.to_path_buf()), None, &opts)
     }
 
     /// Opens a pool read-only, without its lock and whatever its layout (for `pmtx inspect`).
@@ -282,7 +313,7 @@ impl Pool {
     pub fn create_in_memory(size: u64, opts: &PoolOptions) -> PoolResult<Pool> {
         let size = Self::validate_new(size, opts)?;
         Self::check_domain_fits(opts, true)?;
-        let header = Self::new_header(size, &opts.layout);
+        let header = Self::new_header(size, opts);
         let map = Mapping::heap(size)?;
         map.store(0, &header.encode());
         Self::assemble(map, header, None, None, opts)
@@ -294,6 +325,7 @@ impl Pool {
         let header = Header::decode(name, bytes, bytes.len() as u64)?;
         Self::check_size(name, &header)?;
         Self::check_layout(name, &header, &opts.layout)?;
+        Self::check_domain_matches(name, &header, opts)?;
         Self::check_domain_fits(opts, true)?;
         let map = Mapping::heap(header.size)?;
         map.store(0, bytes);
@@ -334,7 +366,18 @@ impl Pool {
         Ok(())
     }
 
-    fn new_header(size: u64, layout: &str) -> Header {
+    fn check_domain_matches(path: &Path, header: &Header, opts: &PoolOptions) -> PoolResult<()> {
+        if header.domain != opts.domain && !opts.allow_domain_change {
+            return Err(PoolError::DomainMismatch {
+                path: path.to_path_buf(),
+                recorded: header.domain,
+                requested: opts.domain,
+            });
+        }
+        Ok(())
+    }
+
+    fn new_header(size: u64, opts: &PoolOptions) -> Header {
         let created_unix_ns = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
@@ -344,7 +387,8 @@ impl Pool {
             uuid: uuid::Uuid::new_v4(),
             size,
             created_unix_ns,
-            layout: layout.to_string(),
+            layout: opts.layout.clone(),
+            domain: opts.domain,
         }
     }
 

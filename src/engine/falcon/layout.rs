@@ -3,7 +3,8 @@
 //! ```text
 //! meta page (kind META, found from the pool root):
 //!   0  magic "PMTXFALC"   8 version   16 max_threads   24 window_slots   32 window_slot_bytes
-//!   40 max_row_bytes      48 catalog slot bytes        4096.. catalog slots A and B
+//!   40 max_row_bytes      48 catalog slot bytes        56 CRC-32 of bytes 0..4096
+//!   4096.. catalog slots A and B
 //! tuple slot (heap pages, kind HEAP, tag value = table id; Falcon §5.1 "Tuple Heap"):
 //!   0  cc word (OCC version | lock bit, or 2PL lock word)   8 write_ts (commit tid of the last
 //!   writer: recovery's replay filter)   16 key   24 flags (LIVE, DELETED)   32.. row
@@ -30,8 +31,8 @@ pub mod kind {
 pub mod meta {
     /// Magic of the meta page.
     pub const MAGIC: u64 = u64::from_le_bytes(*b"PMTXFALC");
-    /// Layout version.
-    pub const VERSION: u64 = 1;
+    /// Layout version (2: the meta page carries a CRC).
+    pub const VERSION: u64 = 2;
     /// Field offsets.
     pub const F_MAGIC: u64 = 0;
     /// Version field.
@@ -46,6 +47,8 @@ pub mod meta {
     pub const F_MAX_ROW: u64 = 40;
     /// Catalog slot bytes.
     pub const F_CATALOG_SLOT: u64 = 48;
+    /// CRC-32 of the meta page's first 4 KiB (see `engine::meta`).
+    pub const F_CRC: u64 = 56;
     /// Where the catalog slots start within the meta page.
     pub const CATALOG_AT: u64 = 4096;
     /// Bytes per catalog slot.
@@ -68,6 +71,8 @@ pub mod tuple {
     pub const LIVE: u64 = 1;
     /// The row was deleted (the slot is reusable once no reader can see it, Falcon §5.4).
     pub const DELETED: u64 = 2;
+    /// The flags of a deleted row: `LIVE | DELETED`.
+    pub const DELETED_ROW: u64 = LIVE | DELETED;
 
     /// Slot size for rows of `row` bytes: header + row, rounded to 16 bytes.
     pub fn slot_size(row: usize) -> u64 {

@@ -366,6 +366,7 @@ impl FalconEngine {
                     (meta::F_MAX_ROW, config.max_row_bytes as u64),
                     (meta::F_CATALOG_SLOT, meta::CATALOG_SLOT_BYTES),
                 ],
+                crc_at: meta::F_CRC,
             },
         )?;
         Ok(Arc::new(Self::assemble(
@@ -384,14 +385,21 @@ impl FalconEngine {
     /// the pool; `config` supplies the variant, protocol and thread count (which must not be
     /// smaller than the pool's).
     pub fn open(pool: Arc<Pool>, mut config: FalconConfig) -> Result<Arc<FalconEngine>, DbError> {
-        let meta_page = crate::engine::meta::root_meta_page(&pool, "Falcon")?;
+        let meta_page = crate::engine::meta::open(
+            &pool,
+            &crate::engine::meta::MetaLayout {
+                page_kind: kind::META,
+                magic_at: meta::F_MAGIC,
+                magic: meta::MAGIC,
+                catalog_at: meta::CATALOG_AT,
+                catalog_slot_bytes: meta::CATALOG_SLOT_BYTES,
+                fields: &[(meta::F_VERSION, meta::VERSION)],
+                crc_at: meta::F_CRC,
+            },
+            "Falcon",
+        )?;
         let pages = PageManager::open(&pool)?;
         let r = |f: u64| pool.read_u64(meta_page + f);
-        if r(meta::F_MAGIC) != meta::MAGIC || r(meta::F_VERSION) != meta::VERSION {
-            return Err(DbError::Corrupt(
-                "the Falcon meta page is missing or of another version".into(),
-            ));
-        }
         let stored_threads = r(meta::F_MAX_THREADS) as usize;
         config.max_threads = config.max_threads.max(stored_threads);
         config.window_slots = r(meta::F_WINDOW_SLOTS) as usize;

@@ -36,7 +36,7 @@ pub(super) fn recover(engine: &mut FalconEngine) -> Result<(RecoveryReport, u64)
     let mut windows: HashMap<usize, u64> = HashMap::new();
     let mut spills: HashMap<usize, Vec<(u64, u64)>> = HashMap::new();
     let mut heap: Vec<(u32, usize, u64)> = Vec::new();
-    for (index, tag) in engine.pages.allocated(&pool) {
+    for (index, tag) in engine.pages.allocated(&pool)? {
         let owner = tag.owner as usize;
         let off = engine.pages.page_offset(index);
         match tag.kind {
@@ -74,6 +74,19 @@ pub(super) fn recover(engine: &mut FalconEngine) -> Result<(RecoveryReport, u64)
                 continue;
             }
             let tid = pool.read_u64(at + slot::TID);
+            // The mark is one 8-byte store and the slot header one cache line written before it:
+            // any other state, or a committed slot whose tid names another thread than the
+            // window's owner, is damage, not a torn write.
+            if state != slot::COMMITTED && state != slot::COMMITTED_CRC {
+                return Err(corrupt(format!(
+                    "window slot {s} of thread {owner} has state {state:#x}, which Falcon never writes"
+                )));
+            }
+            if (tid & tid_thread_mask()) as usize != owner {
+                return Err(corrupt(format!(
+                    "window slot {s} of thread {owner} holds tid {tid:#x} of another thread"
+                )));
+            }
             let len = pool.read_u64(at + slot::LEN);
             let spilled = pool.read_u64(at + slot::SPILLED) == 1;
             let payload = if spilled {
@@ -206,6 +219,17 @@ pub(super) fn recover(engine: &mut FalconEngine) -> Result<(RecoveryReport, u64)
                             let t = page + i * table.slot;
                             let flags = pool.read_u64(t + tuple::FLAGS);
                             let write_ts = pool.read_u64(t + tuple::WRITE_TS);
+                            if let Some(problem) = tuple_header_problem(
+                                flags,
+                                write_ts,
+                                pool.read_u64(t + tuple::KEY),
+                                threads,
+                            ) {
+                                return Err(corrupt(format!(
+                                    "table {}: tuple at {t}: {problem}",
+                                    table.schema.name
+                                )));
+                            }
                             out.max_ts = out.max_ts.max(write_ts);
                             if flags == tuple::LIVE {
                                 let key = pool.read_u64(t + tuple::KEY);
@@ -276,6 +300,45 @@ pub(super) fn recover(engine: &mut FalconEngine) -> Result<(RecoveryReport, u64)
     Ok((report, tid_timestamp(max_ts)))
 }
 
+fn tid_thread_mask() -> u64 {
+    (1 << crate::cc::TID_THREAD_BITS) - 1
+}
+
+/// What is wrong with a tuple header as recovery's heap scan finds it (after replay), if anything.
+///
+/// Internal consistency, checked at recovery for free (no checksum on the commit path): a slot is
+/// never used (all zero: KEY and FLAGS are only written by a commit's apply or by replay, which
+/// writes them again after a crash, and `write_ts` only after them), live, or deleted; a used
+/// slot's `write_ts` is a commit tid, below [`TID_LIMIT`](crate::engine::common::TID_LIMIT),
+/// whose low byte names a thread slot of the pool.
+pub(crate) fn tuple_header_problem(
+    flags: u64,
+    write_ts: u64,
+    key: u64,
+    threads: usize,
+) -> Option<String> {
+    match flags {
+        0 if write_ts != 0 || key != 0 => Some(format!(
+            "an unused slot (flags 0) holds key {key} and write_ts {write_ts:#x}"
+        )),
+        0 => None,
+        tuple::LIVE | tuple::DELETED_ROW if write_ts == 0 => {
+            Some("a used slot has no write_ts".into())
+        }
+        tuple::LIVE | tuple::DELETED_ROW if write_ts >= crate::engine::common::TID_LIMIT => Some(
+            format!("write_ts {write_ts:#x} is beyond any commit tid (2^56: 2^48 µs of clock)"),
+        ),
+        tuple::LIVE | tuple::DELETED_ROW if (write_ts & tid_thread_mask()) as usize >= threads => {
+            Some(format!(
+                "write_ts {write_ts:#x} names thread {} of a pool of {threads}",
+                write_ts & tid_thread_mask()
+            ))
+        }
+        tuple::LIVE | tuple::DELETED_ROW => None,
+        other => Some(format!("flags {other:#x} are not a Falcon state")),
+    }
+}
+
 #[derive(Default)]
 struct ScanResult {
     rows: u64,
@@ -305,7 +368,7 @@ pub(super) fn check_structure(engine: &FalconEngine) -> Result<Vec<u64>, String>
     let pool = &engine.pool;
     let tables = engine.tables.read().clone();
     let mut heap_pages: HashMap<u64, u32> = HashMap::new();
-    for (index, tag) in engine.pages.allocated(pool) {
+    for (index, tag) in engine.pages.allocated(pool).map_err(|e| e.to_string())? {
         if tag.kind == kind::HEAP {
             heap_pages.insert(engine.pages.page_offset(index), tag.value as u32);
         }

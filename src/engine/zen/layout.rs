@@ -3,7 +3,7 @@
 //! ```text
 //! meta page (kind META, found from the pool root):
 //!   0 magic "PMTXZEN1"   8 version   16 max_threads   24 max_row_bytes   32 catalog slot bytes
-//!   4096.. catalog slots A and B
+//!   40 CRC-32 of bytes 0..4096   4096.. catalog slots A and B
 //! NVM-tuple heap pages (kind HEAP, owner = the thread whose region the page belongs to,
 //! value = table id): fixed-size slots, 16-byte aligned, each a 16-byte header and the row:
 //!   0 word: bit 63 LP (last persisted), bit 62 DELETED, bits 0..62 Tx-CTS (the commit tid;
@@ -28,8 +28,8 @@ pub mod kind {
 pub mod meta {
     /// Magic of the meta page.
     pub const MAGIC: u64 = u64::from_le_bytes(*b"PMTXZEN1");
-    /// Layout version.
-    pub const VERSION: u64 = 1;
+    /// Layout version (2: the meta page carries a CRC).
+    pub const VERSION: u64 = 2;
     /// Magic field.
     pub const F_MAGIC: u64 = 0;
     /// Version field.
@@ -40,6 +40,8 @@ pub mod meta {
     pub const F_MAX_ROW: u64 = 24;
     /// Catalog slot bytes field.
     pub const F_CATALOG_SLOT: u64 = 32;
+    /// CRC-32 of the meta page's first 4 KiB (see `engine::meta`).
+    pub const F_CRC: u64 = 40;
     /// Where the catalog slots start within the meta page.
     pub const CATALOG_AT: u64 = 4096;
     /// Bytes per catalog slot.

@@ -391,6 +391,7 @@ impl ZenEngine {
                     (meta::F_MAX_ROW, config.max_row_bytes as u64),
                     (meta::F_CATALOG_SLOT, meta::CATALOG_SLOT_BYTES),
                 ],
+                crc_at: meta::F_CRC,
             },
         )?;
         Ok(Arc::new(Self::assemble(
@@ -406,14 +407,21 @@ impl ZenEngine {
     /// thread count is at least the pool's (each thread slot is a region).
     pub fn open(pool: Arc<Pool>, mut config: ZenConfig) -> Result<Arc<ZenEngine>, DbError> {
         Self::check_domain(pool.domain())?;
-        let meta_page = crate::engine::meta::root_meta_page(&pool, "Zen")?;
+        let meta_page = crate::engine::meta::open(
+            &pool,
+            &crate::engine::meta::MetaLayout {
+                page_kind: kind::META,
+                magic_at: meta::F_MAGIC,
+                magic: meta::MAGIC,
+                catalog_at: meta::CATALOG_AT,
+                catalog_slot_bytes: meta::CATALOG_SLOT_BYTES,
+                fields: &[(meta::F_VERSION, meta::VERSION)],
+                crc_at: meta::F_CRC,
+            },
+            "Zen",
+        )?;
         let pages = PageManager::open(&pool)?;
         let r = |f: u64| pool.read_u64(meta_page + f);
-        if r(meta::F_MAGIC) != meta::MAGIC || r(meta::F_VERSION) != meta::VERSION {
-            return Err(DbError::Corrupt(
-                "the Zen meta page is missing or of another version".into(),
-            ));
-        }
         config.max_threads = config.max_threads.max(r(meta::F_MAX_THREADS) as usize);
         config.max_row_bytes = r(meta::F_MAX_ROW) as usize;
         Self::validate(&config)?;

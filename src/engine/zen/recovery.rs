@@ -95,7 +95,7 @@ fn scan_region(
     tables: &[Arc<TableRt>],
     region: usize,
     pages: &[(TableId, u64)],
-) -> RegionScan {
+) -> Result<RegionScan, DbError> {
     let mut out = RegionScan {
         region,
         ..RegionScan::default()
@@ -107,6 +107,12 @@ fn scan_region(
             let slot = page + i * table.slot;
             let word = pool.read_u64(slot + tuple::WORD);
             let cts = tuple::cts(word);
+            if let Some(problem) = header_word_problem(word, region) {
+                return Err(corrupt(format!(
+                    "table {}: NVM-tuple at {slot} in region {region}: {problem}",
+                    table.schema.name
+                )));
+            }
             out.slots += 1;
             out.max_cts = out.max_cts.max(cts);
             if word & tuple::LP != 0 {
@@ -140,7 +146,34 @@ fn scan_region(
     if zeroed {
         pool.fence(); // line 25
     }
-    out
+    Ok(out)
+}
+
+/// What is wrong with an NVM-tuple header word found in `region`'s pages, if anything.
+///
+/// Internal consistency, checked at recovery for free (no checksum on the commit path): a word is
+/// 0 (empty) or holds a non-zero Tx-CTS below [`TID_LIMIT`](crate::engine::common::TID_LIMIT);
+/// a version is written only by its region's thread (a
+/// transaction persists into its own thread's region, §3.3.3), and a tid's low byte is that
+/// thread's slot, so the Tx-CTS must name the region. A stale word left by a lost store is an
+/// older version of the same region, which passes.
+pub(crate) fn header_word_problem(word: u64, region: usize) -> Option<String> {
+    let cts = tuple::cts(word);
+    let thread_mask = (1u64 << crate::cc::TID_THREAD_BITS) - 1;
+    if word != 0 && cts == 0 {
+        Some(format!("header word {word:#x} has flags but no Tx-CTS"))
+    } else if cts >= crate::engine::common::TID_LIMIT {
+        Some(format!(
+            "Tx-CTS {cts:#x} is beyond any commit tid (2^56: 2^48 µs of clock)"
+        ))
+    } else if cts != 0 && (cts & thread_mask) as usize != region {
+        Some(format!(
+            "Tx-CTS {cts:#x} names thread {}, not the region's thread",
+            cts & thread_mask
+        ))
+    } else {
+        None
+    }
 }
 
 /// Runs recovery; returns the report and the timestamp floor for the tid clock.
@@ -154,7 +187,7 @@ pub(super) fn recover(engine: &mut ZenEngine) -> Result<(RecoveryReport, u64), D
 
     // Phase 1: the page table maps heap pages to regions (thread slots) and tables.
     let mut regions: Vec<Vec<(TableId, u64)>> = vec![Vec::new(); threads];
-    for (index, tag) in engine.pages.allocated(&pool) {
+    for (index, tag) in engine.pages.allocated(&pool)? {
         let owner = tag.owner as usize;
         match tag.kind {
             kind::META => {}
@@ -186,7 +219,7 @@ pub(super) fn recover(engine: &mut ZenEngine) -> Result<(RecoveryReport, u64), D
                         .skip(w)
                         .step_by(workers)
                         .map(|&r| scan_region(pool, tables, r, &regions[r]))
-                        .collect::<Vec<_>>()
+                        .collect::<Result<Vec<_>, _>>()
                 })
             })
             .collect();
@@ -195,9 +228,10 @@ pub(super) fn recover(engine: &mut ZenEngine) -> Result<(RecoveryReport, u64), D
             // A scan thread stopped by a simulated crash (or by a bug) unwinds the caller with
             // its own payload: `expect` would turn the simulator's crash into a real panic
             // (found by the crash-consistency suite when it crashes recovery itself).
-            .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect()
-    });
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect::<Result<Vec<_>, _>>()
+            .map(|v| v.into_iter().flatten().collect())
+    })?;
     let mut states: Vec<ThreadState> = (0..threads).map(|_| ThreadState::default()).collect();
     for st in states.iter_mut() {
         st.tables = (0..tables.len()).map(|_| TableAlloc::default()).collect();
@@ -283,7 +317,7 @@ pub(super) fn check_structure(engine: &ZenEngine) -> Result<Vec<u64>, String> {
     let pool = &engine.pool;
     let tables = engine.tables.read().clone();
     let mut heap_pages: HashMap<u64, TableId> = HashMap::new();
-    for (index, tag) in engine.pages.allocated(pool) {
+    for (index, tag) in engine.pages.allocated(pool).map_err(|e| e.to_string())? {
         if tag.kind == kind::HEAP {
             heap_pages.insert(engine.pages.page_offset(index), tag.value as TableId);
         }
