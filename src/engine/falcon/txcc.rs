@@ -279,12 +279,17 @@ impl FalconWorker {
                 // has neither a commit timestamp nor started writing in place, so the copy is
                 // the committed version; once retired, the chain entry says whether the
                 // snapshot must see the new version (wait) or the old one (use the chain).
-                match versions.replaced_by(t, wts1) {
-                    Some(end) if end == PENDING || tid_timestamp(end) <= s => {
+                match mvcc::past_writer(
+                    || versions.replaced_by(t, wts1),
+                    wts1,
+                    s,
+                    || self.write_ts(t),
+                ) {
+                    mvcc::PastWriter::Retry => {
                         backoff(round);
                         continue;
                     }
-                    Some(_) => match self.read_chain(t, out, s) {
+                    mvcc::PastWriter::UseChain => match self.read_chain(t, out, s) {
                         Some(c) => return Ok(Some(c)),
                         // The writer failed validation and took its entry back: look again.
                         None => {
@@ -292,7 +297,7 @@ impl FalconWorker {
                             continue;
                         }
                     },
-                    None => {}
+                    mvcc::PastWriter::UseCopy => {}
                 }
             }
             return Ok(Some(c));

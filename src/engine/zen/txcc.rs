@@ -393,6 +393,13 @@ impl ZenWorker {
                         backoff(round);
                         continue;
                     }
+                    // No marker may also mean that the insert committed and its marker, ended
+                    // at or below the snapshot, was pruned since (see `mvcc::past_writer`):
+                    // then the Tx-CTS is set, and the row must be read.
+                    _ if e.cts().load(Ordering::SeqCst) != 0 => {
+                        backoff(round);
+                        continue;
+                    }
                     _ => return Ok(Seen::Chain { live: false }),
                 }
             }
@@ -410,12 +417,13 @@ impl ZenWorker {
                 // commit timestamp nor installed anything, so the copy is the committed version;
                 // once retired, the chain says whether the snapshot must see the new version
                 // (wait) or the old one (use the chain).
-                match versions.replaced_by(key, wts1) {
-                    Some(end) if end == PENDING || tid_timestamp(end) <= s => {
+                let wts_now = || e.cts().load(Ordering::SeqCst);
+                match mvcc::past_writer(|| versions.replaced_by(key, wts1), wts1, s, wts_now) {
+                    mvcc::PastWriter::Retry => {
                         backoff(round);
                         continue;
                     }
-                    Some(_) => match Self::read_chain(versions, key, out, s) {
+                    mvcc::PastWriter::UseChain => match Self::read_chain(versions, key, out, s) {
                         Seen::Chain { live: true } => return Ok(Seen::Chain { live: true }),
                         // The writer failed and took its entry back: look again.
                         _ => {
@@ -423,7 +431,7 @@ impl ZenWorker {
                             continue;
                         }
                     },
-                    None => {}
+                    mvcc::PastWriter::UseCopy => {}
                 }
             }
             return Ok(Seen::Entry {
