@@ -154,6 +154,51 @@ impl VersionStore {
     }
 }
 
+/// What a snapshot reader does about a tuple it found write-locked ([`past_writer`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PastWriter {
+    /// The writer has not retired the version the reader copied: its commit timestamp will be
+    /// above the snapshot, so the copy is the version the snapshot sees.
+    UseCopy,
+    /// The writer's commit timestamp is above the snapshot: the snapshot's version is in the
+    /// chain.
+    UseChain,
+    /// The snapshot must see the writer's version, which is not in place yet, or the tuple
+    /// changed under the reader: back off and read again.
+    Retry,
+}
+
+/// The decision of a snapshot reader at `snapshot` (a timestamp) that copied the version with
+/// write timestamp `wts` of a tuple and found the tuple write-locked around the copy.
+/// `replaced_by` looks the version up in the tuple's chain ([`VersionStore::replaced_by`]);
+/// `wts_now` re-reads the tuple's write timestamp, after the lookup.
+///
+/// The chain entry of the version (its writer retires it before taking a commit timestamp)
+/// tells the reader whether it must wait for the writer (pending, or replaced at or below the
+/// snapshot) or read the chain (replaced above it). *No* entry means the writer has not retired
+/// the version yet, whose commit timestamp is therefore above the snapshot, **or** that the
+/// writer has finished since and the entry was already pruned: an entry replaced at or below
+/// the snapshot is invisible to it, so once the writer's thread is idle a pruner may drop it.
+/// Taking "no entry" for "not retired" in the second case returned the overwritten version to a
+/// snapshot that must see the new one, and SI's first-committer check (a write timestamp above
+/// the snapshot) then let the transaction overwrite it: a lost update (issue 19). The writer
+/// installs its write timestamp before its thread goes idle, so a write timestamp still equal
+/// to `wts` after the lookup proves the entry was not pruned. `tests/cc_model.rs` checks this
+/// with loom.
+pub fn past_writer(
+    replaced_by: impl FnOnce() -> Option<u64>,
+    wts: u64,
+    snapshot: u64,
+    wts_now: impl FnOnce() -> u64,
+) -> PastWriter {
+    match replaced_by() {
+        Some(end) if end == PENDING || tid_timestamp(end) <= snapshot => PastWriter::Retry,
+        Some(_) => PastWriter::UseChain,
+        None if wts_now() != wts => PastWriter::Retry,
+        None => PastWriter::UseCopy,
+    }
+}
+
 /// The timestamp source of the multi-version protocols: a high-water mark of commit timestamps.
 #[derive(Debug, Default)]
 pub struct SnapshotClock {

@@ -221,6 +221,10 @@ pub(crate) struct TableRt {
     pub slot: u64,
     pub index: PrimaryIndex,
     pub secondary: Vec<SecondaryIndex>,
+    /// The largest commit tid of a delete in this table (raised before the key leaves the
+    /// index): a snapshot or MVTO transaction older than it that misses a key may have missed
+    /// it because of that delete (`FalconWorker::resolve_miss`).
+    pub deleted_up_to: std::sync::atomic::AtomicU64,
 }
 
 impl TableRt {
@@ -242,6 +246,7 @@ impl TableRt {
             index,
             secondary,
             schema,
+            deleted_up_to: std::sync::atomic::AtomicU64::new(0),
         }
     }
 

@@ -1001,6 +1001,7 @@ impl EngineWorker for FalconWorker {
             let rt = &self.tables[table as usize];
             match kind {
                 WriteKind::Delete => {
+                    rt.deleted_up_to.fetch_max(tid, Ordering::SeqCst);
                     rt.index.remove_if(key, t);
                     let st = self.state.as_mut().expect("state present");
                     if st.tables.len() <= table as usize {
@@ -1081,7 +1082,12 @@ impl EngineWorker for FalconWorker {
     }
 
     fn resolve_miss(&mut self, error: TxError) -> TxError {
-        let stale = !self.reads_still_valid();
+        let stale = match error {
+            TxError::NotFound { table, key } | TxError::DuplicateKey { table, key } => {
+                !self.reads_still_valid() || self.miss_after_snapshot(table, key)
+            }
+            _ => false,
+        };
         match error {
             TxError::NotFound { .. } | TxError::DuplicateKey { .. } if stale => TxError::Conflict,
             other => other,

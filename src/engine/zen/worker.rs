@@ -941,9 +941,15 @@ impl EngineWorker for ZenWorker {
                 t.cache.publish(r, 1);
                 self.pins.push((table, r));
                 if t.index.insert_new(key, r).is_err() {
+                    // The key was absent when `insert` checked; a transaction that committed
+                    // since has inserted it. That invalidates this transaction's observation of
+                    // absence (and, under the optimistic protocols, typically a read it made:
+                    // TPC-C New-Order's district counter), so it is a conflict to retry, as in
+                    // Falcon, never a duplicate the caller made (issue 22, item 1). On retry
+                    // `insert` sees the row and, if the caller still inserts it, reports it.
                     t.cache.supersede(r);
                     self.writes[i].target = 0;
-                    return self.fail(TxError::DuplicateKey { table, key });
+                    return self.fail(TxError::Conflict);
                 }
             }
         }
@@ -1157,8 +1163,8 @@ impl EngineWorker for ZenWorker {
 
     fn resolve_miss(&mut self, error: TxError) -> TxError {
         match error {
-            TxError::NotFound { .. } | TxError::DuplicateKey { .. }
-                if !self.reads_still_valid() =>
+            TxError::NotFound { table, key } | TxError::DuplicateKey { table, key }
+                if !self.reads_still_valid() || self.miss_after_snapshot(table, key) =>
             {
                 TxError::Conflict
             }
