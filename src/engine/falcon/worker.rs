@@ -133,6 +133,10 @@ pub(crate) struct FalconWorker {
     spans: Vec<(u64, u64)>,
     /// Per write of a committing transaction: whether its lines get the hinted flush.
     flush_write: Vec<bool>,
+    /// Secondary entries a commit replaces: (table, index, primary key, old secondary key).
+    secondary_changes: Vec<(TableId, usize, u64, u64)>,
+    /// A row read back from PM at commit (secondary keys).
+    row_buf: Vec<u8>,
 }
 
 impl FalconWorker {
@@ -174,6 +178,8 @@ impl FalconWorker {
             scan_hits: Vec::new(),
             spans: Vec::new(),
             flush_write: Vec::new(),
+            secondary_changes: Vec::new(),
+            row_buf: Vec::new(),
             eng,
         })
     }
@@ -899,8 +905,11 @@ impl EngineWorker for FalconWorker {
         } else {
             None
         };
-        // Secondary keys before the update, for rows whose indexed columns change.
-        let mut secondary_changes: Vec<(TableId, usize, u64, u64)> = Vec::new();
+        // Secondary keys before the update, for rows whose indexed columns change (the old row is
+        // read only for those).
+        let mut secondary_changes = std::mem::take(&mut self.secondary_changes);
+        secondary_changes.clear();
+        let mut old = std::mem::take(&mut self.row_buf);
         for (i, w) in self.writes.iter().enumerate() {
             let rt = &self.tables[w.table as usize];
             if rt.secondary.is_empty()
@@ -909,7 +918,7 @@ impl EngineWorker for FalconWorker {
             {
                 continue;
             }
-            let old = self.pool.read_vec(w.tuple + tuple::HEADER, rt.row);
+            let mut old_read = false;
             for si in 0..rt.secondary.len() {
                 let touched = w.kind == WriteKind::Delete
                     || self
@@ -924,6 +933,11 @@ impl EngineWorker for FalconWorker {
                             })
                         });
                 if touched {
+                    if !old_read {
+                        old.resize(rt.row, 0);
+                        self.pool.read_bytes(w.tuple + tuple::HEADER, &mut old);
+                        old_read = true;
+                    }
                     secondary_changes.push((w.table, si, w.key, rt.secondary_key(si, &old)));
                 }
             }
@@ -1011,26 +1025,29 @@ impl EngineWorker for FalconWorker {
                     st.tables[table as usize].deleted.push_back((t, reuse));
                 }
                 WriteKind::Insert if !rt.secondary.is_empty() => {
-                    let row = self.pool.read_vec(t + tuple::HEADER, rt.row);
+                    old.resize(rt.row, 0);
+                    self.pool.read_bytes(t + tuple::HEADER, &mut old);
                     for (si, sec) in rt.secondary.iter().enumerate() {
-                        sec.insert(rt.secondary_key(si, &row), key);
+                        sec.insert(rt.secondary_key(si, &old), key);
                     }
                 }
                 _ => {}
             }
         }
-        for (table, si, key, old_key) in secondary_changes {
+        for &(table, si, key, old_key) in &secondary_changes {
             let rt = &self.tables[table as usize];
             rt.secondary[si].remove(old_key, key);
             if let Some(i) = self.find_write(table, key) {
                 if self.writes[i].kind == WriteKind::Update {
-                    let row = self
-                        .pool
-                        .read_vec(self.writes[i].tuple + tuple::HEADER, rt.row);
-                    rt.secondary[si].insert(rt.secondary_key(si, &row), key);
+                    old.resize(rt.row, 0);
+                    self.pool
+                        .read_bytes(self.writes[i].tuple + tuple::HEADER, &mut old);
+                    rt.secondary[si].insert(rt.secondary_key(si, &old), key);
                 }
             }
         }
+        self.secondary_changes = secondary_changes;
+        self.row_buf = old;
         // 8. Selective data flush (lines 7–11): sfence, then clwb the updated lines of tuples that
         // are not hot. The clwbs complete at a later fence; eADR needs none for correctness. The
         // sfence only orders the hinted flush, so it is skipped when every tuple is hot.
