@@ -1100,8 +1100,15 @@ impl EngineWorker for FalconWorker {
 
     fn resolve_miss(&mut self, error: TxError) -> TxError {
         let stale = match error {
+            // A miss on a key this transaction wrote is its own answer (its own delete or insert,
+            // under its own lock), never a stale view; but a row found gone when an early lock
+            // was taken (`lock_for_write`'s record: cancelled, with a tuple) is judged as usual.
             TxError::NotFound { table, key } | TxError::DuplicateKey { table, key } => {
-                !self.reads_still_valid() || self.miss_after_snapshot(table, key)
+                let own = self.find_write(table, key).is_some_and(|w| {
+                    let w = &self.writes[w];
+                    !(w.kind == WriteKind::Cancelled && w.tuple != 0)
+                });
+                !own && (!self.reads_still_valid() || self.miss_after_snapshot(table, key))
             }
             _ => false,
         };

@@ -1162,6 +1162,13 @@ impl EngineWorker for ZenWorker {
     }
 
     fn resolve_miss(&mut self, error: TxError) -> TxError {
+        // A miss on a key this transaction wrote is its own answer (its own delete or insert,
+        // its own lock), never a stale view.
+        if let TxError::NotFound { table, key } | TxError::DuplicateKey { table, key } = error {
+            if self.find_write(table, key).is_some() {
+                return error;
+            }
+        }
         match error {
             TxError::NotFound { table, key } | TxError::DuplicateKey { table, key }
                 if !self.reads_still_valid() || self.miss_after_snapshot(table, key) =>
