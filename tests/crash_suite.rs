@@ -172,6 +172,19 @@ fn every_injected_fault_is_caught_under_adr() {
     }
 }
 
+/// Zen streams its tuples with non-temporal stores, which sit in write-combining buffers until
+/// the `sfence` of Algorithm 1 line 10 under eADR too: without that fence an LP bit can persist
+/// before the tuples it commits. (The simulator once counted a streaming store durable at once
+/// under eADR, and this fault went unseen.)
+#[test]
+fn zen_skip_fence_is_caught_under_eadr() {
+    let mut c = small(EngineKind::Zen, Eadr, WorkloadKind::Bank);
+    c.images = 120;
+    c.fault = Some(ZenFault::SkipFence.into());
+    let r = crashtest::run(&c).unwrap();
+    assert!(r.total_violations() > 0, "{}", r.render());
+}
+
 #[test]
 fn a_reported_event_reproduces_alone() {
     let mut c = small(EngineKind::Falcon, Adr, WorkloadKind::Bank);
