@@ -49,6 +49,15 @@ pub struct Args {
     /// Crash the recovery itself every N images (0: never).
     #[arg(long, default_value_t = 16)]
     pub recovery_crash_every: u64,
+    /// Crashes per chain: crash, recover, run --txns more transactions on the recovered pool,
+    /// crash again, N times (1: every crash point starts from a new pool). With --real-kills:
+    /// consecutive kills of children on one pool.
+    #[arg(long, default_value_t = 1)]
+    pub rounds: usize,
+    /// Falcon's window slot size in bytes (at least 256): a small slot makes transactions spill
+    /// their redo to spill pages, so the spill path is crash-tested.
+    #[arg(long)]
+    pub window_slot_bytes: Option<usize>,
     /// Instead of the simulator: SIGKILL this many child `pmtx` processes mid-workload.
     #[arg(long)]
     pub real_kills: Option<u32>,
@@ -65,6 +74,9 @@ pub struct Args {
     /// Internal: run as the child of a real-kill round on this pool.
     #[arg(long, hide = true)]
     pub child_pool: Option<PathBuf>,
+    /// Internal: a real-kill child reopens the pool a killed child left (restart number N > 0).
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub child_restart: u64,
     /// Internal: transactions per thread of a real-kill child.
     #[arg(long, hide = true, default_value_t = 1_000_000)]
     pub child_txns: usize,
@@ -95,9 +107,11 @@ pub(crate) fn run(args: Args) -> CliResult {
     cfg.images_per_point = args.images_per_point;
     cfg.recovery_crash_every = args.recovery_crash_every;
     cfg.fault = args.inject_fault;
+    cfg.rounds = args.rounds;
+    cfg.window_slot_bytes = args.window_slot_bytes;
     if let Some(path) = args.child_pool {
         cfg.txns_per_thread = args.child_txns;
-        realkill::child_main(&cfg, &path)?;
+        realkill::child_main(&cfg, &path, args.child_restart)?;
         return Ok(());
     }
     if let Some(kills) = args.real_kills {
