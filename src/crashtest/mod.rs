@@ -2,12 +2,14 @@
 //!
 //! It runs a small workload under the pmem crash simulator ([`crate::pmem::crashsim`]), fails power
 //! before a chosen PM event (sampled from a seed, or every event of the run with `exhaustive`),
-//! materialises crash images of that point (under ADR several: each pending cache line keeps some
-//! prefix of its stores; under eADR the one live image), recovers each image as a pool and checks
+//! materialises crash images of that point (under ADR each pending cache line keeps some prefix of
+//! its stores; under both domains each unfenced non-temporal store piece survives or not), recovers
+//! each image as a pool and checks
 //! it ([`checks`]): structure (indexes and heap agree, no leaked or doubly owned slot),
 //! durability of every acknowledged commit, atomicity, the workload's invariants, and liveness
 //! (the recovered database takes new transactions and still checks out). Every few images it also
-//! crashes the recovery itself at one of its PM events and recovers that image again.
+//! crashes the recovery itself at one of its PM events and recovers that image again. With
+//! [`CrashTestConfig::rounds`] > 1 a crash point starts a chain of crashes across restarts.
 //!
 //! Real crashes (SIGKILL of a child `pmtx` process) are in [`realkill`].
 
