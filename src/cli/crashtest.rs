@@ -19,7 +19,8 @@ pub struct Args {
     /// The persistence domain simulated (adr or eadr).
     #[arg(long, default_value = "adr")]
     pub domain: PersistenceDomain,
-    /// The workload: bank, ycsb or tpcc (a tiny TPC-C loaded before the crash window).
+    /// The workload: bank, ycsb, tpcc (a tiny TPC-C loaded before the crash window) or grow
+    /// (4000-byte rows until the heap needs more than one page per thread).
     #[arg(long, default_value = "bank")]
     pub workload: WorkloadKind,
     /// The concurrency-control protocol.

@@ -184,7 +184,8 @@ impl CrashTestConfig {
     /// A pool just large enough: header, meta page, per thread a window and a heap page per table,
     /// and a spare page.
     fn pool_size(&self, tables: usize) -> u64 {
-        let pages = 1 + (self.threads as u64) * (1 + tables as u64) + 1;
+        let extra = self.workload.build().extra_pages_per_thread();
+        let pages = 1 + (self.threads as u64) * (1 + tables as u64 + extra) + 1;
         (pages + 1) * PAGE_SIZE
     }
 
