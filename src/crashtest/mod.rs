@@ -118,7 +118,8 @@ pub struct CrashTestConfig {
     pub exhaustive: bool,
     /// Crash only before this event (to reproduce a reported failure).
     pub event: Option<u64>,
-    /// Images drawn per crash point (ADR; eADR has one image per point).
+    /// Images drawn per crash point (at most: under eADR a point has more than one image only
+    /// while non-temporal stores are pending).
     pub images_per_point: usize,
     /// Every how many images the recovery itself is crashed and recovered again (0: never).
     pub recovery_crash_every: u64,
