@@ -44,7 +44,8 @@ pub struct Args {
     /// Crash only before this PM event (reproduces a reported violation).
     #[arg(long)]
     pub event: Option<u64>,
-    /// Images drawn per crash point (under eADR only pending non-temporal stores give more than one).
+    /// Images drawn per crash point (under eADR only pending non-temporal stores give a point
+    /// more than one).
     #[arg(long, default_value_t = 4)]
     pub images_per_point: usize,
     /// Crash the recovery itself every N images (0: never).
