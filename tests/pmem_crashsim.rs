@@ -2,9 +2,9 @@
 //! model"): what survives a power failure under ADR and eADR, where exactly power fails, how crash
 //! images are enumerated or sampled, and that every image is a pool that opens again.
 //!
-//! The last part is a model-based property test: random store/flush/fence sequences are replayed on
-//! an independent reference model, and the simulator's durable image, full image, chosen images and
-//! pending counts must agree with it.
+//! The last part is a model-based property test: random store/streaming-store/flush/fence sequences
+//! of three threads, under ADR and eADR, are replayed on an independent reference model, and the
+//! simulator's durable image, full image, chosen images and pending counts must agree with it.
 
 use pmtx::pmem::{
     CrashImage, CrashSimOptions, CrashState, CrashTrigger, OnCrash, PersistenceDomain, Pool,
@@ -240,8 +240,7 @@ fn a_non_temporal_store_is_durable_at_the_next_fence_and_not_before() {
     for img in all_images(&state) {
         assert_eq!(&img.bytes[a as usize..a as usize + 200], &row[..]);
     }
-    // Not fenced: the row may be lost (the durable image has none of it), and any image holds a
-    // per-line prefix of it.
+    // Not fenced: the row may be lost (the durable image has none of it), piece by piece.
     let p = pool(ADR);
     let a = p.first_usable() + 8;
     p.write_bytes_nt(a, &row);
@@ -545,6 +544,40 @@ fn flush_on_one_thread_and_fence_on_another_is_not_durable() {
     let state = crash(&pool);
     assert_eq!(word(&state.durable_image(), a), 0, "another thread's fence");
     assert_eq!(state.pending_stores(), 1);
+}
+
+#[test]
+fn a_stale_flush_mark_does_not_cover_stores_made_after_another_threads_fence() {
+    // Thread A and thread B both flush a line; B's fence drains it; A then stores to the line
+    // again and fences: A's old flush mark predates the new store, which stays pending. (The
+    // simulator once counted a line's stores from an empty log, so the stale mark covered it.)
+    let p = pool(ADR);
+    let a = p.first_usable();
+    p.write_u64(a, OLD);
+    std::thread::scope(|scope| {
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let (flushed, flushed_rx) = std::sync::mpsc::channel::<()>();
+        let p = &p;
+        let b = scope.spawn(move || {
+            p.flush(a, 8);
+            flushed.send(()).unwrap();
+            wait.recv().unwrap();
+            p.fence();
+        });
+        flushed_rx.recv().unwrap();
+        p.flush(a, 8);
+        go.send(()).unwrap();
+        b.join().unwrap();
+    });
+    p.write_u64(a, NEW);
+    p.fence();
+    let state = crash(&p);
+    assert_eq!(
+        word(&state.durable_image(), a),
+        OLD,
+        "the new store was never flushed"
+    );
+    assert_eq!(word(&state.full_image(), a), NEW);
 }
 
 #[test]
@@ -1036,63 +1069,253 @@ fn volatile_domain_refuses_a_crash_simulator() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 14. model-based property test
+// 14. non-temporal stores: pending and unordered until their thread's fence, under ADR and eADR
+
+#[test]
+fn an_unfenced_non_temporal_store_may_be_lost_under_eadr_too() {
+    let p = pool(EADR);
+    let a = p.first_usable();
+    p.write_bytes_nt(a, &NEW.to_ne_bytes());
+    p.write_u64(a + 64, NEW); // an ordinary store: durable at once under eADR
+    let state = crash(&p);
+    assert_eq!(
+        state.pending_lines(),
+        0,
+        "no cached store is pending under eADR"
+    );
+    assert_eq!(state.pending_non_temporal(), 1);
+    assert_eq!(state.image_count(), 2);
+    assert_eq!(
+        word(&state.durable_image(), a),
+        0,
+        "the streaming store may be lost"
+    );
+    assert_eq!(word(&state.full_image(), a), NEW);
+    for img in all_images(&state) {
+        assert_eq!(word(&img, a + 64), NEW, "the cached store always survives");
+    }
+    // Fenced by its own thread: durable.
+    let p = pool(EADR);
+    p.write_bytes_nt(a, &NEW.to_ne_bytes());
+    p.fence();
+    let state = crash(&p);
+    assert_eq!(state.image_count(), 1);
+    assert_eq!(word(&state.durable_image(), a), NEW);
+}
+
+#[test]
+fn a_commit_mark_after_unfenced_streaming_data_may_survive_without_the_data() {
+    // Zen's pattern without its `sfence` (Algorithm 1 line 10): data streamed, then the commit
+    // word stored and its line written back. Under eADR some image keeps the mark and loses data.
+    let p = pool(EADR);
+    let data = p.first_usable();
+    let mark = data + 256;
+    p.write_bytes_nt(data, &[7u8; 128]);
+    p.write_u64(mark, 1);
+    p.flush(mark, 8);
+    let state = crash(&p);
+    let torn = all_images(&state).into_iter().any(|img| {
+        word(&img, mark) == 1 && img.bytes[data as usize..data as usize + 128] != [7u8; 128]
+    });
+    assert!(torn, "the mark can reach PM before the data");
+    // Under ADR the same, the mark line written back silently (no fence at all).
+    let p = pool(ADR);
+    p.write_bytes_nt(data, &[7u8; 16]);
+    p.write_u64(mark, 1);
+    let state = crash(&p);
+    assert!(all_images(&state)
+        .into_iter()
+        .any(|img| word(&img, mark) == 1 && word(&img, data) == 0));
+    // With the fence between them, no image has the mark without the data.
+    for domain in [ADR, EADR] {
+        let p = pool(domain);
+        p.write_bytes_nt(data, &[7u8; 128]);
+        p.fence();
+        p.write_u64(mark, 1);
+        let state = crash(&p);
+        for img in all_images(&state) {
+            assert_eq!(&img.bytes[data as usize..data as usize + 128], &[7u8; 128]);
+        }
+    }
+}
+
+#[test]
+fn non_temporal_pieces_survive_in_any_subset_and_order() {
+    for domain in [ADR, EADR] {
+        let p = pool(domain);
+        let a = p.first_usable();
+        // Three streaming stores in program order: two to one line, one to another.
+        p.write_bytes_nt(a, &OLD.to_ne_bytes());
+        p.write_bytes_nt(a + 8, &NEW.to_ne_bytes());
+        p.write_bytes_nt(a + 128, &NEW.to_ne_bytes());
+        let state = crash(&p);
+        assert_eq!(state.pending_non_temporal(), 3, "{domain}");
+        assert_eq!(state.image_count(), 8, "{domain}");
+        let seen: HashSet<(bool, bool, bool)> = all_images(&state)
+            .iter()
+            .map(|img| {
+                (
+                    word(img, a) == OLD,
+                    word(img, a + 8) == NEW,
+                    word(img, a + 128) == NEW,
+                )
+            })
+            .collect();
+        assert_eq!(
+            seen.len(),
+            8,
+            "{domain}: every subset, a later one without an earlier too"
+        );
+    }
+}
+
+#[test]
+fn a_fence_drains_only_its_own_threads_non_temporal_stores() {
+    for domain in [ADR, EADR] {
+        let p = std::sync::Arc::new(pool(domain));
+        let a = p.first_usable();
+        let other = p.clone();
+        std::thread::spawn(move || {
+            other.write_bytes_nt(a + 64, &NEW.to_ne_bytes());
+            other.fence();
+        })
+        .join()
+        .unwrap();
+        p.write_bytes_nt(a, &NEW.to_ne_bytes());
+        let other = p.clone();
+        std::thread::spawn(move || other.fence()).join().unwrap();
+        let state = crash(&p);
+        assert_eq!(state.pending_non_temporal(), 1, "{domain}");
+        assert_eq!(
+            word(&state.durable_image(), a),
+            0,
+            "{domain}: not fenced by its thread"
+        );
+        assert_eq!(
+            word(&state.durable_image(), a + 64),
+            NEW,
+            "{domain}: fenced by its own"
+        );
+    }
+}
+
+#[test]
+fn a_later_durable_store_wins_over_an_earlier_unfenced_streaming_store() {
+    // eADR: the ordinary store is durable at once and supersedes the streaming store, which is
+    // then no longer pending (whichever reaches PM first, the older value cannot be left).
+    let p = pool(EADR);
+    let a = p.first_usable();
+    p.write_bytes_nt(a, &OLD.to_ne_bytes());
+    p.write_u64(a, NEW);
+    let state = crash(&p);
+    assert_eq!(state.image_count(), 1);
+    assert_eq!(word(&state.durable_image(), a), NEW);
+    // Partly overwritten: the rest of the streaming store stays pending.
+    let p = pool(EADR);
+    p.write_bytes_nt(a, &[1u8; 16]);
+    p.write_u64(a, NEW);
+    let state = crash(&p);
+    assert_eq!(state.pending_non_temporal(), 1);
+    for img in all_images(&state) {
+        assert_eq!(word(&img, a), NEW);
+    }
+    // ADR: a streaming store fenced over a pending cached store of the same word: whether that
+    // line is written back later or not, the newer value stays.
+    let p = pool(ADR);
+    p.write_u64(a, OLD);
+    p.write_bytes_nt(a, &NEW.to_ne_bytes());
+    p.fence();
+    let state = crash(&p);
+    for img in all_images(&state) {
+        assert_eq!(
+            word(&img, a),
+            NEW,
+            "the older cached store cannot show through"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 16. model-based property test (three threads, streaming stores, both domains)
 
 /// Three cache lines.
 const REGION: usize = 3 * CACHE_LINE as usize;
+/// Threads issuing the ops of one case.
+const THREADS: usize = 3;
 
 #[derive(Clone, Debug)]
 enum Op {
     WriteU64 { word: usize, value: u64 },
     WriteBytes { off: usize, data: Vec<u8> },
+    WriteNonTemporal { off: usize, data: Vec<u8> },
     Flush { off: usize, len: usize },
     Fence,
 }
 
-fn op_strategy() -> impl Strategy<Value = Op> {
-    prop_oneof![
+fn bytes_strategy() -> impl Strategy<Value = (usize, Vec<u8>)> {
+    (0..REGION, prop::collection::vec(any::<u8>(), 1..=24)).prop_map(|(off, mut data)| {
+        data.truncate(REGION - off);
+        (off, data)
+    })
+}
+
+/// An op and the thread (`0..THREADS`) that issues it.
+fn op_strategy() -> impl Strategy<Value = (usize, Op)> {
+    let op = prop_oneof![
         3 => (0..REGION / 8, any::<u64>()).prop_map(|(word, value)| Op::WriteU64 { word, value }),
-        3 => (0..REGION, prop::collection::vec(any::<u8>(), 1..=24)).prop_map(|(off, mut data)| {
-            data.truncate(REGION - off);
-            Op::WriteBytes { off, data }
-        }),
+        3 => bytes_strategy().prop_map(|(off, data)| Op::WriteBytes { off, data }),
+        2 => bytes_strategy().prop_map(|(off, data)| Op::WriteNonTemporal { off, data }),
         2 => (0..REGION, 0..=REGION).prop_map(|(off, len)| Op::Flush { off, len: len.min(REGION - off) }),
         1 => Just(Op::Fence),
-    ]
+    ];
+    (0..THREADS, op)
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Piece {
-    Pending,
-    Flushed,
-    Durable,
+/// One store piece (at most 8 bytes inside one aligned word) of the reference model.
+struct Piece {
+    addr: usize,
+    data: Vec<u8>,
+    thread: usize,
+    non_temporal: bool,
+    /// Threads that flushed this (cached) piece's line after it was stored.
+    flushed_by: HashSet<usize>,
+    durable: bool,
 }
 
-/// The reference model: every store piece ever made (at most 8 bytes inside one aligned word),
-/// in program order, each with its own persistence state. Offsets are relative to the region,
-/// which starts on a line boundary.
+/// The reference model: every store piece ever made, in global program order, each with its own
+/// persistence state, written from the rules of shared/DESIGN.md rather than from the simulator's
+/// data structures. Offsets are relative to the region, which starts on a line boundary.
 struct Model {
+    domain: PersistenceDomain,
     initial: Vec<u8>,
     live: Vec<u8>,
-    pieces: Vec<(usize, Vec<u8>, Piece)>,
+    pieces: Vec<Piece>,
 }
 
 impl Model {
-    fn new(initial: Vec<u8>) -> Model {
+    fn new(domain: PersistenceDomain, initial: Vec<u8>) -> Model {
         Model {
+            domain,
             live: initial.clone(),
             initial,
             pieces: Vec::new(),
         }
     }
 
-    fn store(&mut self, off: usize, data: &[u8]) {
+    fn store(&mut self, thread: usize, off: usize, data: &[u8], non_temporal: bool) {
         self.live[off..off + data.len()].copy_from_slice(data);
         let mut start = 0;
         for i in 1..=data.len() {
             if i == data.len() || (off + i) % 8 == 0 {
-                self.pieces
-                    .push((off + start, data[start..i].to_vec(), Piece::Pending));
+                self.pieces.push(Piece {
+                    addr: off + start,
+                    data: data[start..i].to_vec(),
+                    thread,
+                    non_temporal,
+                    flushed_by: HashSet::new(),
+                    // eADR: an ordinary store is durable once executed; a streaming one is not.
+                    durable: self.domain == EADR && !non_temporal,
+                });
                 start = i;
             }
         }
@@ -1102,88 +1325,141 @@ impl Model {
         addr / CACHE_LINE as usize
     }
 
-    fn flush(&mut self, off: usize, len: usize) {
+    fn flush(&mut self, thread: usize, off: usize, len: usize) {
         if len == 0 {
             return;
         }
         let lines = Self::line(off)..=Self::line(off + len - 1);
-        for (addr, _, state) in &mut self.pieces {
-            if *state == Piece::Pending && lines.contains(&Self::line(*addr)) {
-                *state = Piece::Flushed;
+        for p in &mut self.pieces {
+            if !p.durable && !p.non_temporal && lines.contains(&Self::line(p.addr)) {
+                p.flushed_by.insert(thread);
             }
         }
     }
 
-    fn fence(&mut self) {
-        for (_, _, state) in &mut self.pieces {
-            if *state == Piece::Flushed {
-                *state = Piece::Durable;
+    /// A fence makes durable what its own thread flushed and streamed, nothing of other threads.
+    fn fence(&mut self, thread: usize) {
+        for p in &mut self.pieces {
+            if (p.non_temporal && p.thread == thread) || p.flushed_by.contains(&thread) {
+                p.durable = true;
             }
         }
+    }
+
+    /// Whether every byte of piece `i` is overwritten by a later durable piece.
+    fn superseded(&self, i: usize) -> bool {
+        let p = &self.pieces[i];
+        (p.addr..p.addr + p.data.len()).all(|b| {
+            self.pieces[i + 1..]
+                .iter()
+                .any(|q| q.durable && (q.addr..q.addr + q.data.len()).contains(&b))
+        })
+    }
+
+    /// The pending units, as `CrashState` orders them: the lines with pending cached pieces
+    /// (address order, each with its pieces' indexes in program order), then the pending
+    /// streaming pieces that can still show (program order).
+    fn units(&self) -> (BTreeMap<usize, Vec<usize>>, Vec<usize>) {
+        let mut lines: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        let mut streaming = Vec::new();
+        for (i, p) in self.pieces.iter().enumerate().filter(|(_, p)| !p.durable) {
+            if p.non_temporal {
+                if !self.superseded(i) {
+                    streaming.push(i);
+                }
+            } else {
+                lines.entry(Self::line(p.addr)).or_default().push(i);
+            }
+        }
+        (lines, streaming)
+    }
+
+    /// The image that keeps the durable pieces and the pending ones `choice` selects, applied in
+    /// program order (a later store wins).
+    fn image(&self, choice: &[usize]) -> Vec<u8> {
+        let (lines, streaming) = self.units();
+        let mut keep: HashSet<usize> = HashSet::new();
+        for ((_, pieces), &k) in lines.iter().zip(choice) {
+            keep.extend(&pieces[..k]);
+        }
+        for (&i, &k) in streaming.iter().zip(&choice[lines.len()..]) {
+            if k != 0 {
+                keep.insert(i);
+            }
+        }
+        let mut bytes = self.initial.clone();
+        for (i, p) in self.pieces.iter().enumerate() {
+            if p.durable || keep.contains(&i) {
+                bytes[p.addr..p.addr + p.data.len()].copy_from_slice(&p.data);
+            }
+        }
+        bytes
     }
 
     fn durable(&self) -> Vec<u8> {
-        let mut bytes = self.initial.clone();
-        for (addr, data, _) in self.pieces.iter().filter(|p| p.2 == Piece::Durable) {
-            bytes[*addr..*addr + data.len()].copy_from_slice(data);
-        }
-        bytes
-    }
-
-    /// Not-yet-durable pieces per line, lines in address order.
-    fn pending(&self) -> BTreeMap<usize, Vec<(usize, &[u8])>> {
-        let mut map: BTreeMap<usize, Vec<(usize, &[u8])>> = BTreeMap::new();
-        for (addr, data, _) in self.pieces.iter().filter(|p| p.2 != Piece::Durable) {
-            map.entry(Self::line(*addr))
-                .or_default()
-                .push((*addr, data.as_slice()));
-        }
-        map
-    }
-
-    fn image(&self, prefixes: &[usize]) -> Vec<u8> {
-        let mut bytes = self.durable();
-        for ((_, pieces), &k) in self.pending().iter().zip(prefixes) {
-            for (addr, data) in &pieces[..k] {
-                bytes[*addr..*addr + data.len()].copy_from_slice(data);
-            }
-        }
-        bytes
+        let (lines, streaming) = self.units();
+        self.image(&vec![0; lines.len() + streaming.len()])
     }
 }
 
-fn run_model_case(ops: &[Op], picks: &[usize]) -> Result<(), TestCaseError> {
-    let pool = pool(ADR);
+/// Runs `ops` on `THREADS` threads, one op at a time in the given order (so the global order is
+/// deterministic), against a simulated pool and the model, then compares what a crash may leave.
+fn run_model_case(
+    domain: PersistenceDomain,
+    ops: &[(usize, Op)],
+    picks: &[usize],
+) -> Result<(), TestCaseError> {
+    let pool = pool(domain);
     let base = pool.first_usable();
     let b = base as usize;
     prop_assert_eq!(base % CACHE_LINE, 0);
     let initial_pool = pool.read_vec(0, SIZE as usize);
-    let mut model = Model::new(initial_pool[b..b + REGION].to_vec());
+    let mut model = Model::new(domain, initial_pool[b..b + REGION].to_vec());
     let mut events = 0;
-    for op in ops {
-        match op {
-            Op::WriteU64 { word, value } => {
-                pool.write_u64(base + 8 * *word as u64, *value);
-                model.store(8 * word, &value.to_ne_bytes());
+    std::thread::scope(|scope| {
+        let mut inboxes = Vec::new();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        for _ in 0..THREADS {
+            let (tx, rx) = std::sync::mpsc::channel::<Op>();
+            inboxes.push(tx);
+            let done = done_tx.clone();
+            let pool = &pool;
+            scope.spawn(move || {
+                for op in rx {
+                    match op {
+                        Op::WriteU64 { word, value } => {
+                            pool.write_u64(base + 8 * word as u64, value)
+                        }
+                        Op::WriteBytes { off, data } => pool.write_bytes(base + off as u64, &data),
+                        Op::WriteNonTemporal { off, data } => {
+                            pool.write_bytes_nt(base + off as u64, &data)
+                        }
+                        Op::Flush { off, len } => pool.flush(base + off as u64, len as u64),
+                        Op::Fence => pool.fence(),
+                    }
+                    done.send(()).unwrap();
+                }
+            });
+        }
+        for (thread, op) in ops {
+            inboxes[*thread].send(op.clone()).unwrap();
+            done_rx.recv().unwrap();
+            match op {
+                Op::WriteU64 { word, value } => {
+                    model.store(*thread, 8 * word, &value.to_ne_bytes(), false)
+                }
+                Op::WriteBytes { off, data } => model.store(*thread, *off, data, false),
+                Op::WriteNonTemporal { off, data } => model.store(*thread, *off, data, true),
+                Op::Flush { off, len } => model.flush(*thread, *off, *len),
+                Op::Fence => model.fence(*thread),
             }
-            Op::WriteBytes { off, data } => {
-                pool.write_bytes(base + *off as u64, data);
-                model.store(*off, data);
-            }
-            Op::Flush { off, len } => {
-                pool.flush(base + *off as u64, *len as u64);
-                model.flush(*off, *len);
-            }
-            Op::Fence => {
-                pool.fence();
-                model.fence();
+            // A zero-length flush is not an event (Pool::flush returns before recording it).
+            if !matches!(op, Op::Flush { len: 0, .. }) {
+                events += 1;
             }
         }
-        // A zero-length flush is not an event (Pool::flush returns before recording it).
-        if !matches!(op, Op::Flush { len: 0, .. }) {
-            events += 1;
-        }
-    }
+        drop(inboxes);
+    });
     prop_assert_eq!(pool.crash_sim().unwrap().events(), events);
     let state = crash(&pool);
     let in_pool = |region: &[u8]| {
@@ -1207,27 +1483,33 @@ fn run_model_case(ops: &[Op], picks: &[usize]) -> Result<(), TestCaseError> {
         "full image differs from live"
     );
     // (d) pending counts
-    let pending = model.pending();
-    prop_assert_eq!(state.pending_lines(), pending.len());
+    let (lines, streaming) = model.units();
+    prop_assert_eq!(state.pending_lines(), lines.len());
+    prop_assert_eq!(state.pending_non_temporal(), streaming.len());
     prop_assert_eq!(
         state.pending_stores(),
-        pending.values().map(Vec::len).sum::<usize>()
+        lines.values().map(Vec::len).sum::<usize>() + streaming.len()
     );
-    let count: u128 = pending.values().map(|p| p.len() as u128 + 1).product();
+    let radices: Vec<usize> = lines
+        .values()
+        .map(|p| p.len() + 1)
+        .chain(streaming.iter().map(|_| 2))
+        .collect();
+    let count: u128 = radices.iter().map(|&r| r as u128).product();
     prop_assert_eq!(state.image_count(), count);
     // (c) chosen images
     for chunk in picks.chunks(3) {
-        let prefixes: Vec<usize> = pending
-            .values()
-            .zip(chunk)
-            .map(|(p, pick)| pick % (p.len() + 1))
+        let choice: Vec<usize> = radices
+            .iter()
+            .enumerate()
+            .map(|(i, r)| chunk[i % chunk.len()].wrapping_add(i) % r)
             .collect();
-        let img = state.image(&prefixes);
-        prop_assert_eq!(&img.prefixes, &prefixes);
+        let img = state.image(&choice);
+        prop_assert_eq!(&img.prefixes, &choice);
         prop_assert!(
-            img.bytes == in_pool(&model.image(&prefixes)),
+            img.bytes == in_pool(&model.image(&choice)),
             "image {:?} differs",
-            prefixes
+            choice
         );
     }
     Ok(())
@@ -1241,10 +1523,18 @@ proptest! {
     })]
 
     #[test]
-    fn simulator_matches_a_reference_model(
+    fn simulator_matches_a_reference_model_under_adr(
         ops in prop::collection::vec(op_strategy(), 0..40),
         picks in prop::collection::vec(any::<usize>(), 12),
     ) {
-        run_model_case(&ops, &picks)?;
+        run_model_case(ADR, &ops, &picks)?;
+    }
+
+    #[test]
+    fn simulator_matches_a_reference_model_under_eadr(
+        ops in prop::collection::vec(op_strategy(), 0..40),
+        picks in prop::collection::vec(any::<usize>(), 12),
+    ) {
+        run_model_case(EADR, &ops, &picks)?;
     }
 }

@@ -19,7 +19,8 @@ pub struct Args {
     /// The persistence domain simulated (adr or eadr).
     #[arg(long, default_value = "adr")]
     pub domain: PersistenceDomain,
-    /// The workload: bank, ycsb or tpcc (a tiny TPC-C loaded before the crash window).
+    /// The workload: bank, ycsb, tpcc (a tiny TPC-C loaded before the crash window) or grow
+    /// (4000-byte rows until the heap needs more than one page per thread).
     #[arg(long, default_value = "bank")]
     pub workload: WorkloadKind,
     /// The concurrency-control protocol.
@@ -43,12 +44,22 @@ pub struct Args {
     /// Crash only before this PM event (reproduces a reported violation).
     #[arg(long)]
     pub event: Option<u64>,
-    /// Images drawn per crash point under ADR.
+    /// Images drawn per crash point (under eADR only pending non-temporal stores give a point
+    /// more than one).
     #[arg(long, default_value_t = 4)]
     pub images_per_point: usize,
     /// Crash the recovery itself every N images (0: never).
     #[arg(long, default_value_t = 16)]
     pub recovery_crash_every: u64,
+    /// Crashes per chain: crash, recover, run --txns more transactions on the recovered pool,
+    /// crash again, N times (1: every crash point starts from a new pool). With --real-kills:
+    /// consecutive kills of children on one pool.
+    #[arg(long, default_value_t = 1)]
+    pub rounds: usize,
+    /// Falcon's window slot size in bytes (at least 256): a small slot makes transactions spill
+    /// their redo to spill pages, so the spill path is crash-tested.
+    #[arg(long)]
+    pub window_slot_bytes: Option<usize>,
     /// Instead of the simulator: SIGKILL this many child `pmtx` processes mid-workload.
     #[arg(long)]
     pub real_kills: Option<u32>,
@@ -65,6 +76,9 @@ pub struct Args {
     /// Internal: run as the child of a real-kill round on this pool.
     #[arg(long, hide = true)]
     pub child_pool: Option<PathBuf>,
+    /// Internal: a real-kill child reopens the pool a killed child left (restart number N > 0).
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub child_restart: u64,
     /// Internal: transactions per thread of a real-kill child.
     #[arg(long, hide = true, default_value_t = 1_000_000)]
     pub child_txns: usize,
@@ -99,9 +113,11 @@ pub(crate) fn run(args: Args) -> CliResult {
     cfg.images_per_point = args.images_per_point;
     cfg.recovery_crash_every = args.recovery_crash_every;
     cfg.fault = args.inject_fault;
+    cfg.rounds = args.rounds;
+    cfg.window_slot_bytes = args.window_slot_bytes;
     if let Some(path) = args.child_pool {
         cfg.txns_per_thread = args.child_txns;
-        realkill::child_main(&cfg, &path)?;
+        realkill::child_main(&cfg, &path, args.child_restart)?;
         return Ok(());
     }
     if let Some(kills) = args.real_kills {

@@ -2,12 +2,14 @@
 //!
 //! It runs a small workload under the pmem crash simulator ([`crate::pmem::crashsim`]), fails power
 //! before a chosen PM event (sampled from a seed, or every event of the run with `exhaustive`),
-//! materialises crash images of that point (under ADR several: each pending cache line keeps some
-//! prefix of its stores; under eADR the one live image), recovers each image as a pool and checks
+//! materialises crash images of that point (under ADR each pending cache line keeps some prefix of
+//! its stores; under both domains each unfenced non-temporal store piece survives or not), recovers
+//! each image as a pool and checks
 //! it ([`checks`]): structure (indexes and heap agree, no leaked or doubly owned slot),
 //! durability of every acknowledged commit, atomicity, the workload's invariants, and liveness
 //! (the recovered database takes new transactions and still checks out). Every few images it also
-//! crashes the recovery itself at one of its PM events and recovers that image again.
+//! crashes the recovery itself at one of its PM events and recovers that image again. With
+//! [`CrashTestConfig::rounds`] > 1 a crash point starts a chain of crashes across restarts.
 //!
 //! Real crashes (SIGKILL of a child `pmtx` process) are in [`realkill`].
 
@@ -116,7 +118,8 @@ pub struct CrashTestConfig {
     pub exhaustive: bool,
     /// Crash only before this event (to reproduce a reported failure).
     pub event: Option<u64>,
-    /// Images drawn per crash point (ADR; eADR has one image per point).
+    /// Images drawn per crash point (at most: under eADR a point has more than one image only
+    /// while non-temporal stores are pending).
     pub images_per_point: usize,
     /// Every how many images the recovery itself is crashed and recovered again (0: never).
     pub recovery_crash_every: u64,
@@ -124,6 +127,15 @@ pub struct CrashTestConfig {
     pub liveness_txns: usize,
     /// A deliberate engine bug (the engine's test-only fault knob; it must apply to `engine`).
     pub fault: Option<InjectedFault>,
+    /// Crashes per chain (1: each crash point starts from a new pool). With `rounds` > 1 a crash
+    /// point starts a chain: crash, recover, check, then run `txns_per_thread` more transactions
+    /// on the recovered pool (under the simulator again, recovery included) and crash again at a
+    /// random event, `rounds` times; so clocks, free lists and deleted lists carried across a
+    /// restart are exercised. With real kills: consecutive kills of children on one pool.
+    pub rounds: usize,
+    /// Falcon's window slot size in bytes (`None`: the engine's default). A small slot (256, the
+    /// minimum) makes most transactions spill their redo to spill pages (Falcon's spill path).
+    pub window_slot_bytes: Option<usize>,
 }
 
 /// Log-ring slots per thread of an inp database under test (see `CrashTestConfig::db_config`):
@@ -153,6 +165,8 @@ impl CrashTestConfig {
             recovery_crash_every: 16,
             liveness_txns: 4,
             fault: None,
+            rounds: 1,
+            window_slot_bytes: None,
         }
     }
 
@@ -175,13 +189,15 @@ impl CrashTestConfig {
             // a small ring makes a short one do so too.
             c.window_slots = Some(INP_CRASH_RING_SLOTS);
         }
+        c.window_slot_bytes = self.window_slot_bytes;
         c
     }
 
     /// A pool just large enough: header, meta page, per thread a window and a heap page per table,
     /// and a spare page.
     fn pool_size(&self, tables: usize) -> u64 {
-        let pages = 1 + (self.threads as u64) * (1 + tables as u64) + 1;
+        let extra = self.workload.build().extra_pages_per_thread();
+        let pages = 1 + (self.threads as u64) * (1 + tables as u64 + extra) + 1;
         (pages + 1) * PAGE_SIZE
     }
 
@@ -193,6 +209,11 @@ impl CrashTestConfig {
     /// and a fault that applies to the engine.
     pub fn check(&self) -> Result<(), CrashTestError> {
         supported(self.engine, self.domain, self.protocol).map_err(CrashTestError::Unsupported)?;
+        if self.rounds == 0 || self.rounds > 1000 {
+            return Err(CrashTestError::Unsupported(
+                "rounds must be between 1 and 1000".into(),
+            ));
+        }
         if self.threads == 0 || self.threads > 8 {
             return Err(CrashTestError::Unsupported(
                 "threads must be between 1 and 8".into(),
@@ -221,6 +242,12 @@ impl CrashTestConfig {
         if let Some(f) = self.fault {
             s.push_str(&format!(" --inject-fault {f}"));
         }
+        if self.rounds > 1 {
+            s.push_str(&format!(" --rounds {}", self.rounds));
+        }
+        if let Some(b) = self.window_slot_bytes {
+            s.push_str(&format!(" --window-slot-bytes {b}"));
+        }
         s
     }
 }
@@ -236,6 +263,8 @@ pub struct ViolationRecord {
     pub event: u64,
     /// Whether it was found after a crash during recovery (then `recovery_event` is set).
     pub recovery_event: Option<u64>,
+    /// The round of its chain (1: the first crash of a new pool; see `CrashTestConfig::rounds`).
+    pub round: usize,
     /// Surviving pending stores per cache line of the image (ADR), for the record.
     pub prefixes: Vec<usize>,
     /// The command that reruns this crash point.
@@ -291,6 +320,12 @@ pub struct CrashTestReport {
     pub recovery_crashes: u64,
     /// Images of those crashed recoveries, recovered again and checked.
     pub recovery_crash_images: u64,
+    /// Crashes per chain (`CrashTestConfig::rounds`).
+    pub rounds: usize,
+    /// Images checked in rounds after the first (crashes of a recovered, restarted pool).
+    pub restart_images: u64,
+    /// The last round any chain reached (a chain stops early at an image that failed a check).
+    pub deepest_round: usize,
     /// Violations by kind (0 expected); an image counts once per kind it violates.
     pub violations: BTreeMap<ViolationKind, u64>,
     /// The first violations, with their reproduction.
@@ -487,14 +522,16 @@ fn run_to_crash(
     })
 }
 
-/// The checks of one recovered database: the oracle state, then liveness.
+/// The checks of one recovered database: the oracle state, then liveness. Also returns the
+/// state read right after recovery (before the liveness transactions) when it checked out, for
+/// a next round to start from.
 fn check_recovered(
     cfg: &CrashTestConfig,
     workload: &dyn CrashWorkload,
     db: &Db,
     oracle: &Oracle,
     seed: u64,
-) -> Vec<Violation> {
+) -> (Vec<Violation>, Option<Observed>) {
     let checked = catch(|| -> Result<(Vec<Violation>, Observed), Violation> {
         let (observed, live) = observe(db, workload, oracle)?;
         let mut found = check_state(workload, oracle, &observed, &live);
@@ -502,19 +539,22 @@ fn check_recovered(
         Ok((found, observed))
     });
     let observed = match checked {
-        Caught::Done(Ok((v, _))) if !v.is_empty() => return v,
+        Caught::Done(Ok((v, _))) if !v.is_empty() => return (v, None),
         Caught::Done(Ok((_, observed))) => observed,
-        Caught::Done(Err(v)) => return vec![v],
+        Caught::Done(Err(v)) => return (vec![v], None),
         Caught::Crashed => unreachable!("no simulator on a recovered image"),
         Caught::Panicked(m) => {
-            return vec![Violation::new(
-                ViolationKind::Panic,
-                format!("checking: {m}"),
-            )]
+            return (
+                vec![Violation::new(
+                    ViolationKind::Panic,
+                    format!("checking: {m}"),
+                )],
+                None,
+            )
         }
     };
     if cfg.liveness_txns == 0 {
-        return Vec::new();
+        return (Vec::new(), Some(observed));
     }
     let live = catch(|| -> Result<Vec<Violation>, String> {
         let recorder = Recorder::new(Oracle::from_state(&observed));
@@ -545,7 +585,7 @@ fn check_recovered(
         Caught::Crashed => Vec::new(),
         Caught::Panicked(m) => vec![format!("panicked: {m}")],
     };
-    problems
+    let found: Vec<Violation> = problems
         .into_iter()
         .map(|m| {
             Violation::new(
@@ -553,7 +593,28 @@ fn check_recovered(
                 format!("after recovery, new transactions: {m}"),
             )
         })
-        .collect()
+        .collect();
+    let clean = found.is_empty().then_some(observed);
+    (found, clean)
+}
+
+/// What the recovery of one image found.
+struct Recovered {
+    /// Open (recovery) time in milliseconds.
+    ms: f64,
+    violations: Vec<Violation>,
+    /// The state right after recovery, when every check passed.
+    observed: Option<Observed>,
+}
+
+impl Recovered {
+    fn failed(ms: f64, v: Violation) -> Recovered {
+        Recovered {
+            ms,
+            violations: vec![v],
+            observed: None,
+        }
+    }
 }
 
 /// Recovers `bytes` (timing the open) and checks it. `None` when the image is of a database whose
@@ -565,18 +626,18 @@ fn recover_and_check(
     oracle: &Oracle,
     created: bool,
     seed: u64,
-) -> Option<(f64, Vec<Violation>)> {
+) -> Option<Recovered> {
     let tables = workload.schemas().len();
     let pool = match Pool::from_image(bytes, &cfg.pool_options()) {
         Ok(p) => p,
         Err(_) if !created => return None,
         Err(e) => {
-            return Some((
+            return Some(Recovered::failed(
                 0.0,
-                vec![Violation::new(
+                Violation::new(
                     ViolationKind::Recovery,
                     format!("the image is not a pool: {e}"),
-                )],
+                ),
             ))
         }
     };
@@ -584,22 +645,23 @@ fn recover_and_check(
     let opened = catch(|| Db::open_pool(pool, cfg.db_config(tables)));
     let ms = started.elapsed().as_secs_f64() * 1e3;
     match opened {
-        Caught::Done(Ok(db)) => Some((ms, check_recovered(cfg, workload, &db, oracle, seed))),
+        Caught::Done(Ok(db)) => {
+            let (violations, observed) = check_recovered(cfg, workload, &db, oracle, seed);
+            Some(Recovered {
+                ms,
+                violations,
+                observed,
+            })
+        }
         Caught::Done(Err(_)) if !created => None,
-        Caught::Done(Err(e)) => Some((
+        Caught::Done(Err(e)) => Some(Recovered::failed(
             ms,
-            vec![Violation::new(
-                ViolationKind::Recovery,
-                format!("recovery failed: {e}"),
-            )],
+            Violation::new(ViolationKind::Recovery, format!("recovery failed: {e}")),
         )),
         Caught::Crashed => unreachable!("no simulator on a recovered image"),
-        Caught::Panicked(m) => Some((
+        Caught::Panicked(m) => Some(Recovered::failed(
             ms,
-            vec![Violation::new(
-                ViolationKind::Panic,
-                format!("recovery panicked: {m}"),
-            )],
+            Violation::new(ViolationKind::Panic, format!("recovery panicked: {m}")),
         )),
     }
 }
@@ -653,10 +715,98 @@ fn crash_recovery(
     let found = state
         .images(2, rng.gen())
         .filter_map(|img| {
-            recover_and_check(cfg, workload, &img.bytes, oracle, true, at).map(|(_, v)| v)
+            recover_and_check(cfg, workload, &img.bytes, oracle, true, at).map(|r| r.violations)
         })
         .collect();
     Some((at, found))
+}
+
+/// Rounds 2..=`cfg.rounds` of a chain: each reopens the previous round's image under the
+/// simulator (recovery runs again, and may itself be where power fails), runs more transactions
+/// on the recovered database from the state `observed` there, and crashes at a random event in
+/// `[0, events]` (or at the end). Its images are recovered and checked against an oracle whose
+/// acknowledged state is `observed`; the chain goes on from one that checked out. Returns every
+/// image checked, with its round and what its recovery found.
+fn restart_rounds(
+    cfg: &CrashTestConfig,
+    workload: &dyn CrashWorkload,
+    mut bytes: Vec<u8>,
+    mut observed: Observed,
+    events: u64,
+    rng: &mut StdRng,
+) -> Vec<(usize, CrashImage, Recovered)> {
+    let tables = workload.schemas().len();
+    let mut found = Vec::new();
+    for round in 2..=cfg.rounds {
+        let at = rng.gen_range(0..=events);
+        let opts = cfg.pool_options().with_crash_sim(CrashTrigger::AtEvent(at));
+        let Ok(pool) = Pool::from_image(&bytes, &opts) else {
+            break; // the previous round's checks opened this image: not reached
+        };
+        let sim = pool.crash_sim().expect("attached").clone();
+        let recorder = Recorder::new(Oracle::from_state(&observed));
+        let outcome = catch(|| -> Result<(), String> {
+            let db = Db::open_pool(pool, cfg.db_config(tables)).map_err(|e| e.to_string())?;
+            // Insert keys of this round differ from earlier rounds' and the liveness check's.
+            let epoch = 1 + round as u64;
+            match drive(
+                &db,
+                workload,
+                &recorder,
+                false,
+                cfg.threads,
+                cfg.txns_per_thread,
+                rng.gen(),
+                epoch,
+            ) {
+                Caught::Done(Ok(())) | Caught::Crashed => {}
+                Caught::Done(Err(e)) => return Err(format!("workload: {e}")),
+                Caught::Panicked(m) => return Err(format!("workload panicked: {m}")),
+            }
+            if let Some(p) = db.engine().pool() {
+                p.crash_now();
+            }
+            Ok(())
+        });
+        let problem = match outcome {
+            Caught::Done(Ok(())) | Caught::Crashed => None,
+            Caught::Done(Err(m)) | Caught::Panicked(m) => Some(m),
+        };
+        let Some(state) = sim.crash_state() else {
+            break;
+        };
+        let oracle = recorder.snapshot();
+        let mut next = None;
+        for image in state.images(cfg.images_per_point.max(1), rng.gen()) {
+            let mut recovered =
+                recover_and_check(cfg, workload, &image.bytes, &oracle, true, rng.gen())
+                    .unwrap_or_else(|| {
+                        Recovered::failed(
+                            0.0,
+                            Violation::new(
+                                ViolationKind::Recovery,
+                                "a restarted pool's image does not open".to_string(),
+                            ),
+                        )
+                    });
+            if let Some(m) = &problem {
+                recovered.violations.push(Violation::new(
+                    ViolationKind::Liveness,
+                    format!("round {round}: the restarted database failed: {m}"),
+                ));
+                recovered.observed = None;
+            }
+            if let Some(o) = recovered.observed.take() {
+                next = Some((image.bytes.clone(), o));
+            }
+            found.push((round, image, recovered));
+        }
+        match next {
+            Some((b, o)) => (bytes, observed) = (b, o),
+            None => break,
+        }
+    }
+    found
 }
 
 /// Runs a crash test.
@@ -685,6 +835,9 @@ pub fn run(cfg: &CrashTestConfig) -> Result<CrashTestReport, CrashTestError> {
         unformatted: 0,
         recovery_crashes: 0,
         recovery_crash_images: 0,
+        rounds: cfg.rounds,
+        restart_images: 0,
+        deepest_round: 1,
         violations: BTreeMap::new(),
         examples: Vec::new(),
         recovery_ms: Percentiles::default(),
@@ -718,8 +871,10 @@ pub fn run(cfg: &CrashTestConfig) -> Result<CrashTestReport, CrashTestError> {
             continue;
         };
         let image_seed = cfg.seed ^ point.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        // A chain goes on from one image of this point that checked out (the last one).
+        let mut chain_start: Option<(Vec<u8>, Observed)> = None;
         for image in state.images(per_point, image_seed) {
-            let Some((ms, found)) = recover_and_check(
+            let Some(recovered) = recover_and_check(
                 cfg,
                 workload,
                 &image.bytes,
@@ -731,8 +886,11 @@ pub fn run(cfg: &CrashTestConfig) -> Result<CrashTestReport, CrashTestError> {
                 continue;
             };
             report.images += 1;
-            recovery_ms.push(ms);
-            report.note(cfg, &image, None, found);
+            recovery_ms.push(recovered.ms);
+            report.note(cfg, &image, None, 1, recovered.violations);
+            if let Some(observed) = recovered.observed {
+                chain_start = Some((image.bytes.clone(), observed));
+            }
             if run.created
                 && cfg.recovery_crash_every > 0
                 && report.images % cfg.recovery_crash_every == 0
@@ -743,9 +901,19 @@ pub fn run(cfg: &CrashTestConfig) -> Result<CrashTestReport, CrashTestError> {
                     report.recovery_crashes += 1;
                     for v in found {
                         report.recovery_crash_images += 1;
-                        report.note(cfg, &image, Some(at), v);
+                        report.note(cfg, &image, Some(at), 1, v);
                     }
                 }
+            }
+        }
+        if let Some((bytes, observed)) = chain_start.filter(|_| cfg.rounds > 1) {
+            let mut chain_rng = StdRng::seed_from_u64(image_seed);
+            let found = restart_rounds(cfg, workload, bytes, observed, events, &mut chain_rng);
+            for (round, image, recovered) in found {
+                report.restart_images += 1;
+                report.deepest_round = report.deepest_round.max(round);
+                recovery_ms.push(recovered.ms);
+                report.note(cfg, &image, None, round, recovered.violations);
             }
         }
     }
@@ -762,6 +930,7 @@ impl CrashTestReport {
         cfg: &CrashTestConfig,
         image: &CrashImage,
         recovery_event: Option<u64>,
+        round: usize,
         found: Vec<Violation>,
     ) {
         let mut kinds: Vec<ViolationKind> = found.iter().map(|v| v.kind).collect();
@@ -777,6 +946,7 @@ impl CrashTestReport {
                     message: v.message,
                     event: image.event,
                     recovery_event,
+                    round,
                     prefixes: image.prefixes.clone(),
                     reproduce: cfg.reproduce(image.event),
                 });
@@ -806,6 +976,12 @@ impl CrashTestReport {
             "  crashed recoveries {}, their images checked {}\n",
             self.recovery_crashes, self.recovery_crash_images
         ));
+        if self.rounds > 1 {
+            s.push_str(&format!(
+                "  rounds per chain {} (deepest reached {}): images of restarted pools checked {}\n",
+                self.rounds, self.deepest_round, self.restart_images
+            ));
+        }
         s.push_str(&format!(
             "  recovery time: p50 {:.3} ms, max {:.3} ms\n",
             self.recovery_ms.p50, self.recovery_ms.max
@@ -819,8 +995,13 @@ impl CrashTestReport {
         s.push('\n');
         for e in &self.examples {
             s.push_str(&format!(
-                "  - {} at event {}{}: {}\n    reproduce: {}\n",
+                "  - {}{} at event {}{}: {}\n    reproduce: {}\n",
                 e.kind,
+                if e.round > 1 {
+                    format!(" in round {}", e.round)
+                } else {
+                    String::new()
+                },
                 e.event,
                 e.recovery_event
                     .map(|r| format!(" (then recovery crashed at its event {r})"))

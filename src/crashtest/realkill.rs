@@ -49,6 +49,8 @@ pub struct RealKillReport {
     pub mid_run: u32,
     /// Kills that landed before the tables existed (pool refused or empty: nothing to check).
     pub before_setup: u32,
+    /// Kills of a child that had reopened a pool an earlier kill left (`CrashTestConfig::rounds`).
+    pub restarts: u32,
     /// Transactions acknowledged to the parent over all rounds.
     pub acknowledged: u64,
     /// Violations by kind.
@@ -75,10 +77,16 @@ fn child_db_config(test: &CrashTestConfig, path: &Path) -> DbConfig {
 
 /// The child's side: creates the pool at `path`, runs the workload (load, then transactions
 /// until killed or `txns_per_thread` per thread are done) and prints every oracle event as a JSON
-/// line on stdout.
-pub fn child_main(test: &CrashTestConfig, path: &Path) -> Result<(), CrashTestError> {
-    let db = Db::create(child_db_config(test, path))
-        .map_err(|e| CrashTestError::Setup(format!("child: create {}: {e}", path.display())))?;
+/// line on stdout. With `restart` > 0 it instead reopens (recovers) the pool a killed child left
+/// and runs more transactions on it, inserting keys of its own range (epoch `1 + restart`).
+pub fn child_main(test: &CrashTestConfig, path: &Path, restart: u64) -> Result<(), CrashTestError> {
+    let db = if restart == 0 {
+        Db::create(child_db_config(test, path))
+            .map_err(|e| CrashTestError::Setup(format!("child: create {}: {e}", path.display())))?
+    } else {
+        Db::open(child_db_config(test, path))
+            .map_err(|e| CrashTestError::Setup(format!("child: reopen {}: {e}", path.display())))?
+    };
     let workload = test.workload.build();
     let stdout = std::sync::Mutex::new(std::io::stdout());
     let recorder = Recorder::new(Oracle::new(workload.schemas().len())).with_sink(Box::new(
@@ -96,11 +104,11 @@ pub fn child_main(test: &CrashTestConfig, path: &Path) -> Result<(), CrashTestEr
         &db,
         &*workload,
         &recorder,
-        true,
+        restart == 0,
         test.threads,
         test.txns_per_thread,
         test.seed,
-        0,
+        if restart == 0 { 0 } else { 1 + restart },
     ) {
         Caught::Done(r) => r.map_err(|e| CrashTestError::Setup(format!("child workload: {e}"))),
         Caught::Crashed => Ok(()),
@@ -108,7 +116,10 @@ pub fn child_main(test: &CrashTestConfig, path: &Path) -> Result<(), CrashTestEr
     }
 }
 
-/// Runs `cfg.kills` rounds: spawn, kill, recover, check.
+/// Runs `cfg.kills` rounds: spawn, kill, recover, check. With `cfg.test.rounds` = R > 1, R
+/// consecutive kills share one pool: after a kill is recovered and checked, the next child
+/// reopens that pool and goes on from its recovered state (the liveness transactions run only
+/// after the last kill of a pool, since their writes would be unknown to the next oracle).
 pub fn run(cfg: &RealKillConfig) -> Result<RealKillReport, CrashTestError> {
     let test = &cfg.test;
     test.check()?;
@@ -128,19 +139,32 @@ pub fn run(cfg: &RealKillConfig) -> Result<RealKillReport, CrashTestError> {
         kills: 0,
         mid_run: 0,
         before_setup: 0,
+        restarts: 0,
         acknowledged: 0,
         violations: BTreeMap::new(),
         examples: Vec::new(),
         recovery_ms: Percentiles::default(),
     };
     let mut recovery_ms = Vec::new();
+    let rounds = test.rounds.max(1) as u32;
+    // The state the last kill of the current pool recovered to, when it checked out.
+    let mut base: Option<super::workload::Observed> = None;
+    let mut restart = 0u64;
+    let mut path = PathBuf::new();
     for round in 0..cfg.kills {
-        let path = cfg.dir.join(format!(
-            "crashtest-{}-{}-{round}.pool",
-            test.engine,
-            std::process::id()
-        ));
-        let _ = std::fs::remove_file(&path);
+        if round % rounds == 0 || base.is_none() {
+            let _ = std::fs::remove_file(&path);
+            path = cfg.dir.join(format!(
+                "crashtest-{}-{}-{round}.pool",
+                test.engine,
+                std::process::id()
+            ));
+            let _ = std::fs::remove_file(&path);
+            restart = 0;
+        } else {
+            restart += 1;
+        }
+        let last_of_pool = (round + 1) % rounds == 0 || round + 1 == cfg.kills;
         let mut child = Command::new(&cfg.pmtx)
             .args(["crashtest", "--engine", test.engine.name()])
             .args(["--domain", test.domain.name()])
@@ -149,6 +173,12 @@ pub fn run(cfg: &RealKillConfig) -> Result<RealKillReport, CrashTestError> {
             .args(["--threads", &test.threads.to_string()])
             .args(["--seed", &(test.seed + u64::from(round)).to_string()])
             .args(["--child-txns", "1000000"])
+            .args(["--child-restart", &restart.to_string()])
+            .args(
+                test.window_slot_bytes
+                    .map(|b| vec!["--window-slot-bytes".to_string(), b.to_string()])
+                    .unwrap_or_default(),
+            )
             .args(
                 test.fault
                     .map(|f| vec!["--inject-fault".to_string(), f.to_string()])
@@ -163,8 +193,13 @@ pub fn run(cfg: &RealKillConfig) -> Result<RealKillReport, CrashTestError> {
             .map_err(|e| CrashTestError::Setup(format!("spawn {}: {e}", cfg.pmtx.display())))?;
         let stdout = child.stdout.take().expect("piped");
         let tables = workload.schemas().len();
+        let start_oracle = match (&base, restart) {
+            (Some(rows), r) if r > 0 => Oracle::from_state(rows),
+            _ => Oracle::new(tables),
+        };
+        base = None;
         let reader = std::thread::spawn(move || {
-            let mut oracle = Oracle::new(tables);
+            let mut oracle = start_oracle;
             // A line cut by the kill does not parse and is ignored: its event never happened
             // as far as the parent knows (conservative: an unacknowledged commit may go either way).
             for line in std::io::BufReader::new(stdout).lines() {
@@ -181,6 +216,9 @@ pub fn run(cfg: &RealKillConfig) -> Result<RealKillReport, CrashTestError> {
         let _ = child.wait();
         let oracle = reader.join().expect("reader thread");
         report.kills += 1;
+        if restart > 0 {
+            report.restarts += 1;
+        }
         report.acknowledged += oracle.commits;
         let mut found: Vec<Violation> = Vec::new();
         if !path.exists() {
@@ -202,16 +240,21 @@ pub fn run(cfg: &RealKillConfig) -> Result<RealKillReport, CrashTestError> {
                 if !oracle.tables_created {
                     report.before_setup += 1;
                 }
-                found.extend(check_recovered(
-                    test,
-                    &*workload,
-                    &db,
-                    &oracle,
-                    u64::from(round),
-                ));
+                let mut check_cfg = test.clone();
+                if !last_of_pool {
+                    check_cfg.liveness_txns = 0;
+                }
+                let (violations, observed) =
+                    check_recovered(&check_cfg, &*workload, &db, &oracle, u64::from(round));
+                found.extend(violations);
+                if oracle.tables_created && !last_of_pool {
+                    base = observed;
+                }
             }
         }
-        let _ = std::fs::remove_file(&path);
+        if base.is_none() {
+            let _ = std::fs::remove_file(&path);
+        }
         let mut kinds: Vec<ViolationKind> = found.iter().map(|v| v.kind).collect();
         kinds.sort();
         kinds.dedup();
@@ -221,12 +264,20 @@ pub fn run(cfg: &RealKillConfig) -> Result<RealKillReport, CrashTestError> {
         for v in found {
             if report.examples.len() < 16 {
                 report.examples.push(format!(
-                    "round {round} (kill after {delay} ms, {} acknowledged): {}: {}",
-                    oracle.commits, v.kind, v.message
+                    "round {round}{} (kill after {delay} ms, {} acknowledged): {}: {}",
+                    if restart > 0 {
+                        format!(", restart {restart} of its pool")
+                    } else {
+                        String::new()
+                    },
+                    oracle.commits,
+                    v.kind,
+                    v.message
                 ));
             }
         }
     }
+    let _ = std::fs::remove_file(&path);
     report.recovery_ms = Percentiles::of(recovery_ms);
     Ok(report)
 }
@@ -235,8 +286,8 @@ impl RealKillReport {
     /// A human-readable summary.
     pub fn render(&self) -> String {
         let mut s = format!(
-            "real kills {} / {}: {} kills ({} mid-run, {} before setup), {} transactions acknowledged\n",
-            self.engine, self.domain, self.kills, self.mid_run, self.before_setup, self.acknowledged
+            "real kills {} / {}: {} kills ({} mid-run, {} before setup, {} of a restarted pool), {} transactions acknowledged\n",
+            self.engine, self.domain, self.kills, self.mid_run, self.before_setup, self.restarts, self.acknowledged
         );
         s.push_str(&format!(
             "  recovery time: p50 {:.3} ms, max {:.3} ms\n  violations: {}",

@@ -444,6 +444,10 @@ pub trait CrashWorkload: Send + Sync {
     fn crash_window_start(&self) -> u64 {
         0
     }
+    /// Heap pages per thread the workload needs beyond one per table (the pool is sized from it).
+    fn extra_pages_per_thread(&self) -> u64 {
+        0
+    }
 }
 
 /// The workloads the harness knows.
@@ -457,11 +461,19 @@ pub enum WorkloadKind {
     /// A very small TPC-C (loaded before the crash window): New-Order, Payment, Delivery; the
     /// consistency conditions of clause 3.3.2 after every recovery.
     Tpcc,
+    /// Inserts of 4000-byte rows in batches, updates and deletes, until the table needs more than
+    /// one 2 MiB heap page per thread: crash-tests heap growth.
+    Grow,
 }
 
 impl WorkloadKind {
     /// Every workload.
-    pub const ALL: [WorkloadKind; 3] = [WorkloadKind::Bank, WorkloadKind::Ycsb, WorkloadKind::Tpcc];
+    pub const ALL: [WorkloadKind; 4] = [
+        WorkloadKind::Bank,
+        WorkloadKind::Ycsb,
+        WorkloadKind::Tpcc,
+        WorkloadKind::Grow,
+    ];
 
     /// The command-line name.
     pub fn name(self) -> &'static str {
@@ -469,6 +481,7 @@ impl WorkloadKind {
             WorkloadKind::Bank => "bank",
             WorkloadKind::Ycsb => "ycsb",
             WorkloadKind::Tpcc => "tpcc",
+            WorkloadKind::Grow => "grow",
         }
     }
 
@@ -480,6 +493,7 @@ impl WorkloadKind {
             WorkloadKind::Tpcc => {
                 Box::new(super::tpcc::TpccCrash::new(super::tpcc::crash_config()))
             }
+            WorkloadKind::Grow => Box::new(GrowCrash { rows_per_step: 192 }),
         }
     }
 }
@@ -497,7 +511,7 @@ impl std::str::FromStr for WorkloadKind {
             .into_iter()
             .find(|w| w.name() == s)
             .ok_or_else(|| {
-                format!("unknown crash workload '{s}' (expected one of: bank, ycsb, tpcc)")
+                format!("unknown crash workload '{s}' (expected one of: bank, ycsb, tpcc, grow)")
             })
     }
 }
@@ -704,6 +718,100 @@ impl CrashWorkload for YcsbCrash {
             .iter()
             .filter_map(|(k, r)| ycsb_verify(*k, r).err())
             .collect()
+    }
+}
+
+/// Heap growth: 4000-byte rows (about 520 fill a 2 MiB heap page) inserted 8 per transaction,
+/// `rows_per_step` per step (every step until a thread owns `3 * rows_per_step` rows, then 70 %
+/// of them), plus single-row updates and deletes, so a short run needs a second heap page per
+/// thread and its redo goes through Falcon's spill pages. Each row holds a version,
+/// a payload derived from (key, version) and a CRC: a torn or misplaced row fails its check.
+pub struct GrowCrash {
+    /// Rows inserted by an insert step.
+    pub rows_per_step: u64,
+}
+
+const GROW_PAYLOAD: usize = 3984;
+
+fn grow_row(key: u64, version: u64) -> Vec<u8> {
+    let mut row = Vec::with_capacity(GROW_PAYLOAD + 16);
+    row.extend_from_slice(&version.to_le_bytes());
+    let mut x = key ^ version.rotate_left(32) ^ 0x9E37_79B9_7F4A_7C15;
+    while row.len() < 8 + GROW_PAYLOAD {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        row.extend_from_slice(&x.to_le_bytes());
+    }
+    row.truncate(8 + GROW_PAYLOAD);
+    let crc = crc32fast::hash(&row) as u64;
+    row.extend_from_slice(&crc.to_le_bytes());
+    row
+}
+
+impl CrashWorkload for GrowCrash {
+    fn name(&self) -> &'static str {
+        "grow"
+    }
+
+    fn schemas(&self) -> Vec<Schema> {
+        vec![Schema::new(
+            "grow_crash",
+            &[
+                ("version", ColumnType::U64),
+                ("payload", ColumnType::Bytes(GROW_PAYLOAD as u32)),
+                ("crc", ColumnType::U64),
+            ],
+        )]
+    }
+
+    fn load(&self, _ctx: &mut TxCtx<'_, '_>) -> Result<(), DbError> {
+        Ok(())
+    }
+
+    fn step(&self, ctx: &mut TxCtx<'_, '_>, rng: &mut StdRng) -> Result<(), DbError> {
+        let op = rng.gen_range(0..100u32);
+        // The first three steps of a thread insert: 576 rows, more than a heap page holds.
+        if op < 70 || (ctx.own_keys.len() as u64) < 3 * self.rows_per_step {
+            for _ in 0..self.rows_per_step.div_ceil(8) {
+                let first = ctx.next_key;
+                ctx.next_key += 8;
+                if ctx.run(|tx| {
+                    (first..first + 8).try_for_each(|k| tx.insert(0, k, &grow_row(k, 0)))
+                })? {
+                    ctx.own_keys.extend(first..first + 8);
+                }
+            }
+        } else if op < 90 {
+            let key = ctx.own_keys[rng.gen_range(0..ctx.own_keys.len())];
+            let version: u64 = rng.gen_range(1..1 << 30);
+            ctx.run(|tx| {
+                if tx.get(0, key)?.is_some() {
+                    tx.put(0, key, &grow_row(key, version))?;
+                }
+                Ok(())
+            })?;
+        } else {
+            let i = rng.gen_range(0..ctx.own_keys.len());
+            let key = ctx.own_keys.swap_remove(i);
+            ctx.run(|tx| tx.delete(0, key))?;
+        }
+        Ok(())
+    }
+
+    fn check(&self, rows: &Observed) -> Vec<String> {
+        rows[0]
+            .iter()
+            .filter(|(k, r)| grow_row(**k, word(r, 0)) != **r)
+            .map(|(k, _)| format!("grow row {k:#x} is torn or misplaced (checksum or payload)"))
+            .collect()
+    }
+
+    fn extra_pages_per_thread(&self) -> u64 {
+        // A run of 6 steps inserts 576 to 1152 rows per thread (a chain of restarts and the
+        // liveness check more): a second and third heap page, and a spill page for the 32 KiB
+        // redo of a batch.
+        6
     }
 }
 

@@ -12,7 +12,16 @@
 //!   stores: a line may be evicted silently at any moment, but a line's stores reach memory in program
 //!   order. Stores are split at 8-byte boundaries, so an aligned 8-byte store is never torn while a
 //!   larger one may be (its words land in ascending address order).
-//! - **eADR**: every executed store is durable; the crash image is the live image at the crash point.
+//! - **eADR**: every executed (cached) store is durable at once; flushes are hints.
+//! - **Non-temporal stores**, under both domains: they bypass the cache into write-combining
+//!   buffers, which drain in no particular order, so until the issuing thread's next `fence()` each
+//!   8-byte piece of one independently may or may not have reached PM (any subset, in any order).
+//!   The fence makes all of that thread's pieces durable; another thread's fence does not.
+//!
+//! A later store to the same bytes wins over an earlier one whichever reaches PM first (a store
+//! to a line snoops the write-combining buffer that holds it, and a line reaches memory as a
+//! whole), so an image applies the surviving pieces in global event order, and a pending
+//! non-temporal piece wholly overwritten by a later durable store is no longer pending.
 //!
 //! Every PM event (store, atomic, flush, fence) goes through one mutex here, so events have one global
 //! order and a single-threaded run is deterministic. A [`CrashTrigger`] names the event *before* which
@@ -77,26 +86,47 @@ impl SimulatedCrash {
     }
 }
 
-/// A store (or part of one) not yet known to be durable: at most 8 bytes, within one aligned word.
+/// A store (or part of one) not yet known to be durable: the bytes `mask` selects of one aligned
+/// 8-byte word. A later store made durable over some of its bytes clears them from `mask`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Chunk {
-    addr: u64,
-    len: u8,
+    /// The word's address (8-byte aligned).
+    word: u64,
+    /// Bit `i`: byte `word + i` is stored.
+    mask: u8,
     data: [u8; 8],
+    /// The global order of the store (its event number): surviving pieces apply in this order.
+    seq: u64,
+}
+
+impl Chunk {
+    /// Writes the chunk's bytes into a pool image.
+    fn apply(&self, bytes: &mut [u8]) {
+        let base = self.word as usize;
+        for i in 0..8 {
+            if self.mask & (1 << i) != 0 {
+                bytes[base + i] = self.data[i];
+            }
+        }
+    }
 }
 
 #[derive(Default)]
 struct LineLog {
-    /// Stores of this line already made durable and dropped from `pending`.
-    drained: u64,
+    /// The line's cached stores not yet durable, in program order.
     pending: std::collections::VecDeque<Chunk>,
 }
 
 struct SimState {
     durable: Vec<u8>,
     lines: HashMap<u64, LineLog>,
-    /// Per thread: (line, absolute store count) marks set by flushes not yet fenced.
+    /// Per thread: (line, event) marks set by flushes not yet fenced: the thread's next fence makes
+    /// the line's stores made before that event durable. (An event number, not a count of the
+    /// line's stores: a line log emptied by another thread's fence and refilled since must not
+    /// let a stale mark cover the new stores.)
     marks: HashMap<ThreadId, Vec<(u64, u64)>>,
+    /// Per thread: its non-temporal store pieces not yet fenced (in program order).
+    streaming: HashMap<ThreadId, Vec<Chunk>>,
     events: u64,
     thread_events: HashMap<ThreadId, u64>,
     trigger: CrashTrigger,
@@ -115,9 +145,9 @@ pub struct CrashSim {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Event {
     Store,
-    /// A non-temporal store: a store whose lines are written back at the calling thread's next
-    /// fence, exactly like a store followed by a flush of its range (one event).
-    StoreFlushed,
+    /// A non-temporal store: pending, piece by piece and unordered, until the calling thread's
+    /// next fence (one event).
+    StoreNonTemporal,
     Flush,
     Fence,
 }
@@ -137,6 +167,7 @@ impl CrashSim {
                 durable: map.to_vec(),
                 lines: HashMap::new(),
                 marks: HashMap::new(),
+                streaming: HashMap::new(),
                 events: 0,
                 thread_events: HashMap::new(),
                 trigger,
@@ -172,20 +203,16 @@ impl CrashSim {
     }
 
     /// Fails power here and now (if it has not failed yet). Later events are no longer recorded.
-    pub(crate) fn crash_now(&self, map: &Mapping) {
+    pub(crate) fn crash_now(&self) {
         let mut st = self.state.lock();
         if st.crashed_at.is_none() {
-            self.freeze(&mut st, map);
+            self.freeze(&mut st);
         }
     }
 
-    fn freeze(&self, st: &mut SimState, map: &Mapping) {
+    fn freeze(&self, st: &mut SimState) {
         st.crashed_at = Some(st.events);
-        if self.domain == PersistenceDomain::Eadr {
-            // Every executed store is durable: the image is the live image at this point.
-            st.durable = map.to_vec();
-            st.lines.clear();
-        }
+        // Flushes not fenced yet guarantee nothing; unfenced non-temporal stores stay pending.
         st.marks.clear();
         self.crashed.store(true, Ordering::Release);
     }
@@ -214,55 +241,83 @@ impl CrashSim {
             CrashTrigger::AtThreadEvent { thread, event } => thread == tid && thread_event == event,
         };
         if hit {
-            self.freeze(&mut st, map);
+            self.freeze(&mut st);
             return Err(apply);
         }
+        let seq = st.events;
         st.events += 1;
         *st.thread_events.entry(tid).or_default() += 1;
         let stored = apply();
         match event {
-            Event::Store if stored && self.domain != PersistenceDomain::Eadr && len > 0 => {
+            Event::Store | Event::StoreNonTemporal if stored && len > 0 => {
                 let mut data = vec![0u8; len as usize];
                 map.load(off, &mut data);
-                self.log_store(&mut st, off, &data);
-            }
-            Event::StoreFlushed => {
-                if stored && self.domain != PersistenceDomain::Eadr && len > 0 {
-                    let mut data = vec![0u8; len as usize];
-                    map.load(off, &mut data);
-                    self.log_store(&mut st, off, &data);
+                let streaming = event == Event::StoreNonTemporal;
+                for chunk in Self::chunks(off, &data, seq) {
+                    if streaming {
+                        st.streaming.entry(tid).or_default().push(chunk);
+                    } else if self.domain == PersistenceDomain::Eadr {
+                        // A cached store is durable as soon as it executes.
+                        Self::make_durable(&mut st, chunk);
+                    } else {
+                        st.lines
+                            .entry(chunk.word / CACHE_LINE)
+                            .or_default()
+                            .pending
+                            .push_back(chunk);
+                    }
                 }
-                self.log_flush(&mut st, tid, (off, len));
             }
-            Event::Store => {}
-            Event::Flush => self.log_flush(&mut st, tid, (off, len)),
+            Event::Store | Event::StoreNonTemporal => {}
+            Event::Flush => self.log_flush(&mut st, tid, seq, (off, len)),
             Event::Fence => self.log_fence(&mut st, tid),
         }
         Ok(())
     }
 
-    fn log_store(&self, st: &mut SimState, off: u64, data: &[u8]) {
-        let mut pos = 0usize;
-        while pos < data.len() {
-            let addr = off + pos as u64;
-            let word_end = (addr & !7) + 8;
-            let len = ((word_end - addr) as usize).min(data.len() - pos);
+    /// `data` stored at `off`, split at 8-byte word boundaries.
+    fn chunks(off: u64, data: &[u8], seq: u64) -> impl Iterator<Item = Chunk> + '_ {
+        let end = off + data.len() as u64;
+        let first_word = off & !7;
+        (first_word..end).step_by(8).map(move |word| {
             let mut chunk = Chunk {
-                addr,
-                len: len as u8,
+                word,
+                mask: 0,
                 data: [0; 8],
+                seq,
             };
-            chunk.data[..len].copy_from_slice(&data[pos..pos + len]);
-            st.lines
-                .entry(addr / CACHE_LINE)
-                .or_default()
-                .pending
-                .push_back(chunk);
-            pos += len;
+            for addr in word.max(off)..(word + 8).min(end) {
+                let i = (addr - word) as usize;
+                chunk.mask |= 1 << i;
+                chunk.data[i] = data[(addr - off) as usize];
+            }
+            chunk
+        })
+    }
+
+    /// Writes `chunk` into the durable image and clears its bytes from every older pending store,
+    /// which can no longer show through it.
+    fn make_durable(st: &mut SimState, chunk: Chunk) {
+        chunk.apply(&mut st.durable);
+        if let Some(log) = st.lines.get_mut(&(chunk.word / CACHE_LINE)) {
+            for older in log.pending.iter_mut() {
+                if older.word == chunk.word && older.seq < chunk.seq {
+                    older.mask &= !chunk.mask;
+                }
+            }
+        }
+        for pieces in st.streaming.values_mut() {
+            pieces.retain_mut(|older| {
+                if older.word == chunk.word && older.seq < chunk.seq {
+                    older.mask &= !chunk.mask;
+                }
+                older.mask != 0
+            });
         }
     }
 
-    fn log_flush(&self, st: &mut SimState, tid: ThreadId, (off, len): (u64, u64)) {
+    fn log_flush(&self, st: &mut SimState, tid: ThreadId, seq: u64, (off, len): (u64, u64)) {
+        // Under eADR no cached store is pending, so a flush has nothing to mark.
         if len == 0 || self.domain == PersistenceDomain::Eadr {
             return;
         }
@@ -273,33 +328,30 @@ impl CrashSim {
         for line in first..=last {
             if let Some(log) = lines.get(&line) {
                 if !log.pending.is_empty() {
-                    my_marks.push((line, log.drained + log.pending.len() as u64));
+                    my_marks.push((line, seq));
                 }
             }
         }
     }
 
+    /// The calling thread's fence: its flushed lines up to their marks and all its non-temporal
+    /// stores become durable, in event order.
     fn log_fence(&self, st: &mut SimState, tid: ThreadId) {
-        let Some(my_marks) = st.marks.remove(&tid) else {
-            return;
-        };
-        let SimState { lines, durable, .. } = st;
-        for (line, mark) in my_marks {
-            let Some(log) = lines.get_mut(&line) else {
+        let mut drained = st.streaming.remove(&tid).unwrap_or_default();
+        for (line, mark) in st.marks.remove(&tid).unwrap_or_default() {
+            let Some(log) = st.lines.get_mut(&line) else {
                 continue;
             };
-            while log.drained < mark {
-                let Some(chunk) = log.pending.pop_front() else {
-                    break;
-                };
-                let a = chunk.addr as usize;
-                durable[a..a + chunk.len as usize]
-                    .copy_from_slice(&chunk.data[..chunk.len as usize]);
-                log.drained += 1;
+            while log.pending.front().is_some_and(|c| c.seq < mark) {
+                drained.extend(log.pending.pop_front());
             }
             if log.pending.is_empty() {
-                lines.remove(&line);
+                st.lines.remove(&line);
             }
+        }
+        drained.sort_by_key(|c| c.seq);
+        for chunk in drained {
+            Self::make_durable(st, chunk);
         }
     }
 
@@ -324,22 +376,31 @@ impl CrashSim {
             .map(|(&line, log)| (line, log.pending.iter().copied().collect()))
             .collect();
         pending.sort_by_key(|(line, _)| *line);
+        let mut streaming: Vec<Chunk> = st.streaming.values().flatten().copied().collect();
+        streaming.sort_by_key(|c| (c.seq, c.word));
         Some(CrashState {
             event,
             domain: self.domain,
             durable: st.durable.clone(),
             pending,
+            streaming,
         })
     }
 }
 
-/// The state of PM at a crash point: the durable image and, per line, the stores that may or may not
-/// have reached it.
+/// The state of PM at a crash point: the durable image and the stores that may or may not have
+/// reached it: per cache line, cached stores of which an in-order prefix survives, and unfenced
+/// non-temporal store pieces, each of which survives or not on its own.
+///
+/// An image is chosen by one number per *pending unit*: first the lines with pending cached stores
+/// in address order (how many of the line's stores survive, `0..=n`), then the pending
+/// non-temporal pieces in event order (`0` lost, `1` survived).
 pub struct CrashState {
     event: u64,
     domain: PersistenceDomain,
     durable: Vec<u8>,
     pending: Vec<(u64, Vec<Chunk>)>,
+    streaming: Vec<Chunk>,
 }
 
 impl CrashState {
@@ -353,37 +414,63 @@ impl CrashState {
         self.domain
     }
 
-    /// Cache lines with stores that may or may not survive.
+    /// Cache lines with cached stores that may or may not survive.
     pub fn pending_lines(&self) -> usize {
         self.pending.len()
     }
 
-    /// Stores (8-byte pieces) that may or may not survive, over all lines.
+    /// Unfenced non-temporal store pieces (8-byte words), each of which may or may not survive.
+    pub fn pending_non_temporal(&self) -> usize {
+        self.streaming.len()
+    }
+
+    /// Stores (8-byte pieces) that may or may not survive: cached ones over all lines plus
+    /// non-temporal ones.
     pub fn pending_stores(&self) -> usize {
-        self.pending.iter().map(|(_, c)| c.len()).sum()
+        self.pending.iter().map(|(_, c)| c.len()).sum::<usize>() + self.streaming.len()
+    }
+
+    /// The number of choices per pending unit (lines, then non-temporal pieces).
+    fn radices(&self) -> impl Iterator<Item = usize> + '_ {
+        self.pending
+            .iter()
+            .map(|(_, c)| c.len() + 1)
+            .chain(self.streaming.iter().map(|_| 2))
     }
 
     /// How many distinct legal images there are (saturating at `u128::MAX`).
     pub fn image_count(&self) -> u128 {
-        self.pending
-            .iter()
-            .fold(1u128, |n, (_, c)| n.saturating_mul(c.len() as u128 + 1))
+        self.radices()
+            .fold(1u128, |n, r| n.saturating_mul(r as u128))
     }
 
-    /// The image in which, for line `i` (in address order), the first `prefixes[i]` pending stores
-    /// survive.
+    /// The image chosen by `prefixes`, one per pending unit (see [`CrashState`]): for line `i` (in
+    /// address order) its first `prefixes[i]` pending stores survive; after the lines, a nonzero
+    /// entry keeps that non-temporal piece. Surviving stores apply in event order.
     pub fn image(&self, prefixes: &[usize]) -> CrashImage {
         assert_eq!(
             prefixes.len(),
-            self.pending.len(),
-            "one prefix length per pending line"
+            self.pending.len() + self.streaming.len(),
+            "one choice per pending line and non-temporal piece"
         );
+        let (line_choices, nt_choices) = prefixes.split_at(self.pending.len());
+        let mut kept: Vec<&Chunk> = self
+            .pending
+            .iter()
+            .zip(line_choices)
+            .flat_map(|((_, chunks), &keep)| &chunks[..keep.min(chunks.len())])
+            .chain(
+                self.streaming
+                    .iter()
+                    .zip(nt_choices)
+                    .filter(|(_, &keep)| keep != 0)
+                    .map(|(chunk, _)| chunk),
+            )
+            .collect();
+        kept.sort_by_key(|c| c.seq);
         let mut bytes = self.durable.clone();
-        for ((_, chunks), &keep) in self.pending.iter().zip(prefixes) {
-            for chunk in &chunks[..keep.min(chunks.len())] {
-                let a = chunk.addr as usize;
-                bytes[a..a + chunk.len as usize].copy_from_slice(&chunk.data[..chunk.len as usize]);
-            }
+        for chunk in kept {
+            chunk.apply(&mut bytes);
         }
         CrashImage {
             bytes,
@@ -394,18 +481,12 @@ impl CrashState {
 
     /// Only what was certainly durable: every pending store lost.
     pub fn durable_image(&self) -> CrashImage {
-        self.image(&vec![0; self.pending.len()])
+        self.image(&vec![0; self.pending.len() + self.streaming.len()])
     }
 
     /// Every pending store survived (what the live image was at the crash).
     pub fn full_image(&self) -> CrashImage {
-        self.image(
-            &self
-                .pending
-                .iter()
-                .map(|(_, c)| c.len())
-                .collect::<Vec<_>>(),
-        )
+        self.image(&self.radices().map(|r| r - 1).collect::<Vec<_>>())
     }
 
     /// Up to `max` images: all of them when there are at most `max`, else the two extremes
@@ -415,7 +496,7 @@ impl CrashState {
         let enumerate = total <= max as u128;
         let count = if enumerate { total as usize } else { max };
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let radices: Vec<usize> = self.pending.iter().map(|(_, c)| c.len() + 1).collect();
+        let radices: Vec<usize> = self.radices().collect();
         let mut counter = vec![0usize; radices.len()];
         (0..count).map(move |i| {
             let prefixes = if enumerate {
@@ -445,7 +526,8 @@ impl CrashState {
 pub struct CrashImage {
     /// The pool's bytes.
     pub bytes: Vec<u8>,
-    /// Per pending line (address order), how many of its pending stores survived.
+    /// Per pending unit (lines in address order, then non-temporal pieces; see [`CrashState`]),
+    /// how many of its pending stores survived.
     pub prefixes: Vec<usize>,
     /// The global event number before which power failed.
     pub event: u64,

@@ -537,7 +537,7 @@ impl Pool {
     /// Fails power now in the attached simulator (no-op without one). Later events are not recorded.
     pub fn crash_now(&self) {
         if let Some(sim) = &self.sim {
-            sim.crash_now(&self.map);
+            sim.crash_now();
         }
     }
 
@@ -718,6 +718,30 @@ impl Pool {
         });
     }
 
+    /// Stores the 8-byte word `value` at `off` (8-byte aligned) as an *ordering point*: every PM
+    /// store the code makes before this call is emitted before it, and every store after it is
+    /// emitted after it (a compiler fence on each side, and a Release store, so other threads
+    /// that acquire the word also see the earlier stores).
+    ///
+    /// Under eADR every executed store is durable and x86 executes ordinary stores in program
+    /// order (TSO), so program order *is* persistence order; but a Relaxed store or a plain copy
+    /// may be moved by the compiler across other stores to different addresses. Use this for a
+    /// word whose persistence must follow the stores before it and precede those after it: a
+    /// commit mark after its log entries and before the in-place updates it covers, a timestamp
+    /// after the data it vouches for, an invalidation before the bytes it stops covering. Under
+    /// ADR flushes and fences still decide durability; this only fixes the order of the stores.
+    /// Non-temporal stores ([`write_bytes_nt`](Pool::write_bytes_nt)) are not ordered by it:
+    /// they need a [`fence`](Pool::fence).
+    ///
+    /// No run-time cost: a compiler fence emits no instruction and a Release store is a plain
+    /// `mov` on x86.
+    #[inline]
+    pub fn write_u64_ordered(&self, off: u64, value: u64) {
+        std::sync::atomic::compiler_fence(Ordering::SeqCst);
+        self.store_u64(off, value, Ordering::Release);
+        std::sync::atomic::compiler_fence(Ordering::SeqCst);
+    }
+
     /// Copies `src` to PM at `off`.
     #[inline]
     pub fn write_bytes(&self, off: u64, src: &[u8]) {
@@ -731,12 +755,15 @@ impl Pool {
     /// Copies `src` to PM at `off` with non-temporal (streaming) stores, for data the writer will
     /// not read back soon (e.g. a new out-of-place version): the destination lines are not read
     /// first and no flush is needed. The bytes are durable after the calling thread's next
-    /// [`fence`], exactly as after `write_bytes(off, src)` + `flush(off, len)`, and that is how the
-    /// crash simulator models it (one event); counted as that write and flush too.
+    /// [`fence`], and not before, under ADR *and* eADR: until then they sit in write-combining
+    /// buffers, so a crash may keep any subset of them, in any order, and a later ordinary store
+    /// (e.g. a commit mark) may reach PM first. The crash simulator models exactly that (one
+    /// event; each 8-byte piece pending on its own until the thread's fence). Counted as a write
+    /// and a flush of the range.
     ///
     /// Until that fence the streaming stores are not ordered with later stores, even for other
-    /// threads' loads: a caller that publishes the data (a lock release, an index update) must
-    /// fence in between. Bytes of `[off, off + len)` not covered by whole aligned 8-byte words
+    /// threads' loads: a caller that publishes the data (a lock release, an index update, a
+    /// commit mark) must fence in between. Bytes of `[off, off + len)` not covered by whole aligned 8-byte words
     /// are stored normally and flushed. The volatile domain stores normally (nothing to persist);
     /// `Msync`, the simulator and targets without streaming stores store and flush.
     ///
@@ -760,7 +787,8 @@ impl Pool {
                     self.map.store(off, src);
                     true
                 };
-                if let Err(apply) = sim.record(&self.map, Event::StoreFlushed, off, len, apply) {
+                if let Err(apply) = sim.record(&self.map, Event::StoreNonTemporal, off, len, apply)
+                {
                     sim.after_crash();
                     apply();
                 }
@@ -921,9 +949,11 @@ impl Pool {
         }
     }
 
-    /// Orders earlier flushes and stores before later stores (`sfence`); under ADR this is what
-    /// makes flushed lines durable. Under `Msync` it `msync`s every page flushed since the last
-    /// fence. Volatile: a compiler fence only.
+    /// Orders earlier flushes and stores (non-temporal ones included) before later stores
+    /// (`sfence`, and a compiler fence); under ADR this is what makes flushed lines durable, and
+    /// under both ADR and eADR what makes the calling thread's non-temporal stores durable.
+    /// Under `Msync` it `msync`s every page flushed since the last fence. Volatile: a compiler
+    /// fence only.
     #[inline]
     pub fn fence(&self) {
         if self.domain == PersistenceDomain::Volatile {
@@ -945,6 +975,10 @@ impl Pool {
             }
         } else {
             cpu::store_fence();
+            // `sfence` is also a compiler barrier here (the intrinsic touches memory); say so
+            // explicitly, since under eADR the order of the stores around it is their
+            // persistence order.
+            std::sync::atomic::compiler_fence(Ordering::SeqCst);
         }
         if self.counting {
             stats::count_fence();

@@ -502,8 +502,9 @@ impl FalconWorker {
         let pool = &self.pool;
         let fault = eng.config.fault;
         // Invalidate first: under eADR stores are durable in program order, so the old mark must
-        // be gone before the old payload is overwritten.
-        pool.write_u64(at + slot::STATE, slot::FREE);
+        // be gone before the old payload is overwritten (an ordered store: the compiler may not
+        // move the payload copy above it).
+        pool.write_u64_ordered(at + slot::STATE, slot::FREE);
         if fault == Some(Fault::CommitMarkFirst) {
             pool.write_u64(at + slot::TID, tid);
             pool.write_u64(at + slot::LEN, self.payload.len() as u64);
@@ -549,7 +550,11 @@ impl FalconWorker {
         } else {
             slot::COMMITTED
         };
-        pool.write_u64(at + slot::STATE, mark);
+        // eADR ordering point (issue 19): the mark persists after the entries, TID, LEN and CRC
+        // stored above and before the in-place apply that follows `log_commit`; program order is
+        // persistence order there, so the store is ordered against the compiler on both sides
+        // (ADR orders it with the flush + fence below, and the next fence before the apply).
+        pool.write_u64_ordered(at + slot::STATE, mark);
         if eng.policy.persist_log {
             let inline = if spilled { 0 } else { len };
             if fault != Some(Fault::SkipLogFlush) {
@@ -1007,7 +1012,10 @@ impl EngineWorker for FalconWorker {
             if kind == WriteKind::Cancelled {
                 continue;
             }
-            self.pool.write_u64(t + tuple::WRITE_TS, tid);
+            // eADR ordering point: recovery skips replaying an entry whose tid is <= write_ts,
+            // so write_ts must persist after the data, KEY and FLAGS applied above (ADR: after
+            // their flush + fence).
+            self.pool.write_u64_ordered(t + tuple::WRITE_TS, tid);
             self.release_word(t, Some(tid));
             if policy.persist_data {
                 self.pool.flush(t, tuple::HEADER);
@@ -1088,7 +1096,9 @@ impl EngineWorker for FalconWorker {
             if policy.persist_data {
                 self.pool.fence();
             }
-            self.pool.write_u64(at + slot::STATE, slot::FREE);
+            // Ordered: under eADR the slot must stay COMMITTED until the apply and write_ts
+            // stores above have persisted.
+            self.pool.write_u64_ordered(at + slot::STATE, slot::FREE);
             self.pool.persist(at, 8);
         }
         self.eng.last_commit.fetch_max(tid, Ordering::AcqRel);

@@ -643,7 +643,10 @@ impl ZenWorker {
             pool.fence(); // line 10: one sfence for all the streaming stores
         }
         let last_slot = self.writes[order[last]].slot;
-        pool.write_u64(last_slot + tuple::WORD, last_word); // line 11: LP = 1
+        // Line 11: LP = 1. An ordered store: under eADR program order is persistence order, so
+        // the compiler must not move it above the last tuple's ordinary stores (its header line)
+        // made before the fence; the streaming stores are ordered by the fence itself.
+        pool.write_u64_ordered(last_slot + tuple::WORD, last_word);
         pool.flush(last_slot, tuple::HEADER); // line 12: clwb the header, no trailing fence
         if self.eng.flushing && fault != Some(ZenFault::SkipCommitFence) {
             // Departure: under ADR the commit is acknowledged only once LP is durable.
