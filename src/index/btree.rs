@@ -39,11 +39,16 @@
 //! no sibling links: the next leaf is found by a fresh descent to the separator that bounds the
 //! current leaf, which keeps splits and unlinking to a parent and a child.
 
-use std::sync::atomic::{fence, AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
-/// Keys per node. A node is 512 bytes: two 8-byte words, 30 keys and 31 slots.
+use super::sync::{fence, spin, AtomicU64, Mutex, Ordering};
+
+/// Keys per node. A node is 512 bytes: two 8-byte words, 30 keys and 31 slots. The loom model
+/// uses tiny nodes, so that a few keys split them.
+#[cfg(not(loom))]
 const CAP: usize = 30;
+#[cfg(loom)]
+const CAP: usize = 4;
 /// Version bit 1: a writer holds the node.
 const LOCKED: u64 = 0b10;
 /// Version bit 0: the node was unlinked from the tree.
@@ -82,7 +87,7 @@ impl<const W: usize> Node<W> {
         if v & (LOCKED | OBSOLETE) == 0 {
             Some(v)
         } else {
-            std::hint::spin_loop();
+            spin();
             None
         }
     }
@@ -262,7 +267,7 @@ impl<const W: usize> Arena<W> {
     /// A node ready to be filled and linked: a reused one, or a new one. Its version is clean and
     /// unlike any version it had before, so readers that held it restart.
     fn alloc(&self) -> (u64, &Node<W>) {
-        let reused = self.free.lock().expect("free list lock").pop();
+        let reused = self.free.lock().pop();
         let id = reused.unwrap_or_else(|| {
             // Writers splitting under different parents may allocate at once: the fetch_add
             // hands each its own id. Until its chunk exists, `get` reports the id as absent,
@@ -285,7 +290,7 @@ impl<const W: usize> Arena<W> {
     }
 
     fn release(&self, id: u64) {
-        self.free.lock().expect("free list lock").push(id);
+        self.free.lock().push(id);
     }
 
     fn allocated_nodes(&self) -> usize {
@@ -704,8 +709,8 @@ impl<const W: usize> BTree<W> {
                 ok
             }) && node.upgrade(v);
             if !all_locked {
-                for d in keep_at..keep_at + locked {
-                    path[d].expect("path step").node.unlock();
+                for step in path[keep_at..keep_at + locked].iter().flatten() {
+                    step.node.unlock();
                 }
                 continue;
             }
@@ -717,8 +722,7 @@ impl<const W: usize> BTree<W> {
             keeper.node.shift_keys_left(key_at, kcount);
             keeper.node.shift_slots_left(keeper.child, kcount + 1);
             keeper.node.set_meta(false, kcount - 1);
-            for d in keep_at + 1..depth {
-                let step = path[d].expect("path step");
+            for step in path[keep_at + 1..depth].iter().flatten() {
                 step.node.unlock_obsolete();
                 self.arena.release(step.id);
             }

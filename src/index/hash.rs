@@ -19,19 +19,26 @@
 //!   it had when it was replaced, and the old table is freed when its last reader leaves.
 
 use std::fmt;
-use std::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use parking_lot::Mutex;
+
+use super::sync::{fence, spin, AtomicU64, AtomicUsize, Mutex, Ordering};
 
 use super::mix64;
 
 /// Fewest shards: even a single-threaded engine gets a few, so that recovery threads and the
-/// first workers rarely meet on one lock.
+/// first workers rarely meet on one lock. (The loom model uses one shard of one bucket, so that a
+/// few keys make it grow.)
+#[cfg(not(loom))]
 const MIN_SHARDS: usize = 8;
+#[cfg(loom)]
+const MIN_SHARDS: usize = 1;
 /// Most shards: each costs a table and a lock, and writers rarely meet at 4 shards per thread.
+#[cfg(not(loom))]
 const MAX_SHARDS: usize = 64;
+#[cfg(loom)]
+const MAX_SHARDS: usize = 1;
 /// Key/address pairs per bucket.
 const SLOTS: usize = 3;
 /// Slot states, two bits each in a bucket's `states` word.
@@ -43,7 +50,10 @@ const TOMBSTONE: u64 = 2;
 /// it is sized so that the live entries then fill at most half of it.
 const MAX_USED_EIGHTHS: usize = 6;
 /// Buckets of a shard's first table.
+#[cfg(not(loom))]
 const MIN_BUCKETS: usize = 4;
+#[cfg(loom)]
+const MIN_BUCKETS: usize = 1;
 
 /// Four shards per hardware thread keeps the chance that two writers want the same shard low;
 /// the clamp bounds the fixed cost on big machines and tiny tables.
@@ -130,7 +140,7 @@ impl Table {
         loop {
             let v = bucket.version.load(Ordering::Acquire);
             if v & 1 != 0 {
-                std::hint::spin_loop();
+                spin();
                 continue;
             }
             let states = bucket.states.load(Ordering::Relaxed);
@@ -250,7 +260,8 @@ impl HashIndex {
                 })
                 .collect(),
             shard_shift: 64 - shards.trailing_zeros(),
-            seed: rand::random(),
+            // A loom model must replay identically: a fixed seed there.
+            seed: if cfg!(loom) { 0 } else { rand::random() },
         }
     }
 

@@ -4,8 +4,10 @@
 //! cache-entry id, ...). Indexes live only in DRAM: engines rebuild them at recovery by scanning
 //! their storage, so nothing here is persisted and bulk insertion is the path that matters.
 //!
-//! - [`HashIndex`]: point operations only, over a sharded hash map.
-//! - [`OrderedIndex`]: point operations plus ascending/descending range scans, over a skiplist.
+//! - [`HashIndex`]: point operations only: cache-line buckets read optimistically, sharded
+//!   writers.
+//! - [`OrderedIndex`]: point operations plus ascending/descending range scans, over a B+-tree
+//!   with optimistic lock coupling (`btree.rs`, shared with the secondary index).
 //! - [`PrimaryIndex`]: either of the two, chosen at run time by [`PrimaryIndexKind`].
 //! - [`SecondaryIndex`]: a non-unique ordered set of `(secondary key, primary key)` pairs, keyed
 //!   by [`secondary_key`], a stable hash of the indexed columns.
@@ -18,6 +20,7 @@ mod hash;
 mod ordered;
 mod primary;
 mod secondary;
+mod sync;
 
 pub use hash::HashIndex;
 pub use ordered::OrderedIndex;

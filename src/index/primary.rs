@@ -50,8 +50,8 @@ impl FromStr for PrimaryIndexKind {
 ///
 /// Range scans exist only on [`PrimaryIndex::Ordered`]; on [`PrimaryIndex::Hash`] they return
 /// [`IndexError::ScanUnsupported`].
-// The ordered variant embeds the skiplist head (~640 bytes) inline. There is one index per
-// table, so the size does not matter, whereas boxing would add a pointer chase to every lookup.
+// The ordered variant embeds the tree's node arena directory (~1 KiB) inline. There is one index
+// per table, so the size does not matter, whereas boxing would add a pointer chase to every lookup.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum PrimaryIndex {
