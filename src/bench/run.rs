@@ -2,7 +2,8 @@
 
 use std::borrow::Borrow;
 use std::fmt::Display;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -105,6 +106,9 @@ const POLL: Duration = Duration::from_millis(2);
 
 struct Shared {
     phase: AtomicU8,
+    /// Set with the STOP phase: the drivers' threads see it through [`crate::cc::stop_requested`],
+    /// so that lock waits and retries inside a transaction end with the run.
+    stop: Arc<AtomicBool>,
     ready: AtomicUsize,
     error: Mutex<Option<BenchError>>,
 }
@@ -117,7 +121,13 @@ impl Shared {
             *slot = Some(err);
         }
         drop(slot);
+        self.stop();
+    }
+
+    /// Stops every thread: they finish (or abandon) their current transaction and exit.
+    fn stop(&self) {
         self.phase.store(STOP, Ordering::Release);
+        self.stop.store(true, Ordering::Release);
     }
 
     fn phase(&self) -> u8 {
@@ -131,7 +141,7 @@ struct StopOnPanic<'a>(&'a Shared);
 impl Drop for StopOnPanic<'_> {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            self.0.phase.store(STOP, Ordering::Release);
+            self.0.stop();
         }
     }
 }
@@ -172,6 +182,7 @@ where
     let n_kinds = config.txn_kinds.len();
     let shared = Shared {
         phase: AtomicU8::new(INIT),
+        stop: Arc::new(AtomicBool::new(false)),
         ready: AtomicUsize::new(0),
         error: Mutex::new(None),
     };
@@ -245,7 +256,7 @@ fn coordinate(config: &BenchConfig, shared: &Shared) -> (Duration, stats::PmStat
     let start = Instant::now();
     let pm_start = stats::snapshot();
     sleep_unless_stopped(shared, config.duration);
-    shared.phase.store(STOP, Ordering::Release);
+    shared.stop();
     let measured = start.elapsed();
     let pm = stats::snapshot() - pm_start;
     (measured, pm)
@@ -272,6 +283,7 @@ where
     E: Display,
 {
     let _guard = StopOnPanic(shared);
+    let _stop_flag = StopFlagInstalled::new(&shared.stop);
     let mut stats = ThreadStats::new(n_kinds);
     let mut driver = match factory(thread) {
         Ok(driver) => driver,
@@ -311,6 +323,8 @@ where
                 });
                 break;
             }
+            // A transaction abandoned because the run ended is not a failure.
+            Err(e) if shared.phase() == STOP && is_interruption(e.as_ref()) => break,
             Err(e) => {
                 shared.fail(BenchError::Driver {
                     thread,
@@ -321,6 +335,37 @@ where
         }
     }
     stats
+}
+
+/// Makes the run's stop flag the thread's ([`crate::cc::set_stop_flag`]) while it lives.
+struct StopFlagInstalled;
+
+impl StopFlagInstalled {
+    fn new(flag: &Arc<AtomicBool>) -> StopFlagInstalled {
+        crate::cc::set_stop_flag(Some(Arc::clone(flag)));
+        StopFlagInstalled
+    }
+}
+
+impl Drop for StopFlagInstalled {
+    fn drop(&mut self) {
+        crate::cc::set_stop_flag(None);
+    }
+}
+
+/// Whether `e` (or an error it wraps) is a transaction abandoned at the end of the run.
+fn is_interruption(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut at = Some(e);
+    while let Some(e) = at {
+        if matches!(
+            e.downcast_ref::<crate::engine::DbError>(),
+            Some(crate::engine::DbError::Interrupted { .. })
+        ) {
+            return true;
+        }
+        at = e.source();
+    }
+    false
 }
 
 fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {

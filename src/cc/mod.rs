@@ -24,7 +24,8 @@ pub use mvcc::{SnapshotClock, VersionStore};
 
 use serde::{Deserialize, Serialize};
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// A concurrency-control protocol: the set Falcon (§5.2, §6) and Zen (§3.3.2, §4.4) evaluate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -580,8 +581,12 @@ pub struct CcShared {
     pub options: CcOptions,
     /// Per thread: the running transaction's priority timestamp (wait-die), `u64::MAX` idle.
     pub txn_ts: Box<[crossbeam_utils::CachePadded<AtomicU64>]>,
-    /// Per thread: the thread + 1 it waits for (dl-detect), 0 when not waiting.
+    /// Per thread: the thread + 1 it waits for, or the word whose readers it waits for
+    /// (dl-detect, see [`lock2pl::decide`]), 0 when not waiting.
     pub waits_for: Box<[crossbeam_utils::CachePadded<AtomicU64>]>,
+    /// Per thread: the ids of the words it holds read locks on (dl-detect only), so that a
+    /// writer waiting for readers knows whom it waits for ([`lock2pl::closes_cycle`]).
+    pub read_locks: Box<[crossbeam_utils::CachePadded<parking_lot::Mutex<Vec<u64>>>]>,
     /// Partition locks (hstore).
     pub partitions: hstore::PartitionLocks,
     /// Silo's global epoch.
@@ -604,12 +609,38 @@ impl CcShared {
             options,
             txn_ts: slots(u64::MAX),
             waits_for: slots(0),
+            read_locks: (0..threads)
+                .map(|_| crossbeam_utils::CachePadded::new(parking_lot::Mutex::new(Vec::new())))
+                .collect(),
             partitions: hstore::PartitionLocks::new(options.partitions),
             epoch: silo::EpochClock::default(),
             versions: VersionStore::new(),
             snapshots: SnapshotClock::default(),
         }
     }
+}
+
+thread_local! {
+    /// The stop flag of the run this thread works for, if any ([`set_stop_flag`]).
+    static STOP_FLAG: std::cell::RefCell<Option<Arc<AtomicBool>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Makes `flag` this thread's stop flag (`None`: no flag): once it is set, lock waits give up
+/// ([`lock2pl::acquire`]) and `Worker::run_counted` stops retrying aborted transactions, so a
+/// thread stuck behind contention notices that its run is over (the benchmark harness sets it
+/// when the measured duration ends).
+pub fn set_stop_flag(flag: Option<Arc<AtomicBool>>) {
+    STOP_FLAG.with(|f| *f.borrow_mut() = flag);
+}
+
+/// Whether this thread's run asked it to stop ([`set_stop_flag`]).
+pub fn stop_requested() -> bool {
+    STOP_FLAG.with(|f| {
+        f.borrow()
+            .as_ref()
+            .is_some_and(|flag| flag.load(Ordering::Acquire))
+    })
 }
 
 /// A backoff step of a polling loop: spin first, then yield (two cores shared by many threads).

@@ -521,7 +521,9 @@ impl<'db> Worker<'db> {
         self.run_counted(true, f).map(|o| o.value)
     }
 
-    /// As [`Worker::run`], also reporting the aborts it took and the commit tid.
+    /// As [`Worker::run`], also reporting the aborts it took and the commit tid. On a thread whose
+    /// run asked it to stop ([`crate::cc::set_stop_flag`]), a conflict abort is not retried:
+    /// the result is [`DbError::Interrupted`].
     pub fn run_counted<T>(
         &mut self,
         read_only: bool,
@@ -555,6 +557,11 @@ impl<'db> Worker<'db> {
                         return Err(DbError::Tx(e));
                     }
                     aborts += 1;
+                    if crate::cc::stop_requested() {
+                        // Contention can keep a transaction aborting for longer than its run
+                        // lasts: a stopping run must not wait for it (issue 22).
+                        return Err(DbError::Interrupted { aborts });
+                    }
                     self.backoff(aborts);
                 }
             }

@@ -200,6 +200,13 @@ pub enum DbError {
     /// Every worker slot is taken.
     #[error("all {0} worker slots are in use (raise max_threads)")]
     NoWorkerSlot(usize),
+    /// A transaction given up after conflicts because its run is stopping
+    /// ([`crate::cc::stop_requested`]): nothing of it committed.
+    #[error("transaction abandoned after {aborts} conflict aborts: the run is stopping")]
+    Interrupted {
+        /// The conflict aborts it had seen.
+        aborts: u32,
+    },
 }
 
 /// A column write: `bytes` replace the row's bytes at `offset`.

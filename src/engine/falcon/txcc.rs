@@ -8,7 +8,7 @@
 //! queue) and the per-database context in the engine's [`crate::cc::CcShared`].
 
 use super::layout::tuple;
-use super::worker::{FalconWorker, PmWord, WriteKind};
+use super::worker::{FalconWorker, WriteKind};
 use crate::catalog::TableId;
 use crate::cc::{
     backoff, lock2pl, mvcc, occ, tictoc, tid_timestamp, to, MetaWord, Protocol, LOCK_BIT,
@@ -87,7 +87,7 @@ impl FalconWorker {
             shared.txn_ts[self.thread].store(u64::MAX, Ordering::Release);
         }
         if self.proto == Protocol::DlDetect {
-            shared.waits_for[self.thread].store(0, Ordering::SeqCst);
+            lock2pl::end_transaction(shared, self.thread);
         }
     }
 
@@ -158,7 +158,7 @@ impl FalconWorker {
             }
             Protocol::NoWait | Protocol::WaitDie | Protocol::DlDetect | Protocol::Mv2pl => {
                 if !self.holds_read_lock(t) {
-                    self.wait_for_2pl(t, |w| lock2pl::try_read_lock(w))?;
+                    self.wait_for_2pl(t, lock2pl::Request::Read)?;
                     self.reads.push((t, 0));
                 }
                 Ok(Some(self.copy_tuple(t, out)))
@@ -309,14 +309,16 @@ impl FalconWorker {
     pub(super) fn wait_for_2pl(
         &mut self,
         t: u64,
-        attempt: impl Fn(&PmWord<'_>) -> Result<(), lock2pl::Holder>,
+        request: lock2pl::Request,
     ) -> Result<(), TxError> {
+        // The tuple's offset names its word in the waits-for graph.
         lock2pl::acquire(
             self.proto,
             &self.eng.cc,
             self.thread,
             &self.word(t),
-            attempt,
+            t,
+            request,
         )
         .then_some(())
         .ok_or(TxError::Conflict)
@@ -336,10 +338,7 @@ impl FalconWorker {
                 }
                 Ok(())
             }
-            _ => {
-                let thread = self.thread;
-                self.wait_for_2pl(t, |w| lock2pl::try_write_lock(w, holds_read, thread))
-            }
+            _ => self.wait_for_2pl(t, lock2pl::Request::Write { holds_read }),
         }
     }
 

@@ -181,7 +181,7 @@ impl ZenWorker {
             Protocol::WaitDie | Protocol::Hstore => {
                 shared.txn_ts[self.thread].store(u64::MAX, Ordering::Release)
             }
-            Protocol::DlDetect => shared.waits_for[self.thread].store(0, Ordering::SeqCst),
+            Protocol::DlDetect => lock2pl::end_transaction(shared, self.thread),
             Protocol::Mvto | Protocol::Mvocc | Protocol::Mv2pl | Protocol::Si => {
                 self.eng.snap_active[self.thread].store(u64::MAX, Ordering::SeqCst)
             }
@@ -256,7 +256,7 @@ impl ZenWorker {
                 Err(TxError::Conflict)
             }
             Protocol::NoWait | Protocol::WaitDie | Protocol::DlDetect | Protocol::Mv2pl => {
-                self.wait_for_2pl(table, r, lock2pl::try_read_lock)?;
+                self.wait_for_2pl(table, r, lock2pl::Request::Read)?;
                 let e = self.tables[table as usize].cache.entry(r);
                 e.copy_row(out);
                 let cts = e.cts().load(Ordering::Acquire);
@@ -447,12 +447,22 @@ impl ZenWorker {
         &mut self,
         table: TableId,
         r: u64,
-        attempt: impl Fn(&AtomicU64) -> Result<(), lock2pl::Holder>,
+        request: lock2pl::Request,
     ) -> Result<(), TxError> {
         let word = self.word(table, r);
-        lock2pl::acquire(self.proto, &self.eng.cc, self.thread, word, attempt)
-            .then_some(())
-            .ok_or(TxError::Conflict)
+        // The word's address names it in the waits-for graph (entries do not move while a
+        // transaction holds them).
+        let word_id = word as *const AtomicU64 as u64;
+        lock2pl::acquire(
+            self.proto,
+            &self.eng.cc,
+            self.thread,
+            word,
+            word_id,
+            request,
+        )
+        .then_some(())
+        .ok_or(TxError::Conflict)
     }
 
     /// Locks entry `r` for a write during execution (2PL, TO), upgrading a read lock.
@@ -475,10 +485,7 @@ impl ZenWorker {
                 }
                 Ok(())
             }
-            _ => {
-                let thread = self.thread;
-                self.wait_for_2pl(table, r, |w| lock2pl::try_write_lock(w, holds_read, thread))
-            }
+            _ => self.wait_for_2pl(table, r, lock2pl::Request::Write { holds_read }),
         }
     }
 
