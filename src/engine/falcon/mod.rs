@@ -357,22 +357,14 @@ impl FalconEngine {
         let policy = Policy::new(config.kind, pool.domain(), config.hot_tuples)?;
         let (pages, meta_page) = crate::engine::meta::format(
             &pool,
-            &crate::engine::meta::MetaLayout {
-                page_kind: kind::META,
-                magic_at: meta::F_MAGIC,
-                magic: meta::MAGIC,
-                catalog_at: meta::CATALOG_AT,
-                catalog_slot_bytes: meta::CATALOG_SLOT_BYTES,
-                fields: &[
-                    (meta::F_VERSION, meta::VERSION),
-                    (meta::F_MAX_THREADS, config.max_threads as u64),
-                    (meta::F_WINDOW_SLOTS, config.window_slots as u64),
-                    (meta::F_WINDOW_SLOT_BYTES, config.window_slot_bytes as u64),
-                    (meta::F_MAX_ROW, config.max_row_bytes as u64),
-                    (meta::F_CATALOG_SLOT, meta::CATALOG_SLOT_BYTES),
-                ],
-                crc_at: meta::F_CRC,
-            },
+            &meta_layout(&[
+                (meta::F_VERSION, meta::VERSION),
+                (meta::F_MAX_THREADS, config.max_threads as u64),
+                (meta::F_WINDOW_SLOTS, config.window_slots as u64),
+                (meta::F_WINDOW_SLOT_BYTES, config.window_slot_bytes as u64),
+                (meta::F_MAX_ROW, config.max_row_bytes as u64),
+                (meta::F_CATALOG_SLOT, meta::CATALOG_SLOT_BYTES),
+            ]),
         )?;
         Ok(Arc::new(Self::assemble(
             pool,
@@ -392,15 +384,7 @@ impl FalconEngine {
     pub fn open(pool: Arc<Pool>, mut config: FalconConfig) -> Result<Arc<FalconEngine>, DbError> {
         let meta_page = crate::engine::meta::open(
             &pool,
-            &crate::engine::meta::MetaLayout {
-                page_kind: kind::META,
-                magic_at: meta::F_MAGIC,
-                magic: meta::MAGIC,
-                catalog_at: meta::CATALOG_AT,
-                catalog_slot_bytes: meta::CATALOG_SLOT_BYTES,
-                fields: &[(meta::F_VERSION, meta::VERSION)],
-                crc_at: meta::F_CRC,
-            },
+            &meta_layout(&[(meta::F_VERSION, meta::VERSION)]),
             "Falcon",
         )?;
         let pages = PageManager::open(&pool)?;
@@ -514,5 +498,18 @@ impl Engine for FalconEngine {
 
     fn check_structure(&self) -> Result<Vec<u64>, String> {
         recovery::check_structure(self)
+    }
+}
+
+/// The Falcon meta page's layout, with the `fields` a format writes or an open checks.
+fn meta_layout(fields: &[(u64, u64)]) -> crate::engine::meta::MetaLayout<'_> {
+    crate::engine::meta::MetaLayout {
+        page_kind: kind::META,
+        magic_at: meta::F_MAGIC,
+        magic: meta::MAGIC,
+        catalog_at: meta::CATALOG_AT,
+        catalog_slot_bytes: meta::CATALOG_SLOT_BYTES,
+        fields,
+        crc_at: meta::F_CRC,
     }
 }

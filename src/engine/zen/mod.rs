@@ -379,20 +379,12 @@ impl ZenEngine {
         Self::check_domain(pool.domain())?;
         let (pages, meta_page) = crate::engine::meta::format(
             &pool,
-            &crate::engine::meta::MetaLayout {
-                page_kind: kind::META,
-                magic_at: meta::F_MAGIC,
-                magic: meta::MAGIC,
-                catalog_at: meta::CATALOG_AT,
-                catalog_slot_bytes: meta::CATALOG_SLOT_BYTES,
-                fields: &[
-                    (meta::F_VERSION, meta::VERSION),
-                    (meta::F_MAX_THREADS, config.max_threads as u64),
-                    (meta::F_MAX_ROW, config.max_row_bytes as u64),
-                    (meta::F_CATALOG_SLOT, meta::CATALOG_SLOT_BYTES),
-                ],
-                crc_at: meta::F_CRC,
-            },
+            &meta_layout(&[
+                (meta::F_VERSION, meta::VERSION),
+                (meta::F_MAX_THREADS, config.max_threads as u64),
+                (meta::F_MAX_ROW, config.max_row_bytes as u64),
+                (meta::F_CATALOG_SLOT, meta::CATALOG_SLOT_BYTES),
+            ]),
         )?;
         Ok(Arc::new(Self::assemble(
             pool,
@@ -409,15 +401,7 @@ impl ZenEngine {
         Self::check_domain(pool.domain())?;
         let meta_page = crate::engine::meta::open(
             &pool,
-            &crate::engine::meta::MetaLayout {
-                page_kind: kind::META,
-                magic_at: meta::F_MAGIC,
-                magic: meta::MAGIC,
-                catalog_at: meta::CATALOG_AT,
-                catalog_slot_bytes: meta::CATALOG_SLOT_BYTES,
-                fields: &[(meta::F_VERSION, meta::VERSION)],
-                crc_at: meta::F_CRC,
-            },
+            &meta_layout(&[(meta::F_VERSION, meta::VERSION)]),
             "Zen",
         )?;
         let pages = PageManager::open(&pool)?;
@@ -625,5 +609,18 @@ impl Engine for ZenEngine {
 
     fn check_structure(&self) -> Result<Vec<u64>, String> {
         recovery::check_structure(self)
+    }
+}
+
+/// The Zen meta page's layout, with the `fields` a format writes or an open checks.
+fn meta_layout(fields: &[(u64, u64)]) -> crate::engine::meta::MetaLayout<'_> {
+    crate::engine::meta::MetaLayout {
+        page_kind: kind::META,
+        magic_at: meta::F_MAGIC,
+        magic: meta::MAGIC,
+        catalog_at: meta::CATALOG_AT,
+        catalog_slot_bytes: meta::CATALOG_SLOT_BYTES,
+        fields,
+        crc_at: meta::F_CRC,
     }
 }
