@@ -462,9 +462,14 @@ impl<'db> TatpDriver<'db> {
 impl TxnDriver for TatpDriver<'_> {
     fn run_txn(&mut self) -> Result<TxnOutcome, DriverError> {
         let ty = self.next_type();
-        let (committed, failed, aborts) = self
-            .run_type(ty)
-            .map_err(|e| format!("{}: {e}", ty.name()))?;
+        let (committed, failed, aborts) = self.run_type(ty).map_err(|e| -> DriverError {
+            // Abandoned at the end of the run: keep the type, so the harness recognises it.
+            if matches!(e, DbError::Interrupted { .. }) {
+                Box::new(e)
+            } else {
+                format!("{}: {e}", ty.name()).into()
+            }
+        })?;
         self.last_expected_failure = failed;
         Ok(TxnOutcome {
             // With `only`, the run has that one kind.
