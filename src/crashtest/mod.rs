@@ -206,7 +206,7 @@ impl CrashTestConfig {
     }
 
     /// Whether this configuration can run: engine × domain × protocol ([`supported`]), threads,
-    /// and a fault that applies to the engine.
+    /// and a fault that applies to the engine and can break it under the domain.
     pub fn check(&self) -> Result<(), CrashTestError> {
         supported(self.engine, self.domain, self.protocol).map_err(CrashTestError::Unsupported)?;
         if self.rounds == 0 || self.rounds > 1000 {
@@ -220,7 +220,8 @@ impl CrashTestConfig {
             ));
         }
         if let Some(f) = self.fault {
-            f.check(self.engine).map_err(CrashTestError::Unsupported)?;
+            f.check_under(self.engine, self.domain)
+                .map_err(CrashTestError::Unsupported)?;
         }
         if self.images_per_point == 0 || self.txns_per_thread == 0 {
             return Err(CrashTestError::Unsupported(

@@ -225,19 +225,18 @@ impl ZenWorker {
         Ok(())
     }
 
-    /// Whether `key` is held by another transaction's insert that has not committed yet (its
-    /// entry has no Tx-CTS): a duplicate only if that transaction commits, so a conflict.
-    fn insert_in_flight(&self, table: TableId, key: u64) -> bool {
+    /// Whether the index maps `key` to a committed row: an NVM-tuple, or a Met-Cache entry with a
+    /// Tx-CTS. An entry without one is another transaction's insert in flight (a duplicate only
+    /// if that transaction commits), and a key gone again was such an insert, rolled back since
+    /// it was seen: either way the caller's DuplicateKey is a conflict to retry.
+    fn holds_committed_row(&self, table: TableId, key: u64) -> bool {
         let Some(t) = self.tables.get(table as usize) else {
             return false;
         };
         match t.index.get(key) {
-            Some(v) if is_cache_ref(v) => {
-                let e = t.cache.entry(v);
-                e.cts().load(Ordering::Acquire) == 0
-                    && e.cc().load(Ordering::Acquire) & LOCK_BIT != 0
-            }
-            _ => false,
+            Some(v) if is_cache_ref(v) => t.cache.entry(v).cts().load(Ordering::Acquire) != 0,
+            Some(_) => true,
+            None => false,
         }
     }
 
@@ -516,6 +515,116 @@ impl ZenWorker {
         st.deferred.iter().map(|g| g.tid).fold(pending, u64::min)
     }
 
+    /// Commit step 1 for the protocols that lock at commit (OCC family, H-Store): locks the
+    /// updated and deleted entries in a global order (table, entry), spinning briefly on each.
+    /// On `Err` the locks taken are recorded in the write set for the rollback to release.
+    fn lock_write_set(&mut self) -> Result<(), TxError> {
+        if !self.locks_at_commit() {
+            return Ok(());
+        }
+        let mut order = std::mem::take(&mut self.commit_order);
+        order.clear();
+        order.extend(
+            (0..self.writes.len())
+                .filter(|&i| matches!(self.writes[i].kind, WriteKind::Update | WriteKind::Delete)),
+        );
+        order.sort_unstable_by_key(|&i| (self.writes[i].table, self.writes[i].eref));
+        let mut result = Ok(());
+        for &i in &order {
+            let (table, key, r) = (
+                self.writes[i].table,
+                self.writes[i].key,
+                self.writes[i].eref,
+            );
+            if let Err(held) = self.lock_at_commit(table, r) {
+                self.writes[i].locked = held;
+                result = Err(TxError::Conflict);
+                break;
+            }
+            self.writes[i].locked = true;
+            let e = self.tables[table as usize].cache.entry(r);
+            self.max_seen = self.max_seen.max(e.cts().load(Ordering::Relaxed));
+            if !e.is_current(key) {
+                result = Err(TxError::Conflict);
+                break;
+            }
+        }
+        self.commit_order = order;
+        result
+    }
+
+    /// Commit step 2: [`Self::claim_new_version`] for every write.
+    fn claim_new_versions(&mut self) -> Result<(), TxError> {
+        (0..self.writes.len()).try_for_each(|i| self.claim_new_version(i))
+    }
+
+    /// Commit step 2 for write `i`: claims an entry of this thread's region for an insert or for
+    /// an update of another region's entry (§3.2). An insert's entry is published to the index at
+    /// once, locked and without a Tx-CTS, so readers wait and inserters of the same key see it
+    /// in flight ([`Self::holds_committed_row`]).
+    fn claim_new_version(&mut self, i: usize) -> Result<(), TxError> {
+        let (table, key, kind, eref) = (
+            self.writes[i].table,
+            self.writes[i].key,
+            self.writes[i].kind,
+            self.writes[i].eref,
+        );
+        let thread = self.thread;
+        let needs_entry =
+            kind == WriteKind::Insert || (kind == WriteKind::Update && region_of(eref) != thread);
+        if !needs_entry {
+            return Ok(());
+        }
+        let t = &self.tables[table as usize];
+        let st = self.state.as_mut().expect("state present");
+        let hand = &mut Self::alloc_state(st, table).hand;
+        let mut overflowed = false;
+        let r = t
+            .cache
+            .claim(thread, hand, &t.index, &mut overflowed)
+            .map_err(|_| exhausted(t))?;
+        if overflowed {
+            self.eng.request_exclusive();
+        }
+        self.writes[i].target = r;
+        if kind == WriteKind::Insert {
+            let e = t.cache.entry(r);
+            e.key().store(key, Ordering::Relaxed);
+            e.nvm().store(0, Ordering::Relaxed);
+            e.cts().store(0, Ordering::Relaxed);
+            e.cc().store(LOCK_BIT, Ordering::Relaxed);
+            t.cache.publish(r, 1);
+            self.pins.push((table, r));
+            if t.index.insert_new(key, r).is_err() {
+                // The key was absent when `insert` checked; a transaction that committed since
+                // has inserted it. That invalidates this transaction's observation of absence
+                // (and, under the optimistic protocols, typically a read it made: TPC-C
+                // New-Order's district counter), so it is a conflict to retry, as in Falcon,
+                // never a duplicate the caller made (issue 22, item 1). On retry `insert` sees
+                // the row and, if the caller still inserts it, reports it.
+                t.cache.supersede(r);
+                self.writes[i].target = 0;
+                return Err(TxError::Conflict);
+            }
+        }
+        Ok(())
+    }
+
+    /// Undoes [`Self::claim_new_version`] for write `w` of a transaction that failed: an insert
+    /// leaves the index and its entry becomes garbage, a copy's entry goes back to the free state.
+    fn unclaim_new_version(&self, w: &WriteRec) {
+        let t = &self.tables[w.table as usize];
+        match w.kind {
+            WriteKind::Insert if w.target != 0 => {
+                t.index.remove_if(w.key, w.target);
+                t.cache.entry(w.target).cc().store(0, Ordering::Release);
+                t.cache.supersede(w.target);
+            }
+            WriteKind::Update if w.target != 0 => t.cache.release_claimed(w.target),
+            _ => {}
+        }
+    }
+
     fn end_txn(&mut self) {
         for i in 0..self.pins.len() {
             let (table, r) = self.pins[i];
@@ -544,18 +653,7 @@ impl ZenWorker {
     fn rollback(&mut self) {
         self.settle_versions(false);
         for w in &self.writes {
-            let cache = &self.tables[w.table as usize].cache;
-            match w.kind {
-                WriteKind::Insert if w.target != 0 => {
-                    self.tables[w.table as usize]
-                        .index
-                        .remove_if(w.key, w.target);
-                    cache.entry(w.target).cc().store(0, Ordering::Release);
-                    cache.supersede(w.target);
-                }
-                WriteKind::Update if w.target != 0 => cache.release_claimed(w.target),
-                _ => {}
-            }
+            self.unclaim_new_version(w);
             if w.locked && w.eref != 0 {
                 self.release_word(w.table, w.eref, None);
             }
@@ -874,87 +972,15 @@ impl EngineWorker for ZenWorker {
             return self.fail(e);
         }
         let thread = self.thread;
-        // 1. Protocols that lock at commit (OCC family, H-Store): lock the write set in a global
-        // order (table, entry), spinning briefly on each lock.
-        if self.locks_at_commit() {
-            let mut order = std::mem::take(&mut self.commit_order);
-            order.clear();
-            order.extend(
-                (0..self.writes.len()).filter(|&i| {
-                    matches!(self.writes[i].kind, WriteKind::Update | WriteKind::Delete)
-                }),
-            );
-            order.sort_unstable_by_key(|&i| (self.writes[i].table, self.writes[i].eref));
-            for &i in &order {
-                let (table, key, r) = (
-                    self.writes[i].table,
-                    self.writes[i].key,
-                    self.writes[i].eref,
-                );
-                if let Err(held) = self.lock_at_commit(table, r) {
-                    self.writes[i].locked = held;
-                    return self.fail(TxError::Conflict);
-                }
-                self.writes[i].locked = true;
-                let e = self.tables[table as usize].cache.entry(r);
-                self.max_seen = self.max_seen.max(e.cts().load(Ordering::Relaxed));
-                if !e.is_current(key) {
-                    return self.fail(TxError::Conflict);
-                }
-            }
-            self.commit_order = order;
+        // 1. Protocols that lock at commit (OCC family, H-Store): lock the write set.
+        if let Err(e) = self.lock_write_set() {
+            return self.fail(e);
         }
         // 2. Claim this region's entries for new versions: inserts (published to the index,
         // locked, so readers wait until they are durable) and copies of other regions' entries
         // (§3.2: a thread writes only in its own region).
-        for i in 0..self.writes.len() {
-            let (table, key, kind, eref) = (
-                self.writes[i].table,
-                self.writes[i].key,
-                self.writes[i].kind,
-                self.writes[i].eref,
-            );
-            let needs_entry = kind == WriteKind::Insert
-                || (kind == WriteKind::Update && region_of(eref) != thread);
-            if !needs_entry {
-                continue;
-            }
-            let t = &self.tables[table as usize];
-            let st = self.state.as_mut().expect("state present");
-            let hand = &mut Self::alloc_state(st, table).hand;
-            let mut overflowed = false;
-            let r = match t.cache.claim(thread, hand, &t.index, &mut overflowed) {
-                Ok(r) if overflowed => {
-                    self.eng.request_exclusive();
-                    r
-                }
-                Ok(r) => r,
-                Err(_) => {
-                    let e = exhausted(t);
-                    return self.fail(e);
-                }
-            };
-            self.writes[i].target = r;
-            if kind == WriteKind::Insert {
-                let e = t.cache.entry(r);
-                e.key().store(key, Ordering::Relaxed);
-                e.nvm().store(0, Ordering::Relaxed);
-                e.cts().store(0, Ordering::Relaxed);
-                e.cc().store(LOCK_BIT, Ordering::Relaxed);
-                t.cache.publish(r, 1);
-                self.pins.push((table, r));
-                if t.index.insert_new(key, r).is_err() {
-                    // The key was absent when `insert` checked; a transaction that committed
-                    // since has inserted it. That invalidates this transaction's observation of
-                    // absence (and, under the optimistic protocols, typically a read it made:
-                    // TPC-C New-Order's district counter), so it is a conflict to retry, as in
-                    // Falcon, never a duplicate the caller made (issue 22, item 1). On retry
-                    // `insert` sees the row and, if the caller still inserts it, reports it.
-                    t.cache.supersede(r);
-                    self.writes[i].target = 0;
-                    return self.fail(TxError::Conflict);
-                }
-            }
+        if let Err(e) = self.claim_new_versions() {
+            return self.fail(e);
         }
         // The write set is locked; reads are validated next. Without a full fence between the
         // two, the lock stores may still be in a store buffer while the validation loads run
@@ -1178,7 +1204,11 @@ impl EngineWorker for ZenWorker {
             {
                 TxError::Conflict
             }
-            TxError::DuplicateKey { table, key } if self.insert_in_flight(table, key) => {
+            // The row seen may have been another transaction's insert that has rolled back
+            // since: its commit had locked the counter this transaction read (TPC-C's district)
+            // and restored the counter's version on abort, so the read set still validates
+            // (issue 22, item 1: Zen TPC-C under TicToc and MVOCC).
+            TxError::DuplicateKey { table, key } if !self.holds_committed_row(table, key) => {
                 TxError::Conflict
             }
             other => other,
@@ -1201,5 +1231,92 @@ impl Drop for ZenWorker {
             *self.eng.threads[self.thread].lock() = Some(state);
         }
         self.eng.workers.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::{ColumnType, Schema};
+    use crate::engine::zen::ZenConfig;
+    use crate::engine::Engine;
+    use crate::pmem::{PersistenceDomain, Pool, PoolOptions};
+
+    /// Issue 22, item 1 (Zen TPC-C under TicToc and MVOCC failed with DuplicateKey), replayed step
+    /// by step. New-Orders A and B read the same district counter. B's commit locks the counter
+    /// and publishes its order's key (steps 1 and 2); A's insert of that key finds it there; B's
+    /// commit then fails (in TPC-C, validating an unrelated read) and rolls back, which restores
+    /// the counter's version and removes the key. A's read set still validates, yet the row A
+    /// collided with never committed: the miss is a conflict to retry, not a duplicate.
+    #[test]
+    fn an_insert_that_collided_with_a_rolled_back_insert_is_a_conflict() {
+        for protocol in [
+            Protocol::Occ,
+            Protocol::Silo,
+            Protocol::Tictoc,
+            Protocol::Mvocc,
+        ] {
+            let opts = PoolOptions::new("zen", PersistenceDomain::Eadr);
+            let pool = Arc::new(Pool::create_in_memory(32 << 20, &opts).unwrap());
+            let mut config = ZenConfig::new(protocol);
+            config.max_threads = 2;
+            let eng = ZenEngine::create(pool, config).unwrap();
+            let table = |name| {
+                eng.create_table(Schema::new(name, &[("v", ColumnType::U64)]))
+                    .unwrap()
+            };
+            let (counter, orders) = (table("counter"), table("orders"));
+            let (mut a, mut b) = (
+                ZenWorker::new(eng.clone(), 0).unwrap(),
+                ZenWorker::new(eng.clone(), 1).unwrap(),
+            );
+            a.begin(false);
+            a.insert(counter, 0, &7u64.to_le_bytes()).unwrap();
+            a.commit().unwrap();
+
+            let mut id = [0u8; 8];
+            a.begin(false);
+            a.read(counter, 0, &mut id).unwrap();
+            b.begin(false);
+            b.read(counter, 0, &mut id).unwrap();
+            let next = (u64::from_le_bytes(id) + 1).to_le_bytes();
+            let field = FieldWrite {
+                offset: 0,
+                bytes: &next,
+            };
+            b.update(counter, 0, &[field]).unwrap();
+            b.insert(orders, 7, &[1; 8]).unwrap();
+            b.lock_write_set().unwrap();
+            b.claim_new_versions().unwrap();
+
+            let seen = a.insert(orders, 7, &[2; 8]).unwrap_err();
+            assert!(matches!(seen, TxError::DuplicateKey { .. }), "{protocol}");
+            // While B's insert is in flight, A's miss is a conflict already.
+            assert!(
+                matches!(a.resolve_miss(seen.clone()), TxError::Conflict),
+                "{protocol}"
+            );
+            let _ = b.fail(TxError::Conflict);
+            assert!(
+                matches!(a.resolve_miss(seen), TxError::Conflict),
+                "{protocol}: a rolled-back insert is no duplicate"
+            );
+            a.abort();
+
+            // The retry takes the same id (B never committed) and commits it.
+            a.begin(false);
+            a.read(counter, 0, &mut id).unwrap();
+            assert_eq!(u64::from_le_bytes(id), 7, "{protocol}");
+            a.insert(orders, 7, &[2; 8]).unwrap();
+            a.commit().unwrap();
+            // A duplicate of a committed row stays a duplicate.
+            a.begin(false);
+            let again = a.insert(orders, 7, &[3; 8]).unwrap_err();
+            assert!(
+                matches!(a.resolve_miss(again), TxError::DuplicateKey { .. }),
+                "{protocol}"
+            );
+            a.abort();
+        }
     }
 }
