@@ -53,7 +53,7 @@ fn all_configs() -> Vec<DbConfig> {
 #[test]
 fn crud_scan_and_secondary_on_every_engine_and_protocol() {
     for cfg in all_configs() {
-        let label = format!("{} {} {}", cfg.engine, cfg.protocol, cfg.domain);
+        let label = format!("{} {} {:?}", cfg.engine, cfg.protocol, cfg.domain);
         let db = Db::create(cfg).unwrap();
         let t = db.create_table(accounts()).unwrap();
         assert_eq!(db.table("accounts"), Some(t));
@@ -246,7 +246,7 @@ fn a_clean_reopen_recovers_everything_on_every_durable_variant() {
     {
         let path = dir.path().join(format!("db{i}.pool"));
         let cfg = cfg.path(&path);
-        let label = format!("{} {} {}", cfg.engine, cfg.protocol, cfg.domain);
+        let label = format!("{} {} {:?}", cfg.engine, cfg.protocol, cfg.domain);
         let last_tid_before;
         {
             let db = Db::create(cfg.clone()).unwrap();

@@ -8,10 +8,12 @@ use pmtx::pmem::PersistenceDomain;
 
 fn readme_example(path: &std::path::Path) -> Result<(i64, i64), Box<dyn std::error::Error>> {
     let config = DbConfig::default()
-        .engine(EngineKind::Falcon)
-        .domain(PersistenceDomain::Adr)
+        .engine(EngineKind::Falcon) // the domain is auto (see "Persistence domains")
         .path(path);
-    let db = Db::open_or_create(config)?;
+    let db = Db::open_or_create(config)?; // opening runs recovery
+    if let Some(warning) = db.durability_warning() {
+        eprintln!("warning: {warning}");
+    }
     let accounts = match db.table("accounts") {
         Some(t) => t,
         None => db.create_table(Schema::new("accounts", &[("balance", ColumnType::I64)]))?,
@@ -31,8 +33,22 @@ fn readme_example(path: &std::path::Path) -> Result<(i64, i64), Box<dyn std::err
 
 #[test]
 fn the_readme_example_runs_and_survives_a_reopen() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("bank.pool");
-    assert_eq!(readme_example(&path).unwrap(), (90, 10));
-    assert_eq!(readme_example(&path).unwrap(), (80, 20));
+    // Under /dev/shm (auto: eADR, with the tmpfs warning) as in the README, and on the disk file
+    // system of the temp dir (auto: msync, no warning).
+    for dir in [
+        tempfile::tempdir_in("/dev/shm").unwrap(),
+        tempfile::tempdir().unwrap(),
+    ] {
+        let path = dir.path().join("bank.pool");
+        assert_eq!(readme_example(&path).unwrap(), (90, 10));
+        assert_eq!(readme_example(&path).unwrap(), (80, 20));
+        let db = Db::open(DbConfig::default().path(&path)).unwrap();
+        let detected = pmtx::pmem::platform::detect_domain(Some(&path));
+        assert_eq!(db.domain(), detected.domain, "{}", detected.reason);
+        let expected_warning = matches!(
+            detected.storage,
+            pmtx::pmem::platform::Storage::Memory | pmtx::pmem::platform::Storage::PageCache
+        ) && db.domain() != PersistenceDomain::Msync;
+        assert_eq!(db.durability_warning().is_some(), expected_warning);
+    }
 }

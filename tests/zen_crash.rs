@@ -103,7 +103,8 @@ fn state(db: &Db, t: TableId) -> Result<Model, String> {
 
 /// A fresh database on a simulator pool, loaded with the initial state.
 fn setup(cfg: &DbConfig) -> (Db, TableId) {
-    let opts = PoolOptions::new("zen", cfg.domain).with_crash_sim(CrashTrigger::Never);
+    let opts = PoolOptions::new("zen", cfg.domain.expect("config() sets the domain"))
+        .with_crash_sim(CrashTrigger::Never);
     let pool = Pool::create_in_memory(POOL, &opts).unwrap();
     let db = Db::create_on_pool(pool, cfg.clone()).unwrap();
     let t = db.create_table(schema()).unwrap();
@@ -142,8 +143,11 @@ fn run_until_crash(cfg: &DbConfig, crash_at: Option<u64>) -> (Db, TableId, u64) 
 
 /// Recovers one crash image and checks it; Err describes the first violation.
 fn check_image(bytes: &[u8], cfg: &DbConfig, acked: u64) -> Result<(), String> {
-    let pool = Pool::from_image(bytes, &PoolOptions::new("zen", cfg.domain))
-        .map_err(|e| format!("image refused: {e}"))?;
+    let pool = Pool::from_image(
+        bytes,
+        &PoolOptions::new("zen", cfg.domain.expect("config() sets the domain")),
+    )
+    .map_err(|e| format!("image refused: {e}"))?;
     let db = Db::open_pool(pool, cfg.clone()).map_err(|e| format!("recovery failed: {e}"))?;
     db.check_structure()?;
     let t = db.table("t").ok_or("table lost")?;
@@ -202,7 +206,9 @@ fn sweep(cfg: &DbConfig, points: u64, images: usize) -> Result<u64, String> {
             check_image(&img.bytes, cfg, acked).map_err(|e| {
                 format!(
                     "{} {} crash before run event {n} (image {:?}): {e}",
-                    cfg.domain, cfg.protocol, img.prefixes
+                    cfg.domain.expect("config() sets the domain"),
+                    cfg.protocol,
+                    img.prefixes
                 )
             })?;
             checked += 1;
@@ -246,7 +252,8 @@ fn a_crash_during_recovery_is_survivable() {
         let sim = db.engine().pool().unwrap().crash_sim().unwrap().clone();
         let image = sim.crash_state().unwrap().full_image();
         for k in (0..400u64).step_by(7) {
-            let opts = PoolOptions::new("zen", cfg.domain).with_crash_sim(CrashTrigger::AtEvent(k));
+            let opts = PoolOptions::new("zen", cfg.domain.expect("config() sets the domain"))
+                .with_crash_sim(CrashTrigger::AtEvent(k));
             let pool = Pool::from_image(&image.bytes, &opts).unwrap();
             let sim2 = pool.crash_sim().unwrap().clone();
             let opened = catch_unwind(AssertUnwindSafe(|| Db::open_pool(pool, cfg.clone())));

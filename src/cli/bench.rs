@@ -266,6 +266,7 @@ fn run_bank(args: BankArgs) -> CliResult {
     let mut reports = Vec::new();
     for (round, threads, engine) in common.plan() {
         let db = Db::create(common.db_config(engine, threads, pool_size))?;
+        super::warn_durability(&db);
         let table = crate::workload::bank::load(&db, args.accounts)?;
         let result = bench::run(common.bench_config(threads, &["transfer"]), |t| {
             crate::workload::bank::BankDriver::new(&db, table, args.accounts, 0xba4c + t as u64)
@@ -349,6 +350,7 @@ fn run_ycsb(args: YcsbArgs) -> CliResult {
         config.max_row_bytes = config.max_row_bytes.max(row as usize);
         let dram_before = rss_anon_bytes();
         let db = Db::create(config)?;
+        super::warn_durability(&db);
         let table = db.create_table(driver::schema(&workload))?;
         let bar = bench::loading_bar(args.records, &format!("loading {engine}"));
         let loaded = AtomicU64::new(0);

@@ -61,6 +61,7 @@ pub(crate) fn run(args: Args) -> CliResult {
     }
     for (round, engine) in plan {
         let db = Db::create(common.db_config(engine, max_threads.max(2), pool_size))?;
+        super::warn_durability(&db);
         let bar = bench::loading_bar(args.subscribers, &format!("loading TATP ({engine})"));
         let loaded = AtomicU64::new(0);
         let tatp = tatp::load(&db, args.subscribers, args.seed, 2, &|n| {

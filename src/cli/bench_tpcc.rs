@@ -114,6 +114,7 @@ pub(crate) fn run(args: Args) -> CliResult {
         db_config.max_threads = threads.max(args.load_threads) + 1;
         let dram_before = rss_anon_bytes();
         let db = Db::create(db_config)?;
+        super::warn_durability(&db);
         let tpcc = Tpcc::create(&db, config, args.seed)?;
         let total = load::total_rows(&tpcc);
         let bar = bench::loading_bar(total, &format!("loading {engine}"));

@@ -148,7 +148,7 @@ pub(crate) fn run(args: Args) -> CliResult {
         }
         return Ok(());
     }
-    let report = crashtest::run(&cfg)?;
+    let report = crashtest::run_with_progress(&cfg, &mut progress_display(&cfg))?;
     out!("{}", report.render());
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)?)
@@ -164,6 +164,51 @@ pub(crate) fn run(args: Args) -> CliResult {
     }
     Ok(())
 }
+
+/// Progress of a crash test on stderr: a bar on a terminal; otherwise (a script, a log file) a
+/// line every [`PROGRESS_EVERY`] once a run takes longer than that. Short runs print nothing.
+fn progress_display(cfg: &CrashTestConfig) -> impl FnMut(&crashtest::CrashTestReport) {
+    use std::io::IsTerminal;
+    let total = if cfg.exhaustive || cfg.event.is_some() {
+        None
+    } else {
+        Some(cfg.images)
+    };
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let bar = crate::bench::loading_bar(total.unwrap_or(0), "crash images");
+        if total.is_none() {
+            bar.set_length(0);
+        }
+        bar
+    });
+    let mut last_line = std::time::Instant::now();
+    move |r: &crashtest::CrashTestReport| {
+        let done = r.images + r.restart_images;
+        let violations: u64 = r.violations.values().sum();
+        if let Some(bar) = &bar {
+            bar.set_position(r.images.min(total.unwrap_or(u64::MAX)));
+            bar.set_message(format!("crash images ({violations} with violations)"));
+            if total.is_some_and(|t| r.images >= t) {
+                bar.finish_and_clear();
+            }
+        } else if last_line.elapsed() >= PROGRESS_EVERY {
+            last_line = std::time::Instant::now();
+            let rate = done as f64 / r.elapsed_s.max(1e-9);
+            let eta = total
+                .filter(|&t| t > r.images && rate > 0.0)
+                .map(|t| format!(", eta {:.0} s", (t - r.images) as f64 / rate))
+                .unwrap_or_default();
+            eprintln!(
+                "crashtest: {done} images ({} crash points) in {:.0} s, {rate:.0} images/s, \
+                 {violations} with violations{eta}",
+                r.crash_points, r.elapsed_s
+            );
+        }
+    }
+}
+
+/// Interval between progress lines when stderr is not a terminal.
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Refuses counts that would test nothing (and exit 0 as if all were well).
 fn check_counts(args: &Args) -> CliResult {

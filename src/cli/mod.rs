@@ -32,6 +32,19 @@ pub(crate) fn write_stdout(args: std::fmt::Arguments<'_>) {
     }
 }
 
+/// Prints the database's durability warning, if any ([`crate::db::Db::durability_warning`]), once
+/// per pool path.
+pub(crate) fn warn_durability(db: &crate::db::Db) {
+    static WARNED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    if let Some(w) = db.durability_warning() {
+        let mut warned = WARNED.lock().unwrap_or_else(|e| e.into_inner());
+        if !warned.iter().any(|seen| seen == w) {
+            eprintln!("pmtx: warning: {w}");
+            warned.push(w.to_string());
+        }
+    }
+}
+
 mod bench;
 mod bench_tatp;
 mod bench_tpcc;

@@ -45,6 +45,7 @@ pub(crate) fn run(args: RecoverArgs) -> CliResult {
         config.engine_from_pool = false;
     }
     let db = Db::open(config)?;
+    super::warn_durability(&db);
     let engine = db.config().engine;
     let report = db.recovery_report().ok_or("the engine ran no recovery")?;
     let rows = db

@@ -812,6 +812,15 @@ fn restart_rounds(
 
 /// Runs a crash test.
 pub fn run(cfg: &CrashTestConfig) -> Result<CrashTestReport, CrashTestError> {
+    run_with_progress(cfg, &mut |_| {})
+}
+
+/// [`run`], calling `progress` with the report so far after every crash point (for progress
+/// displays on long runs: images checked, violations, elapsed time).
+pub fn run_with_progress(
+    cfg: &CrashTestConfig,
+    progress: &mut dyn FnMut(&CrashTestReport),
+) -> Result<CrashTestReport, CrashTestError> {
     cfg.check()?;
     crate::pmem::retain_freed_memory();
     let started = Instant::now();
@@ -917,6 +926,8 @@ pub fn run(cfg: &CrashTestConfig) -> Result<CrashTestReport, CrashTestError> {
                 report.note(cfg, &image, None, round, recovered.violations);
             }
         }
+        report.elapsed_s = started.elapsed().as_secs_f64();
+        progress(&report);
     }
     report.recovery_ms = Percentiles::of(recovery_ms);
     report.elapsed_s = started.elapsed().as_secs_f64();

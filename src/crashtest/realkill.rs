@@ -116,6 +116,9 @@ pub fn child_main(test: &CrashTestConfig, path: &Path, restart: u64) -> Result<(
     }
 }
 
+/// How long a kill waits for the child's first event before it counts its delay anyway.
+const FIRST_EVENT_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Runs `cfg.kills` rounds: spawn, kill, recover, check. With `cfg.test.rounds` = R > 1, R
 /// consecutive kills share one pool: after a kill is recovered and checked, the next child
 /// reopens that pool and goes on from its recovered state (the liveness transactions run only
@@ -198,12 +201,14 @@ pub fn run(cfg: &RealKillConfig) -> Result<RealKillReport, CrashTestError> {
             _ => Oracle::new(tables),
         };
         base = None;
+        let (first_line_tx, first_line) = std::sync::mpsc::channel();
         let reader = std::thread::spawn(move || {
             let mut oracle = start_oracle;
             // A line cut by the kill does not parse and is ignored: its event never happened
             // as far as the parent knows (conservative: an unacknowledged commit may go either way).
             for line in std::io::BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
+                let _ = first_line_tx.send(());
                 if let Ok(event) = serde_json::from_str::<OracleEvent>(&line) {
                     oracle.apply(&event);
                 }
@@ -211,6 +216,13 @@ pub fn run(cfg: &RealKillConfig) -> Result<RealKillReport, CrashTestError> {
             oracle
         });
         let delay = rng.gen_range(cfg.min_delay_ms..cfg.max_delay_ms.max(cfg.min_delay_ms + 1));
+        // Most kills count their delay from the child's first event (its run has begun), so that
+        // they land mid-run however long the process takes to start and set up on a loaded
+        // machine; every fourth counts from the spawn, to crash set-up (pool creation, recovery)
+        // too.
+        if report.kills % 4 != 3 {
+            let _ = first_line.recv_timeout(FIRST_EVENT_TIMEOUT);
+        }
         std::thread::sleep(Duration::from_millis(delay));
         let _ = child.kill(); // SIGKILL (it may have finished already)
         let _ = child.wait();

@@ -116,6 +116,7 @@ fn loaded_rows(ctx: &mut TxCtx<'_, '_>, t: &Tpcc) -> Result<Vec<Write>, DbError>
                 table,
                 key,
                 row: Some(tx.get(ids[table], key)?.bytes().to_vec()),
+                read: false,
             });
         }
         // Ordered tables: scanned whole.
@@ -125,6 +126,7 @@ fn loaded_rows(ctx: &mut TxCtx<'_, '_>, t: &Tpcc) -> Result<Vec<Write>, DbError>
                     table,
                     key,
                     row: Some(row.to_vec()),
+                    read: false,
                 });
                 true
             })?;

@@ -25,6 +25,11 @@ pub struct Write {
     pub key: u64,
     /// The whole row after the transaction, `None` if deleted.
     pub row: Option<Vec<u8>>,
+    /// The transaction read the key (or, inserting it, found it absent) before writing it, so
+    /// its write replaces the version it read: it cannot be serialised after a write of the key
+    /// that committed after that read (a lost update). A blind write can.
+    #[serde(default)]
+    pub read: bool,
 }
 
 /// What the harness learns while a workload runs, in order.
@@ -63,13 +68,26 @@ pub enum OracleEvent {
 pub struct Uncertain {
     /// Its writes.
     pub writes: Vec<Write>,
-    /// The oracle sequence number when it went in flight: acknowledged writes to the same key with
-    /// a later sequence number may have been ordered after it.
+    /// The oracle sequence number when it went in flight (its reads are all before it):
+    /// acknowledged writes to the same key with a later sequence number may have been ordered
+    /// after it.
     pub since: u64,
+    /// Its commit tid, if its commit returned (it is then only waiting to become durable).
+    pub tid: Option<u64>,
 }
 
-/// The last durable write of a key: (commit tid, oracle sequence number, row or tombstone).
-pub type AckedWrite = (u64, u64, Option<Vec<u8>>);
+/// The last durable write of a key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AckedWrite {
+    /// Its commit tid.
+    pub tid: u64,
+    /// The oracle sequence number when it became durable.
+    pub acked: u64,
+    /// The oracle sequence number when its transaction went in flight: it committed after that.
+    pub since: u64,
+    /// The row, or `None` for a delete.
+    pub row: Option<Vec<u8>>,
+}
 
 /// Where a child process forwards oracle events.
 pub type EventSink = Box<dyn Fn(&OracleEvent) + Send + Sync>;
@@ -106,7 +124,15 @@ impl Oracle {
         o.tables_created = true;
         for (t, table) in rows.iter().enumerate() {
             for (k, r) in table {
-                o.acked[t].insert(*k, (0, 0, Some(r.clone())));
+                o.acked[t].insert(
+                    *k,
+                    AckedWrite {
+                        tid: 0,
+                        acked: 0,
+                        since: 0,
+                        row: Some(r.clone()),
+                    },
+                );
             }
         }
         o
@@ -132,14 +158,25 @@ impl Oracle {
                 let (done, open): (Vec<_>, Vec<_>) =
                     self.returned.drain(..).partition(|(t, _, _)| t <= tid);
                 self.returned = open;
-                for (t, writes, _) in done {
+                for (t, writes, since) in done {
                     self.commits += 1;
                     for w in writes {
-                        let seq = self.seq;
-                        let slot = self.acked[w.table].entry(w.key).or_insert((0, 0, None));
+                        let acked = AckedWrite {
+                            tid: t,
+                            acked: self.seq,
+                            since,
+                            row: w.row,
+                        };
                         // Commit tids order conflicting writes (a later ack may carry an older tid).
-                        if t >= slot.0 {
-                            *slot = (t, seq, w.row);
+                        match self.acked[w.table].entry(w.key) {
+                            std::collections::btree_map::Entry::Vacant(e) => {
+                                e.insert(acked);
+                            }
+                            std::collections::btree_map::Entry::Occupied(mut e) => {
+                                if t >= e.get().tid {
+                                    e.insert(acked);
+                                }
+                            }
                         }
                     }
                 }
@@ -149,12 +186,12 @@ impl Oracle {
 
     /// The acknowledged row of `key` (None: absent or deleted).
     pub fn acked_row(&self, table: usize, key: u64) -> Option<&Vec<u8>> {
-        self.acked[table].get(&key).and_then(|(_, _, r)| r.as_ref())
+        self.acked[table].get(&key).and_then(|a| a.row.as_ref())
     }
 
-    /// The sequence number of the last acknowledged write of `key` (0 if none).
-    pub fn acked_seq(&self, table: usize, key: u64) -> u64 {
-        self.acked[table].get(&key).map_or(0, |(_, s, _)| *s)
+    /// The last acknowledged write of `key`, if any.
+    pub fn acked_write(&self, table: usize, key: u64) -> Option<&AckedWrite> {
+        self.acked[table].get(&key)
     }
 
     /// Transactions whose fate a crash now leaves open.
@@ -164,10 +201,12 @@ impl Oracle {
             .map(|(w, s)| Uncertain {
                 writes: w.clone(),
                 since: *s,
+                tid: None,
             })
-            .chain(self.returned.iter().map(|(_, w, s)| Uncertain {
+            .chain(self.returned.iter().map(|(t, w, s)| Uncertain {
                 writes: w.clone(),
                 since: *s,
+                tid: Some(*t),
             }))
             .filter(|u| !u.writes.is_empty())
             .collect()
@@ -235,11 +274,16 @@ pub struct OTx<'a, 'b> {
     tx: &'a mut Tx<'b>,
     tables: &'a [TableId],
     writes: Vec<Write>,
+    /// Keys read before this transaction wrote them ([`Write::read`]).
+    reads: Vec<(usize, u64)>,
 }
 
 impl<'b> OTx<'_, 'b> {
     /// The row of `key` in workload table `table`, `None` if there is none.
     pub fn get(&mut self, table: usize, key: u64) -> Result<Option<Vec<u8>>, TxError> {
+        if !self.writes.iter().any(|w| w.table == table && w.key == key) {
+            self.reads.push((table, key));
+        }
         match self.tx.get(self.tables[table], key) {
             Ok(row) => Ok(Some(row.bytes().to_vec())),
             Err(TxError::NotFound { .. }) => Ok(None),
@@ -247,9 +291,24 @@ impl<'b> OTx<'_, 'b> {
         }
     }
 
-    fn note(&mut self, table: usize, key: u64, row: Option<Vec<u8>>) {
-        self.writes.retain(|w| !(w.table == table && w.key == key));
-        self.writes.push(Write { table, key, row });
+    /// Notes the write of `key`; `read`: it is based on a read of the key (or its absence)
+    /// whatever this transaction read before.
+    fn note(&mut self, table: usize, key: u64, row: Option<Vec<u8>>, read: bool) {
+        let read = read || self.reads.contains(&(table, key));
+        let earlier = self
+            .writes
+            .iter()
+            .position(|w| w.table == table && w.key == key);
+        let read = read || earlier.is_some_and(|i| self.writes[i].read);
+        if let Some(i) = earlier {
+            self.writes.remove(i);
+        }
+        self.writes.push(Write {
+            table,
+            key,
+            row,
+            read,
+        });
     }
 
     /// Replaces the whole row of `key`.
@@ -262,21 +321,21 @@ impl<'b> OTx<'_, 'b> {
                 bytes: row,
             }],
         )?;
-        self.note(table, key, Some(row.to_vec()));
+        self.note(table, key, Some(row.to_vec()), false);
         Ok(())
     }
 
-    /// Inserts a row.
+    /// Inserts a row (an insert reads the key's absence).
     pub fn insert(&mut self, table: usize, key: u64, row: &[u8]) -> Result<(), TxError> {
         self.tx.insert_bytes(self.tables[table], key, row)?;
-        self.note(table, key, Some(row.to_vec()));
+        self.note(table, key, Some(row.to_vec()), true);
         Ok(())
     }
 
-    /// Deletes the row of `key`.
+    /// Deletes the row of `key` (a delete reads the key's presence).
     pub fn delete(&mut self, table: usize, key: u64) -> Result<(), TxError> {
         self.tx.delete(self.tables[table], key)?;
-        self.note(table, key, None);
+        self.note(table, key, None, true);
         Ok(())
     }
 
@@ -289,10 +348,16 @@ impl<'b> OTx<'_, 'b> {
     /// Notes the row of `key` as this transaction leaves it (its whole after-image, read back
     /// through the transaction; `None` when deleted) in the write set the oracle records. A
     /// workload writing through [`OTx::tx`] notes every key it wrote; one it forgets differs from
-    /// its acknowledged value after recovery and is reported as lost.
+    /// its acknowledged value after recovery and is reported as lost. The write counts as based
+    /// on a read ([`Write::read`]): TPC-C's transactions read every row they update, and insert
+    /// or delete only keys whose presence they checked.
     pub fn record(&mut self, table: usize, key: u64) -> Result<(), TxError> {
-        let row = self.get(table, key)?;
-        self.note(table, key, row);
+        let row = match self.tx.get(self.tables[table], key) {
+            Ok(row) => Some(row.bytes().to_vec()),
+            Err(TxError::NotFound { .. }) => None,
+            Err(e) => return Err(e),
+        };
+        self.note(table, key, row, true);
         Ok(())
     }
 }
@@ -377,6 +442,7 @@ impl<'db, 'r> TxCtx<'db, 'r> {
                 tx,
                 tables,
                 writes: Vec::new(),
+                reads: Vec::new(),
             };
             f(&mut otx)?;
             if !otx.writes.is_empty() {
@@ -840,6 +906,7 @@ mod tests {
             table: 0,
             key: 1,
             row: Some(vec![v]),
+            read: true,
         };
         o.apply(&OracleEvent::InFlight {
             thread: 0,

@@ -20,7 +20,7 @@ use crate::engine::zen::{ZenConfig, ZenEngine, ZenFault};
 use crate::engine::{
     DbError, Engine, EngineKind, EngineWorker, FieldWrite, RecoveryReport, TxError,
 };
-use crate::pmem::{PersistenceDomain, Pool, PoolOptions};
+use crate::pmem::{platform, PersistenceDomain, Pool, PoolOptions};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -31,8 +31,11 @@ pub struct DbConfig {
     pub engine: EngineKind,
     /// The concurrency-control protocol.
     pub protocol: Protocol,
-    /// The persistence domain.
-    pub domain: PersistenceDomain,
+    /// The persistence domain. `None` (the default) is `auto`: a new pool gets the domain that
+    /// is honest where it lives ([`platform::detect_domain`]: eADR only where the platform reports
+    /// a persistent CPU cache, ADR on other DAX storage, `msync` on an ordinary file system,
+    /// eADR for scratch and tmpfs pools), an existing pool the domain it was created for.
+    pub domain: Option<PersistenceDomain>,
     /// The pool file; `None` creates a scratch pool under /dev/shm (or the temp dir) that is
     /// removed when the database is dropped.
     pub path: Option<PathBuf>,
@@ -78,7 +81,7 @@ impl Default for DbConfig {
         DbConfig {
             engine: EngineKind::Falcon,
             protocol: Protocol::Occ,
-            domain: PersistenceDomain::Eadr,
+            domain: None,
             path: None,
             pool_size: 256 << 20,
             max_threads: 16,
@@ -111,9 +114,15 @@ impl DbConfig {
         self.protocol = protocol;
         self
     }
-    /// Sets the domain.
+    /// Sets the domain (instead of `auto`, see [`DbConfig::domain`]).
     pub fn domain(mut self, domain: PersistenceDomain) -> Self {
-        self.domain = domain;
+        self.domain = Some(domain);
+        self
+    }
+    /// Lets the domain be chosen from where the pool lives (the default; see
+    /// [`DbConfig::domain`]).
+    pub fn auto_domain(mut self) -> Self {
+        self.domain = None;
         self
     }
     /// Allows opening a pool created for another persistence domain (see
@@ -171,6 +180,7 @@ impl DbConfig {
             PersistenceDomain::Volatile
         } else {
             self.domain
+                .unwrap_or_else(|| platform::detect_domain(self.path.as_deref()).domain)
         };
         let mut o = PoolOptions::new(self.engine.layout(), domain)
             .with_counting(self.counting)
@@ -192,6 +202,8 @@ pub struct Db {
     slots: parking_lot::Mutex<Vec<usize>>,
     /// Tables in the catalog: workers refresh their schema copies when it grows.
     table_count: std::sync::atomic::AtomicUsize,
+    /// See [`Db::durability_warning`].
+    durability_warning: Option<String>,
 }
 
 /// A value for a column, by position.
@@ -209,7 +221,10 @@ pub enum Value<'a> {
 
 impl Db {
     /// Creates a new database (and its pool).
-    pub fn create(config: DbConfig) -> Result<Db, DbError> {
+    pub fn create(mut config: DbConfig) -> Result<Db, DbError> {
+        if config.domain.is_none() {
+            config.domain = Some(platform::detect_domain(config.path.as_deref()).domain);
+        }
         let engine = Self::make_engine(&config, None, true)?;
         Ok(Self::assemble(engine, config))
     }
@@ -225,6 +240,7 @@ impl Db {
             ));
         };
         let header = Pool::read_header(&path)?;
+        config.domain.get_or_insert(header.domain);
         if config.engine.layout() != header.layout {
             match EngineKind::for_layout(&header.layout) {
                 Some(pool_engine) if config.engine_from_pool => config.engine = pool_engine,
@@ -252,13 +268,15 @@ impl Db {
     }
 
     /// Opens a pool that is already mapped (e.g. a crash image), recovering it.
-    pub fn open_pool(pool: Pool, config: DbConfig) -> Result<Db, DbError> {
+    pub fn open_pool(pool: Pool, mut config: DbConfig) -> Result<Db, DbError> {
+        config.domain.get_or_insert(pool.domain());
         let engine = Self::engine_on(Arc::new(pool), &config, false)?;
         Ok(Self::assemble(engine, config))
     }
 
     /// Creates a database on a pool the caller made (e.g. one with a crash simulator attached).
-    pub fn create_on_pool(pool: Pool, config: DbConfig) -> Result<Db, DbError> {
+    pub fn create_on_pool(pool: Pool, mut config: DbConfig) -> Result<Db, DbError> {
+        config.domain.get_or_insert(pool.domain());
         let engine = Self::engine_on(Arc::new(pool), &config, true)?;
         Ok(Self::assemble(engine, config))
     }
@@ -331,11 +349,35 @@ impl Db {
     fn assemble(engine: Arc<dyn Engine>, config: DbConfig) -> Db {
         let slots = (0..config.max_threads).rev().collect();
         let table_count = std::sync::atomic::AtomicUsize::new(engine.catalog().tables.len());
+        let durability_warning = match (engine.pool(), config.engine) {
+            (_, EngineKind::Volatile) | (None, _) => None,
+            // A DAX mapping keeps its promise whatever the file system looked like.
+            (Some(pool), _) if pool.mapping_kind() == crate::pmem::MappingKind::DaxSync => None,
+            // Scratch pools (no path) are removed on drop: nothing to warn about.
+            (Some(pool), _) => platform::durability_warning(pool.domain(), config.path.as_deref()),
+        };
         Db {
             engine,
             config,
             slots: parking_lot::Mutex::new(slots),
             table_count,
+            durability_warning,
+        }
+    }
+
+    /// Why the pool's persistence domain does not hold where the pool lives, if it does not:
+    /// ADR or eADR on a file system without DAX (flushes stop at the page cache; a power loss can
+    /// lose acknowledged commits) or on tmpfs (nothing survives power loss). `None` for scratch
+    /// pools, DAX mappings and the `msync` domain. The CLI prints it as a warning.
+    pub fn durability_warning(&self) -> Option<&str> {
+        self.durability_warning.as_deref()
+    }
+
+    /// The persistence domain the database runs under (resolved from `auto` or the pool).
+    pub fn domain(&self) -> PersistenceDomain {
+        match self.engine.pool() {
+            Some(pool) => pool.domain(),
+            None => PersistenceDomain::Volatile,
         }
     }
 

@@ -240,3 +240,89 @@ pub(crate) fn check_partitions(partitions: usize) -> Result<(), super::DbError> 
     }
     Ok(())
 }
+
+/// Who holds a tuple slot, for the slot-ownership check of a structure check (issue 19, item 5):
+/// every slot of a heap page is either live (the index names it) or held by exactly one of its
+/// owner thread's allocation structures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SlotHolder {
+    /// A free list (the thread's own, or a region's inbox of slots freed by other threads).
+    Free,
+    /// A queue of deleted or superseded versions awaiting reclamation.
+    Reclaim,
+    /// The never-used tail of the thread's current page (from its bump pointer).
+    Unallocated,
+}
+
+impl std::fmt::Display for SlotHolder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SlotHolder::Free => "a free list",
+            SlotHolder::Reclaim => "a reclamation queue",
+            SlotHolder::Unallocated => "the unallocated tail of a page",
+        })
+    }
+}
+
+/// The slots a structure check has seen held, with the heap geometry to judge them by.
+#[derive(Default)]
+pub(crate) struct SlotLedger {
+    /// Heap page offset → (table, owner thread).
+    pages: std::collections::HashMap<u64, (TableId, usize)>,
+    held: std::collections::HashMap<u64, SlotHolder>,
+}
+
+impl SlotLedger {
+    /// A ledger over the heap pages: page offset → (table, owner thread).
+    pub fn new(pages: std::collections::HashMap<u64, (TableId, usize)>) -> SlotLedger {
+        SlotLedger {
+            pages,
+            held: std::collections::HashMap::new(),
+        }
+    }
+
+    /// Records that `holder`, a structure of thread `owner` for `table` (whose slots are
+    /// `slot_bytes` apart from the page start), holds `slot`: `Err` if the slot is not one of
+    /// that table's slots in a page of that thread, or is held twice.
+    pub fn hold(
+        &mut self,
+        slot: u64,
+        holder: SlotHolder,
+        table: TableId,
+        owner: usize,
+        slot_bytes: u64,
+        page_size: u64,
+    ) -> Result<(), String> {
+        let page = slot - slot % page_size;
+        match self.pages.get(&page) {
+            Some(&(t, o)) if t == table && o == owner && (slot - page) % slot_bytes == 0 => {}
+            other => {
+                return Err(format!(
+                    "slot {slot} in {holder} of thread {owner}, table {table} is not a slot of \
+                     that table in a page of that thread (its page: {})",
+                    match other {
+                        Some((t, o)) => format!("table {t}, thread {o}"),
+                        None => "not a heap page".into(),
+                    }
+                ))
+            }
+        }
+        if let Some(first) = self.held.insert(slot, holder) {
+            return Err(format!(
+                "slot {slot} of table {table} is held twice: by {first} and by {holder} \
+                 (thread {owner})"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Who holds `slot`, if anyone.
+    pub fn holder(&self, slot: u64) -> Option<SlotHolder> {
+        self.held.get(&slot).copied()
+    }
+
+    /// The heap pages, with their table and owner.
+    pub fn pages(&self) -> impl Iterator<Item = (u64, TableId, usize)> + '_ {
+        self.pages.iter().map(|(&p, &(t, o))| (p, t, o))
+    }
+}

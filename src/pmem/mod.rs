@@ -22,6 +22,7 @@ pub mod domain;
 pub mod error;
 pub mod header;
 mod mapping;
+pub mod platform;
 mod pool;
 pub mod scratch;
 pub mod stats;

@@ -21,7 +21,8 @@ use super::{Garbage, TableAlloc, TableRt, ThreadState, ZenEngine};
 use crate::alloc::PAGE_SIZE;
 use crate::catalog::TableId;
 use crate::cc::tid_timestamp;
-use crate::engine::{common::PhaseClock, DbError, RecoveryReport};
+use crate::engine::common::{PhaseClock, SlotHolder, SlotLedger};
+use crate::engine::{DbError, RecoveryReport};
 use crate::pmem::Pool;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -317,15 +318,22 @@ pub(super) fn check_structure(engine: &ZenEngine) -> Result<Vec<u64>, String> {
     let pool = &engine.pool;
     let tables = engine.tables.read().clone();
     let mut heap_pages: HashMap<u64, TableId> = HashMap::new();
+    let mut owners: HashMap<u64, (TableId, usize)> = HashMap::new();
     for (index, tag) in engine.pages.allocated(pool).map_err(|e| e.to_string())? {
         if tag.kind == kind::HEAP {
-            heap_pages.insert(engine.pages.page_offset(index), tag.value as TableId);
+            let page = engine.pages.page_offset(index);
+            heap_pages.insert(page, tag.value as TableId);
+            owners.insert(page, (tag.value as TableId, tag.owner as usize));
         }
     }
     let mut counts = Vec::new();
+    // Every table's current versions: key → Tx-CTS, and their slots.
+    let mut current: Vec<HashMap<u64, u64>> = Vec::with_capacity(tables.len());
+    let mut live_slots = std::collections::HashSet::new();
     for table in &tables {
         let mut problem = None;
         let mut seen = std::collections::HashSet::new();
+        let mut versions = HashMap::new();
         table.index.for_each(|key, v| {
             if problem.is_some() {
                 return;
@@ -376,11 +384,244 @@ pub(super) fn check_structure(engine: &ZenEngine) -> Result<Vec<u64>, String> {
                     table.schema.name
                 ));
             }
+            versions.insert(key, tuple::cts(word));
         });
         if let Some(p) = problem {
             return Err(p);
         }
         counts.push(table.index.len() as u64);
+        live_slots.extend(seen);
+        current.push(versions);
     }
+    check_slot_ownership(
+        engine,
+        &tables,
+        SlotLedger::new(owners),
+        &live_slots,
+        &current,
+    )?;
     Ok(counts)
+}
+
+/// Slot ownership and the heap → index direction (issue 19, item 5). Every slot of a heap page
+/// is a current version (the index names it), or is held by exactly one structure of the region
+/// that owns the page: its free list or inbox and the unallocated tail of its current page
+/// (header word 0: a stale committed word there would come back as a version at the next
+/// recovery), or its garbage, deferred or tombstone queue. A queued version must be older than
+/// the key's current version or its tombstone, since recovery (Algorithm 2) keeps the newest
+/// committed version of a key; a queued tombstone must be older than a re-inserted current
+/// version. The allocation state is in DRAM, so this runs only while no worker holds its
+/// thread's state (after recovery, or once every worker is dropped) and is skipped otherwise.
+fn check_slot_ownership(
+    engine: &ZenEngine,
+    tables: &[Arc<TableRt>],
+    mut ledger: SlotLedger,
+    live_slots: &std::collections::HashSet<u64>,
+    current: &[HashMap<u64, u64>],
+) -> Result<(), String> {
+    let pool = &engine.pool;
+    let states: Vec<_> = engine.threads.iter().map(|m| m.lock()).collect();
+    if states.iter().any(|s| s.is_none()) {
+        return Ok(());
+    }
+    let inboxes: Vec<_> = engine.inbox.iter().map(|m| m.lock()).collect();
+    let table_of = |table: TableId| {
+        tables
+            .get(table as usize)
+            .ok_or_else(|| format!("a slot of unknown table {table} is held"))
+    };
+    // Queued versions, checked against the current ones once every tombstone is known.
+    let mut queued: Vec<(TableId, u64)> = Vec::new();
+    let mut tombs: HashMap<(TableId, u64), u64> = HashMap::new();
+    for (owner, st) in states.iter().enumerate() {
+        let st = st.as_ref().expect("checked above");
+        for (table, ta) in st.tables.iter().enumerate() {
+            let Some(rt) = tables.get(table) else {
+                if ta.free.is_empty() && ta.bump == ta.end {
+                    continue;
+                }
+                return Err(format!(
+                    "thread {owner} holds slots of unknown table {table}"
+                ));
+            };
+            for &slot in &ta.free {
+                ledger.hold(slot, SlotHolder::Free, rt.id, owner, rt.slot, PAGE_SIZE)?;
+            }
+            let mut slot = ta.bump;
+            while slot + rt.slot <= ta.end {
+                ledger.hold(
+                    slot,
+                    SlotHolder::Unallocated,
+                    rt.id,
+                    owner,
+                    rt.slot,
+                    PAGE_SIZE,
+                )?;
+                slot += rt.slot;
+            }
+        }
+        for &(table, slot) in &*inboxes[owner] {
+            let rt = table_of(table)?;
+            ledger.hold(slot, SlotHolder::Free, rt.id, owner, rt.slot, PAGE_SIZE)?;
+        }
+        for g in st.garbage.iter().chain(&st.deferred).chain(&st.tombs) {
+            let rt = table_of(g.table)?;
+            // A version is superseded into the queue of the thread that superseded it, which
+            // may not own its region.
+            let region = engine.region_of_slot(g.slot);
+            ledger.hold(
+                g.slot,
+                SlotHolder::Reclaim,
+                rt.id,
+                region,
+                rt.slot,
+                PAGE_SIZE,
+            )?;
+            let word = pool.read_u64(g.slot + tuple::WORD);
+            let key = pool.read_u64(g.slot + tuple::KEY);
+            if word & tuple::DELETED != 0 {
+                let cts = tombs.entry((g.table, key)).or_insert(0);
+                *cts = (*cts).max(tuple::cts(word));
+            }
+            if tuple::cts(word) != 0 {
+                queued.push((g.table, g.slot));
+            }
+        }
+    }
+    for (table, slot) in queued {
+        let rt = table_of(table)?;
+        let word = pool.read_u64(slot + tuple::WORD);
+        let (key, cts) = (pool.read_u64(slot + tuple::KEY), tuple::cts(word));
+        let newer = current[table as usize].get(&key).copied().unwrap_or(0);
+        let deleted = word & tuple::DELETED != 0;
+        let tomb = if deleted {
+            0
+        } else {
+            tombs.get(&(table, key)).copied().unwrap_or(0)
+        };
+        if newer <= cts && tomb <= cts && !(deleted && newer == 0) {
+            return Err(format!(
+                "table {}: queued {} of key {key} at slot {slot} (Tx-CTS {cts:#x}) is not older \
+                 than the key's current version ({newer:#x}) or tombstone ({tomb:#x}): the next \
+                 recovery would bring it back",
+                rt.schema.name,
+                if deleted { "tombstone" } else { "version" }
+            ));
+        }
+    }
+    for (page, table, owner) in ledger.pages() {
+        let rt = table_of(table)?;
+        for i in 0..PAGE_SIZE / rt.slot {
+            let slot = page + i * rt.slot;
+            let holder = ledger.holder(slot);
+            match (live_slots.contains(&slot), holder) {
+                (true, Some(holder)) => {
+                    return Err(format!(
+                        "table {}: current version at slot {slot} is also in {holder} of region \
+                         {owner}",
+                        rt.schema.name
+                    ))
+                }
+                (false, None) => {
+                    return Err(format!(
+                        "table {}: slot {slot} of region {owner} is neither a current version nor \
+                         held by any free list or queue (leaked)",
+                        rt.schema.name
+                    ))
+                }
+                (false, Some(SlotHolder::Free | SlotHolder::Unallocated)) => {
+                    let word = pool.read_u64(slot + tuple::WORD);
+                    if word != 0 {
+                        return Err(format!(
+                            "table {}: free slot {slot} of region {owner} has header word \
+                             {word:#x}: recovery would take it for a version",
+                            rt.schema.name
+                        ));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::worker::ZenWorker;
+    use super::super::ZenConfig;
+    use super::*;
+    use crate::catalog::{ColumnType, Schema};
+    use crate::cc::Protocol;
+    use crate::engine::{Engine, EngineWorker, FieldWrite};
+    use crate::pmem::{PersistenceDomain, PoolOptions};
+
+    /// Issue 19, item 5: the structure check sees a leaked slot, a free slot still holding a
+    /// committed header (the next recovery would take it for a version), and a queued version
+    /// newer than the key's current one.
+    #[test]
+    fn the_structure_check_finds_leaked_stale_and_resurrectable_slots() {
+        let opts = PoolOptions::new("zen", PersistenceDomain::Eadr);
+        let pool = Arc::new(Pool::create_in_memory(32 << 20, &opts).unwrap());
+        let mut config = ZenConfig::new(Protocol::Occ);
+        config.max_threads = 2;
+        let eng = ZenEngine::create(pool.clone(), config).unwrap();
+        let t = eng
+            .create_table(Schema::new("t", &[("v", ColumnType::U64)]))
+            .unwrap();
+        {
+            let mut w = ZenWorker::new(eng.clone(), 0).unwrap();
+            w.begin(false);
+            for k in 0..20u64 {
+                w.insert(t, k, &k.to_le_bytes()).unwrap();
+            }
+            w.commit().unwrap();
+            // Updates and deletes leave superseded versions and tombstones queued.
+            w.begin(false);
+            let bytes = 99u64.to_le_bytes();
+            for k in 5..10u64 {
+                w.update(
+                    t,
+                    k,
+                    &[FieldWrite {
+                        offset: 0,
+                        bytes: &bytes,
+                    }],
+                )
+                .unwrap();
+            }
+            for k in 0..5u64 {
+                w.delete(t, k).unwrap();
+            }
+            w.commit().unwrap();
+        }
+        assert_eq!(check_structure(&eng).unwrap(), vec![15]);
+        let with_state = |f: &mut dyn FnMut(&mut ThreadState)| {
+            let mut st = eng.threads[0].lock();
+            f(st.as_mut().unwrap());
+        };
+        // A superseded version dropped from the garbage queue: leaked.
+        let mut dropped = None;
+        with_state(&mut |st| dropped = st.garbage.pop_back());
+        let g = dropped.unwrap();
+        let err = check_structure(&eng).unwrap_err();
+        assert!(err.contains("leaked"), "{err}");
+        // Put on a free list without zeroing its header.
+        with_state(&mut |st| st.tables[t as usize].free.push(g.slot));
+        let err = check_structure(&eng).unwrap_err();
+        assert!(
+            err.contains("recovery would take it for a version"),
+            "{err}"
+        );
+        // Queued again, but with a Tx-CTS above the current version's.
+        with_state(&mut |st| {
+            st.tables[t as usize].free.pop();
+            st.garbage.push_back(g);
+        });
+        assert!(check_structure(&eng).is_ok());
+        let word = pool.read_u64(g.slot + tuple::WORD);
+        pool.write_u64(g.slot + tuple::WORD, word + (1 << 20));
+        let err = check_structure(&eng).unwrap_err();
+        assert!(err.contains("would bring it back"), "{err}");
+    }
 }
