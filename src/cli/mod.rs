@@ -35,7 +35,7 @@ pub(crate) fn write_stdout(args: std::fmt::Arguments<'_>) {
 mod bench;
 mod bench_tatp;
 mod bench_tpcc;
-mod check;
+pub(crate) mod check;
 mod crashtest;
 mod demo;
 mod inspect;
