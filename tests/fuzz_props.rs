@@ -24,6 +24,12 @@ fn write_fuzz_seeds() {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join(format!("seed-{n:03}")), bytes).unwrap();
     }
+    let regressions = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/regressions");
+    for (n, (name, bytes)) in fuzz::regression_inputs().into_iter().enumerate() {
+        let dir = regressions.join("crash_image");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(format!("{name}-{n}")), bytes).unwrap();
+    }
 }
 
 #[test]
@@ -121,5 +127,49 @@ fn fuzz_regressions_pass() {
             });
             assert!(outcome.is_ok(), "{} panics", path.display());
         }
+    }
+}
+
+/// A Falcon-design base image: falcon under eADR (no slot CRC) or ADR, crashed at 70 %.
+fn falcon_base(domain: pmtx::pmem::PersistenceDomain) -> &'static fuzz::BaseImage {
+    (0..BASE_IMAGES)
+        .map(fuzz::base_image)
+        .find(|b| b.engine == pmtx::engine::EngineKind::Falcon && b.domain == domain)
+        .unwrap()
+}
+
+/// A committed window slot whose spilled payload claims 2^40 bytes (a damaged length word): recovery
+/// allocated the claimed length before reading the spill chain, which aborts the process.
+#[test]
+fn a_spilled_slot_with_a_huge_length_is_refused_without_allocating_it() {
+    use pmtx::engine::falcon::layout::slot;
+    for domain in [
+        pmtx::pmem::PersistenceDomain::Eadr,
+        pmtx::pmem::PersistenceDomain::Adr,
+    ] {
+        let base = falcon_base(domain);
+        let image = fuzz::plant_window_slot(
+            base,
+            &fuzz::WindowSlot {
+                state: if domain == pmtx::pmem::PersistenceDomain::Adr {
+                    slot::COMMITTED_CRC
+                } else {
+                    slot::COMMITTED
+                },
+                tid: 1 << 55,
+                len: 1 << 40,
+                crc: 0,
+                spilled: 1,
+                payload: &[],
+            },
+        )
+        .unwrap();
+        let _ = fuzz::open_image(&image, Some(base.engine));
+    }
+    // The same damage as crash-image fuzz inputs (kept in fuzz/regressions/crash_image/).
+    let inputs = fuzz::regression_inputs();
+    assert!(!inputs.is_empty());
+    for (_, input) in inputs {
+        let _ = fuzz::mutated_image_case(&input);
     }
 }

@@ -429,8 +429,49 @@ fn seal_header(image: &mut [u8], known: bool, pick: u8) {
     image[120..128].copy_from_slice(&crc.to_le_bytes());
 }
 
+/// The words of a Falcon window slot and its inline payload (see `engine::falcon::layout::slot`).
+pub struct WindowSlot<'a> {
+    /// State word.
+    pub state: u64,
+    /// Commit tid.
+    pub tid: u64,
+    /// Payload length word.
+    pub len: u64,
+    /// CRC word.
+    pub crc: u64,
+    /// Spilled word.
+    pub spilled: u64,
+    /// Bytes written after the slot header.
+    pub payload: &'a [u8],
+}
+
+/// A copy of a Falcon-design `base` image with slot 0 of thread 0's window replaced by `slot`
+/// (`None` for a Zen image, or a payload longer than the slot).
+pub fn plant_window_slot(base: &BaseImage, slot: &WindowSlot<'_>) -> Option<Vec<u8>> {
+    use crate::engine::falcon::layout::slot;
+    let win = window_page(base)? as usize;
+    let slot_bytes = 512usize; // db_config's window_slot_bytes
+    if slot.payload.len() > slot_bytes - slot::HEADER as usize {
+        return None;
+    }
+    let mut image = base.bytes.clone();
+    for (at, v) in [
+        (slot::TID, slot.tid),
+        (slot::LEN, slot.len),
+        (slot::CRC, slot.crc),
+        (slot::SPILLED, slot.spilled),
+        (slot::STATE, slot.state),
+    ] {
+        let at = win + at as usize;
+        image[at..at + 8].copy_from_slice(&v.to_le_bytes());
+    }
+    let at = win + slot::HEADER as usize;
+    image[at..at + slot.payload.len()].copy_from_slice(slot.payload);
+    Some(image)
+}
+
 /// The window page of thread 0 in a base image of the Falcon design (found in its page table).
-fn window_page(base: &BaseImage) -> Option<u64> {
+pub fn window_page(base: &BaseImage) -> Option<u64> {
     let opts = PoolOptions::new(base.engine.layout(), base.domain).with_counting(false);
     let pool = Pool::from_image(&base.bytes, &opts).ok()?;
     let pages = crate::alloc::PageManager::open(&pool).ok()?;
@@ -480,30 +521,26 @@ pub fn window_decode_case(input: &[u8]) -> Option<Result<ImageSummary, String>> 
         .filter(|&i| VARIANTS[i % VARIANTS.len()].0 != EngineKind::Zen)
         .collect();
     let base = base_image(falcon[usize::from(pick) % falcon.len()]);
-    let win = window_page(base)? as usize;
-    let slot_bytes = 512usize; // db_config's window_slot_bytes
-    if payload.len() > slot_bytes - slot::HEADER as usize {
-        return None;
-    }
-    let mut image = base.bytes.clone();
     // A tid of thread 0 above every write_ts of the base image, so every entry is replayed.
     let tid = 1u64 << 55;
-    let put = |image: &mut [u8], at: u64, v: u64| {
-        let at = win + at as usize;
-        image[at..at + 8].copy_from_slice(&v.to_le_bytes());
+    let adr = base.domain == PersistenceDomain::Adr;
+    let slot = WindowSlot {
+        state: if adr {
+            slot::COMMITTED_CRC
+        } else {
+            slot::COMMITTED
+        },
+        tid,
+        len: payload.len() as u64,
+        crc: if adr {
+            window::slot_crc(tid, payload)
+        } else {
+            0
+        },
+        spilled: 0,
+        payload,
     };
-    let state = if base.domain == PersistenceDomain::Adr {
-        put(&mut image, slot::CRC, window::slot_crc(tid, payload));
-        slot::COMMITTED_CRC
-    } else {
-        slot::COMMITTED
-    };
-    put(&mut image, slot::TID, tid);
-    put(&mut image, slot::LEN, payload.len() as u64);
-    put(&mut image, slot::SPILLED, 0);
-    put(&mut image, slot::STATE, state);
-    let at = win + slot::HEADER as usize;
-    image[at..at + payload.len()].copy_from_slice(payload);
+    let image = plant_window_slot(base, &slot)?;
     Some(open_image(&image, Some(base.engine)))
 }
 
@@ -583,4 +620,37 @@ pub fn seed_inputs() -> Vec<(&'static str, Vec<u8>)> {
         seeds.push(("window_decode", [&[pick][..], &payload].concat()));
     }
     seeds
+}
+
+/// Crash-image inputs that once found a bug (kept under `fuzz/regressions/crash_image/` too):
+/// `(name, input)`.
+pub fn regression_inputs() -> Vec<(&'static str, Vec<u8>)> {
+    let mut out = Vec::new();
+    // A committed slot 0 of thread 0's window whose payload claims to be spilled and 2^40 bytes
+    // long: recovery allocated the claimed length (fixed in falcon::recovery::read_spill).
+    for (pick, base) in (0..VARIANTS.len()).map(|i| (i, base_image(i))) {
+        if base.engine != EngineKind::Falcon {
+            continue;
+        }
+        let Some(win) = window_page(base) else {
+            continue;
+        };
+        let Some(line) = base.hot_lines.iter().position(|&l| l == win) else {
+            continue;
+        };
+        let line = (line as u16).to_le_bytes();
+        let state = if base.domain == PersistenceDomain::Adr {
+            0xC0A2u32
+        } else {
+            0xC0A1
+        };
+        let mut input = vec![pick as u8];
+        // op 2: a 32-bit word; op 3: the value repeated in both halves (0x100 → 2^40 + 0x100).
+        for (op, word, value) in [(2u8, 0u8, state), (2, 4, 1), (3, 2, 0x100)] {
+            input.extend_from_slice(&[op, line[0], line[1], word]);
+            input.extend_from_slice(&value.to_le_bytes());
+        }
+        out.push(("spilled-slot-huge-length", input));
+    }
+    out
 }
