@@ -654,3 +654,22 @@ pub fn regression_inputs() -> Vec<(&'static str, Vec<u8>)> {
     }
     out
 }
+
+/// The heap pages of a Falcon-design base image: `(table, page offset)`.
+pub fn heap_pages(base: &BaseImage) -> Vec<(u32, u64)> {
+    use crate::engine::falcon::layout::kind;
+    let opts = PoolOptions::new(base.engine.layout(), base.domain).with_counting(false);
+    let Ok(pool) = Pool::from_image(&base.bytes, &opts) else {
+        return Vec::new();
+    };
+    let Ok(pages) = crate::alloc::PageManager::open(&pool) else {
+        return Vec::new();
+    };
+    pages
+        .allocated(&pool)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(_, tag)| tag.kind == kind::HEAP)
+        .map(|(index, tag)| (tag.value as u32, pages.page_offset(index)))
+        .collect()
+}
