@@ -382,10 +382,12 @@ pub const POOL_HEADER_BYTES: usize = HEADER_LEN;
 
 /// One fuzz case of the pool-open target. Byte 0 is a mode: bit 0 clear, the rest of the input is
 /// the whole image, as it is (mostly refused at the header); bit 0 set, the rest is laid over the
-/// start of a pool of 64 KiB, 4 MiB or 6 MiB (bits 1–2) — header page, page-table superblock,
-/// descriptors, root word — and the header is made to pass its own checks (magic, version,
-/// length, size, a known layout and domain when bit 3 is set, CRC), so that what lies behind it
-/// is reached too.
+/// structures at the start of a pool of 64 KiB, 4 MiB or 6 MiB (bits 1–2) — 256 bytes at 0
+/// (header and root word), 256 at 4 KiB (page-table superblock), 512 at 8 KiB (the first 64
+/// descriptors), the rest from 2 MiB (page 1: the meta page when the root points there) — and the
+/// header is made to pass its own checks (magic, version, length, size, CRC; a known layout and
+/// domain when bit 3 is set, and then the meta page's CRC too), so that what lies behind them is
+/// reached.
 pub fn pool_open_case(input: &[u8]) -> Result<ImageSummary, String> {
     let Some((&mode, rest)) = input.split_first() else {
         return Err("empty input".into());
@@ -404,8 +406,21 @@ pub fn pool_open_case(input: &[u8]) -> Result<ImageSummary, String> {
         3 * crate::alloc::PAGE_SIZE,
     ][usize::from(mode >> 1 & 3) % 3];
     let mut image = vec![0u8; size as usize];
-    let n = rest.len().min(image.len());
-    image[..n].copy_from_slice(&rest[..n]);
+    let page = crate::alloc::PAGE_SIZE as usize;
+    let mut rest = rest;
+    for (at, len) in [
+        (0usize, 256usize),
+        (4096, 256),
+        (8192, 512),
+        (page, usize::MAX),
+    ] {
+        if at >= image.len() {
+            break;
+        }
+        let n = rest.len().min(len).min(image.len() - at);
+        image[at..at + n].copy_from_slice(&rest[..n]);
+        rest = &rest[n..];
+    }
     seal_header(&mut image, mode & 8 != 0, mode >> 4);
     open_image(&image, None)
 }
@@ -427,6 +442,19 @@ fn seal_header(image: &mut [u8], known: bool, pick: u8) {
     }
     let crc = u64::from(crc32fast::hash(&image[..120]));
     image[120..128].copy_from_slice(&crc.to_le_bytes());
+    let page = crate::alloc::PAGE_SIZE as usize;
+    if known && image.len() >= 2 * page {
+        // The meta page's CRC (engine::meta): over its first 4 KiB with the CRC word zeroed.
+        let crc_at = if pick & 1 == 0 {
+            crate::engine::falcon::layout::meta::F_CRC
+        } else {
+            crate::engine::zen::layout::meta::F_CRC
+        } as usize;
+        let meta = &mut image[page..page + 4096];
+        meta[crc_at..crc_at + 8].fill(0);
+        let crc = u64::from(crc32fast::hash(meta));
+        meta[crc_at..crc_at + 8].copy_from_slice(&crc.to_le_bytes());
+    }
 }
 
 /// The words of a Falcon window slot and its inline payload (see `engine::falcon::layout::slot`).
@@ -563,10 +591,23 @@ pub fn seed_inputs() -> Vec<(&'static str, Vec<u8>)> {
         seeds.push(("pool_open", [&[0u8][..], &base.bytes[..4096]].concat()));
         // Mode 1|8|4: 6 MiB pool, sealed header with a known layout; header page, superblock and
         // page table from the base image.
-        seeds.push((
-            "pool_open",
-            [&[1u8 | 4 | 8][..], &base.bytes[..12288]].concat(),
-        ));
+        let page = crate::alloc::PAGE_SIZE as usize;
+        let framed = [
+            &[1u8
+                | 4
+                | 8
+                | if base.engine == EngineKind::Zen {
+                    16
+                } else {
+                    0
+                }][..],
+            &base.bytes[..256],
+            &base.bytes[4096..4096 + 256],
+            &base.bytes[8192..8192 + 512],
+            &base.bytes[page..page + 2048],
+        ]
+        .concat();
+        seeds.push(("pool_open", framed));
     }
     seeds.push(("pool_open", b"PMTXPOOL".to_vec()));
     for pick in 0..BASE_IMAGES as u8 {
