@@ -45,6 +45,14 @@ pub(crate) enum Failure {
 }
 
 impl Failure {
+    /// The message, whichever the kind.
+    pub(crate) fn message(self) -> String {
+        match self {
+            Failure::Damaged(m) => format!("damaged: {m}"),
+            Failure::CannotCheck(m) => format!("cannot check: {m}"),
+        }
+    }
+
     fn from_pool(e: PoolError) -> Failure {
         match e {
             PoolError::BadChecksum { .. }
@@ -79,6 +87,13 @@ pub(crate) struct Recovered {
 /// indexes against the heap. Nothing is written to the file.
 pub(crate) fn recover_private(path: &Path) -> Result<Recovered, Failure> {
     let pool = Pool::open_private_view(path).map_err(Failure::from_pool)?;
+    check_pool(pool, path)
+}
+
+/// The checks of [`recover_private`] on a pool already mapped (a private view of a file, or an
+/// image in memory, as the fuzz targets give it; `path` names it in messages). Recovery writes
+/// to `pool`, never to where its bytes came from.
+pub(crate) fn check_pool(pool: Pool, path: &Path) -> Result<Recovered, Failure> {
     let header = pool.header().clone();
     let engine = EngineKind::for_layout(&header.layout).ok_or_else(|| {
         Failure::CannotCheck(format!(
@@ -87,6 +102,12 @@ pub(crate) fn recover_private(path: &Path) -> Result<Recovered, Failure> {
             header.layout
         ))
     })?;
+    check_pool_as(pool, engine)
+}
+
+/// [`check_pool`] recovering with `engine` (a variant of the pool's design, e.g. `inp`).
+pub(crate) fn check_pool_as(pool: Pool, engine: EngineKind) -> Result<Recovered, Failure> {
+    let header = pool.header().clone();
     if pool.root() == 0 {
         return Err(Failure::Damaged(
             "the pool has a header but no root: it was never formatted (or creation crashed)"

@@ -48,7 +48,7 @@ pub(crate) fn warn_durability(db: &crate::db::Db) {
 mod bench;
 mod bench_tatp;
 mod bench_tpcc;
-mod check;
+pub(crate) mod check;
 mod crashtest;
 mod demo;
 mod inspect;

@@ -15,6 +15,7 @@
 
 pub mod checks;
 pub mod fault;
+pub mod fuzz;
 pub mod realkill;
 pub mod tpcc;
 pub mod workload;

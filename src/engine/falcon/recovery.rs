@@ -350,7 +350,14 @@ struct ScanResult {
     free: HashMap<(usize, u32), Vec<u64>>,
 }
 
+/// The payload of a spilled slot: `len` bytes from the thread's spill chain, or `None` when the
+/// chain is out of order or shorter than `len`. `len` comes from PM: it is checked against what
+/// the chain holds before anything is allocated for it (a damaged length word must be refused,
+/// not become a terabyte allocation).
 fn read_spill(pool: &crate::pmem::Pool, chain: &[(u64, u64)], len: u64) -> Option<Vec<u8>> {
+    if len > chain.len() as u64 * PAGE_SIZE {
+        return None;
+    }
     let mut out = Vec::with_capacity(len as usize);
     for (i, &(position, page)) in chain.iter().enumerate() {
         if position != i as u64 {
