@@ -25,7 +25,7 @@ fn config(engine: EngineKind, protocol: Protocol, domain: PersistenceDomain) -> 
         .engine(engine)
         .protocol(protocol)
         .domain(domain)
-        .pool_size(16 << 20)
+        .pool_size(20 << 20)
         .max_threads(4)
 }
 
@@ -212,7 +212,9 @@ fn every_typed_error() {
 #[test]
 fn pm_exhaustion_fails_the_transaction_cleanly_and_the_database_stays_usable() {
     let db = Db::create(
-        config(EngineKind::Falcon, Protocol::Occ, PersistenceDomain::Adr).pool_size(8 << 20),
+        config(EngineKind::Falcon, Protocol::Occ, PersistenceDomain::Adr)
+            .pool_size(8 << 20)
+            .max_threads(1),
     )
     .unwrap();
     let t = db

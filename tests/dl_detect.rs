@@ -16,7 +16,8 @@ fn bank_db(engine: EngineKind, accounts: u64) -> (Db, u32) {
     let mut config = DbConfig::default()
         .engine(engine)
         .protocol(Protocol::DlDetect)
-        .pool_size(64 << 20);
+        .pool_size(64 << 20)
+        .max_threads(8);
     // As `pmtx bench` does: a transaction retries until it commits.
     config.max_retries = 1_000_000;
     let db = Db::create(config).unwrap();

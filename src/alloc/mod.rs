@@ -6,4 +6,4 @@
 
 mod pages;
 
-pub use pages::{AllocError, PageManager, PageTag, SpaceUsage, PAGE_SIZE};
+pub use pages::{full_detail, mib, AllocError, PageManager, PageTag, SpaceUsage, PAGE_SIZE};

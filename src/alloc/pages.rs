@@ -87,13 +87,15 @@ impl PageTag {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum AllocError {
-    /// Every page of the pool is in use.
-    #[error("persistent memory is full: all {pages} pages of {page_mib} MiB are in use")]
+    /// Every page of the pool is in use (and the pool cannot grow further).
+    #[error("persistent memory is full: {}", full_detail(*pages, *pool_bytes, *max_pool_bytes))]
     PmFull {
         /// Pages in the pool.
         pages: u64,
-        /// Page size in MiB.
-        page_mib: u64,
+        /// The pool size in bytes.
+        pool_bytes: u64,
+        /// The size the pool may grow to (`None`: a fixed-size pool).
+        max_pool_bytes: Option<u64>,
     },
     /// The pool is too small to hold even one page.
     #[error("a pool of {size} bytes is too small: pages need at least {min} bytes")]
@@ -114,6 +116,34 @@ pub enum AllocError {
     Pool(#[from] PoolError),
 }
 
+/// "all 3 pages of 2 MiB of the 8 MiB pool are in use": what [`AllocError::PmFull`] says, without
+/// the "full" the error's own message and [`TxError::PmFull`](crate::engine::TxError::PmFull)
+/// already put in front.
+pub fn full_detail(pages: u64, pool_bytes: u64, max_pool_bytes: Option<u64>) -> String {
+    let growth = match max_pool_bytes {
+        Some(max) if max <= pool_bytes => format!(
+            ", and the pool has grown to its maximum size of {}",
+            mib(max)
+        ),
+        Some(max) => format!(" (it may grow to {})", mib(max)),
+        None => " (a fixed-size pool)".to_string(),
+    };
+    format!(
+        "all {pages} pages of {} MiB of the {} pool are in use{growth}",
+        PAGE_SIZE >> 20,
+        mib(pool_bytes)
+    )
+}
+
+/// `n` bytes in MiB, with a fraction only when there is one.
+pub fn mib(n: u64) -> String {
+    if n % (1 << 20) == 0 {
+        format!("{} MiB", n >> 20)
+    } else {
+        format!("{:.2} MiB", n as f64 / f64::from(1 << 20))
+    }
+}
+
 /// How much of a pool is in use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct SpaceUsage {
@@ -128,8 +158,18 @@ pub struct SpaceUsage {
 }
 
 /// Hands out the 2 MiB pages of one pool. Cheap to share between threads by reference.
+///
+/// A growable pool ([`Pool::max_size`]) grows when every page is in use: [`PageManager::allocate`]
+/// grows the pool ([`Pool::grow`]: file extended, mapped, new size durable), then records the new
+/// page count in the superblock, durably, and only then publishes the new pages; growth is
+/// serialised by a lock, and threads keep using existing pages meanwhile. A crash between the
+/// pool's new size and the superblock's leaves a superblock with fewer pages than the pool
+/// holds; [`PageManager::open`] adopts the pool's (the extra pages are all zero: free).
 pub struct PageManager {
-    pages: u64,
+    /// Pages in the pool; grows (Release, after the pages are durable and mapped).
+    pages: AtomicU64,
+    /// Serialises growth.
+    grow_lock: parking_lot::Mutex<()>,
     /// Where the next search for a free page starts (DRAM only: a hint).
     next_hint: AtomicU64,
 }
@@ -165,10 +205,15 @@ impl PageManager {
         pool.persist(TABLE, pages * 8);
         pool.write_u64(SUPERBLOCK, SUPER_MAGIC);
         pool.persist(SUPERBLOCK, 8);
-        Ok(PageManager {
-            pages,
+        Ok(PageManager::with_pages(pages))
+    }
+
+    fn with_pages(pages: u64) -> PageManager {
+        PageManager {
+            pages: AtomicU64::new(pages),
+            grow_lock: parking_lot::Mutex::new(()),
             next_hint: AtomicU64::new(0),
-        })
+        }
     }
 
     /// Opens the page table of a formatted pool, checking it against the pool.
@@ -186,17 +231,28 @@ impl PageManager {
             )));
         }
         let pages = pool.read_u64(SUPERBLOCK + 16);
-        if pages == 0 || pages != Self::pages_for(pool.len()) {
+        let in_pool = Self::pages_for(pool.len());
+        // Fewer pages than the pool holds: a growth whose new pool size was durable but whose
+        // page count was not yet (a growable pool only).
+        let interrupted_growth = pool.max_size().is_some() && pages < in_pool;
+        if pages == 0 || (pages != in_pool && !interrupted_growth) {
             return Err(AllocError::Corrupt(format!(
-                "page table says {pages} pages but a pool of {} bytes has {}",
+                "page table says {pages} pages but a pool of {} bytes has {in_pool}",
                 pool.len(),
-                Self::pages_for(pool.len())
             )));
         }
-        Ok(PageManager {
-            pages,
-            next_hint: AtomicU64::new(0),
-        })
+        if interrupted_growth && !pool.is_read_only() {
+            // The table entries of the pages past the old count are zero (free): the table region
+            // is zero at creation and entries past the count are never written. The pages
+            // themselves were never handed out, so they are zero too.
+            Self::record_page_count(pool, in_pool);
+        }
+        Ok(PageManager::with_pages(in_pool))
+    }
+
+    fn record_page_count(pool: &Pool, pages: u64) {
+        pool.write_u64(SUPERBLOCK + 16, pages);
+        pool.persist(SUPERBLOCK + 16, 8);
     }
 
     /// Whether `pool` holds a page table.
@@ -206,19 +262,19 @@ impl PageManager {
 
     /// Pages in the pool.
     pub fn page_count(&self) -> u64 {
-        self.pages
+        self.pages.load(Ordering::Acquire)
     }
 
     /// The pool offset of page `index` (0-based).
     pub fn page_offset(&self, index: u64) -> u64 {
-        debug_assert!(index < self.pages);
+        debug_assert!(index < self.page_count());
         (index + 1) * PAGE_SIZE
     }
 
     /// The page index holding pool offset `off`, if it is in a page.
     pub fn page_of(&self, off: u64) -> Option<u64> {
         let index = (off / PAGE_SIZE).checked_sub(1)?;
-        (index < self.pages).then_some(index)
+        (index < self.page_count()).then_some(index)
     }
 
     fn descriptor(index: u64) -> u64 {
@@ -231,9 +287,53 @@ impl PageManager {
         if tag.kind == 0 || tag.value >= VALUE_LIMIT {
             return Err(AllocError::BadTag(tag));
         }
-        let start = self.next_hint.load(Ordering::Relaxed) % self.pages;
-        for step in 0..self.pages {
-            let index = (start + step) % self.pages;
+        loop {
+            let pages = self.page_count();
+            if let Some(index) = self.claim(pool, tag, pages)? {
+                return Ok(index);
+            }
+            if !self.grow(pool, pages)? {
+                return Err(AllocError::PmFull {
+                    pages,
+                    pool_bytes: pool.len(),
+                    max_pool_bytes: pool.max_size(),
+                });
+            }
+        }
+    }
+
+    /// Pages a pool of `pages` grows by at once: as many again (amortised growth), at least one
+    /// and at most 1 GiB of pages.
+    fn growth_step(pages: u64) -> u64 {
+        pages.clamp(1, (1 << 30) / PAGE_SIZE)
+    }
+
+    /// Grows the pool when it still has `seen` pages (else another thread grew it meanwhile: true,
+    /// try again); false when it cannot grow (fixed size, or at its maximum).
+    fn grow(&self, pool: &Pool, seen: u64) -> Result<bool, AllocError> {
+        let _serial = self.grow_lock.lock();
+        if self.page_count() != seen {
+            return Ok(true);
+        }
+        let Some(max) = pool.max_size() else {
+            return Ok(false);
+        };
+        let target = (seen + Self::growth_step(seen)).min(Self::pages_for(max));
+        if target <= seen {
+            return Ok(false);
+        }
+        // Page k ends at (k + 2) × PAGE_SIZE: the metadata region comes first.
+        pool.grow((target + 1) * PAGE_SIZE)?;
+        Self::record_page_count(pool, target);
+        self.pages.store(target, Ordering::Release);
+        Ok(true)
+    }
+
+    /// Claims a free page among the first `pages`, if there is one.
+    fn claim(&self, pool: &Pool, tag: PageTag, pages: u64) -> Result<Option<u64>, AllocError> {
+        let start = self.next_hint.load(Ordering::Relaxed) % pages;
+        for step in 0..pages {
+            let index = (start + step) % pages;
             let at = Self::descriptor(index);
             if pool.read_u64(at) == 0 && pool.cas_u64(at, 0, tag.encode(index)).is_ok() {
                 // A free page is all zero (see `free`); anything else is damage, which the new
@@ -248,13 +348,10 @@ impl PageManager {
                 }
                 pool.persist(at, 8);
                 self.next_hint.store(index + 1, Ordering::Relaxed);
-                return Ok(index);
+                return Ok(Some(index));
             }
         }
-        Err(AllocError::PmFull {
-            pages: self.pages,
-            page_mib: PAGE_SIZE >> 20,
-        })
+        Ok(None)
     }
 
     /// Returns a page to the free pool, durably, zeroing it first: every free page is all zero
@@ -279,7 +376,7 @@ impl PageManager {
     /// descriptor whose check fails.
     pub fn allocated(&self, pool: &Pool) -> Result<Vec<(u64, PageTag)>, AllocError> {
         let mut out = Vec::new();
-        for i in 0..self.pages {
+        for i in 0..self.page_count() {
             if let Some(t) = PageTag::decode_checked(pool.read_u64(Self::descriptor(i)), i)? {
                 out.push((i, t));
             }
@@ -311,7 +408,7 @@ impl PageManager {
     /// Free pages (descriptor 0) that are not all zero, as `(page index, first non-zero offset)`;
     /// for `pmtx check` (reads every free page).
     pub fn dirty_free_pages(&self, pool: &Pool) -> Vec<(u64, u64)> {
-        (0..self.pages)
+        (0..self.page_count())
             .filter(|&i| pool.read_u64(Self::descriptor(i)) == 0)
             .filter_map(|i| {
                 Self::first_nonzero(pool, self.page_offset(i), PAGE_SIZE).map(|o| (i, o))
@@ -321,11 +418,11 @@ impl PageManager {
 
     /// Space in use.
     pub fn usage(&self, pool: &Pool) -> SpaceUsage {
-        let used = (0..self.pages)
+        let used = (0..self.page_count())
             .filter(|&i| pool.read_u64(Self::descriptor(i)) != 0)
             .count() as u64;
         SpaceUsage {
-            pages_total: self.pages,
+            pages_total: self.page_count(),
             pages_used: used,
             bytes_used: PAGE_SIZE + used * PAGE_SIZE,
             bytes_total: pool.len(),
@@ -385,7 +482,11 @@ mod tests {
         assert_eq!(got, vec![0, 1, 2, 3]);
         assert!(matches!(
             pm.allocate(&pool, tag),
-            Err(AllocError::PmFull { pages: 4, .. })
+            Err(AllocError::PmFull {
+                pages: 4,
+                pool_bytes: 10485760,
+                max_pool_bytes: None
+            })
         ));
         assert_eq!(pm.usage(&pool).pages_used, 4);
         pool.write_u64(pm.page_offset(2) + 64, 0xdead);

@@ -60,6 +60,14 @@ pub struct CommonArgs {
     /// Zen: P = NVM size / DRAM Met-Cache budget (Zen §4.1 uses 4, 8 and 16).
     #[arg(long, default_value_t = 4.0)]
     pub cache_ratio: f64,
+    /// Pool size (bytes, or with a K, M, G or T suffix: 64M), instead of one computed from the
+    /// data (never below the engine's minimum for the thread count, see README "Pool size").
+    #[arg(long, value_parser = parse_bytes)]
+    pub pool_size: Option<u64>,
+    /// Let the pool grow, when full, up to this size (bytes or with a suffix: 4G); default: a
+    /// fixed-size pool.
+    #[arg(long, value_parser = parse_bytes)]
+    pub max_pool_size: Option<u64>,
 }
 
 /// Arguments of `pmtx bench ycsb`.
@@ -134,12 +142,16 @@ pub(crate) fn run(cmd: BenchCommand) -> CliResult {
 impl CommonArgs {
     /// The database configuration for one run of `engine` on `threads` threads.
     pub(crate) fn db_config(&self, engine: EngineKind, threads: usize, pool_size: u64) -> DbConfig {
-        let mut config = DbConfig::default()
-            .engine(engine)
-            .protocol(self.cc)
-            .domain(self.domain)
-            .pool_size(pool_size)
-            .max_threads(threads + 1);
+        let mut config =
+            DbConfig::default()
+                .engine(engine)
+                .protocol(self.cc)
+                .domain(self.domain)
+                .pool_size(self.pool_size.unwrap_or_else(|| {
+                    pool_size.max(crate::db::min_pool_size(engine, threads + 1))
+                }))
+                .max_threads(threads + 1);
+        config.max_pool_size = self.max_pool_size;
         config.hot_tuples = self.hot_tuples;
         config.window_slot_bytes = self.window_slot_bytes;
         config.cc_options.partitions = self.partitions;
@@ -486,6 +498,27 @@ pub(crate) fn check_output_path(path: &std::path::Path, flag: &str) -> CliResult
     Ok(())
 }
 
+/// A byte count: digits, optionally followed by K, M, G or T (powers of 1024; "MiB" and "MB"
+/// are read as M too).
+pub(crate) fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (number, unit) = t.split_at(digits);
+    let shift = match unit.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        "T" | "TB" | "TIB" => 40,
+        _ => return Err(format!("'{s}': expected bytes, e.g. 67108864, 64M or 4G")),
+    };
+    number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(1u64 << shift))
+        .ok_or_else(|| format!("'{s}': expected bytes, e.g. 67108864, 64M or 4G"))
+}
+
 /// A pool size computed from command-line numbers: checked arithmetic, and no larger than the
 /// page manager can use (larger pools would only end in "persistent memory is full").
 pub(crate) fn pool_size_for(what: &str, bytes: Option<u64>) -> Result<u64, String> {
@@ -509,5 +542,20 @@ pub(crate) fn attach_volatile(reports: &mut [RunReport], wanted: bool) {
         for r in reports.iter_mut() {
             r.with_volatile(v);
         }
+    }
+}
+
+#[cfg(test)]
+mod parse_bytes_tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn sizes_with_and_without_suffixes() {
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert_eq!(parse_bytes("64M"), Ok(64 << 20));
+        assert_eq!(parse_bytes("8MiB"), Ok(8 << 20));
+        assert_eq!(parse_bytes("2g"), Ok(2 << 30));
+        assert!(parse_bytes("lots").is_err());
+        assert!(parse_bytes("99999999999T").is_err());
     }
 }

@@ -199,7 +199,8 @@ impl CrashTestConfig {
     fn pool_size(&self, tables: usize) -> u64 {
         let extra = self.workload.build().extra_pages_per_thread();
         let pages = 1 + (self.threads as u64) * (1 + tables as u64 + extra) + 1;
-        (pages + 1) * PAGE_SIZE
+        // Never below what `Db::create` accepts for these worker slots.
+        ((pages + 1) * PAGE_SIZE).max(crate::db::min_pool_size(self.engine, self.threads + 1))
     }
 
     fn pool_options(&self) -> PoolOptions {

@@ -4,7 +4,7 @@
 //! use pmtx::db::{Db, DbConfig, Value};
 //! use pmtx::catalog::{ColumnType, Schema};
 //!
-//! let db = Db::create(DbConfig::default().pool_size(16 << 20)).unwrap();
+//! let db = Db::create(DbConfig::default().pool_size(16 << 20).max_threads(2)).unwrap();
 //! let accounts = db
 //!     .create_table(Schema::new("accounts", &[("owner", ColumnType::Bytes(16)), ("balance", ColumnType::I64)]))
 //!     .unwrap();
@@ -41,6 +41,10 @@ pub struct DbConfig {
     pub path: Option<PathBuf>,
     /// Pool size for a new database, in bytes.
     pub pool_size: u64,
+    /// For a new database: the size its pool may grow to, in bytes; `None` (the default) makes a
+    /// fixed-size pool. Recorded in the pool, so it holds for every later open (this field is
+    /// ignored when opening). See [`DbConfig::max_pool_size`].
+    pub max_pool_size: Option<u64>,
     /// Worker slots (threads that may run transactions at once).
     pub max_threads: usize,
     /// The tuple size limit: larger rows are refused.
@@ -84,6 +88,7 @@ impl Default for DbConfig {
             domain: None,
             path: None,
             pool_size: 256 << 20,
+            max_pool_size: None,
             max_threads: 16,
             max_row_bytes: 4096,
             window_slots: None,
@@ -141,6 +146,15 @@ impl DbConfig {
         self.pool_size = bytes;
         self
     }
+    /// Lets the pool of a new database grow, when every page is in use, up to `bytes` (at least
+    /// `pool_size`, at most about 510 GiB: what the page table can describe). Growth extends the
+    /// pool file and maps the extension in place, crash-safely (a crash during growth leaves a
+    /// pool that opens with all committed rows); past the maximum, inserts fail with
+    /// [`TxError::PmFull`]. Not for in-memory pools.
+    pub fn max_pool_size(mut self, bytes: u64) -> Self {
+        self.max_pool_size = Some(bytes);
+        self
+    }
     /// Sets the number of worker slots.
     pub fn max_threads(mut self, n: usize) -> Self {
         self.max_threads = n;
@@ -184,7 +198,8 @@ impl DbConfig {
         };
         let mut o = PoolOptions::new(self.engine.layout(), domain)
             .with_counting(self.counting)
-            .allowing_domain_change(self.allow_domain_change);
+            .allowing_domain_change(self.allow_domain_change)
+            .growable_to(self.max_pool_size);
         if let Some(t) = crash_sim {
             o = o.with_crash_sim(t);
         }
@@ -193,6 +208,49 @@ impl DbConfig {
         }
         o
     }
+}
+
+/// The smallest pool in which `engine` can run `max_threads` worker threads that each commit an
+/// insert into one table, in bytes; [`Db::create`] refuses a smaller one.
+///
+/// Computed from the layout: the page manager's 2 MiB metadata region (pool header, page table),
+/// the engine's 2 MiB meta page (parameters and catalog), and per worker thread the 2 MiB pages
+/// it takes for itself on its first commit: Falcon and its variants a log window and a heap page
+/// (a thread inserts only into its own pages), Zen a heap page (no log). Each further table a
+/// thread inserts into takes another heap page of that thread, and a Falcon transaction whose
+/// redo log does not fit in a window slot takes spill pages; see README ("Pool size").
+pub fn min_pool_size(engine: EngineKind, max_threads: usize) -> u64 {
+    (2 + pages_per_thread(engine) * max_threads as u64) * crate::alloc::PAGE_SIZE
+}
+
+/// 2 MiB pages a worker thread takes for itself on its first committed insert (see
+/// [`min_pool_size`]).
+fn pages_per_thread(engine: EngineKind) -> u64 {
+    match engine {
+        EngineKind::Zen => 1,
+        _ => 2,
+    }
+}
+
+fn check_pool_size(engine: EngineKind, max_threads: usize, size: u64) -> Result<(), DbError> {
+    let min = min_pool_size(engine, max_threads);
+    if size < min {
+        let mib = crate::alloc::mib;
+        let per_thread = if engine == EngineKind::Zen {
+            "a heap page"
+        } else {
+            "a log window and a heap page"
+        };
+        return Err(DbError::Config(format!(
+            "a pool of {} is too small for the {engine} engine with {max_threads} worker threads: \
+             the minimum is {} (2 MiB of metadata, a 2 MiB meta page, and per thread {per_thread} \
+             of 2 MiB each); give a larger pool (DbConfig::pool_size, --pool-size) or fewer \
+             threads (DbConfig::max_threads, --threads)",
+            mib(size),
+            mib(min)
+        )));
+    }
+    Ok(())
 }
 
 /// A database: one engine over one pool.
@@ -290,6 +348,15 @@ impl Db {
         // The volatile engine gets a /dev/shm pool like the others (with durability off), so that
         // ratios against it measure durability alone, not a different kind of memory.
         let pool = if create {
+            // Refused before the file is made, so a refused create leaves nothing behind.
+            check_pool_size(config.engine, config.max_threads, config.pool_size)?;
+            let usable = crate::alloc::PageManager::max_pool_size();
+            if config.max_pool_size.is_some_and(|m| m > usable) {
+                return Err(DbError::Config(format!(
+                    "max_pool_size {} is beyond what the page table can describe ({usable} bytes)",
+                    config.max_pool_size.unwrap_or(0)
+                )));
+            }
             Pool::create(config.path.as_deref(), config.pool_size, &opts)?
         } else {
             Pool::open(config.path.as_deref().expect("checked by open"), &opts)
@@ -329,6 +396,9 @@ impl Db {
         config: &DbConfig,
         create: bool,
     ) -> Result<Arc<dyn Engine>, DbError> {
+        if create {
+            check_pool_size(config.engine, config.max_threads, pool.len())?;
+        }
         if config.engine == EngineKind::Zen {
             let zen = config.zen();
             return Ok(if create {

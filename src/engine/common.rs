@@ -326,3 +326,27 @@ impl SlotLedger {
         self.pages.iter().map(|(&p, &(t, o))| (p, t, o))
     }
 }
+
+/// What to do about a full pool, appended to every [`TxError::PmFull`] about pages.
+pub(crate) const PM_FULL_ADVICE: &str = "give the pool more room: a larger pool \
+     (DbConfig::pool_size, --pool-size), fewer worker threads (DbConfig::max_threads, --threads: \
+     each thread takes pages of its own), or let it grow (DbConfig::max_pool_size, \
+     --max-pool-size); deleting rows frees room for later inserts";
+
+/// The [`TxError`] for a page `what` needed (e.g. "table 'items' of thread 0") that the page
+/// manager could not give: says once that PM is full, what needed room, how big the pool is and
+/// what to do.
+pub(crate) fn pm_full(what: std::fmt::Arguments<'_>, e: crate::alloc::AllocError) -> TxError {
+    match e {
+        crate::alloc::AllocError::PmFull {
+            pages,
+            pool_bytes,
+            max_pool_bytes,
+        } => TxError::PmFull(format!(
+            "{what} needs a new {} MiB page, but {}; {PM_FULL_ADVICE}",
+            crate::alloc::PAGE_SIZE >> 20,
+            crate::alloc::full_detail(pages, pool_bytes, max_pool_bytes)
+        )),
+        other => TxError::PmFull(format!("{what} needs a new page: {other}")),
+    }
+}

@@ -85,6 +85,30 @@ pub enum PoolError {
         /// Size of the file.
         file: u64,
     },
+    /// The size word of a growable pool holds a size the header does not allow.
+    #[error("pool {path}: the size word records {word} bytes, outside what the header allows (from {initial} up to a maximum of {max} bytes, 4 KiB aligned; a maximum of 0 means a fixed-size pool): the pool is damaged")]
+    BadSizeWord {
+        /// The file concerned.
+        path: PathBuf,
+        /// The size word.
+        word: u64,
+        /// Size at creation.
+        initial: u64,
+        /// The maximum size (0: none).
+        max: u64,
+    },
+    /// Growing the pool failed or is not possible; the pool is unchanged and still usable.
+    #[error("pool {path}: cannot grow from {from} to {to} bytes: {reason}")]
+    GrowFailed {
+        /// The file concerned (`<in-memory>` for a pool without a file).
+        path: PathBuf,
+        /// Current size.
+        from: u64,
+        /// Size asked for.
+        to: u64,
+        /// Why.
+        reason: String,
+    },
     /// The pool was created for another engine (layout) than the one requested.
     #[error("pool {path} holds layout '{found}', but layout '{expected}' was requested (pick the engine the pool was created with)")]
     LayoutMismatch {

@@ -8,11 +8,13 @@
 //! | 8 | 4 | format version |
 //! | 12 | 4 | header length in bytes (128) |
 //! | 16 | 16 | pool UUID |
-//! | 32 | 8 | pool size in bytes |
+//! | 32 | 8 | pool size in bytes at creation |
 //! | 40 | 8 | creation time, nanoseconds since the Unix epoch |
 //! | 48 | 32 | layout (engine) name, UTF-8, NUL-padded |
 //! | 80 | 1 | persistence domain the pool was created for (1 volatile, 2 adr, 3 eadr, 4 msync) |
-//! | 81 | 39 | reserved, zero |
+//! | 81 | 7 | reserved, zero |
+//! | 88 | 8 | maximum size the pool may grow to (0: a fixed-size pool) |
+//! | 96 | 24 | reserved, zero |
 //! | 120 | 8 | CRC-32 of bytes 0..120 |
 //!
 //! Version history: 1 had no domain byte, an unchecked page table and unchecked engine meta
@@ -20,9 +22,14 @@
 //! engine meta page (docs/ARCHITECTURE.md, "Integrity"). Version 1 pools are refused with
 //! [`PoolError::UnsupportedVersion`]: recreate them.
 //!
-//! The header is immutable after creation. The one mutable field, the root offset, lives in its own
-//! cache line at [`ROOT_OFFSET_WORD`] and is written with a single 8-byte atomic store, which can
-//! never be torn.
+//! The header is immutable after creation. The two mutable fields live in cache lines of their own
+//! and are each written with a single 8-byte atomic store, which can never be torn: the root
+//! offset at [`ROOT_OFFSET_WORD`], and the pool's current size at [`SIZE_WORD`] (0 until the pool
+//! first grows; then the size it has grown to, made durable only after the file extension is, so
+//! a crash during growth leaves either the old size or the new one, and the file at least that
+//! long: bytes of the file beyond the recorded size are left over from an interrupted growth and
+//! are ignored). A maximum of 0 at offset 88 is what every pool made before growth existed has, so
+//! those open as the fixed-size pools they are.
 
 use super::domain::PersistenceDomain;
 use super::error::{PoolError, PoolResult};
@@ -38,11 +45,14 @@ pub const HEADER_LEN: usize = 128;
 pub const MAX_LAYOUT_LEN: usize = 32;
 /// Offset of the pool's root word: where recovery starts (0 = no root yet).
 pub const ROOT_OFFSET_WORD: u64 = 192;
+/// Offset of the pool's size word: the size a growable pool has grown to (0 = the size at offset 32).
+pub const SIZE_WORD: u64 = 256;
 /// Bytes reserved at the start of the pool for the header and root word; the rest is the caller's.
 pub const RESERVED_BYTES: u64 = 4096;
 
 const CHECKSUM_AT: usize = 120;
 const DOMAIN_AT: usize = 80;
+const MAX_SIZE_AT: usize = 88;
 
 fn domain_code(d: PersistenceDomain) -> u8 {
     match d {
@@ -66,8 +76,13 @@ pub struct Header {
     pub version: u32,
     /// The pool's unique id, fixed at creation.
     pub uuid: uuid::Uuid,
-    /// Pool size in bytes.
+    /// Pool size in bytes: the size at creation, or the size a growable pool has grown to (see
+    /// [`SIZE_WORD`]) when the header was read.
     pub size: u64,
+    /// Pool size in bytes at creation (the checksummed size at offset 32).
+    pub initial_size: u64,
+    /// The size the pool may grow to; `None` for a fixed-size pool.
+    pub max_size: Option<u64>,
     /// Creation time, nanoseconds since the Unix epoch.
     pub created_unix_ns: u64,
     /// The layout (engine) the pool was created for.
@@ -95,19 +110,23 @@ impl Header {
         b[8..12].copy_from_slice(&self.version.to_le_bytes());
         b[12..16].copy_from_slice(&(HEADER_LEN as u32).to_le_bytes());
         b[16..32].copy_from_slice(self.uuid.as_bytes());
-        b[32..40].copy_from_slice(&self.size.to_le_bytes());
+        b[32..40].copy_from_slice(&self.initial_size.to_le_bytes());
         b[40..48].copy_from_slice(&self.created_unix_ns.to_le_bytes());
         b[48..48 + self.layout.len()].copy_from_slice(self.layout.as_bytes());
         b[DOMAIN_AT] = domain_code(self.domain);
+        b[MAX_SIZE_AT..MAX_SIZE_AT + 8].copy_from_slice(&self.max_size.unwrap_or(0).to_le_bytes());
         let crc = u64::from(crc32fast::hash(&b[..CHECKSUM_AT]));
         b[CHECKSUM_AT..].copy_from_slice(&crc.to_le_bytes());
         b
     }
 
-    /// Decodes and validates a header from the first bytes of a file of `file_len` bytes.
+    /// Decodes and validates a header from the first bytes of a file of `file_len` bytes (the
+    /// size word at [`SIZE_WORD`] is read when `bytes` reaches it).
     ///
-    /// Checks, in order: magic, length, version, checksum, size against the file. The layout is
-    /// checked by the caller, who knows which one it wants.
+    /// Checks, in order: magic, length, version, checksum, the growth fields, size against the
+    /// file. The file may be longer than the recorded size only for a growable pool, up to its
+    /// maximum (an interrupted growth). The layout is checked by the caller, who knows which one
+    /// it wants.
     pub fn decode(path: &Path, bytes: &[u8], file_len: u64) -> PoolResult<Header> {
         let path_buf = || path.to_path_buf();
         if bytes.len() < MAGIC.len() || bytes[..8] != MAGIC {
@@ -139,7 +158,35 @@ impl Header {
                 computed,
             });
         }
-        let size = u64_at(32);
+        let initial_size = u64_at(32);
+        let max_size = match u64_at(MAX_SIZE_AT) {
+            0 => None,
+            m if m < initial_size || m % 4096 != 0 => {
+                return Err(PoolError::BadChecksum {
+                    path: path_buf(),
+                    stored,
+                    computed,
+                })
+            }
+            m => Some(m),
+        };
+        let grown = if bytes.len() >= SIZE_WORD as usize + 8 {
+            u64_at(SIZE_WORD as usize)
+        } else {
+            0
+        };
+        let size = match (grown, max_size) {
+            (0, _) => initial_size,
+            (g, Some(max)) if g >= initial_size && g <= max && g % 4096 == 0 => g,
+            (g, _) => {
+                return Err(PoolError::BadSizeWord {
+                    path: path_buf(),
+                    word: g,
+                    initial: initial_size,
+                    max: max_size.unwrap_or(0),
+                })
+            }
+        };
         if file_len < size {
             return Err(PoolError::Truncated {
                 path: path_buf(),
@@ -147,7 +194,8 @@ impl Header {
                 actual: file_len,
             });
         }
-        if file_len != size {
+        let interrupted_growth = max_size.is_some_and(|max| file_len <= max);
+        if file_len != size && !interrupted_growth {
             return Err(PoolError::SizeMismatch {
                 path: path_buf(),
                 header: size,
@@ -176,6 +224,8 @@ impl Header {
             version,
             uuid: uuid::Uuid::from_bytes(bytes[16..32].try_into().unwrap()),
             size,
+            initial_size,
+            max_size,
             created_unix_ns: u64_at(40),
             layout,
             domain,
@@ -192,6 +242,8 @@ mod tests {
             version: FORMAT_VERSION,
             uuid: uuid::Uuid::from_u128(0x1234),
             size: 1 << 20,
+            initial_size: 1 << 20,
+            max_size: None,
             created_unix_ns: 42,
             layout: "falcon".into(),
             domain: PersistenceDomain::Adr,

@@ -5,6 +5,7 @@
 use super::error::{PoolError, PoolResult};
 use std::fs::File;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// How the pool's bytes are held.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -24,9 +25,19 @@ pub enum MappingKind {
 }
 
 /// A mapped (or allocated) range of bytes, unmapped or freed on drop.
+///
+/// A file mapping may own more address space than it maps (`reserved` > `len`): the whole range
+/// is reserved `PROT_NONE` up front and the file is mapped over its prefix, so the mapping can
+/// grow in place ([`Mapping::extend`]) and its base, hence every pointer into it, never moves.
 pub(crate) struct Mapping {
     base: *mut u8,
-    len: usize,
+    /// Bytes mapped and usable; only grows (under the pool's growth lock), published with
+    /// Release after the extension is mapped.
+    len: AtomicUsize,
+    /// Bytes of address space owned from `base` (unmapped on drop).
+    reserved: usize,
+    /// `mmap` flags of the file mapping, reused for its extensions.
+    flags: i32,
     kind: MappingKind,
 }
 
@@ -39,63 +50,150 @@ unsafe impl Sync for Mapping {}
 const HEAP_ALIGN: usize = 4096;
 
 impl Mapping {
-    /// Maps `len` bytes of `file` shared, trying `MAP_SYNC` first.
+    /// Maps `len` bytes of `file` shared, trying `MAP_SYNC` first. With `reserve` > `len` (a
+    /// growable pool, writable only) the mapping owns `reserve` bytes of address space so that
+    /// [`Mapping::extend`] can map more of the file right after it.
     #[cfg(not(miri))]
     pub(crate) fn map_file(
         file: &File,
         path: &Path,
         len: u64,
         writable: bool,
+        reserve: u64,
     ) -> PoolResult<Mapping> {
         use std::os::fd::AsRawFd;
-        let len = usize::try_from(len).map_err(|_| {
-            PoolError::InvalidArgument(format!("pool size {len} does not fit in memory"))
-        })?;
+        let too_big =
+            |n: u64| PoolError::InvalidArgument(format!("pool size {n} does not fit in memory"));
+        let len_u = usize::try_from(len).map_err(|_| too_big(len))?;
+        let reserved = usize::try_from(reserve.max(len)).map_err(|_| too_big(reserve))?;
         let fd = file.as_raw_fd();
         let prot = if writable {
             libc::PROT_READ | libc::PROT_WRITE
         } else {
             libc::PROT_READ
         };
-        if writable {
-            // SAFETY: a fresh mapping at an address of the kernel's choosing; `fd` is open for
-            // reading and writing and `len` is the file's size.
-            let p = unsafe {
+        let io = |op| PoolError::Io {
+            path: path.to_path_buf(),
+            op,
+            source: std::io::Error::last_os_error(),
+        };
+        // Without growth the kernel picks the address; with it, the whole range is reserved
+        // first (no access, no memory committed) and the file goes over its prefix.
+        let (hint, fixed) = if reserved > len_u && writable {
+            // SAFETY: a fresh anonymous PROT_NONE mapping at an address of the kernel's choosing;
+            // nothing can access it until parts are remapped below.
+            let r = unsafe {
                 libc::mmap(
                     std::ptr::null_mut(),
-                    len,
-                    prot,
-                    libc::MAP_SHARED_VALIDATE | libc::MAP_SYNC,
-                    fd,
+                    reserved,
+                    libc::PROT_NONE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                    -1,
                     0,
                 )
             };
+            if r == libc::MAP_FAILED {
+                return Err(io("reserve address space (mmap)"));
+            }
+            (r, libc::MAP_FIXED)
+        } else {
+            (std::ptr::null_mut(), 0)
+        };
+        let reserved = if fixed != 0 { reserved } else { len_u };
+        let release_reservation = || {
+            if fixed != 0 {
+                // SAFETY: `hint` is the reservation made above, of `reserved` bytes, and no
+                // reference into it exists (the mapping is being abandoned).
+                unsafe { libc::munmap(hint, reserved) };
+            }
+        };
+        let mut attempts = vec![(
+            libc::MAP_SHARED,
+            if writable {
+                MappingKind::Shared
+            } else {
+                MappingKind::ReadOnly
+            },
+        )];
+        if writable {
+            attempts.insert(
+                0,
+                (
+                    libc::MAP_SHARED_VALIDATE | libc::MAP_SYNC,
+                    MappingKind::DaxSync,
+                ),
+            );
+        }
+        for (flags, kind) in attempts {
+            // SAFETY: either a fresh mapping at an address of the kernel's choosing, or
+            // (MAP_FIXED) one over the start of the PROT_NONE reservation made above, which this
+            // function owns and nothing references; `fd` is open with the access `prot` needs
+            // and the file is at least `len` bytes long. A MAP_SYNC refusal (EOPNOTSUPP) is
+            // decided before the kernel touches the range, so the reservation survives it.
+            let p = unsafe { libc::mmap(hint, len_u, prot, flags | fixed, fd, 0) };
             if p != libc::MAP_FAILED {
                 return Ok(Mapping {
                     base: p.cast(),
-                    len,
-                    kind: MappingKind::DaxSync,
+                    len: AtomicUsize::new(len_u),
+                    reserved,
+                    flags,
+                    kind,
                 });
             }
         }
-        // SAFETY: as above; plain MAP_SHARED works on every file system that supports mmap.
-        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, fd, 0) };
+        let err = io("mmap");
+        release_reservation();
+        Err(err)
+    }
+
+    /// Whether [`Mapping::extend`] can map up to `len` bytes.
+    pub(crate) fn can_extend_to(&self, len: u64) -> bool {
+        matches!(self.kind, MappingKind::DaxSync | MappingKind::Shared)
+            && len <= self.reserved as u64
+    }
+
+    /// Maps bytes `[len(), new_len)` of `file` (already that long) right after the current
+    /// mapping, inside its reservation, then publishes the new length. The caller serialises
+    /// calls and has checked [`Mapping::can_extend_to`]. Existing bytes are not touched, so
+    /// other threads keep reading and writing them meanwhile.
+    #[cfg(not(miri))]
+    pub(crate) fn extend(&self, file: &File, path: &Path, new_len: u64) -> PoolResult<()> {
+        use std::os::fd::AsRawFd;
+        let old = self.len.load(Ordering::Acquire);
+        let new = new_len as usize;
+        assert!(self.can_extend_to(new_len) && new > old && old % 4096 == 0);
+        // SAFETY: `[base + old, base + new)` lies inside this mapping's PROT_NONE reservation
+        // (new ≤ reserved), which no reference covers (bounds checks stop every access at
+        // `len` = old); MAP_FIXED replaces exactly that range with bytes `old..new` of the file,
+        // which is at least `new` bytes long; `old` is page aligned as mmap requires.
+        let p = unsafe {
+            libc::mmap(
+                self.base.add(old).cast(),
+                new - old,
+                libc::PROT_READ | libc::PROT_WRITE,
+                self.flags | libc::MAP_FIXED,
+                file.as_raw_fd(),
+                old as libc::off_t,
+            )
+        };
         if p == libc::MAP_FAILED {
             return Err(PoolError::Io {
                 path: path.to_path_buf(),
-                op: "mmap",
+                op: "mmap (growth)",
                 source: std::io::Error::last_os_error(),
             });
         }
-        let kind = if writable {
-            MappingKind::Shared
-        } else {
-            MappingKind::ReadOnly
-        };
-        Ok(Mapping {
-            base: p.cast(),
-            len,
-            kind,
+        self.len.store(new, Ordering::Release);
+        Ok(())
+    }
+
+    /// Miri cannot map files.
+    #[cfg(miri)]
+    pub(crate) fn extend(&self, _: &File, path: &Path, _: u64) -> PoolResult<()> {
+        Err(PoolError::Io {
+            path: path.to_path_buf(),
+            op: "mmap",
+            source: std::io::Error::new(std::io::ErrorKind::Unsupported, "no mmap under Miri"),
         })
     }
 
@@ -128,7 +226,9 @@ impl Mapping {
         }
         Ok(Mapping {
             base: p.cast(),
-            len,
+            len: AtomicUsize::new(len),
+            reserved: len,
+            flags: libc::MAP_PRIVATE,
             kind: MappingKind::Private,
         })
     }
@@ -136,12 +236,12 @@ impl Mapping {
     /// Miri cannot map files.
     #[cfg(miri)]
     pub(crate) fn map_file_private(file: &File, path: &Path, len: u64) -> PoolResult<Mapping> {
-        Self::map_file(file, path, len, false)
+        Self::map_file(file, path, len, false, len)
     }
 
     /// Miri cannot map files: refuse clearly so file-backed tests are skipped there.
     #[cfg(miri)]
-    pub(crate) fn map_file(_: &File, path: &Path, _: u64, _: bool) -> PoolResult<Mapping> {
+    pub(crate) fn map_file(_: &File, path: &Path, _: u64, _: bool, _: u64) -> PoolResult<Mapping> {
         Err(PoolError::Io {
             path: path.to_path_buf(),
             op: "mmap",
@@ -165,7 +265,9 @@ impl Mapping {
         }
         Ok(Mapping {
             base,
-            len,
+            len: AtomicUsize::new(len),
+            reserved: len,
+            flags: 0,
             kind: MappingKind::Heap,
         })
     }
@@ -174,14 +276,17 @@ impl Mapping {
         self.kind
     }
 
+    /// Bytes mapped. Relaxed: a thread learns of a growth through the page manager (a lock or
+    /// an Acquire of the page count), which orders this load after the Release in `extend`.
+    #[inline(always)]
     pub(crate) fn len(&self) -> u64 {
-        self.len as u64
+        self.len.load(Ordering::Relaxed) as u64
     }
 
     /// The address of byte `off`. The caller has bounds-checked `off`.
     #[inline(always)]
     pub(crate) fn ptr(&self, off: u64) -> *mut u8 {
-        debug_assert!(off <= self.len as u64);
+        debug_assert!(off <= self.reserved as u64);
         // SAFETY: `off` is within the mapping (checked by every caller), so the result stays in
         // the same allocation.
         unsafe { self.base.add(off as usize) }
@@ -190,7 +295,7 @@ impl Mapping {
     /// The 8-byte word at `off` as an atomic. The caller has checked bounds and 8-byte alignment.
     #[inline(always)]
     pub(crate) fn word(&self, off: u64) -> &std::sync::atomic::AtomicU64 {
-        debug_assert!(off % 8 == 0 && off + 8 <= self.len as u64);
+        debug_assert!(off % 8 == 0 && off + 8 <= self.len());
         // SAFETY: the word is inside the mapping, 8-byte aligned (the base is page aligned), and
         // lives as long as `self`; all concurrent access to PM words goes through atomics.
         unsafe { std::sync::atomic::AtomicU64::from_ptr(self.ptr(off).cast()) }
@@ -230,7 +335,7 @@ impl Mapping {
 
     /// A copy of the whole mapping (for crash images under eADR and for tests).
     pub(crate) fn to_vec(&self) -> Vec<u8> {
-        let mut v = vec![0u8; self.len];
+        let mut v = vec![0u8; self.len() as usize];
         self.load(0, &mut v);
         v
     }
@@ -242,7 +347,7 @@ impl Mapping {
         }
         let page = 4096u64;
         let start = off & !(page - 1);
-        let end = (off + len).min(self.len as u64);
+        let end = (off + len).min(self.len());
         #[cfg(not(miri))]
         {
             // SAFETY: `[start, end)` lies inside this live file mapping and `start` is page aligned.
@@ -267,18 +372,19 @@ impl Drop for Mapping {
     fn drop(&mut self) {
         match self.kind {
             MappingKind::Heap => {
-                let layout = std::alloc::Layout::from_size_align(self.len.max(1), HEAP_ALIGN)
+                let layout = std::alloc::Layout::from_size_align(self.reserved.max(1), HEAP_ALIGN)
                     .expect("layout was valid at allocation");
                 // SAFETY: `base` was returned by `alloc_zeroed` with this same layout.
                 unsafe { std::alloc::dealloc(self.base, layout) }
             }
             _ => {
                 #[cfg(not(miri))]
-                // SAFETY: `base`/`len` describe a mapping made by `mmap` and not yet unmapped; no
-                // reference into it outlives `self` (the pool's API hands out copies and atomics
-                // borrowed from the pool).
+                // SAFETY: `base`/`reserved` describe the address space this mapping owns (its
+                // file mapping, extensions and any unused reservation), made by `mmap` and not
+                // yet unmapped; no reference into it outlives `self` (the pool's API hands out
+                // copies and atomics borrowed from the pool).
                 unsafe {
-                    libc::munmap(self.base.cast(), self.len);
+                    libc::munmap(self.base.cast(), self.reserved);
                 }
             }
         }

@@ -1,12 +1,12 @@
-//! The pool: a fixed-size file of persistent memory, mapped into the process, and the only API
-//! through which PM is mutated (so that counting, crash simulation and, later, NVM latency emulation
+//! The pool: a file of persistent memory, mapped into the process (fixed-size, or growable up to
+//! a maximum set at creation), and the only API through which PM is mutated (so that counting, crash simulation and, later, NVM latency emulation
 //! and the media model can observe every store, flush and fence).
 
 use super::cpu::{self, FlushInstruction, CACHE_LINE};
 use super::crashsim::{CrashSim, CrashTrigger, Event, OnCrash};
 use super::domain::PersistenceDomain;
 use super::error::{PoolError, PoolResult};
-use super::header::{Header, FORMAT_VERSION, RESERVED_BYTES, ROOT_OFFSET_WORD};
+use super::header::{Header, FORMAT_VERSION, RESERVED_BYTES, ROOT_OFFSET_WORD, SIZE_WORD};
 use super::mapping::{Mapping, MappingKind};
 use super::stats;
 use std::fs::File;
@@ -36,6 +36,9 @@ pub struct PoolOptions {
     pub remove_on_drop: bool,
     /// Open a pool created for another persistence domain (refused otherwise).
     pub allow_domain_change: bool,
+    /// At creation: the size the pool may grow to ([`Pool::grow`]); `None` (the default) makes a
+    /// fixed-size pool. Recorded in the header, so it holds for every later open.
+    pub max_size: Option<u64>,
 }
 
 /// Settings of a crash simulator attached at open.
@@ -57,7 +60,14 @@ impl PoolOptions {
             crash_sim: None,
             remove_on_drop: false,
             allow_domain_change: false,
+            max_size: None,
         }
+    }
+
+    /// Creates a growable pool that may grow to `max_size` bytes (see [`Pool::grow`]).
+    pub fn growable_to(mut self, max_size: Option<u64>) -> PoolOptions {
+        self.max_size = max_size;
+        self
     }
 
     /// Opens the pool even if it was created for another persistence domain (after moving it to
@@ -120,13 +130,16 @@ pub struct Pool {
     domain: PersistenceDomain,
     flush_insn: FlushInstruction,
     counting: bool,
-    /// One past the last writable byte: the pool size, or 0 for a read-only pool.
-    write_end: u64,
+    /// Opened read-only: every write panics.
+    read_only: bool,
     sim: Option<Arc<CrashSim>>,
     msync_dirty: parking_lot::Mutex<Vec<(u64, u64)>>,
     remove_on_drop: bool,
-    /// Holds the `flock` for as long as the pool is open.
-    _file: Option<File>,
+    /// The pool file: holds the `flock` for as long as the pool is open, and is what growth
+    /// extends.
+    file: Option<File>,
+    /// Serialises [`Pool::grow`].
+    grow_lock: parking_lot::Mutex<()>,
 }
 
 fn io_err<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(std::io::Error) -> PoolError + 'a {
@@ -182,10 +195,22 @@ fn lock_exclusive(_: &File, _: &Path) -> PoolResult<()> {
 
 #[cfg(not(miri))]
 fn preallocate(file: &File, path: &Path, size: u64) -> PoolResult<()> {
+    preallocate_range(file, path, 0, size)
+}
+
+/// Gives the file blocks for bytes `[from, size)`, extending it to at least `size` bytes.
+#[cfg(not(miri))]
+fn preallocate_range(file: &File, path: &Path, from: u64, size: u64) -> PoolResult<()> {
     use std::os::fd::AsRawFd;
     // SAFETY: posix_fallocate on a file descriptor we own; it only changes the file's extent.
     // Reserving the blocks now means a full /dev/shm fails here, not with SIGBUS on a later store.
-    let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, size as libc::off_t) };
+    let rc = unsafe {
+        libc::posix_fallocate(
+            file.as_raw_fd(),
+            from as libc::off_t,
+            (size - from) as libc::off_t,
+        )
+    };
     match rc {
         0 => Ok(()),
         libc::ENOSPC | libc::EFBIG => Err(PoolError::NoSpace {
@@ -206,11 +231,17 @@ fn preallocate(file: &File, path: &Path, size: u64) -> PoolResult<()> {
     file.set_len(size).map_err(io_err(path, "set_len"))
 }
 
+#[cfg(miri)]
+fn preallocate_range(file: &File, path: &Path, _: u64, size: u64) -> PoolResult<()> {
+    preallocate(file, path, size)
+}
+
 impl Pool {
     /// Creates a pool of `size` bytes (rounded up to 4 KiB) at `path`, or at
     /// [`default_pool_path`] when `path` is `None`. Never overwrites an existing file.
     pub fn create(path: Option<&Path>, size: u64, opts: &PoolOptions) -> PoolResult<Pool> {
         let size = Self::validate_new(size, opts)?;
+        let max_size = Self::validate_max(size, opts)?;
         let path = path
             .map(Path::to_path_buf)
             .unwrap_or_else(|| default_pool_path(&opts.layout));
@@ -232,7 +263,8 @@ impl Pool {
         let made = (|| {
             lock_exclusive(&file, &path)?;
             preallocate(&file, &path, size)?;
-            let header = Self::new_header(size, opts);
+            let mut header = Self::new_header(size, opts);
+            header.max_size = max_size;
             // The magic goes last, so a crash during creation leaves "not a pool", never a pool
             // with a half-written header.
             let mut bytes = header.encode();
@@ -244,7 +276,8 @@ impl Pool {
             file.write_all_at(&magic, 0)
                 .map_err(io_err(&path, "write header"))?;
             file.sync_data().map_err(io_err(&path, "fdatasync"))?;
-            let map = Mapping::map_file(&file, &path, size, true)?;
+            let reserve = header.max_size.unwrap_or(size);
+            let map = Mapping::map_file(&file, &path, size, true, reserve)?;
             Self::assemble(map, header, Some(path.clone()), Some(file), opts)
         })();
         match &made {
@@ -266,8 +299,24 @@ impl Pool {
         Self::check_layout(path, &header, &opts.layout)?;
         Self::check_domain_matches(path, &header, opts)?;
         Self::check_domain_fits(opts, false)?;
-        let map = Mapping::map_file(&file, path, header.size, true)?;
+        Self::drop_interrupted_growth(&file, path, &header)?;
+        let reserve = header.max_size.unwrap_or(header.size);
+        let map = Mapping::map_file(&file, path, header.size, true, reserve)?;
         Self::assemble(map, header, Some(path.to_path_buf()), Some(file), opts)
+    }
+
+    /// A growable pool's file may be longer than its recorded size: a crash came after the file
+    /// was extended and before the new size was durable (see [`Pool::grow`]). Nothing was ever
+    /// stored in those bytes (pages beyond the recorded size are handed out only after it is
+    /// durable), so they are cut off, and the file is as before the interrupted growth.
+    fn drop_interrupted_growth(file: &File, path: &Path, header: &Header) -> PoolResult<()> {
+        let file_len = file.metadata().map_err(io_err(path, "stat"))?.len();
+        if file_len > header.size {
+            file.set_len(header.size)
+                .map_err(io_err(path, "truncate after an interrupted growth"))?;
+            file.sync_all().map_err(io_err(path, "fsync"))?;
+        }
+        Ok(())
     }
 
     /// Opens a pool for inspection: as [`Pool::open`] (writable mapping, so `MAP_SYNC` is tried,
@@ -275,7 +324,9 @@ impl Pool {
     pub fn open_any_layout(path: &Path, domain: PersistenceDomain) -> PoolResult<Pool> {
         let (file, header) = Self::open_and_validate(path, true)?;
         let opts = PoolOptions::new(&header.layout.clone(), domain);
-        let map = Mapping::map_file(&file, path, header.size, true)?;
+        Self::drop_interrupted_growth(&file, path, &header)?;
+        let reserve = header.max_size.unwrap_or(header.size);
+        let map = Mapping::map_file(&file, path, header.size, true, reserve)?;
         Self::assemble(map, header, Some(path.to_path_buf()), Some(file), &opts)
     }
 
@@ -301,10 +352,10 @@ impl Pool {
     /// Any write through the returned pool panics.
     pub fn open_read_only(path: &Path) -> PoolResult<Pool> {
         let (file, header) = Self::open_and_validate(path, false)?;
-        let map = Mapping::map_file(&file, path, header.size, false)?;
+        let map = Mapping::map_file(&file, path, header.size, false, header.size)?;
         let opts = PoolOptions::new(&header.layout.clone(), PersistenceDomain::Volatile);
         let mut pool = Self::assemble(map, header, Some(path.to_path_buf()), None, &opts)?;
-        pool.write_end = 0;
+        pool.read_only = true;
         Ok(pool)
     }
 
@@ -313,6 +364,13 @@ impl Pool {
     pub fn create_in_memory(size: u64, opts: &PoolOptions) -> PoolResult<Pool> {
         let size = Self::validate_new(size, opts)?;
         Self::check_domain_fits(opts, true)?;
+        if opts.max_size.is_some() {
+            return Err(PoolError::InvalidArgument(
+                "an in-memory pool cannot grow (growth extends and maps the pool file): give it \
+                 its full size, or a file"
+                    .into(),
+            ));
+        }
         let header = Self::new_header(size, opts);
         let map = Mapping::heap(size)?;
         map.store(0, &header.encode());
@@ -328,7 +386,9 @@ impl Pool {
         Self::check_domain_matches(name, &header, opts)?;
         Self::check_domain_fits(opts, true)?;
         let map = Mapping::heap(header.size)?;
-        map.store(0, bytes);
+        // An image of a growable pool may be longer than its recorded size (an interrupted
+        // growth): those bytes are not part of the pool.
+        map.store(0, &bytes[..header.size as usize]);
         Self::assemble(map, header, None, None, opts)
     }
 
@@ -350,6 +410,21 @@ impl Pool {
         }
         Self::check_domain_fits(opts, false)?;
         Ok(rounded)
+    }
+
+    /// The maximum size, if any, rounded up to 4 KiB: at least the pool's (rounded) size and at
+    /// most [`MAX_POOL_SIZE`].
+    fn validate_max(size: u64, opts: &PoolOptions) -> PoolResult<Option<u64>> {
+        let Some(max) = opts.max_size else {
+            return Ok(None);
+        };
+        match max.checked_add(4095).map(|m| m & !4095) {
+            Some(rounded) if rounded >= size && rounded <= MAX_POOL_SIZE => Ok(Some(rounded)),
+            _ => Err(PoolError::InvalidArgument(format!(
+                "maximum pool size {max} must be from the pool size ({size} bytes) up to \
+                 {MAX_POOL_SIZE} bytes (64 TiB)"
+            ))),
+        }
     }
 
     fn check_domain_fits(opts: &PoolOptions, in_memory: bool) -> PoolResult<()> {
@@ -386,6 +461,8 @@ impl Pool {
             version: FORMAT_VERSION,
             uuid: uuid::Uuid::new_v4(),
             size,
+            initial_size: size,
+            max_size: opts.max_size,
             created_unix_ns,
             layout: opts.layout.clone(),
             domain: opts.domain,
@@ -478,7 +555,7 @@ impl Pool {
             .crash_sim
             .map(|s| Arc::new(CrashSim::new(opts.domain, &map, s.trigger, s.on_crash)));
         Ok(Pool {
-            write_end: map.len(),
+            read_only: false,
             map,
             header,
             path,
@@ -488,15 +565,96 @@ impl Pool {
             sim,
             msync_dirty: parking_lot::Mutex::new(Vec::new()),
             remove_on_drop: opts.remove_on_drop,
-            _file: file,
+            file,
+            grow_lock: parking_lot::Mutex::new(()),
         })
     }
 
     // ---- facts ----
 
-    /// Pool size in bytes.
+    /// Pool size in bytes (grows with [`Pool::grow`]).
     pub fn len(&self) -> u64 {
         self.map.len()
+    }
+
+    /// The size the pool may grow to (`None`: a fixed-size pool).
+    pub fn max_size(&self) -> Option<u64> {
+        self.header.max_size
+    }
+
+    /// Whether the pool was opened read-only.
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
+    /// Grows the pool to `new_len` bytes (a multiple of 4 KiB, at most [`Pool::max_size`]);
+    /// nothing to do when it already is that large. Crash-safe and safe to call while other
+    /// threads read and write the pool: the base address never moves (the maximum's address
+    /// space was reserved at open), and existing bytes are not touched.
+    ///
+    /// Steps, each durable before the next: (1) the file is extended (`posix_fallocate`, then
+    /// `fsync`, so the new length survives a power failure); (2) the extension is mapped in place
+    /// right after the current mapping; (3) the new size is stored in the header's size word and
+    /// persisted. A crash before (3) leaves the old size in the header and a file that may be
+    /// longer: the next open cuts the extra bytes off. Only after `grow` returns may the caller
+    /// hand out the new bytes (the page manager publishes its new pages then), so nothing is ever
+    /// written beyond the durable size.
+    ///
+    /// Refused ([`PoolError::GrowFailed`], the pool unchanged) for a fixed-size pool, beyond the
+    /// maximum, for an in-memory pool or crash image (no file to extend), with a crash simulator
+    /// attached (it models a fixed-size image), and when the file system has no room.
+    pub fn grow(&self, new_len: u64) -> PoolResult<()> {
+        let _serial = self.grow_lock.lock();
+        let old = self.len();
+        if new_len <= old {
+            return Ok(());
+        }
+        let fail = |reason: &str| PoolError::GrowFailed {
+            path: self
+                .path
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("<in-memory>")),
+            from: old,
+            to: new_len,
+            reason: reason.to_string(),
+        };
+        let Some(max) = self.header.max_size else {
+            return Err(fail(
+                "it is a fixed-size pool (created without a maximum size)",
+            ));
+        };
+        if new_len > max {
+            return Err(fail(&format!("its maximum size is {max} bytes")));
+        }
+        if new_len % 4096 != 0 {
+            return Err(fail("pool sizes are multiples of 4 KiB"));
+        }
+        if self.sim.is_some() {
+            return Err(fail(
+                "a crash simulator is attached, and it models a fixed-size pool (growth is not \
+                 simulated; crash-test growth with real files)",
+            ));
+        }
+        if self.read_only {
+            return Err(fail("the pool is open read-only"));
+        }
+        let (Some(file), Some(path)) = (&self.file, &self.path) else {
+            return Err(fail(
+                "an in-memory pool or crash image has no file to extend",
+            ));
+        };
+        if !self.map.can_extend_to(new_len) {
+            return Err(fail("the mapping has no address space reserved for growth"));
+        }
+        preallocate_range(file, path, old, new_len).map_err(|e| match e {
+            PoolError::NoSpace { .. } => fail("its file system has no room"),
+            other => other,
+        })?;
+        file.sync_all().map_err(io_err(path, "fsync"))?;
+        self.map.extend(file, path, new_len)?;
+        self.store_word_raw(SIZE_WORD, new_len);
+        self.persist_raw(SIZE_WORD, 8);
+        Ok(())
     }
 
     /// Always false: a pool has at least [`MIN_POOL_SIZE`] bytes.
@@ -509,7 +667,7 @@ impl Pool {
         self.path.as_deref()
     }
 
-    /// The decoded header.
+    /// The header as decoded at open (its `size` is the size then; [`Pool::len`] is the size now).
     pub fn header(&self) -> &Header {
         &self.header
     }
@@ -562,9 +720,11 @@ impl Pool {
 
     /// A summary for `pmtx inspect`.
     pub fn info(&self) -> PoolInfo {
+        let mut header = self.header.clone();
+        header.size = self.len();
         PoolInfo {
             path: self.path.clone(),
-            header: self.header.clone(),
+            header,
             mapping: self.map.kind(),
             domain: self.domain,
             flush_instruction: self.flush_insn,
@@ -594,18 +754,28 @@ impl Pool {
         }
     }
 
+    /// One past the last writable byte: the pool size, or 0 for a read-only pool.
+    #[inline(always)]
+    fn write_end(&self) -> u64 {
+        if self.read_only {
+            0
+        } else {
+            self.map.len()
+        }
+    }
+
     #[inline(always)]
     fn assert_writable(&self, off: u64, len: u64) {
         match off.checked_add(len) {
-            Some(end) if end <= self.write_end && off >= ROOT_OFFSET_WORD => {}
-            _ => out_of_range_write(off, len, self.write_end),
+            Some(end) if end <= self.write_end() && off >= ROOT_OFFSET_WORD => {}
+            _ => out_of_range_write(off, len, self.write_end()),
         }
     }
 
     #[inline(always)]
     fn assert_user_writable(&self, off: u64, len: u64) {
         if off < RESERVED_BYTES {
-            out_of_range_write(off, len, self.write_end);
+            out_of_range_write(off, len, self.write_end());
         }
         self.assert_writable(off, len);
     }

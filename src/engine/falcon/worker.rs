@@ -3,9 +3,10 @@
 use super::layout::{kind, slot, tuple};
 use super::window::{self, EntryKind};
 use super::{FalconEngine, Fault, TableAlloc, TableRt, ThreadState};
-use crate::alloc::{AllocError, PageTag, PAGE_SIZE};
+use crate::alloc::{PageTag, PAGE_SIZE};
 use crate::catalog::TableId;
 use crate::cc::{tid_timestamp, MetaWord, Protocol, LOCK_BIT};
+use crate::engine::common::pm_full;
 use crate::engine::{common, DbError, EngineWorker, FieldWrite, TxError};
 use crate::pmem::Pool;
 use std::sync::atomic::Ordering;
@@ -371,7 +372,12 @@ impl FalconWorker {
                 owner: thread as u8,
                 value: u64::from(table.id),
             };
-            let page = eng.pages.allocate(&eng.pool, tag).map_err(pm_full)?;
+            let page = eng.pages.allocate(&eng.pool, tag).map_err(|e| {
+                pm_full(
+                    format_args!("table '{}' of thread {thread}", table.schema.name),
+                    e,
+                )
+            })?;
             ta.bump = eng.pages.page_offset(page);
             ta.end = ta.bump + (PAGE_SIZE / table.slot) * table.slot;
         }
@@ -491,7 +497,7 @@ impl FalconWorker {
                             value: 0,
                         },
                     )
-                    .map_err(pm_full)?;
+                    .map_err(|e| pm_full(format_args!("the log window of thread {thread}"), e))?;
                 let w = eng.pages.page_offset(page);
                 st.window = Some(w);
                 w
@@ -527,7 +533,15 @@ impl FalconWorker {
                             value: position,
                         },
                     )
-                    .map_err(pm_full)?;
+                    .map_err(|e| {
+                        pm_full(
+                            format_args!(
+                                "the spill area of thread {thread} (a redo log of {len} bytes, \
+                                 more than a window slot holds)"
+                            ),
+                            e,
+                        )
+                    })?;
                 st.spill_pages.push(eng.pages.page_offset(page));
             }
             for (i, chunk) in self.payload.chunks(PAGE_SIZE as usize).enumerate() {
@@ -596,10 +610,6 @@ fn flush_merged(pool: &Pool, spans: &mut [(u64, u64)]) {
 /// The most bytes of one tuple [`EngineWorker::prefetch`] asks for: the header and the first
 /// lines of the row; the hardware's stream prefetcher follows on for longer rows.
 const PREFETCH_TUPLE_BYTES: u64 = 256;
-
-fn pm_full(e: AllocError) -> TxError {
-    TxError::PmFull(e.to_string())
-}
 
 impl FalconEngine {
     /// The oldest start timestamp of running transactions other than `thread`'s own.

@@ -114,9 +114,10 @@ pub(crate) struct ZenWorker {
     exclusive_ready: bool,
 }
 
-fn pm_full(e: impl std::fmt::Display) -> TxError {
-    TxError::PmFull(e.to_string())
-}
+/// Slots of each table's current page an insert or update leaves, when the pool is full, for
+/// the tombstones of deletes (see [`ZenWorker::alloc_slot`]): deletes of up to this many rows per
+/// table and thread still commit on a full pool, and free room.
+const DELETE_RESERVE_SLOTS: u64 = 16;
 
 fn exhausted(table: &TableRt) -> TxError {
     TxError::PmFull(format!(
@@ -403,23 +404,46 @@ impl ZenWorker {
     /// A free NVM-tuple slot of `table` in this thread's region (§3.4): from the free list, else
     /// the current page, else a new 2 MiB page from the page manager (the only persisted
     /// allocation metadata).
-    fn alloc_slot(&mut self, table: TableId) -> Result<u64, TxError> {
-        let slot = self.tables[table as usize].slot;
+    ///
+    /// A delete writes a tombstone, so it needs a slot too; on a full pool it must still get one,
+    /// or no row could ever be deleted to make room. So an insert or update takes a new page
+    /// once only [`DELETE_RESERVE_SLOTS`] slots are left, and when no page is to be had, those
+    /// last slots are kept for deletes (`for_delete`). Slots left in a page when the next one is
+    /// taken go to the free list, so nothing is wasted.
+    fn alloc_slot(&mut self, table: TableId, for_delete: bool) -> Result<u64, TxError> {
+        let rt = &self.tables[table as usize];
+        let slot = rt.slot;
         let (eng, thread) = (&self.eng, self.thread);
         let st = self.state.as_mut().expect("state present");
         let ta = Self::alloc_state(st, table);
-        if let Some(s) = ta.free.pop() {
-            return Ok(s);
-        }
-        if ta.bump + slot > ta.end {
+        let available = ta.free.len() as u64 + (ta.end - ta.bump) / slot;
+        let keep = if for_delete { 0 } else { DELETE_RESERVE_SLOTS };
+        if available <= keep {
             let tag = PageTag {
                 kind: kind::HEAP,
                 owner: thread as u8,
                 value: u64::from(table),
             };
-            let page = eng.pages.allocate(&eng.pool, tag).map_err(pm_full)?;
-            ta.bump = eng.pages.page_offset(page);
-            ta.end = ta.bump + (PAGE_SIZE / slot) * slot;
+            match eng.pages.allocate(&eng.pool, tag) {
+                Ok(page) => {
+                    while ta.bump + slot <= ta.end {
+                        ta.free.push(ta.bump);
+                        ta.bump += slot;
+                    }
+                    ta.bump = eng.pages.page_offset(page);
+                    ta.end = ta.bump + (PAGE_SIZE / slot) * slot;
+                }
+                Err(e) => {
+                    let name = &rt.schema.name;
+                    return Err(common::pm_full(
+                        format_args!("table '{name}' of thread {thread}"),
+                        e,
+                    ));
+                }
+            }
+        }
+        if let Some(s) = ta.free.pop() {
+            return Ok(s);
         }
         let s = ta.bump;
         ta.bump += slot;
@@ -1016,9 +1040,20 @@ impl EngineWorker for ZenWorker {
             self.rollback();
             return Ok(self.st().last_tid);
         }
-        // 4. NVM-tuple slots (all before any write, so a failure leaves nothing behind).
+        // 4. NVM-tuple slots (all before any write, so a failure leaves nothing behind). On a
+        // full pool, reclaimable garbage (versions superseded by deletes and updates) is
+        // collected first, so deleted room is reused at once.
         for (n, &i) in order.iter().enumerate() {
-            match self.alloc_slot(self.writes[i].table) {
+            let (table, for_delete) = (
+                self.writes[i].table,
+                self.writes[i].kind == WriteKind::Delete,
+            );
+            let mut slot = self.alloc_slot(table, for_delete);
+            if matches!(slot, Err(TxError::PmFull(_))) {
+                self.collect_garbage();
+                slot = self.alloc_slot(table, for_delete);
+            }
+            match slot {
                 Ok(s) => self.writes[i].slot = s,
                 Err(e) => {
                     for &j in &order[..n] {
