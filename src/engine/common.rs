@@ -283,23 +283,34 @@ impl SlotLedger {
 
     /// Records that `holder`, a structure of thread `owner` for `table` (whose slots are
     /// `slot_bytes` apart from the page start), holds `slot`: `Err` if the slot is not one of
-    /// that table's slots in a page of that thread, or is held twice.
+    /// that table's slots in a page of that thread (of any thread unless `own_pages_only`: Falcon
+    /// reuses a slot it deleted in another thread's page, §5.4), or is held twice.
+    #[allow(clippy::too_many_arguments)]
     pub fn hold(
         &mut self,
         slot: u64,
         holder: SlotHolder,
         table: TableId,
         owner: usize,
+        own_pages_only: bool,
         slot_bytes: u64,
         page_size: u64,
     ) -> Result<(), String> {
         let page = slot - slot % page_size;
         match self.pages.get(&page) {
-            Some(&(t, o)) if t == table && o == owner && (slot - page) % slot_bytes == 0 => {}
+            Some(&(t, o))
+                if t == table
+                    && (o == owner || !own_pages_only)
+                    && (slot - page) % slot_bytes == 0 => {}
             other => {
                 return Err(format!(
                     "slot {slot} in {holder} of thread {owner}, table {table} is not a slot of \
-                     that table in a page of that thread (its page: {})",
+                     that table{} (its page: {})",
+                    if own_pages_only {
+                        " in a page of that thread"
+                    } else {
+                        ""
+                    },
                     match other {
                         Some((t, o)) => format!("table {t}, thread {o}"),
                         None => "not a heap page".into(),

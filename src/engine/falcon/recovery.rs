@@ -447,8 +447,8 @@ pub(super) fn check_structure(engine: &FalconEngine) -> Result<Vec<u64>, String>
 }
 
 /// Slot ownership (issue 19, item 5): every slot of a heap page is live, or held by exactly one
-/// allocation structure of the thread that owns the page (its free list, its queue of deleted
-/// slots awaiting reclamation, Falcon §5.4, or the unallocated tail of its current page); a live
+/// allocation structure of one thread (its free list, its queue of deleted slots awaiting
+/// reclamation, Falcon §5.4, or the unallocated tail of its current page); a live
 /// slot is held by none. A leaked slot would never be reused; a doubly held one would be handed
 /// to two inserts. The allocation state is in DRAM, so this runs only while no worker holds its
 /// thread's state (after recovery, or once every worker is dropped) and is skipped otherwise.
@@ -473,18 +473,29 @@ fn check_slot_ownership(
                     "thread {owner} holds slots of unknown table {table}"
                 ));
             };
-            let hold = |ledger: &mut SlotLedger, slot, holder| {
-                ledger.hold(slot, holder, rt.id, owner, rt.slot, PAGE_SIZE)
+            // A thread reuses the slots it deleted, in any thread's page (§5.4), and an aborted
+            // insert returns such a slot to its free list: only the unallocated tail of its
+            // current page is necessarily in a page of its own.
+            let hold = |ledger: &mut SlotLedger, slot, holder, own_pages_only| {
+                ledger.hold(
+                    slot,
+                    holder,
+                    rt.id,
+                    owner,
+                    own_pages_only,
+                    rt.slot,
+                    PAGE_SIZE,
+                )
             };
             for &slot in &ta.free {
-                hold(&mut ledger, slot, SlotHolder::Free)?;
+                hold(&mut ledger, slot, SlotHolder::Free, false)?;
             }
             for &(slot, _) in &ta.deleted {
-                hold(&mut ledger, slot, SlotHolder::Reclaim)?;
+                hold(&mut ledger, slot, SlotHolder::Reclaim, false)?;
             }
             let mut slot = ta.bump;
             while slot + rt.slot <= ta.end {
-                hold(&mut ledger, slot, SlotHolder::Unallocated)?;
+                hold(&mut ledger, slot, SlotHolder::Unallocated, true)?;
                 slot += rt.slot;
             }
         }

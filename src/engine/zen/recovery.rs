@@ -445,7 +445,15 @@ fn check_slot_ownership(
                 ));
             };
             for &slot in &ta.free {
-                ledger.hold(slot, SlotHolder::Free, rt.id, owner, rt.slot, PAGE_SIZE)?;
+                ledger.hold(
+                    slot,
+                    SlotHolder::Free,
+                    rt.id,
+                    owner,
+                    true,
+                    rt.slot,
+                    PAGE_SIZE,
+                )?;
             }
             let mut slot = ta.bump;
             while slot + rt.slot <= ta.end {
@@ -454,6 +462,7 @@ fn check_slot_ownership(
                     SlotHolder::Unallocated,
                     rt.id,
                     owner,
+                    true,
                     rt.slot,
                     PAGE_SIZE,
                 )?;
@@ -462,7 +471,15 @@ fn check_slot_ownership(
         }
         for &(table, slot) in &*inboxes[owner] {
             let rt = table_of(table)?;
-            ledger.hold(slot, SlotHolder::Free, rt.id, owner, rt.slot, PAGE_SIZE)?;
+            ledger.hold(
+                slot,
+                SlotHolder::Free,
+                rt.id,
+                owner,
+                true,
+                rt.slot,
+                PAGE_SIZE,
+            )?;
         }
         for g in st.garbage.iter().chain(&st.deferred).chain(&st.tombs) {
             let rt = table_of(g.table)?;
@@ -474,6 +491,7 @@ fn check_slot_ownership(
                 SlotHolder::Reclaim,
                 rt.id,
                 region,
+                true,
                 rt.slot,
                 PAGE_SIZE,
             )?;
