@@ -253,3 +253,17 @@ fn check_on_mutated_image_files_writes_nothing() {
         );
     }
 }
+
+/// The pool-open target's framed seeds reach the engine's recovery (not only the header).
+#[test]
+fn framed_pool_open_seeds_reach_recovery() {
+    let framed: Vec<_> = fuzz::seed_inputs()
+        .into_iter()
+        .filter(|(t, b)| *t == "pool_open" && b.len() > 3000 && b[0] & 1 == 1)
+        .collect();
+    assert!(!framed.is_empty());
+    for (_, input) in framed {
+        let summary = fuzz::pool_open_case(&input);
+        assert!(summary.is_ok(), "{summary:?}");
+    }
+}

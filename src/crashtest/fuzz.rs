@@ -386,8 +386,8 @@ pub const POOL_HEADER_BYTES: usize = HEADER_LEN;
 /// (header and root word), 256 at 4 KiB (page-table superblock), 512 at 8 KiB (the first 64
 /// descriptors), the rest from 2 MiB (page 1: the meta page when the root points there) — and the
 /// header is made to pass its own checks (magic, version, length, size, CRC; a known layout and
-/// domain when bit 3 is set, and then the meta page's CRC too), so that what lies behind them is
-/// reached.
+/// domain when bit 3 is set, and then the page table's page count and the meta page's CRC too),
+/// so that what lies behind them is reached.
 pub fn pool_open_case(input: &[u8]) -> Result<ImageSummary, String> {
     let Some((&mode, rest)) = input.split_first() else {
         return Err("empty input".into());
@@ -444,6 +444,10 @@ fn seal_header(image: &mut [u8], known: bool, pick: u8) {
     image[120..128].copy_from_slice(&crc.to_le_bytes());
     let page = crate::alloc::PAGE_SIZE as usize;
     if known && image.len() >= 2 * page {
+        // The page count the page table must state for this pool size (a base image's page
+        // table describes a larger pool).
+        let pages = crate::alloc::PageManager::pages_for(image.len() as u64);
+        image[4096 + 16..4096 + 24].copy_from_slice(&pages.to_le_bytes());
         // The meta page's CRC (engine::meta): over its first 4 KiB with the CRC word zeroed.
         let crc_at = if pick & 1 == 0 {
             crate::engine::falcon::layout::meta::F_CRC
@@ -604,7 +608,7 @@ pub fn seed_inputs() -> Vec<(&'static str, Vec<u8>)> {
             &base.bytes[..256],
             &base.bytes[4096..4096 + 256],
             &base.bytes[8192..8192 + 512],
-            &base.bytes[page..page + 2048],
+            &base.bytes[page..page + 4096 + 1024],
         ]
         .concat();
         seeds.push(("pool_open", framed));
