@@ -34,7 +34,7 @@ for t in "${targets[@]}"; do
     [ -d "fuzz/regressions/$t" ] && extra=("fuzz/regressions/$t")
     (cd fuzz && timeout $((seconds + 120)) "../$bin/$t" "corpus/$t" "${extra[@]/#/../}" \
         -max_total_time="$seconds" -timeout=20 -rss_limit_mb=2048 -malloc_limit_mb=1024 \
-        -max_len=4096 -len_control=0 -print_final_stats=1 \
+        -max_len=8192 -len_control=0 -print_final_stats=1 \
         -artifact_prefix="artifacts/$t/" >"../$log" 2>&1) || status=1
     grep -E "^stat::number_of_executed_units|^stat::average_exec_per_sec|^Done|cov:" "$log" | tail -3
 done

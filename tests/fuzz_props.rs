@@ -30,6 +30,11 @@ fn write_fuzz_seeds() {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join(format!("{name}-{n}")), bytes).unwrap();
     }
+    for (name, bytes) in fuzz::pool_open_regressions() {
+        let dir = regressions.join("pool_open");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(name), bytes).unwrap();
+    }
 }
 
 #[test]
@@ -250,6 +255,38 @@ fn check_on_mutated_image_files_writes_nothing() {
         assert!(
             std::fs::read(&path).unwrap() == image,
             "image {i}: check wrote to the file"
+        );
+    }
+}
+
+/// The pool-open target's framed seeds reach the engine's recovery (not only the header).
+#[test]
+fn framed_pool_open_seeds_reach_recovery() {
+    let framed: Vec<_> = fuzz::seed_inputs()
+        .into_iter()
+        .filter(|(t, b)| *t == "pool_open" && b.len() > 3000 && b[0] & 1 == 1)
+        .collect();
+    assert!(!framed.is_empty());
+    for (_, input) in framed {
+        let summary = fuzz::pool_open_case(&input);
+        assert!(summary.is_ok(), "{summary:?}");
+    }
+}
+
+/// A catalog with a valid CRC whose secondary index names a column the table does not have:
+/// loading it did not validate the schemas, and the first use of the index panicked (out of
+/// bounds in `Schema::column_offset`). Now a clear "catalog is corrupt" error.
+#[test]
+fn a_catalog_naming_an_unknown_column_is_refused_not_panicked_on() {
+    for (name, input) in fuzz::pool_open_regressions() {
+        let result = std::panic::catch_unwind(|| fuzz::pool_open_case(&input));
+        let err = match result {
+            Ok(Err(e)) => e,
+            other => panic!("{name}: expected an error, got {other:?}"),
+        };
+        assert!(
+            err.contains("catalog") && err.contains("unknown column"),
+            "{name}: {err}"
         );
     }
 }

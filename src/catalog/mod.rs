@@ -211,6 +211,17 @@ impl Catalog {
             .map(|i| i as TableId)
     }
 
+    /// Checks every table as [`Catalog::add`] would have (a valid schema within `max_row`, names
+    /// unique): a catalog read from PM passed its CRC, but the CRC says only that the bytes are
+    /// the ones written, not that what was written holds together.
+    pub fn validate(&self, max_row: usize) -> Result<(), CatalogError> {
+        let mut rebuilt = Catalog::default();
+        for schema in &self.tables {
+            rebuilt.add(schema.clone(), max_row)?;
+        }
+        Ok(())
+    }
+
     /// Adds `schema` (validated against `max_row`) and returns its id.
     pub fn add(&mut self, schema: Schema, max_row: usize) -> Result<TableId, CatalogError> {
         schema.validate(max_row)?;
@@ -262,9 +273,14 @@ impl CatalogStore {
         if crc != Self::crc(seq, &payload) {
             return Err(damaged("its CRC does not match"));
         }
-        serde_json::from_slice(&payload)
-            .map(|c| Some((seq, c)))
-            .map_err(|e| damaged(&format!("its JSON does not parse ({e})")))
+        let catalog: Catalog = serde_json::from_slice(&payload)
+            .map_err(|e| damaged(&format!("its JSON does not parse ({e})")))?;
+        // The engines check rows against their size limit; here, that the schemas hold together
+        // (a secondary index naming a missing column made the first insert index out of bounds).
+        catalog
+            .validate(usize::MAX)
+            .map_err(|e| damaged(&format!("its tables are not valid ({e})")))?;
+        Ok(Some((seq, catalog)))
     }
 
     fn check_bounds(&self, pool: &Pool) -> Result<(), CatalogError> {

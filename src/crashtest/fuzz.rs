@@ -386,8 +386,9 @@ pub const POOL_HEADER_BYTES: usize = HEADER_LEN;
 /// (header and root word), 256 at 4 KiB (page-table superblock), 512 at 8 KiB (the first 64
 /// descriptors), the rest from 2 MiB (page 1: the meta page when the root points there) — and the
 /// header is made to pass its own checks (magic, version, length, size, CRC; a known layout and
-/// domain when bit 3 is set, and then the meta page's CRC too), so that what lies behind them is
-/// reached.
+/// domain when bit 3 is set, and then the page table's page count and the CRCs of the meta page
+/// and of catalog slot A too), so that what lies behind them is reached: a CRC shows that bytes
+/// are the ones written, not that what was written holds together.
 pub fn pool_open_case(input: &[u8]) -> Result<ImageSummary, String> {
     let Some((&mode, rest)) = input.split_first() else {
         return Err("empty input".into());
@@ -444,6 +445,10 @@ fn seal_header(image: &mut [u8], known: bool, pick: u8) {
     image[120..128].copy_from_slice(&crc.to_le_bytes());
     let page = crate::alloc::PAGE_SIZE as usize;
     if known && image.len() >= 2 * page {
+        // The page count the page table must state for this pool size (a base image's page
+        // table describes a larger pool).
+        let pages = crate::alloc::PageManager::pages_for(image.len() as u64);
+        image[4096 + 16..4096 + 24].copy_from_slice(&pages.to_le_bytes());
         // The meta page's CRC (engine::meta): over its first 4 KiB with the CRC word zeroed.
         let crc_at = if pick & 1 == 0 {
             crate::engine::falcon::layout::meta::F_CRC
@@ -454,6 +459,21 @@ fn seal_header(image: &mut [u8], known: bool, pick: u8) {
         meta[crc_at..crc_at + 8].fill(0);
         let crc = u64::from(crc32fast::hash(meta));
         meta[crc_at..crc_at + 8].copy_from_slice(&crc.to_le_bytes());
+        // Catalog slot A (both designs keep it at meta + 4 KiB): seq, len, CRC, 24-byte header.
+        let at = page + 4096;
+        let word = |image: &[u8], o: usize| {
+            u64::from_le_bytes(image[at + o..at + o + 8].try_into().unwrap())
+        };
+        let (seq, len) = (word(image, 0), word(image, 8));
+        if seq != 0 && len <= 8192 {
+            let payload = &image[at + 24..at + 24 + len as usize];
+            let mut h = crc32fast::Hasher::new();
+            h.update(&seq.to_le_bytes());
+            h.update(&len.to_le_bytes());
+            h.update(payload);
+            let crc = u64::from(h.finalize());
+            image[at + 16..at + 24].copy_from_slice(&crc.to_le_bytes());
+        }
     }
 }
 
@@ -604,7 +624,7 @@ pub fn seed_inputs() -> Vec<(&'static str, Vec<u8>)> {
             &base.bytes[..256],
             &base.bytes[4096..4096 + 256],
             &base.bytes[8192..8192 + 512],
-            &base.bytes[page..page + 2048],
+            &base.bytes[page..page + 4096 + 1024],
         ]
         .concat();
         seeds.push(("pool_open", framed));
@@ -713,4 +733,30 @@ pub fn heap_pages(base: &BaseImage) -> Vec<(u32, u64)> {
         .filter(|(_, tag)| tag.kind == kind::HEAP)
         .map(|(index, tag)| (tag.value as u32, pages.page_offset(index)))
         .collect()
+}
+
+/// Pool-open inputs that once found a bug (kept under `fuzz/regressions/pool_open/` too).
+pub fn pool_open_regressions() -> Vec<(&'static str, Vec<u8>)> {
+    let mut out = Vec::new();
+    let page = crate::alloc::PAGE_SIZE as usize;
+    let base = base_image(0);
+    // A catalog whose secondary index names column 7 of a two-column table, with a valid CRC:
+    // the schema was never validated after loading, and the first index use panicked out of
+    // bounds (fixed in catalog::CatalogStore::read_slot).
+    let catalog = br#"{"tables":[{"name":"accounts","columns":[{"name":"balance","ty":"u64"},{"name":"owner","ty":{"bytes":16}}],"primary_index":"ordered","secondary":[{"name":"by_owner","columns":[7]}]}]}"#;
+    let mut slot = vec![0u8; 24];
+    slot[..8].copy_from_slice(&5u64.to_le_bytes());
+    slot[8..16].copy_from_slice(&(catalog.len() as u64).to_le_bytes());
+    slot.extend_from_slice(catalog);
+    let framed = [
+        &[1u8 | 4 | 8][..],
+        &base.bytes[..256],
+        &base.bytes[4096..4096 + 256],
+        &base.bytes[8192..8192 + 512],
+        &base.bytes[page..page + 4096],
+        &slot,
+    ]
+    .concat();
+    out.push(("catalog-secondary-unknown-column", framed));
+    out
 }

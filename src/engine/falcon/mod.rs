@@ -403,6 +403,11 @@ impl FalconEngine {
         };
         crate::engine::meta::check_catalog_slot(r(meta::F_CATALOG_SLOT), meta::CATALOG_SLOT_BYTES)?;
         let catalog = catalog_store.load(&pool)?;
+        catalog.validate(config.max_row_bytes).map_err(|e| {
+            DbError::Corrupt(format!(
+                "the catalog does not fit the meta page's row size limit: {e}"
+            ))
+        })?;
         let mut engine = Self::assemble(pool, pages, meta_page, config, policy, catalog, 0, None);
         let (report, floor) = recovery::recover(&mut engine)?;
         engine.clock = TidClock::new(floor);
