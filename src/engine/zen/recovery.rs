@@ -430,6 +430,10 @@ fn check_slot_ownership(
             .get(table as usize)
             .ok_or_else(|| format!("a slot of unknown table {table} is held"))
     };
+    // Every structure of a region holds slots of that region's pages only (§3.2).
+    let hold = |ledger: &mut SlotLedger, slot, holder, rt: &TableRt, region| {
+        ledger.hold(slot, holder, rt.id, region, true, rt.slot, PAGE_SIZE)
+    };
     // Queued versions, checked against the current ones once every tombstone is known.
     let mut queued: Vec<(TableId, u64)> = Vec::new();
     let mut tombs: HashMap<(TableId, u64), u64> = HashMap::new();
@@ -445,56 +449,24 @@ fn check_slot_ownership(
                 ));
             };
             for &slot in &ta.free {
-                ledger.hold(
-                    slot,
-                    SlotHolder::Free,
-                    rt.id,
-                    owner,
-                    true,
-                    rt.slot,
-                    PAGE_SIZE,
-                )?;
+                hold(&mut ledger, slot, SlotHolder::Free, rt, owner)?;
             }
             let mut slot = ta.bump;
             while slot + rt.slot <= ta.end {
-                ledger.hold(
-                    slot,
-                    SlotHolder::Unallocated,
-                    rt.id,
-                    owner,
-                    true,
-                    rt.slot,
-                    PAGE_SIZE,
-                )?;
+                hold(&mut ledger, slot, SlotHolder::Unallocated, rt, owner)?;
                 slot += rt.slot;
             }
         }
         for &(table, slot) in &*inboxes[owner] {
             let rt = table_of(table)?;
-            ledger.hold(
-                slot,
-                SlotHolder::Free,
-                rt.id,
-                owner,
-                true,
-                rt.slot,
-                PAGE_SIZE,
-            )?;
+            hold(&mut ledger, slot, SlotHolder::Free, rt, owner)?;
         }
         for g in st.garbage.iter().chain(&st.deferred).chain(&st.tombs) {
             let rt = table_of(g.table)?;
             // A version is superseded into the queue of the thread that superseded it, which
             // may not own its region.
             let region = engine.region_of_slot(g.slot);
-            ledger.hold(
-                g.slot,
-                SlotHolder::Reclaim,
-                rt.id,
-                region,
-                true,
-                rt.slot,
-                PAGE_SIZE,
-            )?;
+            hold(&mut ledger, g.slot, SlotHolder::Reclaim, rt, region)?;
             let word = pool.read_u64(g.slot + tuple::WORD);
             let key = pool.read_u64(g.slot + tuple::KEY);
             if word & tuple::DELETED != 0 {
