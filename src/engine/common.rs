@@ -264,20 +264,34 @@ impl std::fmt::Display for SlotHolder {
     }
 }
 
-/// The slots a structure check has seen held, with the heap geometry to judge them by.
+/// The slots a structure check has seen held, with the heap geometry to judge them by. Per heap
+/// page a dense array of holders (indexed by slot number), since a fresh page's unallocated tail
+/// alone is tens of thousands of slots and the check runs on every crash image the suite recovers.
 #[derive(Default)]
 pub(crate) struct SlotLedger {
-    /// Heap page offset → (table, owner thread).
-    pages: std::collections::HashMap<u64, (TableId, usize)>,
-    held: std::collections::HashMap<u64, SlotHolder>,
+    /// Heap page offset → its table, owner thread and holders.
+    pages: std::collections::HashMap<u64, LedgerPage>,
+}
+
+/// One heap page of a [`SlotLedger`].
+struct LedgerPage {
+    table: TableId,
+    owner: usize,
+    /// Holder of slot `i` of the page; empty until a slot of the page is first held.
+    held: Vec<Option<SlotHolder>>,
 }
 
 impl SlotLedger {
     /// A ledger over the heap pages: page offset → (table, owner thread).
     pub fn new(pages: std::collections::HashMap<u64, (TableId, usize)>) -> SlotLedger {
         SlotLedger {
-            pages,
-            held: std::collections::HashMap::new(),
+            pages: pages
+                .into_iter()
+                .map(|(page, (table, owner))| {
+                    let held = Vec::new();
+                    (page, LedgerPage { table, owner, held })
+                })
+                .collect(),
         }
     }
 
@@ -296,15 +310,53 @@ impl SlotLedger {
         slot_bytes: u64,
         page_size: u64,
     ) -> Result<(), String> {
-        let page = slot - slot % page_size;
-        match self.pages.get(&page) {
-            Some(&(t, o))
-                if t == table
-                    && (o == owner || !own_pages_only)
-                    && (slot - page) % slot_bytes == 0 => {}
+        let geometry = (table, owner, own_pages_only, slot_bytes, page_size);
+        self.hold_run(slot, slot + slot_bytes, holder, geometry)
+    }
+
+    /// [`SlotLedger::hold`] for every whole slot in `[from, to)`, which lie in one page (the
+    /// unallocated tail of a thread's current page).
+    pub fn hold_tail(
+        &mut self,
+        from: u64,
+        to: u64,
+        table: TableId,
+        owner: usize,
+        slot_bytes: u64,
+        page_size: u64,
+    ) -> Result<(), String> {
+        if from + slot_bytes > to {
+            return Ok(());
+        }
+        if from / page_size != (to - 1) / page_size {
+            return Err(format!(
+                "the unallocated tail [{from}, {to}) of thread {owner}, table {table} spans pages"
+            ));
+        }
+        let geometry = (table, owner, true, slot_bytes, page_size);
+        self.hold_run(from, to, SlotHolder::Unallocated, geometry)
+    }
+
+    /// Holds the whole slots in `[from, to)` (one page) for `holder`.
+    fn hold_run(
+        &mut self,
+        from: u64,
+        to: u64,
+        holder: SlotHolder,
+        (table, owner, own_pages_only, slot_bytes, page_size): (TableId, usize, bool, u64, u64),
+    ) -> Result<(), String> {
+        let page = from - from % page_size;
+        let entry = match self.pages.get_mut(&page) {
+            Some(p)
+                if p.table == table
+                    && (p.owner == owner || !own_pages_only)
+                    && (from - page) % slot_bytes == 0 =>
+            {
+                p
+            }
             other => {
                 return Err(format!(
-                    "slot {slot} in {holder} of thread {owner}, table {table} is not a slot of \
+                    "slot {from} in {holder} of thread {owner}, table {table} is not a slot of \
                      that table{} (its page: {})",
                     if own_pages_only {
                         " in a page of that thread"
@@ -312,29 +364,35 @@ impl SlotLedger {
                         ""
                     },
                     match other {
-                        Some((t, o)) => format!("table {t}, thread {o}"),
+                        Some(p) => format!("table {}, thread {}", p.table, p.owner),
                         None => "not a heap page".into(),
                     }
                 ))
             }
+        };
+        if entry.held.is_empty() {
+            entry.held = vec![None; (page_size / slot_bytes) as usize];
         }
-        if let Some(first) = self.held.insert(slot, holder) {
-            return Err(format!(
-                "slot {slot} of table {table} is held twice: by {first} and by {holder} \
-                 (thread {owner})"
-            ));
+        let first = ((from - page) / slot_bytes) as usize;
+        let count = ((to - from) / slot_bytes) as usize;
+        for (i, held) in entry.held[first..first + count].iter_mut().enumerate() {
+            if let Some(earlier) = held.replace(holder) {
+                let slot = from + i as u64 * slot_bytes;
+                return Err(format!(
+                    "slot {slot} of table {table} is held twice: by {earlier} and by {holder} \
+                     (thread {owner})"
+                ));
+            }
         }
         Ok(())
     }
 
-    /// Who holds `slot`, if anyone.
-    pub fn holder(&self, slot: u64) -> Option<SlotHolder> {
-        self.held.get(&slot).copied()
-    }
-
-    /// The heap pages, with their table and owner.
-    pub fn pages(&self) -> impl Iterator<Item = (u64, TableId, usize)> + '_ {
-        self.pages.iter().map(|(&p, &(t, o))| (p, t, o))
+    /// The heap pages, with their table, owner, and the holder of each slot (by slot number;
+    /// `None` past the end of the slice).
+    pub fn pages(&self) -> impl Iterator<Item = (u64, TableId, usize, &[Option<SlotHolder>])> {
+        self.pages
+            .iter()
+            .map(|(&page, p)| (page, p.table, p.owner, p.held.as_slice()))
     }
 }
 

@@ -36,6 +36,7 @@ use parking_lot::Mutex;
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::thread::ThreadId;
 
 /// Where the simulated power failure happens.
@@ -118,7 +119,7 @@ struct LineLog {
 }
 
 struct SimState {
-    durable: Vec<u8>,
+    durable: Arc<Vec<u8>>,
     lines: HashMap<u64, LineLog>,
     /// Per thread: (line, event) marks set by flushes not yet fenced: the thread's next fence makes
     /// the line's stores made before that event durable. (An event number, not a count of the
@@ -164,7 +165,7 @@ impl CrashSim {
             on_crash,
             crashed: AtomicBool::new(false),
             state: Mutex::new(SimState {
-                durable: map.to_vec(),
+                durable: Arc::new(map.to_vec()),
                 lines: HashMap::new(),
                 marks: HashMap::new(),
                 streaming: HashMap::new(),
@@ -298,7 +299,7 @@ impl CrashSim {
     /// Writes `chunk` into the durable image and clears its bytes from every older pending store,
     /// which can no longer show through it.
     fn make_durable(st: &mut SimState, chunk: Chunk) {
-        chunk.apply(&mut st.durable);
+        chunk.apply(Arc::<Vec<u8>>::make_mut(&mut st.durable).as_mut_slice());
         if let Some(log) = st.lines.get_mut(&(chunk.word / CACHE_LINE)) {
             for older in log.pending.iter_mut() {
                 if older.word == chunk.word && older.seq < chunk.seq {
@@ -398,7 +399,7 @@ impl CrashSim {
 pub struct CrashState {
     event: u64,
     domain: PersistenceDomain,
-    durable: Vec<u8>,
+    durable: Arc<Vec<u8>>,
     pending: Vec<(u64, Vec<Chunk>)>,
     streaming: Vec<Chunk>,
 }
@@ -468,7 +469,7 @@ impl CrashState {
             )
             .collect();
         kept.sort_by_key(|c| c.seq);
-        let mut bytes = self.durable.clone();
+        let mut bytes = self.durable.to_vec();
         for chunk in kept {
             chunk.apply(&mut bytes);
         }

@@ -251,13 +251,36 @@ impl Mapping {
 
     /// Allocates `len` zeroed bytes on the heap, page aligned.
     pub(crate) fn heap(len: u64) -> PoolResult<Mapping> {
+        Self::heap_filled(len, None)
+    }
+
+    /// Allocates a heap mapping holding a copy of `bytes` (a crash image): one pass over the
+    /// bytes, not a zeroing pass and then a copy, since the crash suite opens thousands of images.
+    pub(crate) fn heap_copy(bytes: &[u8]) -> PoolResult<Mapping> {
+        Self::heap_filled(bytes.len() as u64, Some(bytes))
+    }
+
+    fn heap_filled(len: u64, contents: Option<&[u8]>) -> PoolResult<Mapping> {
         let len = usize::try_from(len).map_err(|_| {
             PoolError::InvalidArgument(format!("pool size {len} does not fit in memory"))
         })?;
         let layout = std::alloc::Layout::from_size_align(len.max(1), HEAP_ALIGN)
             .map_err(|e| PoolError::InvalidArgument(format!("pool size {len}: {e}")))?;
-        // SAFETY: the layout has a non-zero size.
-        let base = unsafe { std::alloc::alloc_zeroed(layout) };
+        let base = match contents {
+            // SAFETY: the layout has a non-zero size.
+            None => unsafe { std::alloc::alloc_zeroed(layout) },
+            Some(bytes) => {
+                // SAFETY: the layout has a non-zero size.
+                let base = unsafe { std::alloc::alloc(layout) };
+                if !base.is_null() {
+                    // SAFETY: `base` is a fresh allocation of at least `len` = `bytes.len()`
+                    // bytes, which cannot overlap `bytes`; after the copy every byte is
+                    // initialised.
+                    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), base, len) };
+                }
+                base
+            }
+        };
         if base.is_null() {
             return Err(PoolError::InvalidArgument(format!(
                 "cannot allocate {len} bytes of DRAM for an in-memory pool"

@@ -385,10 +385,9 @@ impl Pool {
         Self::check_layout(name, &header, &opts.layout)?;
         Self::check_domain_matches(name, &header, opts)?;
         Self::check_domain_fits(opts, true)?;
-        let map = Mapping::heap(header.size)?;
         // An image of a growable pool may be longer than its recorded size (an interrupted
         // growth): those bytes are not part of the pool.
-        map.store(0, &bytes[..header.size as usize]);
+        let map = Mapping::heap_copy(&bytes[..header.size as usize])?;
         Self::assemble(map, header, None, None, opts)
     }
 

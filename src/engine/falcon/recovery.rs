@@ -493,21 +493,17 @@ fn check_slot_ownership(
             for &(slot, _) in &ta.deleted {
                 hold(&mut ledger, slot, SlotHolder::Reclaim, false)?;
             }
-            let mut slot = ta.bump;
-            while slot + rt.slot <= ta.end {
-                hold(&mut ledger, slot, SlotHolder::Unallocated, true)?;
-                slot += rt.slot;
-            }
+            ledger.hold_tail(ta.bump, ta.end, rt.id, owner, rt.slot, PAGE_SIZE)?;
         }
     }
-    for (page, table, owner) in ledger.pages() {
+    for (page, table, owner, held) in ledger.pages() {
         let rt = tables
             .get(table as usize)
             .ok_or_else(|| format!("heap page {page} belongs to unknown table {table}"))?;
         for i in 0..PAGE_SIZE / rt.slot {
             let slot = page + i * rt.slot;
             let live = pool.read_u64(slot + tuple::FLAGS) == tuple::LIVE;
-            match (live, ledger.holder(slot)) {
+            match (live, held.get(i as usize).copied().flatten()) {
                 (true, Some(holder)) => {
                     return Err(format!(
                         "table {}: live slot {slot} is also in {holder} of thread {owner}",

@@ -451,11 +451,7 @@ fn check_slot_ownership(
             for &slot in &ta.free {
                 hold(&mut ledger, slot, SlotHolder::Free, rt, owner)?;
             }
-            let mut slot = ta.bump;
-            while slot + rt.slot <= ta.end {
-                hold(&mut ledger, slot, SlotHolder::Unallocated, rt, owner)?;
-                slot += rt.slot;
-            }
+            ledger.hold_tail(ta.bump, ta.end, rt.id, owner, rt.slot, PAGE_SIZE)?;
         }
         for &(table, slot) in &*inboxes[owner] {
             let rt = table_of(table)?;
@@ -499,11 +495,11 @@ fn check_slot_ownership(
             ));
         }
     }
-    for (page, table, owner) in ledger.pages() {
+    for (page, table, owner, held) in ledger.pages() {
         let rt = table_of(table)?;
         for i in 0..PAGE_SIZE / rt.slot {
             let slot = page + i * rt.slot;
-            let holder = ledger.holder(slot);
+            let holder = held.get(i as usize).copied().flatten();
             match (live_slots.contains(&slot), holder) {
                 (true, Some(holder)) => {
                     return Err(format!(
