@@ -8,7 +8,8 @@
 #   scripts/crash_scale.sh [IMAGES] [OUT_DIR]
 #   WORKLOADS="bank tpcc" ENGINES="falcon zen" DOMAINS="adr" scripts/crash_scale.sh 100000
 #
-# The release binary is built first. Runs go one after another (each uses the machine's cores
+# The release binary is built first, unless PMTX names a binary to use (e.g. a copy, so that
+# rebuilding the tree during a long run does not change what the later runs test). Runs go one after another (each uses the machine's cores
 # for recovery); at ~100-400 images/s on a 2-core machine, 10^5 images take 5-20 minutes per run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +19,10 @@ ENGINES=${ENGINES:-"falcon falcon-allflush falcon-noflush inp zen"}
 DOMAINS=${DOMAINS:-"adr eadr"}
 WORKLOADS=${WORKLOADS:-"bank"}
 THREADS=${THREADS:-2}
-cargo build --release --quiet
+if [ -z "${PMTX:-}" ]; then
+  cargo build --release --quiet
+  PMTX=./target/release/pmtx
+fi
 mkdir -p "$OUT_DIR"
 summary="$OUT_DIR/summary.md"
 printf '| engine | domain | workload | images | crash points | violations | seconds | images/s |\n|---|---|---|---|---|---|---|---|\n' > "$summary"
@@ -29,7 +33,7 @@ for engine in $ENGINES; do
       name="$engine-$domain-$workload"
       json="$OUT_DIR/$name.json"
       set +e
-      ./target/release/pmtx crashtest --engine "$engine" --domain "$domain" --workload "$workload" \
+      "$PMTX" crashtest --engine "$engine" --domain "$domain" --workload "$workload" \
         --threads "$THREADS" --images "$IMAGES" --json "$json" > "$OUT_DIR/$name.txt" 2> "$OUT_DIR/$name.err"
       status=$?
       set -e
