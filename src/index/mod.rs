@@ -18,6 +18,7 @@
 mod btree;
 mod hash;
 mod ordered;
+pub mod pm;
 mod primary;
 mod secondary;
 mod sync;

@@ -1,0 +1,1 @@
+//! The persistent hash index (being written; see the module documentation of `index::pm`).
