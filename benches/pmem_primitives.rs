@@ -7,6 +7,12 @@
 //!   (ADR), with the per-thread PM traffic counters on and off.
 //! * `flush_line/<domain>`: `write_u64`, `flush(off, 8)`, `fence()` of one line: the raw
 //!   `clwb` + `sfence` cost (an `msync` of one page in the msync domain).
+//! * `media_read/<none|model|optane>`: one step of a pointer chase over the lines of the 64 MiB
+//!   region in a random cyclic order (each `read_u64` yields the next offset, so every read waits
+//!   for the one before: a load-to-use latency, as published PM latencies are measured), without
+//!   a media model, with the `optane` model, and with the model plus `optane` latency emulation.
+//!   `none` is this machine's DRAM latency; `optane` minus `model` is the emulated extra latency
+//!   per miss (the region dwarfs the modelled 2 MiB cache, so nearly every read misses). Issue 20.
 //!
 //! File pools for volatile, ADR and eADR live under /dev/shm; msync pools live in a temporary
 //! directory on the regular disk. Every pool is created with `removing_on_drop`, so nothing is
@@ -15,7 +21,7 @@
 use criterion::{
     criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
 };
-use pmtx::pmem::{PersistenceDomain, Pool, PoolOptions};
+use pmtx::pmem::{MediaModel, MediaOptions, NvmLatency, PersistenceDomain, Pool, PoolOptions};
 use std::hint::black_box;
 use std::time::Duration;
 
@@ -44,8 +50,17 @@ struct BenchPool {
 
 impl BenchPool {
     fn new(domain: PersistenceDomain, counting: bool) -> BenchPool {
+        Self::with_media(domain, counting, None)
+    }
+
+    fn with_media(
+        domain: PersistenceDomain,
+        counting: bool,
+        media: Option<MediaOptions>,
+    ) -> BenchPool {
         let opts = PoolOptions::new("bench", domain)
             .with_counting(counting)
+            .with_media(media)
             .removing_on_drop();
         let (pool, dir) = if domain == PersistenceDomain::Msync {
             // msync only means something on a real file system, so not under /dev/shm.
@@ -182,5 +197,70 @@ fn bench_flush_line(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_persist, bench_counting, bench_flush_line);
+fn bench_media_read(c: &mut Criterion) {
+    let mut group = c.benchmark_group("media_read");
+    fast_config(&mut group);
+    let model = MediaModel::optane();
+    let configs = [
+        ("none", None),
+        (
+            "model",
+            Some(MediaOptions {
+                model,
+                latency: None,
+            }),
+        ),
+        (
+            "optane",
+            Some(MediaOptions {
+                model,
+                latency: Some(NvmLatency::optane()),
+            }),
+        ),
+    ];
+    for (name, media) in configs {
+        let mut slot: Option<BenchPool> = None;
+        group.bench_function(name, |b| {
+            let pool = &slot
+                .get_or_insert_with(|| {
+                    let p = BenchPool::with_media(PersistenceDomain::Adr, true, media);
+                    link_random_cycle(&p.pool);
+                    p
+                })
+                .pool;
+            let mut at = pool.first_usable();
+            b.iter(|| {
+                at = pool.read_u64(black_box(at));
+            });
+        });
+    }
+    group.finish();
+}
+
+/// Writes into the first word of every line of the region the offset of the next line of one
+/// random cycle through all of them (Sattolo's shuffle), for a pointer chase.
+fn link_random_cycle(pool: &Pool) {
+    let base = pool.first_usable();
+    let lines = (REGION / 64) as usize;
+    let mut order: Vec<u64> = (0..lines as u64).collect();
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    for i in (1..lines).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        order.swap(i, (x % i as u64) as usize);
+    }
+    for i in 0..lines {
+        let next = order[(i + 1) % lines];
+        pool.write_u64(base + order[i] * 64, base + next * 64);
+    }
+}
+
+criterion_group!(
+    benches,
+    bench_persist,
+    bench_counting,
+    bench_flush_line,
+    bench_media_read
+);
 criterion_main!(benches);

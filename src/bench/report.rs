@@ -94,6 +94,9 @@ impl RunReport {
 /// [`super::KindResult::fail_rate`]) and latency percentiles.
 pub fn print_table(reports: &[RunReport], out: &mut impl Write) -> io::Result<()> {
     let with_volatile = reports.iter().any(|r| r.ratio_to_volatile.is_some());
+    let with_media = reports
+        .iter()
+        .any(|r| r.result.pm.media_bytes_per_txn.is_some());
     let mut headers = vec![
         "engine",
         "cc",
@@ -109,6 +112,9 @@ pub fn print_table(reports: &[RunReport], out: &mut impl Write) -> io::Result<()
         "flush/tx",
         "fence/tx",
     ];
+    if with_media {
+        headers.extend(["media W B/tx", "media R B/tx", "WA"]);
+    }
     if with_volatile {
         headers.push("×volatile");
     }
@@ -131,6 +137,12 @@ pub fn print_table(reports: &[RunReport], out: &mut impl Write) -> io::Result<()
                 fmt_fixed(res.pm.flushes_per_txn, 2),
                 fmt_fixed(res.pm.fences_per_txn, 2),
             ];
+            if with_media {
+                let opt = |v: Option<f64>, digits| v.map_or("-".into(), |v| fmt_fixed(v, digits));
+                row.push(opt(res.pm.media_bytes_per_txn, 1));
+                row.push(opt(res.pm.media_read_bytes_per_txn, 1));
+                row.push(opt(res.pm.write_amplification, 2));
+            }
             if with_volatile {
                 row.push(match r.ratio_to_volatile {
                     Some(ratio) => format!("{ratio:.3}"),

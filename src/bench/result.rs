@@ -133,6 +133,16 @@ pub struct PmPerTxn {
     pub fences_per_txn: f64,
     /// Store operations on PM.
     pub writes_per_txn: f64,
+    /// Bytes the PM media model wrote to the media (256-byte XPLines; `None` without a model,
+    /// see [`crate::pmem::media`]).
+    pub media_bytes_per_txn: Option<f64>,
+    /// Bytes the media model read from the media (cache misses, read-modify-writes).
+    pub media_read_bytes_per_txn: Option<f64>,
+    /// Media bytes written / bytes stored to PM (`None` without a model, or when nothing was
+    /// stored).
+    pub write_amplification: Option<f64>,
+    /// Microseconds of delay NVM latency emulation added (`None` without emulation).
+    pub emulated_delay_us_per_txn: Option<f64>,
     /// The totals over the measured phase (process-wide: see [`run()`](super::run())).
     pub total: PmStats,
 }
@@ -145,8 +155,24 @@ impl PmPerTxn {
             flushes_per_txn: per(total.lines_flushed),
             fences_per_txn: per(total.fences),
             writes_per_txn: per(total.writes),
+            media_bytes_per_txn: None,
+            media_read_bytes_per_txn: None,
+            write_amplification: None,
+            emulated_delay_us_per_txn: None,
             total,
         }
+    }
+
+    /// Fills the media fields from the totals, for a run with a media model (and, if
+    /// `emulated`, latency emulation) attached to its pool.
+    pub fn account_media(&mut self, committed: u64, emulated: bool) {
+        let per = |v: u64| ratio(v as f64, committed as f64);
+        let t = &self.total;
+        self.media_bytes_per_txn = Some(per(t.media_bytes_written));
+        self.media_read_bytes_per_txn = Some(per(t.media_bytes_read));
+        self.write_amplification =
+            (t.bytes_written > 0).then(|| t.media_bytes_written as f64 / t.bytes_written as f64);
+        self.emulated_delay_us_per_txn = emulated.then(|| per(t.emulated_delay_ns) / 1e3);
     }
 }
 

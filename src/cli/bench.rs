@@ -68,6 +68,31 @@ pub struct CommonArgs {
     /// fixed-size pool.
     #[arg(long, value_parser = parse_bytes)]
     pub max_pool_size: Option<u64>,
+    /// PM media model (`none` or `optane`): reports the bytes PM media would write and read per
+    /// transaction and the write amplification (docs/MEDIA.md). Not for the volatile engine.
+    #[arg(long, default_value = "none", value_parser = parse_media_model)]
+    pub media_model: MediaModelArg,
+    /// NVM latency emulation: `none`, `optane`, `dudetx`, or READ_NS,PERSIST_NS[,WRITE_MB_PER_S]
+    /// (delays added per PM line a read misses and per persisting fence; docs/MEDIA.md). Implies
+    /// the media model (`optane` unless --media-model says otherwise).
+    #[arg(long, default_value = "none", value_parser = parse_nvm_latency)]
+    pub nvm_latency: NvmLatencyArg,
+}
+
+/// A parsed `--media-model`.
+#[derive(Clone, Copy, Debug)]
+pub struct MediaModelArg(pub Option<crate::pmem::MediaModel>);
+
+/// A parsed `--nvm-latency`.
+#[derive(Clone, Copy, Debug)]
+pub struct NvmLatencyArg(pub Option<crate::pmem::NvmLatency>);
+
+fn parse_media_model(s: &str) -> Result<MediaModelArg, String> {
+    crate::pmem::MediaModel::parse(s).map(MediaModelArg)
+}
+
+fn parse_nvm_latency(s: &str) -> Result<NvmLatencyArg, String> {
+    crate::pmem::NvmLatency::parse(s).map(NvmLatencyArg)
 }
 
 /// Arguments of `pmtx bench ycsb`.
@@ -160,10 +185,23 @@ impl CommonArgs {
         // API default (1000) times in a row.
         config.max_retries = 1_000_000;
         config.cache_ratio = self.cache_ratio;
+        if engine != EngineKind::Volatile {
+            config.media = self.media();
+        }
         if let Some(p) = &self.pool {
             config = config.path(p);
         }
         config
+    }
+
+    /// The media model and latency emulation asked for, if any.
+    pub(crate) fn media(&self) -> Option<crate::pmem::MediaOptions> {
+        let latency = self.nvm_latency.0;
+        let model = self
+            .media_model
+            .0
+            .or_else(|| latency.map(|_| crate::pmem::MediaModel::optane()))?;
+        Some(crate::pmem::MediaOptions { model, latency })
     }
 
     /// The engines to run: the requested ones, plus volatile with `--compare-volatile`.
@@ -211,6 +249,17 @@ impl CommonArgs {
 /// Sets ratios within each (round, threads) group, prints the table, the median ratio per engine
 /// and thread count when there are several rounds, and writes the JSON.
 pub(crate) fn finish(common: &CommonArgs, reports: &mut [RunReport]) -> CliResult {
+    if let Some(media) = common.media() {
+        for r in reports
+            .iter_mut()
+            .filter(|r| r.engine != EngineKind::Volatile.name())
+        {
+            let committed = r.result.committed;
+            r.result
+                .pm
+                .account_media(committed, media.latency.is_some());
+        }
+    }
     let mut groups: std::collections::BTreeMap<(u64, usize), Vec<usize>> = Default::default();
     for (i, r) in reports.iter().enumerate() {
         let round = r.params.get("round").and_then(|v| v.as_u64()).unwrap_or(0);

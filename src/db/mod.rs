@@ -78,6 +78,9 @@ pub struct DbConfig {
     /// Open a pool created for another persistence domain than `domain` (refused otherwise:
     /// the pool header records the domain it was created for).
     pub allow_domain_change: bool,
+    /// A PM media model and NVM latency emulation for the pool ([`crate::pmem::media`]): what the
+    /// media would read and write, reported in [`crate::pmem::PmStats`]. Off by default.
+    pub media: Option<crate::pmem::MediaOptions>,
 }
 
 impl Default for DbConfig {
@@ -104,6 +107,7 @@ impl Default for DbConfig {
             zen_fault: None,
             engine_from_pool: true,
             allow_domain_change: false,
+            media: None,
         }
     }
 }
@@ -160,6 +164,11 @@ impl DbConfig {
         self.max_threads = n;
         self
     }
+    /// Attaches a PM media model (and latency emulation) to the pool; see [`DbConfig::media`].
+    pub fn media(mut self, media: Option<crate::pmem::MediaOptions>) -> Self {
+        self.media = media;
+        self
+    }
 
     fn falcon(&self) -> FalconConfig {
         let mut c = FalconConfig::new(self.engine, self.protocol);
@@ -199,7 +208,8 @@ impl DbConfig {
         let mut o = PoolOptions::new(self.engine.layout(), domain)
             .with_counting(self.counting)
             .allowing_domain_change(self.allow_domain_change)
-            .growable_to(self.max_pool_size);
+            .growable_to(self.max_pool_size)
+            .with_media(self.media);
         if let Some(t) = crash_sim {
             o = o.with_crash_sim(t);
         }

@@ -22,6 +22,7 @@ pub mod domain;
 pub mod error;
 pub mod header;
 mod mapping;
+pub mod media;
 pub mod platform;
 mod pool;
 pub mod scratch;
@@ -32,6 +33,7 @@ pub use crashsim::{CrashImage, CrashSim, CrashState, CrashTrigger, OnCrash, Simu
 pub use domain::PersistenceDomain;
 pub use error::{PoolError, PoolResult};
 pub use mapping::{retain_freed_memory, MappingKind};
+pub use media::{MediaModel, MediaOptions, NvmLatency};
 pub use pool::{
     default_pool_path, CrashSimOptions, Pool, PoolInfo, PoolOptions, MAX_POOL_SIZE, MIN_POOL_SIZE,
 };

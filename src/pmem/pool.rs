@@ -8,6 +8,7 @@ use super::domain::PersistenceDomain;
 use super::error::{PoolError, PoolResult};
 use super::header::{Header, FORMAT_VERSION, RESERVED_BYTES, ROOT_OFFSET_WORD, SIZE_WORD};
 use super::mapping::{Mapping, MappingKind};
+use super::media::{Media, MediaOptions};
 use super::stats;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -39,6 +40,9 @@ pub struct PoolOptions {
     /// At creation: the size the pool may grow to ([`Pool::grow`]); `None` (the default) makes a
     /// fixed-size pool. Recorded in the header, so it holds for every later open.
     pub max_size: Option<u64>,
+    /// A PM media model, with or without NVM latency emulation ([`media`](super::media)); off by
+    /// default.
+    pub media: Option<MediaOptions>,
 }
 
 /// Settings of a crash simulator attached at open.
@@ -61,6 +65,7 @@ impl PoolOptions {
             remove_on_drop: false,
             allow_domain_change: false,
             max_size: None,
+            media: None,
         }
     }
 
@@ -84,6 +89,12 @@ impl PoolOptions {
             trigger,
             on_crash: OnCrash::Unwind,
         });
+        self
+    }
+
+    /// Attaches a PM media model (and latency emulation, if it has one); `None` detaches it.
+    pub fn with_media(mut self, media: Option<MediaOptions>) -> PoolOptions {
+        self.media = media;
         self
     }
 
@@ -133,6 +144,8 @@ pub struct Pool {
     /// Opened read-only: every write panics.
     read_only: bool,
     sim: Option<Arc<CrashSim>>,
+    /// The media model, if attached: every PM event also goes through it.
+    media: Option<Media>,
     msync_dirty: parking_lot::Mutex<Vec<(u64, u64)>>,
     remove_on_drop: bool,
     /// The pool file: holds the `flock` for as long as the pool is open, and is what growth
@@ -553,7 +566,13 @@ impl Pool {
         let sim = opts
             .crash_sim
             .map(|s| Arc::new(CrashSim::new(opts.domain, &map, s.trigger, s.on_crash)));
+        let media = opts
+            .media
+            .map(|m| Media::new(m, opts.domain))
+            .transpose()
+            .map_err(PoolError::InvalidArgument)?;
         Ok(Pool {
+            media,
             read_only: false,
             map,
             header,
@@ -686,6 +705,11 @@ impl Pool {
         self.flush_insn
     }
 
+    /// The media model (and latency emulation) attached, if any.
+    pub fn media(&self) -> Option<MediaOptions> {
+        self.media.as_ref().map(Media::options)
+    }
+
     /// The crash simulator, if one is attached.
     pub fn crash_sim(&self) -> Option<&Arc<CrashSim>> {
         self.sim.as_ref()
@@ -793,6 +817,9 @@ impl Pool {
     pub fn load_u64(&self, off: u64, ordering: Ordering) -> u64 {
         self.assert_readable(off, 8);
         Self::assert_aligned(off);
+        if let Some(m) = &self.media {
+            m.read(off, 8);
+        }
         self.map.word(off).load(ordering)
     }
 
@@ -806,6 +833,9 @@ impl Pool {
     #[inline]
     pub fn read_bytes(&self, off: u64, dst: &mut [u8]) {
         self.assert_readable(off, dst.len() as u64);
+        if let Some(m) = &self.media {
+            m.read(off, dst.len() as u64);
+        }
         self.map.load(off, dst);
     }
 
@@ -816,6 +846,9 @@ impl Pool {
     pub fn read_words(&self, off: u64, dst: &[std::sync::atomic::AtomicU64]) {
         self.assert_readable(off, dst.len() as u64 * 8);
         Self::assert_aligned(off);
+        if let Some(m) = &self.media {
+            m.read(off, dst.len() as u64 * 8);
+        }
         for (i, d) in dst.iter().enumerate() {
             d.store(
                 self.map.word(off + i as u64 * 8).load(Ordering::Relaxed),
@@ -840,6 +873,9 @@ impl Pool {
             return;
         }
         self.assert_readable(off, len);
+        if let Some(m) = &self.media {
+            m.prefetch(off, len);
+        }
         let first = off & !(CACHE_LINE - 1);
         for i in 0..Self::lines_of(off, len) {
             cpu::prefetch(self.map.ptr(first + i * CACHE_LINE));
@@ -865,6 +901,9 @@ impl Pool {
         }
         if self.counting {
             stats::count_write(len);
+        }
+        if let Some(m) = &self.media {
+            m.store(off, len);
         }
     }
 
@@ -965,7 +1004,11 @@ impl Pool {
                     stats::count_write(len);
                     stats::count_flush(Self::lines_of(off, len));
                 }
+                if let Some(m) = &self.media {
+                    m.store_non_temporal(off, len);
+                }
             } else {
+                // Ordinary stores and a flush, which the media model sees as such.
                 self.write_bytes(off, src);
                 self.flush(off, len);
             }
@@ -984,6 +1027,9 @@ impl Pool {
         if self.counting {
             stats::count_write(len);
             stats::count_flush(Self::lines_of(off, len));
+        }
+        if let Some(m) = &self.media {
+            m.store_non_temporal(off, len);
         }
     }
 
@@ -1017,6 +1063,9 @@ impl Pool {
     pub fn copy(&self, src: u64, dst: u64, len: u64) {
         self.assert_readable(src, len);
         self.assert_user_writable(dst, len);
+        if let Some(m) = &self.media {
+            m.read(src, len);
+        }
         self.store_event(dst, len, || {
             self.map.copy_within(src, dst, len);
             true
@@ -1116,6 +1165,9 @@ impl Pool {
         if self.counting {
             stats::count_flush(lines);
         }
+        if let Some(m) = &self.media {
+            m.flush(off, len);
+        }
     }
 
     /// Orders earlier flushes and stores (non-temporal ones included) before later stores
@@ -1151,6 +1203,9 @@ impl Pool {
         }
         if self.counting {
             stats::count_fence();
+        }
+        if let Some(m) = &self.media {
+            m.fence();
         }
     }
 

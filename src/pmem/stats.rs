@@ -20,6 +20,14 @@ pub struct PmStats {
     pub lines_flushed: u64,
     /// Store fences issued.
     pub fences: u64,
+    /// Bytes the PM media model ([`media`](super::media)) wrote to the media: 256-byte XPLines.
+    /// Zero without a model.
+    pub media_bytes_written: u64,
+    /// Bytes the media model read from the media: XPLines read on cache misses and for the
+    /// read-modify-write of partial XPLines. Zero without a model.
+    pub media_bytes_read: u64,
+    /// Nanoseconds of delay NVM latency emulation added. Zero without emulation.
+    pub emulated_delay_ns: u64,
 }
 
 impl std::ops::Sub for PmStats {
@@ -31,6 +39,11 @@ impl std::ops::Sub for PmStats {
             bytes_written: self.bytes_written.wrapping_sub(rhs.bytes_written),
             lines_flushed: self.lines_flushed.wrapping_sub(rhs.lines_flushed),
             fences: self.fences.wrapping_sub(rhs.fences),
+            media_bytes_written: self
+                .media_bytes_written
+                .wrapping_sub(rhs.media_bytes_written),
+            media_bytes_read: self.media_bytes_read.wrapping_sub(rhs.media_bytes_read),
+            emulated_delay_ns: self.emulated_delay_ns.wrapping_sub(rhs.emulated_delay_ns),
         }
     }
 }
@@ -44,6 +57,9 @@ impl std::ops::Add for PmStats {
             bytes_written: self.bytes_written + rhs.bytes_written,
             lines_flushed: self.lines_flushed + rhs.lines_flushed,
             fences: self.fences + rhs.fences,
+            media_bytes_written: self.media_bytes_written + rhs.media_bytes_written,
+            media_bytes_read: self.media_bytes_read + rhs.media_bytes_read,
+            emulated_delay_ns: self.emulated_delay_ns + rhs.emulated_delay_ns,
         }
     }
 }
@@ -54,6 +70,9 @@ struct ThreadCounters {
     bytes_written: AtomicU64,
     lines_flushed: AtomicU64,
     fences: AtomicU64,
+    media_bytes_written: AtomicU64,
+    media_bytes_read: AtomicU64,
+    emulated_delay_ns: AtomicU64,
 }
 
 impl ThreadCounters {
@@ -63,6 +82,9 @@ impl ThreadCounters {
             bytes_written: self.bytes_written.load(Relaxed),
             lines_flushed: self.lines_flushed.load(Relaxed),
             fences: self.fences.load(Relaxed),
+            media_bytes_written: self.media_bytes_written.load(Relaxed),
+            media_bytes_read: self.media_bytes_read.load(Relaxed),
+            emulated_delay_ns: self.emulated_delay_ns.load(Relaxed),
         }
     }
 }
@@ -113,6 +135,16 @@ pub(crate) fn count_fence() {
     with_mine(|c| bump(&c.fences, 1))
 }
 
+/// Media traffic and emulated delay of the calling thread (see [`media`](super::media)).
+#[inline]
+pub(crate) fn count_media(written: u64, read: u64, delay_ns: u64) {
+    with_mine(|c| {
+        bump(&c.media_bytes_written, written);
+        bump(&c.media_bytes_read, read);
+        bump(&c.emulated_delay_ns, delay_ns);
+    })
+}
+
 /// The sum of every thread's counters since the process started.
 pub fn snapshot() -> PmStats {
     REGISTRY
@@ -147,7 +179,8 @@ mod tests {
                 writes: 2,
                 bytes_written: 16,
                 lines_flushed: 3,
-                fences: 1
+                fences: 1,
+                ..PmStats::default()
             }
         );
         let global_before = snapshot();
