@@ -2,6 +2,7 @@
 //! model attached to a pool sees the engine's PM traffic, emulation charges delay, nothing is
 //! counted without them, and `pmtx bench --media-model` reports the media fields in its JSON.
 
+use pmtx::bench::plot::{self, Figure, PlotError};
 use pmtx::catalog::{ColumnType, Schema};
 use pmtx::db::{Db, DbConfig, Value};
 use pmtx::engine::EngineKind;
@@ -149,10 +150,65 @@ fn bench_reports_media_fields_only_with_a_model() {
             }
         }
     }
+    // The media figure draws the runs that have a model, and refuses files without one.
+    let runs = plot::load_runs(&[dir.path().join("optane.json")]).unwrap();
+    let svg = dir.path().join("media.svg");
+    plot::plot(&runs, &[Figure::Media], &svg).unwrap();
+    assert!(std::fs::read_to_string(&svg)
+        .unwrap()
+        .contains("media bytes written per transaction"));
+    let runs = plot::load_runs(&[dir.path().join("none.json")]).unwrap();
+    assert!(matches!(
+        plot::plot(&runs, &[Figure::Media], &svg),
+        Err(PlotError::Missing { .. })
+    ));
     let bad = Command::new(env!("CARGO_BIN_EXE_pmtx"))
         .args(["bench", "ycsb", "--nvm-latency", "fast"])
         .output()
         .unwrap();
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("NVM latency 'fast'"));
+}
+
+#[test]
+fn reproduce_runs_zens_experiment_and_names_what_is_missing_for_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_pmtx"))
+        .args([
+            "reproduce",
+            "zen",
+            "--duration",
+            "0.2",
+            "--records",
+            "2000",
+            "--out",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The command it ran, then one row per engine with a finite ratio.
+    assert!(
+        stdout.contains("$ pmtx bench ycsb --engine zen,falcon,inp"),
+        "{stdout}"
+    );
+    let zen_row = stdout
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("zen "))
+        .expect("a row for zen");
+    let ratio: f64 = zen_row.split_whitespace().last().unwrap().parse().unwrap();
+    assert!(ratio.is_finite() && ratio > 0.0, "{zen_row}");
+    assert!(dir.path().join("zen.png").exists() && dir.path().join("zen.json").exists());
+    let fir = Command::new(env!("CARGO_BIN_EXE_pmtx"))
+        .args(["reproduce", "fir"])
+        .output()
+        .unwrap();
+    assert!(!fir.status.success());
+    assert!(String::from_utf8_lossy(&fir.stderr).contains("needs the FIR engine"));
 }

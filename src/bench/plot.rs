@@ -126,6 +126,17 @@ pub struct PlotRun {
     /// Run parameters (`round` is used).
     #[serde(default)]
     pub params: serde_json::Value,
+    /// PM traffic per transaction; only the media model's bytes are drawn.
+    #[serde(default)]
+    pub pm: PlotPm,
+}
+
+/// The part of a run's `pm` object the media figure draws.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq)]
+pub struct PlotPm {
+    /// Bytes the PM media model wrote per transaction (`null` without a model).
+    #[serde(default)]
+    pub media_bytes_per_txn: Option<f64>,
 }
 
 impl PlotRun {
@@ -150,6 +161,9 @@ impl PlotRun {
             .any(|&(x, y)| !ok(x) || !(0.0..=1.0).contains(&y))
         {
             return Err("a latency CDF point is out of range".into());
+        }
+        if !self.pm.media_bytes_per_txn.map_or(true, ok) {
+            return Err("media bytes per transaction is negative or not finite".into());
         }
         if self
             .per_kind
@@ -203,15 +217,19 @@ pub enum Figure {
     Cdf,
     /// Per-transaction-type throughput and latency bars.
     Kinds,
+    /// Throughput and PM media bytes written per transaction, a bar per run (runs with a media
+    /// model, `--media-model`).
+    Media,
 }
 
 impl Figure {
     /// Every figure, in drawing order.
-    pub const ALL: [Figure; 4] = [
+    pub const ALL: [Figure; 5] = [
         Figure::Throughput,
         Figure::Ratio,
         Figure::Cdf,
         Figure::Kinds,
+        Figure::Media,
     ];
 
     /// Its name (also the suffix of its file when several are drawn).
@@ -221,6 +239,7 @@ impl Figure {
             Figure::Ratio => "ratio",
             Figure::Cdf => "cdf",
             Figure::Kinds => "kinds",
+            Figure::Media => "media",
         }
     }
 
@@ -242,6 +261,9 @@ impl Figure {
             }
             Figure::Kinds if runs.iter().all(|r| r.per_kind.len() < 2) => {
                 missing("no run has more than one transaction type")
+            }
+            Figure::Media if runs.iter().all(|r| r.pm.media_bytes_per_txn.is_none()) => {
+                missing("no run has media figures (run the benchmark with --media-model)")
             }
             _ => Ok(()),
         }
@@ -333,6 +355,7 @@ fn draw<DB: DrawingBackend>(
         Figure::Ratio => draw_by_threads(root, runs, true),
         Figure::Cdf => draw_cdf(root, runs),
         Figure::Kinds => draw_kinds(root, runs),
+        Figure::Media => draw_media(root, runs),
     }
     .map_err(|e| e.to_string())
 }
@@ -771,6 +794,107 @@ fn draw_kinds<DB: DrawingBackend>(
                 .border_style(BLACK)
                 .draw()?;
         }
+    }
+    Ok(())
+}
+
+/// The label of a run's bar in the media figure: the engine, after the run's `label` parameter
+/// (set by `pmtx reproduce`) or its workload.
+fn bar_label(run: &PlotRun) -> String {
+    let group = run
+        .params
+        .get("label")
+        .and_then(|v| v.as_str())
+        .unwrap_or(&run.workload);
+    format!("{group}: {}", run.engine)
+}
+
+/// A bar of the media figure: label, engine, throughput, media bytes written per transaction.
+type MediaBar = (String, String, f64, f64);
+
+/// One panel of the media figure: where, the axis description, the value, whether it shows the
+/// bar names.
+type MediaPanel<'a, DB> = (
+    &'a DrawingArea<DB, Shift>,
+    &'a str,
+    fn(&MediaBar) -> f64,
+    bool,
+);
+
+/// Throughput and media bytes written per transaction, one bar per run with a media model
+/// (median over rounds), in first-seen order.
+fn draw_media<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    runs: &[PlotRun],
+) -> DrawResult<DB> {
+    let mut bars: Vec<(String, String, Vec<f64>, Vec<f64>)> = Vec::new();
+    for r in runs {
+        let Some(media) = r.pm.media_bytes_per_txn else {
+            continue;
+        };
+        let label = bar_label(r);
+        match bars.iter_mut().find(|b| b.0 == label) {
+            Some(b) => {
+                b.2.push(r.throughput_tps);
+                b.3.push(media);
+            }
+            None => bars.push((label, r.engine.clone(), vec![r.throughput_tps], vec![media])),
+        }
+    }
+    let bars: Vec<MediaBar> = bars
+        .into_iter()
+        .map(|(label, engine, t, m)| (label, engine, median(t), median(m)))
+        .collect();
+    let title = format!(
+        "{}: throughput and PM media writes (media model)",
+        workloads(runs).join(", ")
+    );
+    let root = root.titled(&title, title_style())?;
+    let (left, right) = root.split_horizontally(SIZE.0 / 2 + 110);
+    let n = bars.len();
+    let names: Vec<String> = bars.iter().map(|b| b.0.clone()).collect();
+    let panels: [MediaPanel<'_, DB>; 2] = [
+        (&left, "throughput (ktx/s)", |b| b.2 / 1e3, true),
+        (
+            &right,
+            "media bytes written per transaction",
+            |b| b.3,
+            false,
+        ),
+    ];
+    for (area, desc, value, with_names) in panels {
+        let max_x = bars.iter().map(value).fold(0.0, f64::max).max(1e-9) * 1.12;
+        let names = names.clone();
+        let y_fmt = move |y: &f64| {
+            let i = y.round();
+            if with_names && (y - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < names.len() {
+                names[i as usize].clone()
+            } else {
+                String::new()
+            }
+        };
+        let mut chart = ChartBuilder::on(area)
+            .margin(15)
+            .x_label_area_size(45)
+            .y_label_area_size(if with_names { 230 } else { 10 })
+            .build_cartesian_2d(0.0..max_x, (n as f64 - 0.5)..-0.5)?;
+        chart
+            .configure_mesh()
+            .disable_y_mesh()
+            .x_desc(desc)
+            .y_labels(n)
+            .y_label_formatter(&y_fmt)
+            .label_style((FAMILY, 14))
+            .axis_desc_style((FAMILY, 16))
+            .light_line_style(RGBColor(235, 235, 235))
+            .draw()?;
+        chart.draw_series(bars.iter().enumerate().map(|(i, b)| {
+            let color = engine_color(&b.1, i);
+            Rectangle::new(
+                [(0.0, i as f64 - 0.35), (value(b), i as f64 + 0.35)],
+                color.filled(),
+            )
+        }))?;
     }
     Ok(())
 }

@@ -54,6 +54,7 @@ mod demo;
 mod inspect;
 mod plot;
 mod recover;
+mod reproduce;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -88,6 +89,9 @@ pub enum Command {
     Crashtest(crashtest::Args),
     /// Plot the JSON results of `pmtx bench` runs as PNG figures.
     Plot(plot::Args),
+    /// Run a small version of a paper's headline experiment with the PM media model and NVM
+    /// latency emulation on, and print it beside the paper's figure (docs/REPRODUCE.md).
+    Reproduce(reproduce::Args),
 }
 
 /// Parses the process arguments and runs the command; errors are printed and give exit status 1.
@@ -102,6 +106,7 @@ pub fn main() -> ExitCode {
         Command::Recover(args) => recover::run(args),
         Command::Crashtest(args) => crashtest::run(args),
         Command::Plot(args) => plot::run(args),
+        Command::Reproduce(args) => reproduce::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
