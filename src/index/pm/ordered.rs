@@ -1136,3 +1136,163 @@ impl fmt::Debug for PmOrderedIndex {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pmem::{PersistenceDomain, PoolOptions};
+
+    const TAG: PageTag = PageTag {
+        kind: 9,
+        owner: 1,
+        value: 3,
+    };
+
+    /// An index of 300 keys over ~15 leaves in pages of 8 leaves, its pool and page manager.
+    fn built() -> (Arc<Pool>, Arc<PageManager>, u64) {
+        let opts = PoolOptions::new("pmord", PersistenceDomain::Adr).with_counting(false);
+        let pool = Arc::new(Pool::create_in_memory(16 << 20, &opts).unwrap());
+        let pages = Arc::new(PageManager::format(&pool).unwrap());
+        let index =
+            PmOrderedIndex::create_with_leaves_per_page(pool.clone(), pages.clone(), TAG, 8)
+                .unwrap();
+        for k in 0..300 {
+            index.insert_new(k * 7 % 1000, k).unwrap().unwrap();
+        }
+        (pool, pages, index.root())
+    }
+
+    fn chain(pool: &Pool, root: u64) -> Vec<u64> {
+        let mut leaves = vec![root + LEAF_SIZE];
+        while let next @ 1.. = pool.read_u64(leaves.last().unwrap() + NEXT) {
+            leaves.push(next);
+        }
+        leaves
+    }
+
+    #[test]
+    fn a_corrupt_root_or_leaf_chain_is_refused_without_writing() {
+        let (pool, pages, root) = built();
+        let leaves = chain(&pool, root);
+        assert!(leaves.len() >= 10, "{} leaves", leaves.len());
+        let (a, b, last) = (leaves[1], leaves[2], *leaves.last().unwrap());
+        let other_page = pages.allocate(&pool, PageTag { value: 4, ..TAG }).unwrap();
+        let foreign = pages.page_offset(other_page) + LEAF_SIZE;
+        let cases: Vec<(&str, u64, u64, &str)> = vec![
+            ("index magic", root + H_MAGIC, 1, "no index header"),
+            (
+                "header tag",
+                root + H_TAG,
+                encode_tag(PageTag { value: 5, ..TAG }),
+                "not tagged",
+            ),
+            ("leaf size", root + H_LEAF_SIZE, 512, "leaf size"),
+            ("first leaf", root + H_FIRST, a, "first leaf"),
+            (
+                "next out of the pool",
+                a + NEXT,
+                1 << 40,
+                "outside the pages",
+            ),
+            (
+                "next into the metadata",
+                a + NEXT,
+                4096,
+                "outside the pages",
+            ),
+            (
+                "next into a foreign page",
+                a + NEXT,
+                foreign,
+                "does not own",
+            ),
+            ("next misaligned", a + NEXT, b + 8, "not a leaf slot"),
+            ("next to the header", a + NEXT, root, "not a leaf slot"),
+            ("a cycle", last + NEXT, leaves[0], "loops"),
+            ("a cycle to itself", b + NEXT, b, "loops"),
+            (
+                "low keys out of order",
+                b + LOW,
+                pool.read_u64(a + LOW),
+                "not above",
+            ),
+            (
+                "first low key",
+                root + LEAF_SIZE + LOW,
+                1,
+                "first leaf's low key",
+            ),
+            ("leaf magic", b + STATE, 0, "no leaf"),
+            ("bitmap", b + BITMAP, 1 << 40, "bitmap"),
+        ];
+        for (what, at, bad, expect) in cases {
+            let good = pool.read_u64(at);
+            pool.write_u64(at, bad);
+            let before = pool.read_vec(0, pool.len() as usize);
+            let err = PmOrderedIndex::recover(pool.clone(), pages.clone(), root).unwrap_err();
+            assert!(
+                matches!(err, PmOrderedError::Corrupt { .. }) && err.to_string().contains(expect),
+                "{what}: {err}"
+            );
+            assert!(
+                pool.read_vec(0, pool.len() as usize) == before,
+                "{what}: recovery wrote to a pool it refused"
+            );
+            pool.write_u64(at, good);
+        }
+        for bad_root in [root + 64, 0, 1 << 40, pages.page_offset(other_page)] {
+            assert!(PmOrderedIndex::recover(pool.clone(), pages.clone(), bad_root).is_err());
+        }
+        let (index, stats) = PmOrderedIndex::recover(pool, pages, root).unwrap();
+        assert_eq!(stats.leaves as usize, leaves.len());
+        assert_eq!(index.len(), 300);
+    }
+
+    #[test]
+    fn recovery_finishes_a_linked_split_and_undoes_an_unlinked_one() {
+        let (pool, pages, root) = built();
+        let leaves = chain(&pool, root);
+        let i = (0..leaves.len() - 1)
+            .find(|&i| pool.read_u64(leaves[i] + BITMAP).count_ones() as usize <= CAPACITY - 2)
+            .expect("a leaf with two free slots");
+        let (a, b) = (leaves[i], leaves[i + 1]);
+        // A split of `a` whose link is durable but whose bits are not cleared yet: its moved
+        // entries are copies of `b`'s (same keys, at or above `b`'s low key).
+        let bitmap_b = pool.read_u64(b + BITMAP);
+        let slots_b: Vec<u64> = (0..CAPACITY as u64)
+            .filter(|s| bitmap_b & 1 << s != 0)
+            .collect();
+        let bitmap_a = pool.read_u64(a + BITMAP);
+        let free_a: Vec<u64> = (0..CAPACITY as u64)
+            .filter(|s| bitmap_a & 1 << s == 0)
+            .take(2)
+            .collect();
+        let mut mask = 0;
+        for (&fa, &sb) in free_a.iter().zip(&slots_b) {
+            let key = pool.read_u64(entry_at(b, sb));
+            pool.write_u64(entry_at(a, fa), key);
+            pool.write_u64(entry_at(a, fa) + 8, u64::MAX);
+            mask |= 1 << fa;
+        }
+        pool.write_u64(a + BITMAP, bitmap_a | mask);
+        pool.write_u64(a + STATE, STATE_CLEAN | mask);
+        // A split of another leaf that never got linked: its mask names entries that stay.
+        let c = leaves[(i + 3) % leaves.len()];
+        let bitmap_c = pool.read_u64(c + BITMAP);
+        let mask_c = bitmap_c & !(1 << bitmap_c.trailing_zeros()); // all but the lowest slot
+        assert_ne!(mask_c, 0);
+        pool.write_u64(c + STATE, STATE_CLEAN | mask_c);
+        let (index, stats) = PmOrderedIndex::recover(pool.clone(), pages, root).unwrap();
+        assert_eq!((stats.splits_finished, stats.splits_undone), (1, 1));
+        assert_eq!(index.len(), 300);
+        assert_eq!(pool.read_u64(a + BITMAP), bitmap_a);
+        assert_eq!(pool.read_u64(c + BITMAP), bitmap_c);
+        assert_eq!(pool.read_u64(a + STATE), STATE_CLEAN);
+        assert_eq!(pool.read_u64(c + STATE), STATE_CLEAN);
+        let mut all = Vec::new();
+        index.for_each(|k, v| all.push((k, v)));
+        assert_eq!(all.len(), 300);
+        assert!(all.windows(2).all(|w| w[0].0 < w[1].0));
+        assert!(all.iter().all(|&(_, v)| v < 300), "a moved copy survived");
+    }
+}
