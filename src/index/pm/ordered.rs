@@ -1171,6 +1171,17 @@ mod tests {
     }
 
     #[test]
+    fn the_index_is_send_and_sync_and_a_lookup_reads_two_pm_lines() {
+        fn shared<T: Send + Sync>() {}
+        shared::<PmOrderedIndex>();
+        // The header line holds the bitmap, the link and every fingerprint; an entry never
+        // straddles a line.
+        assert!(FINGERPRINTS + CAPACITY as u64 <= HEADER && HEADER == 64);
+        assert_eq!(64 % ENTRY, 0);
+        assert_eq!(LEAF_SIZE % 64, 0);
+    }
+
+    #[test]
     fn a_corrupt_root_or_leaf_chain_is_refused_without_writing() {
         let (pool, pages, root) = built();
         let leaves = chain(&pool, root);
