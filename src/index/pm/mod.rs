@@ -14,3 +14,5 @@
 
 mod hash;
 mod ordered;
+
+pub use ordered::{OrderedRecoveryStats, PmOrderedError, PmOrderedIndex};
