@@ -13,6 +13,8 @@
 //!   a media model, with the `optane` model, and with the model plus `optane` latency emulation.
 //!   `none` is this machine's DRAM latency; `optane` minus `model` is the emulated extra latency
 //!   per miss (the region dwarfs the modelled 2 MiB cache, so nearly every read misses). Issue 20.
+//! * `media_read_seq/<none|model|optane>`: the same chase in address order: every read is the
+//!   line after the previous one, a sequential miss.
 //!
 //! File pools for volatile, ADR and eADR live under /dev/shm; msync pools live in a temporary
 //! directory on the regular disk. Every pool is created with `removing_on_drop`, so nothing is
@@ -198,7 +200,13 @@ fn bench_flush_line(c: &mut Criterion) {
 }
 
 fn bench_media_read(c: &mut Criterion) {
-    let mut group = c.benchmark_group("media_read");
+    media_read(c, "media_read", true);
+    media_read(c, "media_read_seq", false);
+}
+
+/// The pointer chase of `media_read` (random order) or `media_read_seq` (line after line).
+fn media_read(c: &mut Criterion, name: &str, random: bool) {
+    let mut group = c.benchmark_group(name);
     fast_config(&mut group);
     let model = MediaModel::optane();
     let configs = [
@@ -224,7 +232,7 @@ fn bench_media_read(c: &mut Criterion) {
             let pool = &slot
                 .get_or_insert_with(|| {
                     let p = BenchPool::with_media(PersistenceDomain::Adr, true, media);
-                    link_random_cycle(&p.pool);
+                    link_cycle(&p.pool, random);
                     p
                 })
                 .pool;
@@ -238,13 +246,14 @@ fn bench_media_read(c: &mut Criterion) {
 }
 
 /// Writes into the first word of every line of the region the offset of the next line of one
-/// random cycle through all of them (Sattolo's shuffle), for a pointer chase.
-fn link_random_cycle(pool: &Pool) {
+/// cycle through all of them, random (Sattolo's shuffle) or in address order, for a pointer
+/// chase.
+fn link_cycle(pool: &Pool, random: bool) {
     let base = pool.first_usable();
     let lines = (REGION / 64) as usize;
     let mut order: Vec<u64> = (0..lines as u64).collect();
     let mut x: u64 = 0x2545_F491_4F6C_DD1D;
-    for i in (1..lines).rev() {
+    for i in (1..lines).rev().filter(|_| random) {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;

@@ -81,6 +81,7 @@ fn emulation_charges_delay_for_persists_under_adr_and_not_under_eadr() {
         read_ns: 0,
         persist_ns: 100,
         write_mb_per_s: 0,
+        seq_read_ns: 0,
     };
     let adr = traffic(
         EngineKind::Falcon,

@@ -68,11 +68,13 @@ pub struct CommonArgs {
     /// fixed-size pool.
     #[arg(long, value_parser = parse_bytes)]
     pub max_pool_size: Option<u64>,
-    /// PM media model (`none` or `optane`): reports the bytes PM media would write and read per
-    /// transaction and the write amplification (docs/MEDIA.md). Not for the volatile engine.
+    /// PM media model (`none`, `optane`, or CACHE_BYTES,WAYS,XPBUFFER_LINES such as 4M,16,64):
+    /// reports the bytes PM media would write and read per transaction and the write
+    /// amplification (docs/MEDIA.md). Not for the volatile engine.
     #[arg(long, default_value = "none", value_parser = parse_media_model)]
     pub media_model: MediaModelArg,
-    /// NVM latency emulation: `none`, `optane`, `dudetx`, or READ_NS,PERSIST_NS[,WRITE_MB_PER_S]
+    /// NVM latency emulation: `none`, `optane`, `dudetx`, or
+    /// READ_NS,PERSIST_NS[,WRITE_MB_PER_S[,SEQ_READ_NS]]
     /// (delays added per PM line a read misses and per persisting fence; docs/MEDIA.md). Implies
     /// the media model (`optane` unless --media-model says otherwise).
     #[arg(long, default_value = "none", value_parser = parse_nvm_latency)]

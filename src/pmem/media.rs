@@ -78,15 +78,40 @@ impl MediaModel {
         }
     }
 
-    /// `none` (no model) or `optane`.
-    pub fn parse(name: &str) -> Result<Option<MediaModel>, String> {
-        match name {
-            "none" => Ok(None),
-            "optane" => Ok(Some(MediaModel::optane())),
-            other => Err(format!(
-                "unknown media model '{other}' (expected 'none' or 'optane')"
-            )),
+    /// `none` (no model), `optane`, or `CACHE_BYTES,WAYS,XPBUFFER_LINES` (the cache size may
+    /// end in K or M: `4M,16,64`), validated.
+    pub fn parse(spec: &str) -> Result<Option<MediaModel>, String> {
+        match spec {
+            "none" => return Ok(None),
+            "optane" => return Ok(Some(MediaModel::optane())),
+            _ => {}
         }
+        let bad = || {
+            format!(
+                "unknown media model '{spec}' (expected 'none', 'optane' or \
+                 CACHE_BYTES,WAYS,XPBUFFER_LINES such as 4M,16,64)"
+            )
+        };
+        let parts: Vec<&str> = spec.split(',').map(str::trim).collect();
+        let [cache, ways, lines] = parts[..] else {
+            return Err(bad());
+        };
+        let (digits, scale) = match cache.as_bytes().last() {
+            Some(b'K' | b'k') => (&cache[..cache.len() - 1], 1u64 << 10),
+            Some(b'M' | b'm') => (&cache[..cache.len() - 1], 1 << 20),
+            _ => (cache, 1),
+        };
+        let model = MediaModel {
+            cache_bytes: digits
+                .parse::<u64>()
+                .ok()
+                .and_then(|n| n.checked_mul(scale))
+                .ok_or_else(bad)?,
+            cache_ways: ways.parse().map_err(|_| bad())?,
+            xpbuffer_lines: lines.parse().map_err(|_| bad())?,
+        };
+        model.validate()?;
+        Ok(Some(model))
     }
 
     /// Checks the parameters: a cache of at least one set, a power-of-two number of sets, and
@@ -121,23 +146,28 @@ impl MediaModel {
 /// Extra latency of NVM over DRAM, added by emulation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct NvmLatency {
-    /// Nanoseconds added per PM line a read misses in the modelled cache.
+    /// Nanoseconds added per PM line a read misses in the modelled cache (a random read).
     pub read_ns: u64,
     /// Nanoseconds a fence that persists written-back lines takes at least (ADR, msync).
     pub persist_ns: u64,
     /// Media write bandwidth in MB/s (10^6 bytes) that bounds a persist from below; 0: unbounded.
     pub write_mb_per_s: u64,
+    /// Nanoseconds added per miss of the line right after the thread's previous miss: a
+    /// sequential stream, whose latency prefetching partly hides.
+    pub seq_read_ns: u64,
 }
 
 impl NvmLatency {
     /// Optane DC PM (Yang et al., FAST'20, §3): a random 64-byte read takes ~305 ns against
-    /// ~81 ns from DRAM, so +224 ns; a persisted write ~90 ns against ~57 ns, so +33 ns (rounded
-    /// to 30); ~2.3 GB/s of write bandwidth per DIMM (random 256-byte writes, one DIMM).
+    /// ~81 ns from DRAM, so +224 ns; a sequential one ~169 ns against ~79 ns, so +90 ns; a
+    /// persisted write ~90 ns against ~57 ns, so +33 ns (rounded to 30); ~2.3 GB/s of write
+    /// bandwidth per DIMM (256-byte writes, one DIMM).
     pub const fn optane() -> NvmLatency {
         NvmLatency {
             read_ns: 224,
             persist_ns: 30,
             write_mb_per_s: 2_300,
+            seq_read_ns: 90,
         }
     }
 
@@ -147,10 +177,12 @@ impl NvmLatency {
             read_ns: 0,
             persist_ns: 300,
             write_mb_per_s: 1_000,
+            seq_read_ns: 0,
         }
     }
 
-    /// `none`, `optane`, `dudetx`, or `READ_NS,PERSIST_NS[,WRITE_MB_PER_S]`.
+    /// `none`, `optane`, `dudetx`, or `READ_NS,PERSIST_NS[,WRITE_MB_PER_S[,SEQ_READ_NS]]`
+    /// (unbounded bandwidth and sequential reads as random ones when left out).
     pub fn parse(spec: &str) -> Result<Option<NvmLatency>, String> {
         match spec {
             "none" => return Ok(None),
@@ -162,13 +194,14 @@ impl NvmLatency {
         let bad = || {
             format!(
                 "NVM latency '{spec}' is not 'none', 'optane', 'dudetx' or \
-                 READ_NS,PERSIST_NS[,WRITE_MB_PER_S] (whole numbers, at most 1000000 each)"
+                 READ_NS,PERSIST_NS[,WRITE_MB_PER_S[,SEQ_READ_NS]] (whole numbers, at most \
+                 1000000 each)"
             )
         };
-        if !(2..=3).contains(&parts.len()) {
+        if !(2..=4).contains(&parts.len()) {
             return Err(bad());
         }
-        let mut numbers = [0u64; 3];
+        let mut numbers = [0u64; 4];
         for (n, p) in numbers.iter_mut().zip(&parts) {
             *n = p.parse().map_err(|_| bad())?;
             if *n > 1_000_000 {
@@ -179,6 +212,11 @@ impl NvmLatency {
             read_ns: numbers[0],
             persist_ns: numbers[1],
             write_mb_per_s: numbers[2],
+            seq_read_ns: if parts.len() == 4 {
+                numbers[3]
+            } else {
+                numbers[0]
+            },
         }))
     }
 }
@@ -257,11 +295,16 @@ impl Media {
 
     /// A read of `[off, off + len)`: misses read from the media, delayed under emulation.
     pub(crate) fn read(&self, off: u64, len: u64) {
-        let read_ns = self.options.latency.map_or(0, |l| l.read_ns);
+        let (random_ns, seq_ns) = self
+            .options
+            .latency
+            .map_or((0, 0), |l| (l.read_ns, l.seq_read_ns));
         self.with(|s| {
             for line in lines(off, len) {
                 if !s.access(line, false) {
-                    s.charge_delay(read_ns);
+                    let sequential = s.last_read_miss.wrapping_add(1) == line;
+                    s.last_read_miss = line;
+                    s.charge_delay(if sequential { seq_ns } else { random_ns });
                 }
             }
         })
@@ -334,6 +377,8 @@ struct ThreadMedia {
     owed_ns: i64,
     /// Delay charged and not yet added to the thread's counters.
     charged_ns: u64,
+    /// The line of the thread's last read miss (sequential misses are charged less).
+    last_read_miss: u64,
     /// Bytes written back (flushes, non-temporal stores) since this thread's last fence.
     written_back_since_fence: u64,
 }
@@ -348,6 +393,7 @@ impl ThreadMedia {
             read: 0,
             owed_ns: 0,
             charged_ns: 0,
+            last_read_miss: u64::MAX - 1,
             written_back_since_fence: 0,
         }
     }
@@ -697,6 +743,7 @@ mod tests {
             read_ns: 300,
             persist_ns: 500,
             write_mb_per_s: 1_000,
+            seq_read_ns: 100,
         });
         let adr = Media::new(options, PersistenceDomain::Adr).unwrap();
         let delay = |f: &dyn Fn()| {
@@ -704,10 +751,12 @@ mod tests {
             f();
             (thread_snapshot() - before).emulated_delay_ns
         };
-        // Each miss is charged its delay (spun off once a quantum is owed); a hit nothing.
-        assert_eq!(delay(&|| adr.read(0, 3 * 64)), 900);
-        assert_eq!(delay(&|| adr.read(3 * 64, 8)), 300);
-        assert_eq!(delay(&|| adr.read(3 * 64, 8)), 0);
+        // Each miss is charged its delay (spun off once a quantum is owed), a sequential one
+        // (the line after the previous miss) less; a hit nothing.
+        assert_eq!(delay(&|| adr.read(0, 3 * 64)), 300 + 100 + 100);
+        assert_eq!(delay(&|| adr.read(10 * 64, 8)), 300);
+        assert_eq!(delay(&|| adr.read(10 * 64, 8)), 0);
+        assert_eq!(delay(&|| adr.read(11 * 64, 8)), 100);
         // A fence after 1 KiB written back: max(500, 1024 B at 1 GB/s = 1024 ns).
         adr.store(4096, 1024);
         adr.flush(4096, 1024);
@@ -732,11 +781,34 @@ mod tests {
             Ok(Some(NvmLatency {
                 read_ns: 100,
                 persist_ns: 200,
-                write_mb_per_s: 0
+                write_mb_per_s: 0,
+                seq_read_ns: 100,
             }))
         );
-        for bad in ["", "1", "1,2,3,4", "a,b", "-1,2", "1,99999999"] {
+        assert_eq!(
+            NvmLatency::parse("1,2,3,4").unwrap().unwrap().seq_read_ns,
+            4
+        );
+        for bad in ["", "1", "1,2,3,4,5", "a,b", "-1,2", "1,99999999"] {
             assert!(NvmLatency::parse(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            MediaModel::parse("4M,16,64"),
+            Ok(Some(MediaModel {
+                cache_bytes: 4 << 20,
+                cache_ways: 16,
+                xpbuffer_lines: 64
+            }))
+        );
+        for bad in [
+            "4M,16",
+            "3M,16,64",
+            "4M,0,64",
+            "4M,16,0",
+            "x,1,1",
+            "99999999999999M,1,1",
+        ] {
+            assert!(MediaModel::parse(bad).is_err(), "{bad}");
         }
         let mut m = MediaModel::optane();
         assert!(m.validate().is_ok());
