@@ -226,6 +226,55 @@ impl std::hash::Hasher for WriteKeyHasher {
     }
 }
 
+/// The tuple addresses a transaction's recent reads found, so that an update or delete of a key
+/// it has just read skips the index descent (issue 13: TPC-C updates almost every row it reads,
+/// and Delivery reads ~100 order lines by a scan before updating each). Direct-mapped and
+/// overwritten freely; an entry counts only in the transaction that made it (`txn`).
+///
+/// Using the address of the transaction's own earlier read is as safe as the index lookup made
+/// then: the read is in the read set (validated at commit) or locked, and a slot is reused only
+/// once no running transaction can still hold its address (Falcon §5.4).
+pub(crate) struct RecentReads {
+    /// (table, key, transaction number, tuple).
+    entries: Box<[(TableId, u64, u64, u64)]>,
+    txn: u64,
+}
+
+impl Default for RecentReads {
+    fn default() -> Self {
+        RecentReads {
+            entries: vec![(0, 0, 0, 0); Self::SLOTS].into_boxed_slice(),
+            txn: 1,
+        }
+    }
+}
+
+impl RecentReads {
+    const SLOTS: usize = 64;
+
+    fn slot(table: TableId, key: u64) -> usize {
+        (crate::index::mix64(key ^ (u64::from(table) << 48)) as usize) & (Self::SLOTS - 1)
+    }
+
+    /// Forgets the previous transaction's reads (in O(1)).
+    pub fn next_txn(&mut self) {
+        self.txn += 1;
+    }
+
+    /// Records that this transaction read `key` of `table` at `tuple`.
+    #[inline]
+    pub fn note(&mut self, table: TableId, key: u64, tuple: u64) {
+        self.entries[Self::slot(table, key)] = (table, key, self.txn, tuple);
+    }
+
+    /// Where this transaction last read `key` of `table`, if that is still remembered.
+    #[inline]
+    pub fn get(&self, table: TableId, key: u64) -> Option<u64> {
+        let (t, k, txn, tuple) = self.entries[Self::slot(table, key)];
+        (t == table && k == key && txn == self.txn).then_some(tuple)
+    }
+}
+
 /// Most hot tuples Falcon tracks per thread (`hot_tuples`): each costs DRAM in every worker.
 pub const MAX_HOT_TUPLES: usize = 1 << 20;
 /// Most `hstore` partitions (`CcOptions::partitions`): each is one lock word in DRAM.

@@ -109,6 +109,8 @@ pub(crate) struct FalconWorker {
     pub(super) writes: Vec<WriteRec>,
     /// Finds a write of `writes` by table and key.
     write_lookup: common::WriteLookup,
+    /// Where this transaction's reads found their keys (an update after a read skips the index).
+    recent: common::RecentReads,
     ranges: Vec<RangeRec>,
     data: Vec<u8>,
     payload: Vec<u8>,
@@ -171,6 +173,7 @@ impl FalconWorker {
             reads: Vec::new(),
             writes: Vec::new(),
             write_lookup: common::WriteLookup::default(),
+            recent: common::RecentReads::default(),
             ranges: Vec::new(),
             data: Vec::new(),
             payload: Vec::new(),
@@ -342,7 +345,20 @@ impl FalconWorker {
                 .get(key)
                 .ok_or(TxError::NotFound { table, key })?,
         };
-        self.cc_read(t, key, table, out)
+        self.cc_read(t, key, table, out)?;
+        self.recent.note(table, key, t);
+        Ok(())
+    }
+
+    /// The tuple of `key`: where this transaction read it, else the index's.
+    fn locate(&self, table: TableId, key: u64) -> Result<u64, TxError> {
+        match self.recent.get(table, key) {
+            Some(t) => Ok(t),
+            None => self.tables[table as usize]
+                .index
+                .get(key)
+                .ok_or(TxError::NotFound { table, key }),
+        }
     }
 
     /// A free slot of `table` owned by this thread: a reclaimable deleted slot (§5.4), a free one,
@@ -402,6 +418,7 @@ impl FalconWorker {
         self.locked_rts.clear();
         self.writes.clear();
         self.write_lookup.clear();
+        self.recent.next_txn();
         self.ranges.clear();
         self.data.clear();
         self.in_txn = false;
@@ -684,10 +701,7 @@ impl EngineWorker for FalconWorker {
                 _ => w,
             },
             None => {
-                let t = self.tables[table as usize]
-                    .index
-                    .get(key)
-                    .ok_or(TxError::NotFound { table, key })?;
+                let t = self.locate(table, key)?;
                 let locked = self.locks_writes_early();
                 if locked {
                     self.lock_for_write(t, key, table)?;
@@ -775,10 +789,7 @@ impl EngineWorker for FalconWorker {
             }
             return Ok(());
         }
-        let t = self.tables[table as usize]
-            .index
-            .get(key)
-            .ok_or(TxError::NotFound { table, key })?;
+        let t = self.locate(table, key)?;
         let locked = self.locks_writes_early();
         if locked {
             self.lock_for_write(t, key, table)?;
