@@ -468,3 +468,32 @@ pub(crate) fn pm_full(what: std::fmt::Arguments<'_>, e: crate::alloc::AllocError
         other => TxError::PmFull(format!("{what} needs a new page: {other}")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recent_reads_hold_only_the_current_transactions_reads() {
+        let mut r = RecentReads::default();
+        assert_eq!(r.get(1, 7), None);
+        r.note(1, 7, 4096);
+        r.note(2, 7, 8192);
+        assert_eq!(r.get(1, 7), Some(4096));
+        assert_eq!(r.get(2, 7), Some(8192));
+        assert_eq!(r.get(1, 8), None);
+        // A later read of the key replaces the address.
+        r.note(1, 7, 12288);
+        assert_eq!(r.get(1, 7), Some(12288));
+        // The next transaction sees none of them.
+        r.next_txn();
+        assert_eq!((r.get(1, 7), r.get(2, 7)), (None, None));
+        // Keys that share a slot overwrite each other: the loser is simply not remembered.
+        for key in 0..1000u64 {
+            r.note(3, key, key * 64);
+        }
+        let remembered = (0..1000u64).filter(|&k| r.get(3, k) == Some(k * 64)).count();
+        assert!(remembered > 0 && remembered <= RecentReads::SLOTS);
+        assert!((0..1000u64).all(|k| r.get(3, k).is_none_or(|t| t == k * 64)));
+    }
+}
