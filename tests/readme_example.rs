@@ -1,10 +1,7 @@
 //! The README's embedding example, run as written (with a temporary pool path), twice: the second
 //! run reopens the pool, recovers it, and finds the first run's transfer.
 
-use pmtx::catalog::{ColumnType, Schema};
-use pmtx::db::{Db, DbConfig, Value};
-use pmtx::engine::EngineKind;
-use pmtx::pmem::PersistenceDomain;
+use pmtx::prelude::*;
 
 fn readme_example(path: &std::path::Path) -> Result<(i64, i64), Box<dyn std::error::Error>> {
     let config = DbConfig::default()
