@@ -34,7 +34,7 @@ fn cases(protocols: impl IntoIterator<Item = Protocol> + Clone) -> Vec<(EngineKi
 fn db(engine: EngineKind, protocol: Protocol) -> (Db, TableId) {
     // Failures name the case (stderr is shown for failing tests).
     eprintln!("cc_history: engine {engine}, protocol {protocol}");
-    let mut cfg = DbConfig::default()
+    let mut cfg = DbConfig::temporary()
         .engine(engine)
         .protocol(protocol)
         .domain(PersistenceDomain::Eadr)

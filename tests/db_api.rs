@@ -21,7 +21,7 @@ fn accounts() -> Schema {
 }
 
 fn config(engine: EngineKind, protocol: Protocol, domain: PersistenceDomain) -> DbConfig {
-    DbConfig::default()
+    DbConfig::temporary()
         .engine(engine)
         .protocol(protocol)
         .domain(domain)
@@ -313,11 +313,11 @@ fn opening_with_a_wrong_configuration_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("x.pool");
     assert!(matches!(
-        Db::open(DbConfig::default().path(&path)),
+        Db::open(DbConfig::temporary().path(&path)),
         Err(DbError::Pool(_))
     ));
     assert!(matches!(
-        Db::open(DbConfig::default()),
+        Db::open(DbConfig::temporary()),
         Err(DbError::Config(_))
     ));
     let noflush_adr = config(
@@ -474,4 +474,38 @@ fn an_insert_raced_by_a_committed_insert_is_a_conflict_and_the_retry_succeeds() 
         .run(|tx| (0..2u64).map(|k| Ok(tx.get(orders, k)?.u64(0))).collect())
         .unwrap();
     assert_eq!(owners, vec![2, 1]);
+}
+
+/// Issue 21, item 6: a database without a pool path is refused unless asked for as temporary,
+/// whose scratch pool goes with it; a path makes it persistent.
+#[test]
+fn a_missing_path_is_an_error_unless_the_database_is_asked_for_as_temporary() {
+    let e = Db::create(DbConfig::default().pool_size(16 << 20))
+        .err()
+        .expect("refused");
+    assert!(e.to_string().contains("DbConfig::temporary()"), "{e}");
+    let e = Db::open_or_create(DbConfig::default())
+        .err()
+        .expect("refused");
+    assert!(e.to_string().contains("no pool path"), "{e}");
+    let db = Db::create(DbConfig::temporary().pool_size(16 << 20).max_threads(2)).unwrap();
+    let scratch = db
+        .engine()
+        .pool()
+        .and_then(|p| p.path().map(|p| p.to_path_buf()));
+    let scratch = scratch.expect("a scratch pool file");
+    assert!(scratch.exists());
+    drop(db);
+    assert!(!scratch.exists(), "the scratch pool is removed on drop");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kept.pool");
+    let db = Db::create(
+        DbConfig::temporary()
+            .path(&path)
+            .pool_size(16 << 20)
+            .max_threads(2),
+    )
+    .unwrap();
+    drop(db);
+    assert!(path.exists(), "a pool with a path is kept");
 }

@@ -13,7 +13,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 fn bank_db(engine: EngineKind, accounts: u64) -> (Db, u32) {
-    let mut config = DbConfig::default()
+    let mut config = DbConfig::temporary()
         .engine(engine)
         .protocol(Protocol::DlDetect)
         .pool_size(64 << 20)

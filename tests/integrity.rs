@@ -20,7 +20,7 @@ const ROWS: u64 = 50;
 fn make_pool(dir: &Path, engine: EngineKind) -> PathBuf {
     let path = dir.join(format!("{engine}.pool"));
     let db = Db::create(
-        DbConfig::default()
+        DbConfig::temporary()
             .engine(engine)
             .domain(PersistenceDomain::Adr)
             .pool_size(32 << 20)
@@ -43,7 +43,7 @@ fn make_pool(dir: &Path, engine: EngineKind) -> PathBuf {
 
 fn open(path: &Path) -> Result<Db, DbError> {
     Db::open(
-        DbConfig::default()
+        DbConfig::temporary()
             .domain(PersistenceDomain::Adr)
             .path(path),
     )
@@ -249,7 +249,7 @@ fn the_header_records_engine_and_domain() {
     assert_eq!(db.check_structure().unwrap(), vec![ROWS]);
     drop(db);
     // An engine of another design, insisted on, is refused with a message naming both.
-    let mut insist = DbConfig::default()
+    let mut insist = DbConfig::temporary()
         .engine(EngineKind::Inp)
         .domain(PersistenceDomain::Adr)
         .path(&path);
@@ -257,7 +257,7 @@ fn the_header_records_engine_and_domain() {
     let err = Db::open(insist).err().expect("refused").to_string();
     assert!(err.contains("inp") && err.contains("zen"), "{err}");
     // Another domain is refused unless overridden.
-    let eadr = DbConfig::default()
+    let eadr = DbConfig::temporary()
         .domain(PersistenceDomain::Eadr)
         .path(&path);
     match Db::open(eadr.clone()) {

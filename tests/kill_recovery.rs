@@ -61,7 +61,7 @@ fn kill_and_recover(engine: EngineKind, protocol: Protocol, domain: PersistenceD
         if !path.exists() {
             continue; // killed before the pool file existed
         }
-        let config = DbConfig::default()
+        let config = DbConfig::temporary()
             .engine(engine)
             .protocol(protocol)
             .domain(domain)

@@ -12,7 +12,7 @@ use std::process::Command;
 /// The calling thread's PM counters after creating a database with `media`, inserting 2,000
 /// rows of 256 bytes in batches of 100 and updating each once, minus those before.
 fn traffic(engine: EngineKind, domain: PersistenceDomain, media: Option<MediaOptions>) -> PmStats {
-    let config = DbConfig::default()
+    let config = DbConfig::temporary()
         .engine(engine)
         .domain(domain)
         .pool_size(64 << 20)

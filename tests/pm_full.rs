@@ -28,7 +28,7 @@ impl Drop for Scratch {
 }
 
 fn config(engine: EngineKind, path: &Path, bytes: u64, threads: usize) -> DbConfig {
-    DbConfig::default()
+    DbConfig::temporary()
         .engine(engine)
         .domain(PersistenceDomain::Adr)
         .path(path)

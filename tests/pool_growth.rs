@@ -28,7 +28,7 @@ impl Drop for Scratch {
 }
 
 fn config(engine: EngineKind, path: &Path, threads: usize, max: u64) -> DbConfig {
-    DbConfig::default()
+    DbConfig::temporary()
         .engine(engine)
         .domain(PersistenceDomain::Adr)
         .path(path)
@@ -101,7 +101,7 @@ fn a_small_pool_grows_past_its_first_size_and_keeps_every_row_across_a_reopen() 
         assert_eq!((header.size, header.initial_size), (grown, initial));
         assert_eq!(header.max_size, Some(256 << 20));
         let db = Db::open(
-            DbConfig::default()
+            DbConfig::temporary()
                 .path(&scratch.0)
                 .domain(PersistenceDomain::Adr),
         )
@@ -198,7 +198,7 @@ fn a_crash_at_any_step_of_a_growth_leaves_a_pool_that_opens_with_every_row() {
             .unwrap();
         drop(f);
         let db = Db::open(
-            DbConfig::default()
+            DbConfig::temporary()
                 .path(&scratch.0)
                 .domain(PersistenceDomain::Adr),
         )
@@ -221,7 +221,7 @@ fn a_crash_at_any_step_of_a_growth_leaves_a_pool_that_opens_with_every_row() {
         let before = file_len(&scratch.0);
         file().set_len(before + 4 * PAGE_SIZE).unwrap();
         let db = Db::open(
-            DbConfig::default()
+            DbConfig::temporary()
                 .path(&scratch.0)
                 .domain(PersistenceDomain::Adr),
         )

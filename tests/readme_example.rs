@@ -4,7 +4,7 @@
 use pmtx::prelude::*;
 
 fn readme_example(path: &std::path::Path) -> Result<(i64, i64), Box<dyn std::error::Error>> {
-    let config = DbConfig::default()
+    let config = DbConfig::temporary()
         .engine(EngineKind::Falcon) // the domain is auto (see "Persistence domains")
         .path(path);
     let db = Db::open_or_create(config)?; // opening runs recovery
@@ -39,7 +39,7 @@ fn the_readme_example_runs_and_survives_a_reopen() {
         let path = dir.path().join("bank.pool");
         assert_eq!(readme_example(&path).unwrap(), (90, 10));
         assert_eq!(readme_example(&path).unwrap(), (80, 20));
-        let db = Db::open(DbConfig::default().path(&path)).unwrap();
+        let db = Db::open(DbConfig::temporary().path(&path)).unwrap();
         let detected = pmtx::pmem::platform::detect_domain(Some(&path));
         assert_eq!(db.domain(), detected.domain, "{}", detected.reason);
         let expected_warning = matches!(

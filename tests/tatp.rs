@@ -15,7 +15,7 @@ use std::time::Duration;
 const SEED: u64 = 42;
 
 fn loaded(subscribers: u64, engine: EngineKind) -> (Db, Tatp) {
-    let config = DbConfig::default()
+    let config = DbConfig::temporary()
         .engine(engine)
         .pool_size(64 << 20)
         .max_threads(6);

@@ -15,7 +15,7 @@ use rand::SeedableRng;
 
 fn tiny_db(engine: EngineKind, warehouses: u64) -> (Db, Tpcc) {
     let db = Db::create(
-        DbConfig::default()
+        DbConfig::temporary()
             .engine(engine)
             .pool_size(96 << 20)
             .max_threads(4),
@@ -716,7 +716,7 @@ fn a_reopened_database_is_still_consistent() {
     let path = dir.path().join("tpcc.pool");
     // eADR as the test always ran (on the temp dir's disk file system `auto` would pick msync,
     // which this test of reopening does not need).
-    let config = DbConfig::default()
+    let config = DbConfig::temporary()
         .domain(pmtx::pmem::PersistenceDomain::Eadr)
         .pool_size(96 << 20)
         .max_threads(4)
@@ -922,7 +922,7 @@ fn stale_misses_conflict_on_both_engines_under_optimistic_and_mv_protocols() {
         ] {
             let what = format!("{engine} {protocol}");
             let db = Db::create(
-                DbConfig::default()
+                DbConfig::temporary()
                     .engine(engine)
                     .protocol(protocol)
                     .pool_size(96 << 20)

@@ -15,7 +15,7 @@ use rand::SeedableRng;
 mod common;
 
 fn config(protocol: Protocol, domain: PersistenceDomain) -> DbConfig {
-    let mut c = DbConfig::default()
+    let mut c = DbConfig::temporary()
         .engine(EngineKind::Zen)
         .protocol(protocol)
         .domain(domain)

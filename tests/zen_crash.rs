@@ -29,7 +29,7 @@ const TXNS: u64 = 24;
 type Model = BTreeMap<u64, i64>;
 
 fn config(domain: PersistenceDomain, protocol: Protocol, fault: Option<ZenFault>) -> DbConfig {
-    let mut c = DbConfig::default()
+    let mut c = DbConfig::temporary()
         .engine(EngineKind::Zen)
         .protocol(protocol)
         .domain(domain)

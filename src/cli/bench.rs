@@ -170,7 +170,7 @@ impl CommonArgs {
     /// The database configuration for one run of `engine` on `threads` threads.
     pub(crate) fn db_config(&self, engine: EngineKind, threads: usize, pool_size: u64) -> DbConfig {
         let mut config =
-            DbConfig::default()
+            DbConfig::temporary()
                 .engine(engine)
                 .protocol(self.cc)
                 .domain(self.domain)

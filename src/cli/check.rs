@@ -128,7 +128,7 @@ pub(crate) fn check_pool_as(pool: Pool, engine: EngineKind) -> Result<Recovered,
     }
     let config = DbConfig {
         counting: false,
-        ..DbConfig::default()
+        ..DbConfig::temporary()
     }
     .engine(engine)
     .domain(header.domain);

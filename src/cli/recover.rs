@@ -35,7 +35,7 @@ pub struct RecoverArgs {
 
 pub(crate) fn run(args: RecoverArgs) -> CliResult {
     let header = Pool::read_header(&args.pool)?;
-    let mut config = DbConfig::default()
+    let mut config = DbConfig::temporary()
         .protocol(args.cc)
         .domain(args.domain.unwrap_or(header.domain))
         .allow_domain_change(args.allow_domain_change)

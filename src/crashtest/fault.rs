@@ -257,11 +257,11 @@ mod tests {
 
     #[test]
     fn apply_sets_the_engines_own_knob() {
-        let mut c = DbConfig::default();
+        let mut c = DbConfig::temporary();
         InjectedFault::Zen(ZenFault::SkipTupleFlush).apply(&mut c);
         assert_eq!(c.zen_fault, Some(ZenFault::SkipTupleFlush));
         assert_eq!(c.fault, None);
-        let mut c = DbConfig::default();
+        let mut c = DbConfig::temporary();
         InjectedFault::Falcon(Fault::SkipLogFence).apply(&mut c);
         assert_eq!(c.fault, Some(Fault::SkipLogFence));
         assert_eq!(c.zen_fault, None);

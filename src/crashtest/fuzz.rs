@@ -59,7 +59,7 @@ pub struct BaseImage {
 }
 
 fn db_config(engine: EngineKind, domain: PersistenceDomain) -> DbConfig {
-    let mut c = DbConfig::default()
+    let mut c = DbConfig::temporary()
         .engine(engine)
         .domain(domain)
         .max_threads(2)

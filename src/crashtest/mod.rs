@@ -172,7 +172,7 @@ impl CrashTestConfig {
     }
 
     fn db_config(&self, tables: usize) -> DbConfig {
-        let mut c = DbConfig::default()
+        let mut c = DbConfig::temporary()
             .engine(self.engine)
             .protocol(self.protocol)
             .domain(self.domain)

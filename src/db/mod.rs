@@ -4,7 +4,7 @@
 //! use pmtx::db::{Db, DbConfig, Value};
 //! use pmtx::catalog::{ColumnType, Schema};
 //!
-//! let db = Db::create(DbConfig::default().pool_size(16 << 20).max_threads(2)).unwrap();
+//! let db = Db::create(DbConfig::temporary().pool_size(16 << 20).max_threads(2)).unwrap();
 //! let accounts = db
 //!     .create_table(Schema::new("accounts", &[("owner", ColumnType::Bytes(16)), ("balance", ColumnType::I64)]))
 //!     .unwrap();
@@ -36,9 +36,12 @@ pub struct DbConfig {
     /// a persistent CPU cache, ADR on other DAX storage, `msync` on an ordinary file system,
     /// eADR for scratch and tmpfs pools), an existing pool the domain it was created for.
     pub domain: Option<PersistenceDomain>,
-    /// The pool file; `None` creates a scratch pool under /dev/shm (or the temp dir) that is
-    /// removed when the database is dropped.
+    /// The pool file. `None` is allowed only for a [`DbConfig::temporary`] database, whose
+    /// scratch pool under /dev/shm (or the temp dir) is removed when the database is dropped.
     pub path: Option<PathBuf>,
+    /// A scratch pool, removed on drop, is wanted (see [`DbConfig::temporary`]); without it a
+    /// missing `path` is an error rather than a database that silently vanishes.
+    pub temporary: bool,
     /// Pool size for a new database, in bytes.
     pub pool_size: u64,
     /// For a new database: the size its pool may grow to, in bytes; `None` (the default) makes a
@@ -108,11 +111,22 @@ impl Default for DbConfig {
             engine_from_pool: true,
             allow_domain_change: false,
             media: None,
+            temporary: false,
         }
     }
 }
 
 impl DbConfig {
+    /// The default configuration for a temporary database: its pool is a scratch file under
+    /// /dev/shm (or the temp dir, or `$PMTX_SCRATCH_DIR`), removed when the database is dropped,
+    /// and also when SIGINT or SIGTERM stops the `pmtx` command. For a database that outlives
+    /// the process give a [`DbConfig::path`] instead (which makes it non-temporary).
+    pub fn temporary() -> DbConfig {
+        DbConfig {
+            temporary: true,
+            ..DbConfig::default()
+        }
+    }
     /// Sets the engine.
     pub fn engine(mut self, engine: EngineKind) -> Self {
         self.engine = engine;
@@ -140,9 +154,10 @@ impl DbConfig {
         self.allow_domain_change = allow;
         self
     }
-    /// Sets the pool path.
+    /// Sets the pool path (the database is then not [temporary](DbConfig::temporary)).
     pub fn path(mut self, path: impl Into<PathBuf>) -> Self {
         self.path = Some(path.into());
+        self.temporary = false;
         self
     }
     /// Sets the pool size of a new database.
@@ -290,6 +305,14 @@ pub enum Value<'a> {
 impl Db {
     /// Creates a new database (and its pool).
     pub fn create(mut config: DbConfig) -> Result<Db, DbError> {
+        if config.path.is_none() && !config.temporary {
+            return Err(DbError::Config(
+                "no pool path: give DbConfig::path(...) for a database that outlives the \
+                 process, or start from DbConfig::temporary() for a scratch pool removed when \
+                 the database is dropped"
+                    .into(),
+            ));
+        }
         if config.domain.is_none() {
             config.domain = Some(platform::detect_domain(config.path.as_deref()).domain);
         }

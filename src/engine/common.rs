@@ -492,7 +492,9 @@ mod tests {
         for key in 0..1000u64 {
             r.note(3, key, key * 64);
         }
-        let remembered = (0..1000u64).filter(|&k| r.get(3, k) == Some(k * 64)).count();
+        let remembered = (0..1000u64)
+            .filter(|&k| r.get(3, k) == Some(k * 64))
+            .count();
         assert!(remembered > 0 && remembered <= RecentReads::SLOTS);
         assert!((0..1000u64).all(|k| r.get(3, k).is_none_or(|t| t == k * 64)));
     }

@@ -178,7 +178,7 @@ mod tests {
 
     #[test]
     fn transfers_keep_the_invariant_and_the_check_catches_a_broken_one() {
-        let db = Db::create(DbConfig::default().pool_size(32 << 20).max_threads(4)).unwrap();
+        let db = Db::create(DbConfig::temporary().pool_size(32 << 20).max_threads(4)).unwrap();
         let table = load(&db, 50).unwrap();
         let mut w = db.worker().unwrap();
         let mut rng = StdRng::seed_from_u64(3);
@@ -198,7 +198,7 @@ mod tests {
     #[test]
     fn a_load_of_several_batches_is_checked_only_once_complete() {
         let accounts = 2 * LOAD_BATCH + 7;
-        let db = Db::create(DbConfig::default().pool_size(32 << 20).max_threads(4)).unwrap();
+        let db = Db::create(DbConfig::temporary().pool_size(32 << 20).max_threads(4)).unwrap();
         load(&db, accounts).unwrap();
         check(&db, accounts).unwrap();
         let marker = db.table("bank_loaded").unwrap();
@@ -208,7 +208,7 @@ mod tests {
         assert!(load(&db, MAX_ACCOUNTS + 1).is_err());
 
         // A load stopped between batches (no marker yet) promised nothing.
-        let db = Db::create(DbConfig::default().pool_size(32 << 20).max_threads(4)).unwrap();
+        let db = Db::create(DbConfig::temporary().pool_size(32 << 20).max_threads(4)).unwrap();
         let table = db.create_table(schema()).unwrap();
         db.create_table(loaded_schema()).unwrap();
         db.run(|tx| tx.insert(table, 0, &[Value::I64(INITIAL_BALANCE), Value::U64(0)]))

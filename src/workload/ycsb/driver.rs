@@ -250,7 +250,7 @@ mod tests {
     fn every_core_workload_runs_and_keeps_the_structure() {
         for name in ["a", "b", "c", "d", "e", "f"] {
             let workload = Workload::from_name(name).unwrap().with_ops_per_txn(4);
-            let db = Db::create(DbConfig::default().pool_size(64 << 20).max_threads(4)).unwrap();
+            let db = Db::create(DbConfig::temporary().pool_size(64 << 20).max_threads(4)).unwrap();
             let table = db.create_table(schema(&workload)).unwrap();
             load(&db, table, &workload, 2000, 2, &|_| {}).unwrap();
             let inserts = Arc::new(AcknowledgedCounter::new(2000));
