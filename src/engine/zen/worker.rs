@@ -96,6 +96,9 @@ pub(crate) struct ZenWorker {
     pub(super) writes: Vec<WriteRec>,
     /// Finds a write of `writes` by table and key.
     write_lookup: common::WriteLookup,
+    /// The Met-Cache entries this transaction's reads found (pinned until it ends), so that an
+    /// update or delete of a key it has read skips the index lookup.
+    recent: common::RecentReads,
     ranges: Vec<RangeRec>,
     data: Vec<u8>,
     /// New rows built at commit.
@@ -153,6 +156,7 @@ impl ZenWorker {
             reads: Vec::new(),
             writes: Vec::new(),
             write_lookup: common::WriteLookup::default(),
+            recent: common::RecentReads::default(),
             ranges: Vec::new(),
             data: Vec::new(),
             rows: Vec::new(),
@@ -322,6 +326,15 @@ impl ZenWorker {
         Err(TxError::Conflict)
     }
 
+    /// [`locate`](Self::locate), but first the entry this transaction's read of `key` found, if
+    /// it is still the key's current entry (it stays pinned until the transaction ends).
+    fn locate_again(&mut self, table: TableId, key: u64) -> Result<u64, TxError> {
+        match self.recent.get(table, key) {
+            Some(r) if self.tables[table as usize].cache.entry(r).is_current(key) => Ok(r),
+            _ => self.locate(table, key),
+        }
+    }
+
     /// Reads the row of `key` that the protocol lets this transaction see.
     fn cc_read(&mut self, table: TableId, key: u64, out: &mut [u8]) -> Result<(), TxError> {
         for _ in 0..LOCATE_ATTEMPTS {
@@ -354,6 +367,7 @@ impl ZenWorker {
                         self.reads.push(rd);
                     }
                     self.max_seen = self.max_seen.max(cts);
+                    self.recent.note(table, key, r);
                     return Ok(());
                 }
             }
@@ -660,6 +674,7 @@ impl ZenWorker {
         self.cx.locked_rts.clear();
         self.writes.clear();
         self.write_lookup.clear();
+        self.recent.next_txn();
         self.ranges.clear();
         self.data.clear();
         self.rows.clear();
@@ -869,7 +884,7 @@ impl EngineWorker for ZenWorker {
                 _ => w,
             },
             None => {
-                let r = self.locate(table, key)?;
+                let r = self.locate_again(table, key)?;
                 self.tables[table as usize].cache.entry(r).prefetch_row();
                 let locked = self.locks_writes_early();
                 if locked {
@@ -944,7 +959,7 @@ impl EngineWorker for ZenWorker {
             }
             return Ok(());
         }
-        let r = self.locate(table, key)?;
+        let r = self.locate_again(table, key)?;
         let locked = self.locks_writes_early();
         if locked {
             self.lock_for_write(table, key, r)?;
