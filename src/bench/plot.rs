@@ -742,30 +742,8 @@ fn draw_kinds<DB: DrawingBackend>(
             .fold(0.0, f64::max)
             .max(1e-9)
             * 1.12;
-        let names = kinds.clone();
-        let y_fmt = move |y: &f64| {
-            let i = y.round();
-            if with_names && (y - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < names.len() {
-                names[i as usize].clone()
-            } else {
-                String::new()
-            }
-        };
-        let mut chart = ChartBuilder::on(area)
-            .margin(15)
-            .x_label_area_size(45)
-            .y_label_area_size(if with_names { 190 } else { 10 })
-            .build_cartesian_2d(0.0..max_x, (n as f64 - 0.5)..-0.5)?;
-        chart
-            .configure_mesh()
-            .disable_y_mesh()
-            .x_desc(desc)
-            .y_labels(n)
-            .y_label_formatter(&y_fmt)
-            .label_style((FAMILY, 14))
-            .axis_desc_style((FAMILY, 16))
-            .light_line_style(RGBColor(235, 235, 235))
-            .draw()?;
+        let names = if with_names { &kinds[..] } else { &[] };
+        let mut chart = bar_chart(area, desc, max_x, n, names, 190)?;
         let engines = chosen.len().max(1) as f64;
         let band = 0.8 / engines;
         for (e, r) in chosen.iter().enumerate() {
@@ -864,30 +842,8 @@ fn draw_media<DB: DrawingBackend>(
     ];
     for (area, desc, value, with_names) in panels {
         let max_x = bars.iter().map(value).fold(0.0, f64::max).max(1e-9) * 1.12;
-        let names = names.clone();
-        let y_fmt = move |y: &f64| {
-            let i = y.round();
-            if with_names && (y - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < names.len() {
-                names[i as usize].clone()
-            } else {
-                String::new()
-            }
-        };
-        let mut chart = ChartBuilder::on(area)
-            .margin(15)
-            .x_label_area_size(45)
-            .y_label_area_size(if with_names { 230 } else { 10 })
-            .build_cartesian_2d(0.0..max_x, (n as f64 - 0.5)..-0.5)?;
-        chart
-            .configure_mesh()
-            .disable_y_mesh()
-            .x_desc(desc)
-            .y_labels(n)
-            .y_label_formatter(&y_fmt)
-            .label_style((FAMILY, 14))
-            .axis_desc_style((FAMILY, 16))
-            .light_line_style(RGBColor(235, 235, 235))
-            .draw()?;
+        let shown = if with_names { &names[..] } else { &[] };
+        let mut chart = bar_chart(area, desc, max_x, n, shown, 230)?;
         chart.draw_series(bars.iter().enumerate().map(|(i, b)| {
             let color = engine_color(&b.1, i);
             Rectangle::new(
@@ -897,4 +853,47 @@ fn draw_media<DB: DrawingBackend>(
         }))?;
     }
     Ok(())
+}
+
+/// A chart with a linear x and y axis.
+type BarChart<'a, DB> = ChartContext<
+    'a,
+    DB,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
+/// A horizontal bar chart on `area`: `n` rows (top to bottom), x from 0 to `max_x` described by
+/// `desc`, the row `names` on the left when given (in a label area `names_width` wide).
+fn bar_chart<'a, DB: DrawingBackend>(
+    area: &'a DrawingArea<DB, Shift>,
+    desc: &str,
+    max_x: f64,
+    n: usize,
+    names: &[String],
+    names_width: u32,
+) -> Result<BarChart<'a, DB>, DrawingAreaErrorKind<DB::ErrorType>> {
+    let y_fmt = |y: &f64| {
+        let i = y.round();
+        if (y - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < names.len() {
+            names[i as usize].clone()
+        } else {
+            String::new()
+        }
+    };
+    let mut chart = ChartBuilder::on(area)
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(if names.is_empty() { 10 } else { names_width })
+        .build_cartesian_2d(0.0..max_x, (n as f64 - 0.5)..-0.5)?;
+    chart
+        .configure_mesh()
+        .disable_y_mesh()
+        .x_desc(desc)
+        .y_labels(n)
+        .y_label_formatter(&y_fmt)
+        .label_style((FAMILY, 14))
+        .axis_desc_style((FAMILY, 16))
+        .light_line_style(RGBColor(235, 235, 235))
+        .draw()?;
+    Ok(chart)
 }

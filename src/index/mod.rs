@@ -40,6 +40,19 @@ pub enum IndexError {
     UnknownKind(String),
 }
 
+/// The first entry `scan` visits, telling it to stop there: `first_at_or_after` and
+/// `last_at_or_before` of the ordered indexes, DRAM and PM, over their forward and reverse scans.
+pub(crate) fn first_visited(
+    scan: impl FnOnce(&mut dyn FnMut(u64, u64) -> bool),
+) -> Option<(u64, u64)> {
+    let mut first = None;
+    scan(&mut |k, v| {
+        first = Some((k, v));
+        false
+    });
+    first
+}
+
 /// The murmur3 64-bit finaliser: a bijection whose every output bit depends on every input bit.
 ///
 /// Used wherever a key picks a bucket, shard or lock stripe, so that keys sharing low bits

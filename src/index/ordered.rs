@@ -145,22 +145,16 @@ impl OrderedIndex {
 
     /// The entry with the smallest key `>= key`.
     pub fn first_at_or_after(&self, key: u64) -> Option<(u64, u64)> {
-        let mut first = None;
-        self.scan(key, 1, |k, a| {
-            first = Some((k, a));
-            false
-        });
-        first
+        crate::index::first_visited(|f| {
+            self.scan(key, 1, f);
+        })
     }
 
     /// The entry with the largest key `<= key`.
     pub fn last_at_or_before(&self, key: u64) -> Option<(u64, u64)> {
-        let mut last = None;
-        self.scan_rev(key, 1, |k, a| {
-            last = Some((k, a));
-            false
-        });
-        last
+        crate::index::first_visited(|f| {
+            self.scan_rev(key, 1, f);
+        })
     }
 
     /// DRAM bytes used by the index: every node allocated (linked, or free for reuse) plus the

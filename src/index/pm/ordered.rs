@@ -974,22 +974,16 @@ impl PmOrderedIndex {
 
     /// The entry with the smallest key `>= key`.
     pub fn first_at_or_after(&self, key: u64) -> Option<(u64, u64)> {
-        let mut first = None;
-        self.scan(key, 1, |k, v| {
-            first = Some((k, v));
-            false
-        });
-        first
+        crate::index::first_visited(|f| {
+            self.scan(key, 1, f);
+        })
     }
 
     /// The entry with the largest key `<= key`.
     pub fn last_at_or_before(&self, key: u64) -> Option<(u64, u64)> {
-        let mut last = None;
-        self.scan_rev(key, 1, |k, v| {
-            last = Some((k, v));
-            false
-        });
-        last
+        crate::index::first_visited(|f| {
+            self.scan_rev(key, 1, f);
+        })
     }
 
     /// DRAM bytes used: the inner map, the per-leaf metadata of every page, the directory and
