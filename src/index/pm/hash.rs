@@ -1552,6 +1552,38 @@ mod tests {
         ));
     }
 
+    /// A writer's lock (an odd version) that a crash left in PM is not a lock after recovery:
+    /// the new epoch makes it stale, without recovery touching the bucket (Dash §4.5).
+    #[test]
+    fn a_bucket_lock_left_by_a_crash_is_released_by_the_new_epoch() {
+        let (pool, pages) = setup(1, PersistenceDomain::Eadr);
+        let index = PmHashIndex::create(pool.clone(), pages.clone(), TAG).unwrap();
+        index.insert_new(42, 7).unwrap().unwrap();
+        let h = index.hash(42);
+        let bucket = index.bucket(index.dir.load().segment(h).offset, index.home(h));
+        // A writer died between begin_write and end_write.
+        let odd = index.begin_write(bucket);
+        assert!(index.locked(odd));
+        let root = index.root();
+        drop(index);
+        let (index, _) = PmHashIndex::recover(pool.clone(), pages, root).unwrap();
+        assert_eq!(
+            pool.read_u64(bucket + VERSION),
+            odd,
+            "recovery left the bucket as it was"
+        );
+        assert!(
+            !index.locked(odd),
+            "a version of an older epoch is unlocked"
+        );
+        assert_eq!(index.get(42), Some(7));
+        assert_eq!(index.upsert(42, 8).unwrap(), Some(7));
+        assert!(
+            index.locked(index.begin_write(bucket)),
+            "a writer locks it again"
+        );
+    }
+
     // ---- crash consistency ----
 
     #[derive(Clone, Copy, Debug)]
