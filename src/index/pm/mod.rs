@@ -15,4 +15,8 @@
 mod hash;
 mod ordered;
 
+pub use hash::{
+    PmHashError, PmHashIndex, PmHashOptions, PmHashRecoveryStats, MAX_BUCKETS_PER_SEGMENT,
+    MAX_DEPTH, MAX_STASH_BUCKETS,
+};
 pub use ordered::{OrderedRecoveryStats, PmOrderedError, PmOrderedIndex};
