@@ -317,9 +317,27 @@ impl MetCache {
 
     /// Publishes a filled entry as VALID and referenced with `pins` pins.
     pub fn publish(&self, r: u64, pins: u64) {
-        self.entry(r)
-            .state()
-            .store(VALID | CLOCK | pins, Ordering::Release);
+        self.replace_flags(r, VALID | CLOCK, pins);
+    }
+
+    /// Sets the flag bits of `r`'s state to `flags` and adds `pins` pins, keeping the pin count
+    /// it has. An entry being claimed or filled has no real pins, but it can carry transient
+    /// ones: a [`pin`](Self::pin) that found the index still naming it adds one, sees that the
+    /// entry is not VALID and takes the one back. A plain store would erase the count before it
+    /// is taken back, and the late decrement would then remove a pin that the entry's new owner
+    /// holds, letting CLOCK evict an entry a transaction is still using (an SI update then
+    /// swapped the index away from an entry no longer in it: `tests/zen_api.rs`,
+    /// `si_transfers_keep_the_total`).
+    fn replace_flags(&self, r: u64, flags: u64, pins: u64) {
+        let state = self.entry(r).state();
+        let mut s = state.load(Ordering::Relaxed);
+        loop {
+            let next = flags | ((s & PINS) + pins);
+            match state.compare_exchange_weak(s, next, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(now) => s = now,
+            }
+        }
     }
 
     /// Marks a pinned entry superseded: the index no longer points at it.
@@ -329,7 +347,7 @@ impl MetCache {
 
     /// Returns a claimed (EVICTING, unpublished) entry to the free state.
     pub fn release_claimed(&self, r: u64) {
-        self.entry(r).state().store(0, Ordering::Release);
+        self.replace_flags(r, 0, 0);
     }
 
     /// An entry of `region` claimed for filling (state EVICTING, no pins): a never-used entry
@@ -377,7 +395,7 @@ impl MetCache {
                 let unlinked = index.replace_if(key, r, e.nvm().load(Ordering::Relaxed));
                 debug_assert!(unlinked, "a current entry is the index's value for its key");
             }
-            e.state().store(EVICTING, Ordering::Release);
+            self.replace_flags(r, EVICTING, 0);
             return Ok(r);
         }
         if len < self.max_entries {
@@ -506,5 +524,48 @@ mod tests {
         let g = cache.claim(1, &mut hand, &index, &mut false).unwrap();
         assert_ne!(g, a);
         assert_ne!(g, b);
+    }
+
+    /// A failed pin's add and take-back straddling a claim, a publish or a release: the
+    /// owner's pin must survive (a plain store of the state word lost it, and CLOCK then
+    /// evicted an entry that a transaction was still using).
+    #[test]
+    fn a_failed_pin_taken_back_late_leaves_the_owners_pin() {
+        let index = PrimaryIndex::new(PrimaryIndexKind::Hash);
+        let cache = MetCache::new(16, 2, 2, 4);
+        cache.set_capacity(1);
+        let mut hand = 0;
+        let r = cache.claim(1, &mut hand, &index, &mut false).unwrap();
+        let e = cache.entry(r);
+        e.key().store(7, Ordering::Relaxed);
+        cache.publish(r, 0);
+        index.insert_new(7, r).unwrap();
+        let pins = |r| cache.entry(r).state().load(Ordering::Relaxed) & PINS;
+
+        // A reader found `r` in the index; the entry is claimed (evicted) before its add lands.
+        let v = cache.claim(1, &mut hand, &index, &mut false).unwrap();
+        assert_eq!(v, r);
+        e.state().fetch_add(1, Ordering::AcqRel); // the reader's add: sees EVICTING
+                                                  // The claimer fills the entry for key 7 again and publishes it with its own pin...
+        cache.publish(r, 1);
+        // ...and only then does the reader take its add back.
+        e.state().fetch_sub(1, Ordering::AcqRel);
+        assert_eq!(pins(r), 1, "the publisher's pin survives a late take-back");
+        assert!(
+            cache.claim(1, &mut hand, &index, &mut false).unwrap() != r,
+            "a pinned entry is never a victim"
+        );
+
+        // The same straddling a claim's own flag change and a release of a claimed entry.
+        let q = cache.claim(1, &mut hand, &index, &mut false).unwrap();
+        let f = cache.entry(q);
+        f.state().fetch_add(1, Ordering::AcqRel);
+        cache.release_claimed(q);
+        f.state().fetch_sub(1, Ordering::AcqRel);
+        assert_eq!(
+            f.state().load(Ordering::Relaxed),
+            0,
+            "free, with no stray count"
+        );
     }
 }
