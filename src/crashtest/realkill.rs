@@ -182,6 +182,7 @@ pub fn run(cfg: &RealKillConfig) -> Result<RealKillReport, CrashTestError> {
                     .map(|b| vec!["--window-slot-bytes".to_string(), b.to_string()])
                     .unwrap_or_default(),
             )
+            .args(["--index", test.index.as_str()])
             .args(
                 test.fault
                     .map(|f| vec!["--inject-fault".to_string(), f.to_string()])

@@ -5,14 +5,21 @@
 //! each only if its tid exceeds the tuple's durable `write_ts`; data is made durable (flush + fence)
 //! before any `write_ts` or flag, and the window slots are freed only at the very end.
 
+use super::layout::meta;
 use super::layout::{kind, slot, tuple};
+use super::tindex::TableIndex;
 use super::window::{self, EntryKind};
 use super::{FalconEngine, TableAlloc, TableRt, ThreadState};
+use crate::alloc::PageManager;
 use crate::alloc::PAGE_SIZE;
+use crate::catalog::Catalog;
 use crate::catalog::TableId;
 use crate::cc::tid_timestamp;
 use crate::engine::common::{PhaseClock, SlotHolder, SlotLedger};
 use crate::engine::{DbError, RecoveryReport};
+use crate::index::pm::{PmHashIndex, PmOrderedIndex};
+use crate::index::{IndexPlacement, PrimaryIndexKind};
+use crate::pmem::Pool;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
@@ -24,6 +31,85 @@ struct CommittedTxn {
 
 fn corrupt(msg: impl Into<String>) -> DbError {
     DbError::Corrupt(msg.into())
+}
+
+/// Named counts for the recovery report.
+type Facts = Vec<(String, u64)>;
+
+/// Finds every table's primary index (Falcon §5.3 "Index Recovery", first step): an empty DRAM
+/// index (the heap scan fills it) or the PM index whose root the meta page records, recovered by
+/// the index's own recovery function. Frees the index pages of a table the catalog does not
+/// have (a `create_table` that crashed before its catalog was stored). Returns the indexes, in
+/// table order, and facts for the report.
+pub(super) fn recover_indexes(
+    pool: &Arc<Pool>,
+    pages: &Arc<PageManager>,
+    meta_page: u64,
+    catalog: &Catalog,
+) -> Result<(Vec<TableIndex>, Facts), DbError> {
+    let ntables = catalog.tables.len();
+    let pm_table = |t: u64| {
+        catalog
+            .tables
+            .get(t as usize)
+            .is_some_and(|s| s.index_placement == Some(IndexPlacement::Pm))
+    };
+    for (index, tag) in pages.allocated(pool)? {
+        if tag.kind == kind::INDEX && !pm_table(tag.value) {
+            pages.free(pool, index);
+        }
+    }
+    for t in ntables as u64..meta::MAX_ROOTS {
+        let at = meta_page + meta::ROOTS_AT + 8 * t;
+        if pool.read_u64(at) == 0 {
+            // Roots are written in table order: the first zero past the catalog ends them.
+            break;
+        }
+        pool.write_u64(at, 0);
+        pool.persist(at, 8);
+    }
+    let mut facts = Vec::new();
+    let mut indexes = Vec::with_capacity(ntables);
+    for (t, schema) in catalog.tables.iter().enumerate() {
+        if schema.index_placement != Some(IndexPlacement::Pm) {
+            indexes.push(TableIndex::dram(schema.primary_index));
+            continue;
+        }
+        let root = pool.read_u64(meta_page + meta::ROOTS_AT + 8 * t as u64);
+        let damaged = |e: String| {
+            corrupt(format!(
+                "table '{}': its persistent index (root {root:#x}): {e}",
+                schema.name
+            ))
+        };
+        let index = match schema.primary_index {
+            PrimaryIndexKind::Hash => {
+                let (index, stats) = PmHashIndex::recover(pool.clone(), pages.clone(), root)
+                    .map_err(|e| damaged(e.to_string()))?;
+                facts.push((
+                    format!("{}: pm hash segments", schema.name),
+                    stats.segments as u64,
+                ));
+                facts.push((
+                    format!("{}: pm hash recovery µs", schema.name),
+                    stats.elapsed.as_micros() as u64,
+                ));
+                TableIndex::PmHash(index)
+            }
+            PrimaryIndexKind::Ordered => {
+                let (index, stats) = PmOrderedIndex::recover(pool.clone(), pages.clone(), root)
+                    .map_err(|e| damaged(e.to_string()))?;
+                facts.push((format!("{}: pm ordered leaves", schema.name), stats.leaves));
+                facts.push((
+                    format!("{}: pm ordered recovery µs", schema.name),
+                    stats.elapsed.as_micros() as u64,
+                ));
+                TableIndex::PmOrdered(index)
+            }
+        };
+        indexes.push(index);
+    }
+    Ok((indexes, facts))
 }
 
 /// Runs recovery; returns the report and the timestamp floor for the tid clock.
@@ -44,6 +130,7 @@ pub(super) fn recover(engine: &mut FalconEngine) -> Result<(RecoveryReport, u64)
         let off = engine.pages.page_offset(index);
         match tag.kind {
             kind::META => {}
+            kind::INDEX if (tag.value as usize) < ntables && owner == 0 => {}
             kind::WINDOW if owner < threads => {
                 windows.insert(owner, off);
             }
@@ -192,6 +279,39 @@ pub(super) fn recover(engine: &mut FalconEngine) -> Result<(RecoveryReport, u64)
         pool.flush(t, tuple::HEADER);
     }
     pool.fence();
+    let mut repaired = 0u64;
+    // PM indexes (Falcon §5.3, "Index Recovery", second step): make each committed insert's and
+    // delete's index entry agree with the tuple's final header. Every entry of every committed
+    // slot, whatever the replay filter decided: the heap may be durable while the index
+    // operation (done after `write_ts`, for a delete) did not reach PM. Each operation is
+    // atomic w.r.t. a crash and the slots stay COMMITTED until the end, so a crash here repeats
+    // it. Inserts were published before their log slot was written, so theirs is normally there.
+    for txn in &committed {
+        for e in window::decode(&txn.payload).expect("validated above") {
+            let table = &tables[e.table as usize];
+            if !table.index.is_pm() || e.kind == EntryKind::Update {
+                continue;
+            }
+            let live_with_key = pool.read_u64(e.tuple + tuple::FLAGS) == tuple::LIVE
+                && pool.read_u64(e.tuple + tuple::KEY) == e.key;
+            if live_with_key {
+                if table.index.get(e.key) != Some(e.tuple) {
+                    table
+                        .index
+                        .upsert(&table.schema.name, e.key, e.tuple)
+                        .map_err(|err| corrupt(format!("replaying an insert: {err}")))?;
+                    repaired += 1;
+                }
+            } else if table.index.remove_if(e.key, e.tuple) {
+                repaired += 1;
+            }
+        }
+    }
+    if tables.iter().any(|t| t.index.is_pm()) {
+        report
+            .facts
+            .push(("pm index entries repaired by replay".into(), repaired));
+    }
     for &win in windows.values() {
         for s in 0..slots {
             let at = win + s * slot_bytes;
@@ -236,7 +356,12 @@ pub(super) fn recover(engine: &mut FalconEngine) -> Result<(RecoveryReport, u64)
                             out.max_ts = out.max_ts.max(write_ts);
                             if flags == tuple::LIVE {
                                 let key = pool.read_u64(t + tuple::KEY);
-                                if let Err(other) = table.index.insert_new(key, t) {
+                                let indexed = if table.index.is_pm() {
+                                    Ok(Ok(()))
+                                } else {
+                                    table.index.insert_new(&table.schema.name, key, t)
+                                };
+                                if let Ok(Err(other)) = indexed {
                                     return Err(corrupt(format!(
                                         "table {}: key {key} is live in two slots ({other} and {t})",
                                         table.schema.name
@@ -298,9 +423,31 @@ pub(super) fn recover(engine: &mut FalconEngine) -> Result<(RecoveryReport, u64)
     for (slot_state, st) in engine.threads.iter().zip(states) {
         *slot_state.lock() = Some(st);
     }
+    // A PM index may hold the entry of an insert that was published (locked, before its log
+    // slot) but never committed: its slot is not live with that key. Withdraw such entries.
+    for table in tables.iter().filter(|t| t.index.is_pm()) {
+        let mut dangling = Vec::new();
+        table.index.for_each(|key, t| {
+            if !live_with_key(&pool, t, key) {
+                dangling.push((key, t));
+            }
+        });
+        for (key, t) in dangling {
+            table.index.remove_if(key, t);
+        }
+    }
     phase.lap(&mut report, "heap scan and index rebuild");
     report.total_ms = started.elapsed().as_secs_f64() * 1e3;
     Ok((report, tid_timestamp(max_ts)))
+}
+
+/// Whether the slot at `t` holds a live row with `key`. `t` comes from an index: an offset
+/// outside the pool is treated as not live rather than read.
+fn live_with_key(pool: &Pool, t: u64, key: u64) -> bool {
+    t.checked_add(tuple::HEADER)
+        .is_some_and(|end| end <= pool.len())
+        && pool.read_u64(t + tuple::FLAGS) == tuple::LIVE
+        && pool.read_u64(t + tuple::KEY) == key
 }
 
 fn tid_thread_mask() -> u64 {

@@ -817,16 +817,17 @@ impl EngineWorker for FalconWorker {
         let mut row = std::mem::take(&mut self.scratch);
         let rt = &self.tables[table as usize];
         row.resize(rt.row, 0);
-        let result =
-            common::collect_scan_hits(&rt.index, &rt.schema.name, from, reverse, limit, &mut hits)
-                .and_then(|()| {
-                    common::visit_hits(
-                        &hits,
-                        &mut row,
-                        |key, tuple, out| self.read_from(table, key, Some(tuple), out),
-                        f,
-                    )
-                });
+        let result = rt
+            .index
+            .collect_scan_hits(&rt.schema.name, from, reverse, limit, &mut hits)
+            .and_then(|()| {
+                common::visit_hits(
+                    &hits,
+                    &mut row,
+                    |key, tuple, out| self.read_from(table, key, Some(tuple), out),
+                    f,
+                )
+            });
         self.scratch = row;
         self.scan_hits = hits;
         result
@@ -873,11 +874,16 @@ impl EngineWorker for FalconWorker {
             );
             self.word(t).store(LOCK_BIT);
             self.writes[i].locked = true;
-            if self.tables[table as usize]
-                .index
-                .insert_new(key, t)
-                .is_err()
-            {
+            let rt = &self.tables[table as usize];
+            let published_now = match rt.index.insert_new(&rt.schema.name, key, t) {
+                Ok(outcome) => outcome,
+                Err(full) => {
+                    // A PM index could not grow: nothing was inserted for this key.
+                    self.rollback(published);
+                    return Err(full);
+                }
+            };
+            if published_now.is_err() {
                 // The key was absent when `insert` checked; a transaction that committed since
                 // has inserted it. That invalidates this transaction's observation of absence,
                 // so it is a conflict (retryable), not a duplicate the caller made: on retry the
