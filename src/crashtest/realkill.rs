@@ -72,6 +72,7 @@ fn child_db_config(test: &CrashTestConfig, path: &Path) -> DbConfig {
     let mut c = test.db_config(test.workload.build().schemas().len());
     c.pool_size = 64 << 20;
     c.path = Some(path.to_path_buf());
+    c.background_recovery = true;
     c
 }
 

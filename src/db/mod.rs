@@ -88,6 +88,11 @@ pub struct DbConfig {
     /// ([`Schema::placed`](crate::catalog::Schema::placed)): DRAM (the default) or PM (Falcon and
     /// its durable variants only; see [`IndexPlacement`](crate::index::IndexPlacement)).
     pub index_placement: crate::index::IndexPlacement,
+    /// Falcon: work a recovery leaves to run beside transactions (the heap sweep of tables
+    /// with PM indexes) runs in a background thread (true, the default); false leaves it to the
+    /// transactions that reach each page and to [`Db::check_structure`] (the crash simulator,
+    /// whose PM events must come from the threads it drives).
+    pub background_recovery: bool,
 }
 
 impl Default for DbConfig {
@@ -117,6 +122,7 @@ impl Default for DbConfig {
             media: None,
             temporary: false,
             index_placement: crate::index::IndexPlacement::Dram,
+            background_recovery: true,
         }
     }
 }
@@ -203,6 +209,7 @@ impl DbConfig {
         c.fault = self.fault;
         c.cc_options = self.cc_options;
         c.index_placement = self.index_placement;
+        c.background_sweep = self.background_recovery;
         if let Some(n) = self.window_slots {
             c.window_slots = n;
         }

@@ -266,6 +266,20 @@ pub trait Engine: Send + Sync {
     fn index_info(&self) -> Vec<IndexInfo> {
         Vec::new()
     }
+    /// Waits for (helping) the work recovery left to run in the background while transactions
+    /// already run, and says what it was; `None` when there was none.
+    fn finish_background(&self) -> Option<BackgroundWork> {
+        None
+    }
+}
+
+/// Work a recovery left to the background ([`Engine::finish_background`]).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct BackgroundWork {
+    /// What it did.
+    pub what: String,
+    /// Milliseconds from the end of recovery until it finished.
+    pub finished_ms: f64,
 }
 
 /// A table's primary index as [`Engine::index_info`] reports it.

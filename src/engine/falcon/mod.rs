@@ -31,6 +31,7 @@
 
 pub mod layout;
 mod recovery;
+mod sweep;
 mod tindex;
 mod txcc;
 pub mod window;
@@ -138,6 +139,10 @@ pub struct FalconConfig {
     pub cc_options: CcOptions,
     /// Where the primary index of a table goes when its schema does not say (issue 17).
     pub index_placement: IndexPlacement,
+    /// After a recovery that left heap pages to the lazy sweep (tables with PM indexes), sweep
+    /// them in a background thread (true), or only as transactions reach them and when the
+    /// structure check runs (false: the crash simulator, whose events must come from one thread).
+    pub background_sweep: bool,
 }
 
 impl FalconConfig {
@@ -156,6 +161,7 @@ impl FalconConfig {
             fault: None,
             cc_options: CcOptions::default(),
             index_placement: IndexPlacement::Dram,
+            background_sweep: true,
         }
     }
 }
@@ -309,6 +315,11 @@ pub struct FalconEngine {
     /// The protocols' shared context (waits-for, partitions, epoch, DRAM versions).
     pub(crate) cc: CcShared,
     report: Option<RecoveryReport>,
+    /// The heap pages recovery left to the lazy sweep, if any (`sweep.rs`).
+    pub(crate) sweep: Option<sweep::Sweep>,
+    /// The persisted tid lease: every commit tid's timestamp is below it.
+    pub(crate) lease: AtomicU64,
+    lease_lock: Mutex<()>,
 }
 
 impl FalconEngine {
@@ -434,7 +445,13 @@ impl FalconEngine {
         engine.clock = TidClock::new(floor);
         engine.cc.snapshots.raise_to(floor);
         engine.report = Some(report);
-        Ok(Arc::new(engine))
+        let background =
+            engine.config.background_sweep && engine.sweep.as_ref().is_some_and(|s| s.pending());
+        let engine = Arc::new(engine);
+        if background {
+            sweep::spawn(&engine);
+        }
+        Ok(engine)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -482,6 +499,39 @@ impl FalconEngine {
             pages,
             config,
             pool,
+            sweep: None,
+            lease: AtomicU64::new(0),
+            lease_lock: Mutex::new(()),
+        }
+    }
+
+    /// Makes sure the persisted tid lease exceeds `tid`'s timestamp before `tid` is written
+    /// anywhere in PM (a window slot, a `write_ts`, a lock word), so that recovery can start the
+    /// clock above every tid without reading the heap (`sweep.rs`). One load on the fast path;
+    /// a persisted 8-byte store once per `LEASE_SPAN` µs of clock.
+    #[inline]
+    pub(crate) fn ensure_lease(&self, tid: u64) {
+        let ts = crate::cc::tid_timestamp(tid);
+        if ts < self.lease.load(Ordering::Acquire) || !self.policy.log {
+            return;
+        }
+        let _one = self.lease_lock.lock();
+        if ts < self.lease.load(Ordering::Acquire) {
+            return;
+        }
+        let lease = ts + sweep::LEASE_SPAN;
+        let at = self.meta_page + meta::TID_LEASE_AT;
+        self.pool.write_u64_ordered(at, lease);
+        self.pool.persist(at, 8);
+        self.lease.store(lease, Ordering::Release);
+    }
+
+    /// Makes the page of tuple `t` safe to touch (`sweep.rs`): a no-op unless the lazy sweep
+    /// is still running.
+    #[inline]
+    pub(crate) fn gate(&self, t: u64) {
+        if let Some(sweep) = &self.sweep {
+            sweep.gate(self, t);
         }
     }
 }
@@ -565,7 +615,27 @@ impl Engine for FalconEngine {
     }
 
     fn check_structure(&self) -> Result<Vec<u64>, String> {
+        if let Some(sweep) = &self.sweep {
+            sweep.finish(self);
+            if let Some(problem) = sweep.problems().into_iter().next() {
+                return Err(problem);
+            }
+        }
         recovery::check_structure(self)
+    }
+
+    fn finish_background(&self) -> Option<crate::engine::BackgroundWork> {
+        let sweep = self.sweep.as_ref()?;
+        let pending_pages = sweep.pages();
+        sweep.finish(self);
+        let (locks_cleared, dangling, ms) = sweep.stats();
+        Some(crate::engine::BackgroundWork {
+            what: format!(
+                "heap sweep of {pending_pages} pages: {locks_cleared} stale locks cleared, \
+                 {dangling} index entries of uncommitted inserts withdrawn"
+            ),
+            finished_ms: ms.unwrap_or(0.0),
+        })
     }
 
     fn index_info(&self) -> Vec<crate::engine::IndexInfo> {
