@@ -10,13 +10,13 @@
 #
 #   scripts/recovery_sizes.sh [CONFIGS] [RECORDS...]
 #     CONFIGS: space-separated ENGINE:INDEX (default "falcon:pm falcon:dram zen:dram")
-#     RECORDS: default 325000 650000 1300000 2600000 (about 0.5, 1, 2 and 4 GiB pools)
+#     RECORDS: default 250000 500000 1000000 2000000 (pools of about 0.5, 1, 2 and 4 GiB)
 #     ROUNDS (env): recoveries per pool, default 3
 set -euo pipefail
 cd "$(dirname "$0")/.."
 configs=${1:-"falcon:pm falcon:dram zen:dram"}
 shift || true
-sizes=${*:-"325000 650000 1300000 2600000"}
+sizes=${*:-"250000 500000 1000000 2000000"}
 rounds=${ROUNDS:-3}
 cargo build --release --quiet
 pmtx=target/release/pmtx
@@ -37,11 +37,11 @@ for records in $sizes; do
         wait "$bench" 2>/dev/null || true
         size=$(du -m --apparent-size "$pool" | cut -f1)
         for run in $(seq 1 "$rounds"); do
-            out=$("$pmtx" recover "$pool" --engine "$e")
-            ready=$(echo "$out" | grep -E "^ *total" | tr -s " " | cut -d" " -f6)
+            out=$("$pmtx" recover "$pool" --engine "$e" 2>/dev/null)
+            ready=$(echo "$out" | grep -E "^ *total" | tr -s " " | cut -d" " -f6 || true)
             phases=$(echo "$out" | grep -E "^  (catalog|index recovery|replay|heap scan)" \
-                | tr -s " " | sed 's/^ //' | paste -sd ";" -)
-            background=$(echo "$out" | grep -E "background work pending" | tr -s " " | cut -d" " -f6)
+                | tr -s " " | sed 's/^ //' | paste -sd ";" - || true)
+            background=$(echo "$out" | grep -E "background work pending" | tr -s " " | cut -d" " -f6 || true)
             echo "$e index=$index records=$records pool=${size}MiB run $run: ready ${ready} ms; background done ${background:-none} ms; $phases"
         done
         rm -f "$pool"

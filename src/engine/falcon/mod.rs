@@ -24,10 +24,13 @@
 //!   chain of spill pages and marks the slot SPILLED; after applying it fences and frees the slot
 //!   at once, so the chain can be reused by the next large transaction.
 //! - *Deleted tuples* (§5.4) are kept in a per-thread DRAM queue ordered by delete tid and reused
-//!   once no running transaction is older; the paper persists this list in the heap, pmtx rebuilds
-//!   it from the DELETED flags at recovery, which it scans anyway to rebuild the DRAM indexes.
-//! - *Indexes* are DRAM only for now (rebuilt by a heap scan at recovery); persistent indexes for
-//!   instant recovery come later.
+//!   once no running transaction is older; the paper persists this list in the heap, pmtx finds
+//!   deleted slots again after a restart (as free slots: no transaction can still see them) by
+//!   the heap scan (DRAM-index tables) or the lazy heap sweep (PM-index tables, `sweep.rs`).
+//! - *Indexes* are in DRAM (rebuilt by a heap scan at recovery) or, per table, in PM (`tindex.rs`,
+//!   issue 17): recovered by their own recovery functions, with no heap scan; stale locks and free
+//!   slots are then found lazily while transactions run, and the clock restarts above a persisted
+//!   tid lease (`sweep.rs`), where Falcon clears locks from the write sets in its window.
 
 pub mod layout;
 mod recovery;

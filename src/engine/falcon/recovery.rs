@@ -343,8 +343,13 @@ pub(super) fn recover(engine: &mut FalconEngine) -> Result<(RecoveryReport, u64)
         .map_or(1, |n| n.get())
         .min(heap.len().max(1));
     let protocol = engine.protocol;
-    let results: Vec<Result<ScanResult, DbError>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..workers)
+    // No scan thread when every table was left to the lazy sweep (a spawn costs ~0.1–5 ms on a
+    // loaded machine, more than the rest of such a recovery).
+    let results: Vec<Result<ScanResult, DbError>> = if heap.is_empty() {
+        Vec::new()
+    } else {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..workers)
             .map(|w| {
                 let (pool, tables, heap) = (&pool, &tables, &heap);
                 s.spawn(move || {
@@ -404,12 +409,13 @@ pub(super) fn recover(engine: &mut FalconEngine) -> Result<(RecoveryReport, u64)
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            // A scan thread stopped by a simulated crash (or a bug) unwinds the caller the same way.
-            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect()
-    });
+            handles
+                .into_iter()
+                // A scan thread stopped by a simulated crash (or a bug) unwinds the caller the same way.
+                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
+        })
+    };
     let mut states: Vec<ThreadState> = (0..threads).map(|_| ThreadState::default()).collect();
     for st in states.iter_mut() {
         st.tables = (0..ntables).map(|_| TableAlloc::default()).collect();
