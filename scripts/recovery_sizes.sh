@@ -1,25 +1,48 @@
 #!/usr/bin/env bash
-# Recovery time of zen vs falcon for pools of about 1, 2 and 4 GiB (docs/ZEN.md): each pool is
-# written by 2 threads (YCSB load, then 1 s of 16-op YCSB-A), then recovered three times with
-# `pmtx recover`, which prints the phases. Pools go to /dev/shm and are removed afterwards.
+# Recovery time after a real kill mid-run (issue 17; docs/ARCHITECTURE.md "Recovery"), for pools
+# of about 0.5, 1, 2 and 4 GiB: falcon with PM indexes, falcon with DRAM indexes, zen. Each pool
+# is written by 2 threads (YCSB load, then 16-op YCSB-A) and the bench is SIGKILLed a few seconds
+# into the run (after the load for these sizes on the reference machine; a kill that lands in the
+# load is still a kill mid-write). `pmtx recover` then recovers it ROUNDS times (the first is the
+# recovery of the killed pool) and prints the phases: "total (transactions can run)" is the time
+# until the first transaction can run; "background work pending, done" is when the lazy heap
+# sweep of PM-index tables finished. Pools go to /dev/shm and are removed afterwards.
 #
-#   scripts/recovery_sizes.sh [ENGINES]      (default: "zen falcon")
+#   scripts/recovery_sizes.sh [CONFIGS] [RECORDS...]
+#     CONFIGS: space-separated ENGINE:INDEX (default "falcon:pm falcon:dram zen:dram")
+#     RECORDS: default 250000 500000 1000000 2000000 (pools of about 0.5, 1, 2 and 4 GiB)
+#     ROUNDS (env): recoveries per pool, default 3
 set -euo pipefail
 cd "$(dirname "$0")/.."
-engines=${1:-"zen falcon"}
+configs=${1:-"falcon:pm falcon:dram zen:dram"}
+shift || true
+sizes=${*:-"250000 500000 1000000 2000000"}
+rounds=${ROUNDS:-3}
 cargo build --release --quiet
 pmtx=target/release/pmtx
 dir=${PMTX_POOL_DIR:-/dev/shm}
-for records in 650000 1300000 2600000; do
-    for e in $engines; do
-        pool="$dir/pmtx-recovery-$e-$records.pool"
+for records in $sizes; do
+    # Load time grows with the records (about 400k per second with 2 threads, release build).
+    kill_after=$(( records / 400000 + 3 ))
+    for config in $configs; do
+        e=${config%%:*}
+        index=${config##*:}
+        pool="$dir/pmtx-recovery-$e-$index-$records.pool"
         rm -f "$pool"
-        "$pmtx" bench ycsb --engine "$e" --records "$records" --threads 2 --duration 1 --warmup 0 \
-            --ops-per-txn 16 --pool "$pool" >/dev/null
+        "$pmtx" bench ycsb --engine "$e" --index "$index" --records "$records" --threads 2 \
+            --duration 600 --warmup 0 --ops-per-txn 16 --pool "$pool" >/dev/null 2>&1 &
+        bench=$!
+        sleep "$kill_after"
+        kill -KILL "$bench" 2>/dev/null || true
+        wait "$bench" 2>/dev/null || true
         size=$(du -m --apparent-size "$pool" | cut -f1)
-        for run in 1 2 3; do
-            ms=$("$pmtx" recover "$pool" --engine "$e" | grep -E "^ *total" | tr -s " ")
-            echo "$e records=$records pool=${size}MiB run $run: $ms"
+        for run in $(seq 1 "$rounds"); do
+            out=$("$pmtx" recover "$pool" --engine "$e" 2>/dev/null)
+            ready=$(echo "$out" | grep -E "^ *total" | tr -s " " | cut -d" " -f6 || true)
+            phases=$(echo "$out" | grep -E "^  (catalog|index recovery|replay|heap scan)" \
+                | tr -s " " | sed 's/^ //' | paste -sd ";" - || true)
+            background=$(echo "$out" | grep -E "background work pending" | tr -s " " | cut -d" " -f6 || true)
+            echo "$e index=$index records=$records pool=${size}MiB run $run: ready ${ready} ms; background done ${background:-none} ms; $phases"
         done
         rm -f "$pool"
     done

@@ -15,7 +15,7 @@
 //! write, and `load` reports it rather than quietly falling back to the older catalog (which
 //! would silently drop the newest tables).
 
-use crate::index::PrimaryIndexKind;
+use crate::index::{IndexPlacement, PrimaryIndexKind};
 use crate::pmem::Pool;
 use serde::{Deserialize, Serialize};
 
@@ -75,6 +75,11 @@ pub struct Schema {
     pub primary_index: PrimaryIndexKind,
     /// Secondary indexes.
     pub secondary: Vec<SecondaryIndexDef>,
+    /// Where the primary index lives; `None` takes the database's default when the table is
+    /// created, and the engine records the placement it chose (so a later open with another
+    /// default does not move the index). Absent in catalogs written before issue 17: DRAM.
+    #[serde(default)]
+    pub index_placement: Option<IndexPlacement>,
 }
 
 /// Why a schema or catalog was refused.
@@ -119,7 +124,15 @@ impl Schema {
                 .collect(),
             primary_index: PrimaryIndexKind::Hash,
             secondary: Vec::new(),
+            index_placement: None,
         }
+    }
+
+    /// Places the primary index in DRAM or PM (see [`IndexPlacement`]) instead of the
+    /// database's default.
+    pub fn placed(mut self, placement: IndexPlacement) -> Schema {
+        self.index_placement = Some(placement);
+        self
     }
 
     /// Uses an ordered primary index (needed for range scans).

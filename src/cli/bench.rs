@@ -79,6 +79,11 @@ pub struct CommonArgs {
     /// the media model (`optane` unless --media-model says otherwise).
     #[arg(long, default_value = "none", value_parser = parse_nvm_latency)]
     pub nvm_latency: NvmLatencyArg,
+    /// Where the tables' primary indexes live: `dram` (rebuilt by a heap scan at recovery) or
+    /// `pm` (persistent, recovered without a heap scan; falcon, falcon-allflush, falcon-noflush
+    /// and inp only).
+    #[arg(long, default_value = "dram")]
+    pub index: crate::index::IndexPlacement,
 }
 
 /// A parsed `--media-model`.
@@ -187,6 +192,11 @@ impl CommonArgs {
         // API default (1000) times in a row.
         config.max_retries = 1_000_000;
         config.cache_ratio = self.cache_ratio;
+        // The --compare-volatile baseline keeps DRAM indexes (check_common refuses an explicit
+        // volatile engine with --index pm).
+        if engine != EngineKind::Volatile {
+            config.index_placement = self.index;
+        }
         if engine != EngineKind::Volatile {
             config.media = self.media();
         }
@@ -449,6 +459,7 @@ fn run_ycsb(args: YcsbArgs) -> CliResult {
             "write_all_fields": workload.write_all_fields,
             "hot_tuples": common.hot_tuples,
             "window_slot_bytes": common.window_slot_bytes,
+            "index": common.index.as_str(),
             "pool_bytes": pool_size,
             "dram_bytes_per_record_after_load": dram_per_record,
             "peak_rss_bytes": peak_rss_bytes(),
@@ -485,6 +496,19 @@ pub(crate) fn check_common(common: &CommonArgs) -> CliResult {
     }
     if common.threads.iter().any(|&t| t == 0 || t > 255) {
         return Err("--threads must be between 1 and 255".into());
+    }
+    if common.index == crate::index::IndexPlacement::Pm {
+        if let Some(e) = common
+            .engine
+            .iter()
+            .find(|e| matches!(e, EngineKind::Zen | EngineKind::Volatile))
+        {
+            return Err(format!(
+                "--index pm: engine {e} does not support persistent indexes (zen updates out of \
+                 place, volatile keeps no durable state); run it with --index dram"
+            )
+            .into());
+        }
     }
     // Finite and at most a day: `Duration::from_secs_f64` panics on inf or 1e300, and pool sizes
     // grow with the run time.

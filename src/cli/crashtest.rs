@@ -60,6 +60,10 @@ pub struct Args {
     /// their redo to spill pages, so the spill path is crash-tested.
     #[arg(long)]
     pub window_slot_bytes: Option<usize>,
+    /// Where the tables' primary indexes live: `dram`, or `pm` (Falcon's persistent indexes,
+    /// recovered without a heap scan; falcon, falcon-allflush, falcon-noflush and inp only).
+    #[arg(long, default_value = "dram")]
+    pub index: crate::index::IndexPlacement,
     /// Instead of the simulator: SIGKILL this many child `pmtx` processes mid-workload.
     #[arg(long)]
     pub real_kills: Option<u32>,
@@ -115,6 +119,7 @@ pub(crate) fn run(args: Args) -> CliResult {
     cfg.fault = args.inject_fault;
     cfg.rounds = args.rounds;
     cfg.window_slot_bytes = args.window_slot_bytes;
+    cfg.index = args.index;
     if let Some(path) = args.child_pool {
         cfg.txns_per_thread = args.child_txns;
         realkill::child_main(&cfg, &path, args.child_restart)?;

@@ -50,15 +50,27 @@ pub(crate) fn run(args: InspectArgs) -> CliResult {
         .transpose()?;
     // Tables and row counts come from recovery on a private copy-on-write view (no byte written).
     let tables = match super::check::recover_private(&args.pool) {
-        Ok(r) => Ok(r
-            .db
-            .engine()
-            .catalog()
-            .tables
-            .iter()
-            .zip(r.rows)
-            .map(|(s, n)| (s.name.clone(), s.row_size(), n))
-            .collect::<Vec<_>>()),
+        Ok(r) => {
+            let engine = r.db.engine();
+            let mut indexes = engine.index_info().into_iter();
+            Ok(engine
+                .catalog()
+                .tables
+                .iter()
+                .zip(r.rows)
+                .map(|(s, n)| {
+                    // An engine that reports no index info keeps DRAM indexes of the schema's kind.
+                    let index = indexes.next().unwrap_or(crate::engine::IndexInfo {
+                        placement: s.index_placement.unwrap_or_default(),
+                        kind: s.primary_index,
+                        entries: n,
+                        dram_bytes: 0,
+                        pm_bytes: 0,
+                    });
+                    (s.name.clone(), s.row_size(), n, index)
+                })
+                .collect::<Vec<_>>())
+        }
         Err(super::check::Failure::Damaged(m) | super::check::Failure::CannotCheck(m)) => Err(m),
     };
     let domain = match (pool.mapping_kind(), note) {
@@ -76,7 +88,7 @@ pub(crate) fn run(args: InspectArgs) -> CliResult {
             "root": info.root,
             "space": usage,
             "created_utc": utc_time(info.header.created_unix_ns),
-            "tables": tables.as_ref().map(|t| t.iter().map(|(name, row, rows)| serde_json::json!({ "table": name, "row_bytes": row, "rows": rows })).collect::<Vec<_>>()).ok(),
+            "tables": tables.as_ref().map(|t| t.iter().map(|(name, row, rows, index)| serde_json::json!({ "table": name, "row_bytes": row, "rows": rows, "index": index })).collect::<Vec<_>>()).ok(),
             "tables_error": tables.as_ref().err(),
             "note": note,
         });
@@ -140,8 +152,24 @@ pub(crate) fn run(args: InspectArgs) -> CliResult {
         Ok(t) if t.is_empty() => outln!("tables        none"),
         Ok(t) => {
             outln!("tables        {}", t.len());
-            for (name, row, rows) in t {
-                outln!("  {name:<20} {rows:>12} rows of {row} bytes");
+            for (name, row, rows, index) in t {
+                let size = match index.placement {
+                    crate::index::IndexPlacement::Pm => format!(
+                        "{} PM + {} DRAM",
+                        human_bytes(index.pm_bytes),
+                        human_bytes(index.dram_bytes)
+                    ),
+                    crate::index::IndexPlacement::Dram if index.dram_bytes > 0 => {
+                        format!("{} DRAM", human_bytes(index.dram_bytes))
+                    }
+                    crate::index::IndexPlacement::Dram => "rebuilt at open".to_string(),
+                };
+                outln!(
+                    "  {name:<20} {rows:>12} rows of {row} bytes   index {} {} ({} entries, {size})",
+                    index.placement,
+                    index.kind,
+                    index.entries
+                );
             }
         }
         Err(m) => outln!("tables        unreadable: {m} (run `pmtx check`)"),

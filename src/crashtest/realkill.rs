@@ -72,6 +72,7 @@ fn child_db_config(test: &CrashTestConfig, path: &Path) -> DbConfig {
     let mut c = test.db_config(test.workload.build().schemas().len());
     c.pool_size = 64 << 20;
     c.path = Some(path.to_path_buf());
+    c.background_recovery = true;
     c
 }
 
@@ -182,6 +183,7 @@ pub fn run(cfg: &RealKillConfig) -> Result<RealKillReport, CrashTestError> {
                     .map(|b| vec!["--window-slot-bytes".to_string(), b.to_string()])
                     .unwrap_or_default(),
             )
+            .args(["--index", test.index.as_str()])
             .args(
                 test.fault
                     .map(|f| vec!["--inject-fault".to_string(), f.to_string()])

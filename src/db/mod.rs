@@ -84,6 +84,15 @@ pub struct DbConfig {
     /// A PM media model and NVM latency emulation for the pool ([`crate::pmem::media`]): what the
     /// media would read and write, reported in [`crate::pmem::PmStats`]. Off by default.
     pub media: Option<crate::pmem::MediaOptions>,
+    /// Where a new table's primary index goes when its schema does not say
+    /// ([`Schema::placed`](crate::catalog::Schema::placed)): DRAM (the default) or PM (Falcon and
+    /// its durable variants only; see [`IndexPlacement`](crate::index::IndexPlacement)).
+    pub index_placement: crate::index::IndexPlacement,
+    /// Falcon: work a recovery leaves to run beside transactions (the heap sweep of tables
+    /// with PM indexes) runs in a background thread (true, the default); false leaves it to the
+    /// transactions that reach each page and to [`Db::check_structure`] (the crash simulator,
+    /// whose PM events must come from the threads it drives).
+    pub background_recovery: bool,
 }
 
 impl Default for DbConfig {
@@ -112,6 +121,8 @@ impl Default for DbConfig {
             allow_domain_change: false,
             media: None,
             temporary: false,
+            index_placement: crate::index::IndexPlacement::Dram,
+            background_recovery: true,
         }
     }
 }
@@ -179,6 +190,11 @@ impl DbConfig {
         self.max_threads = n;
         self
     }
+    /// Sets where new tables' primary indexes go by default (see [`DbConfig::index_placement`]).
+    pub fn index_placement(mut self, placement: crate::index::IndexPlacement) -> Self {
+        self.index_placement = placement;
+        self
+    }
     /// Attaches a PM media model (and latency emulation) to the pool; see [`DbConfig::media`].
     pub fn media(mut self, media: Option<crate::pmem::MediaOptions>) -> Self {
         self.media = media;
@@ -192,6 +208,8 @@ impl DbConfig {
         c.hot_tuples = self.hot_tuples;
         c.fault = self.fault;
         c.cc_options = self.cc_options;
+        c.index_placement = self.index_placement;
+        c.background_sweep = self.background_recovery;
         if let Some(n) = self.window_slots {
             c.window_slots = n;
         }
@@ -433,6 +451,14 @@ impl Db {
             check_pool_size(config.engine, config.max_threads, pool.len())?;
         }
         if config.engine == EngineKind::Zen {
+            if config.index_placement == crate::index::IndexPlacement::Pm {
+                return Err(DbError::Config(
+                    "engine zen keeps its indexes in DRAM (it updates out of place, so a PM index \
+                     would be rewritten on every update, Falcon §2.1): use --index dram, or \
+                     falcon for persistent indexes"
+                        .into(),
+                ));
+            }
             let zen = config.zen();
             return Ok(if create {
                 ZenEngine::create(pool, zen)?

@@ -261,6 +261,40 @@ pub trait Engine: Send + Sync {
     /// Checks that indexes and storage agree and space accounting is consistent; returns the
     /// number of live rows per table, or a description of the first inconsistency.
     fn check_structure(&self) -> Result<Vec<u64>, String>;
+    /// Each table's primary index, in table order, for `pmtx inspect` (empty: the engine does not
+    /// report them, and every index is a DRAM one of the schema's kind).
+    fn index_info(&self) -> Vec<IndexInfo> {
+        Vec::new()
+    }
+    /// Waits for (helping) the work recovery left to run in the background while transactions
+    /// already run, and says what it was; `None` when there was none.
+    fn finish_background(&self) -> Option<BackgroundWork> {
+        None
+    }
+}
+
+/// Work a recovery left to the background ([`Engine::finish_background`]).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct BackgroundWork {
+    /// What it did.
+    pub what: String,
+    /// Milliseconds from the end of recovery until it finished.
+    pub finished_ms: f64,
+}
+
+/// A table's primary index as [`Engine::index_info`] reports it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct IndexInfo {
+    /// DRAM or PM.
+    pub placement: crate::index::IndexPlacement,
+    /// Hash or ordered.
+    pub kind: crate::index::PrimaryIndexKind,
+    /// Entries.
+    pub entries: u64,
+    /// DRAM bytes the index uses (for a PM index: its DRAM directory or inner nodes).
+    pub dram_bytes: u64,
+    /// PM bytes the index owns (0 for a DRAM index).
+    pub pm_bytes: u64,
 }
 
 /// One thread's transaction executor. Operations between `begin` and `commit`/`abort` form a

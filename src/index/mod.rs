@@ -28,6 +28,56 @@ pub use ordered::OrderedIndex;
 pub use primary::{PrimaryIndex, PrimaryIndexKind};
 pub use secondary::{secondary_key, SecondaryIndex};
 
+/// Where a table's primary index lives, chosen when the table is created (issue 17).
+///
+/// - `dram`: a DRAM index ([`PrimaryIndex`]), rebuilt by a heap scan at recovery.
+/// - `pm`: a persistent index ([`pm::PmHashIndex`] or [`pm::PmOrderedIndex`]) that recovery finds
+///   in the pool instead of rebuilding it (Falcon §4, §5.3), so recovery does not scan the heap.
+///   Only engines that update in place can keep one (Falcon §2.1: an out-of-place engine such as
+///   Zen would rewrite an index entry on every update).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum IndexPlacement {
+    /// In DRAM, rebuilt at recovery.
+    #[default]
+    Dram,
+    /// In PM, recovered with the index's own recovery function.
+    Pm,
+}
+
+impl IndexPlacement {
+    /// Every placement.
+    pub const ALL: [IndexPlacement; 2] = [IndexPlacement::Dram, IndexPlacement::Pm];
+
+    /// The name used in configuration, serde and [`FromStr`](std::str::FromStr).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Dram => "dram",
+            Self::Pm => "pm",
+        }
+    }
+}
+
+impl std::fmt::Display for IndexPlacement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for IndexPlacement {
+    type Err = String;
+
+    /// Parses `dram` or `pm`, ignoring ASCII case.
+    fn from_str(name: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|p| p.as_str().eq_ignore_ascii_case(name))
+            .ok_or_else(|| format!("unknown index placement `{name}` (expected `dram` or `pm`)"))
+    }
+}
+
 /// Errors reported by the index layer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

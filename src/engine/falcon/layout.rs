@@ -5,6 +5,8 @@
 //!   0  magic "PMTXFALC"   8 version   16 max_threads   24 window_slots   32 window_slot_bytes
 //!   40 max_row_bytes      48 catalog slot bytes        56 CRC-32 of bytes 0..4096
 //!   4096.. catalog slots A and B
+//!   1 MiB - 64: the tid lease (see `meta::TID_LEASE_AT`)
+//!   1 MiB..: one word per table, the root of its PM index (0: DRAM index)
 //! tuple slot (heap pages, kind HEAP, tag value = table id; Falcon §5.1 "Tuple Heap"):
 //!   0  cc word (OCC version | lock bit, or 2PL lock word)   8 write_ts (commit tid of the last
 //!   writer: recovery's replay filter)   16 key   24 flags (LIVE, DELETED)   32.. row
@@ -25,14 +27,16 @@ pub mod kind {
     /// A thread's spill log for transactions whose redo does not fit a window slot; the tag value
     /// is the page's position in the thread's spill chain.
     pub const SPILL: u8 = 4;
+    /// A table's persistent primary index (issue 17); the tag value is the table id.
+    pub const INDEX: u8 = 5;
 }
 
 /// Meta page fields.
 pub mod meta {
     /// Magic of the meta page.
     pub const MAGIC: u64 = u64::from_le_bytes(*b"PMTXFALC");
-    /// Layout version (2: the meta page carries a CRC).
-    pub const VERSION: u64 = 2;
+    /// Layout version (2: the meta page carries a CRC; 3: PM index roots and the tid lease).
+    pub const VERSION: u64 = 3;
     /// Field offsets.
     pub const F_MAGIC: u64 = 0;
     /// Version field.
@@ -53,6 +57,15 @@ pub mod meta {
     pub const CATALOG_AT: u64 = 4096;
     /// Bytes per catalog slot.
     pub const CATALOG_SLOT_BYTES: u64 = 256 * 1024;
+    /// The tid lease: every commit tid's timestamp is below it (see `recovery.rs`), so recovery
+    /// restarts the clock above it without reading a tuple. One word, outside the CRC-checked
+    /// first 4 KiB, written with one atomic store.
+    pub const TID_LEASE_AT: u64 = (1 << 20) - 64;
+    /// Where the PM index roots start: the word at `ROOTS_AT + 8 * table` is the root offset of
+    /// the table's persistent index, written durably before the catalog that names the table.
+    pub const ROOTS_AT: u64 = 1 << 20;
+    /// Tables whose root word fits the meta page.
+    pub const MAX_ROOTS: u64 = (crate::alloc::PAGE_SIZE - ROOTS_AT) / 8;
 }
 
 /// Tuple header fields.

@@ -24,13 +24,18 @@
 //!   chain of spill pages and marks the slot SPILLED; after applying it fences and frees the slot
 //!   at once, so the chain can be reused by the next large transaction.
 //! - *Deleted tuples* (§5.4) are kept in a per-thread DRAM queue ordered by delete tid and reused
-//!   once no running transaction is older; the paper persists this list in the heap, pmtx rebuilds
-//!   it from the DELETED flags at recovery, which it scans anyway to rebuild the DRAM indexes.
-//! - *Indexes* are DRAM only for now (rebuilt by a heap scan at recovery); persistent indexes for
-//!   instant recovery come later.
+//!   once no running transaction is older; the paper persists this list in the heap, pmtx finds
+//!   deleted slots again after a restart (as free slots: no transaction can still see them) by
+//!   the heap scan (DRAM-index tables) or the lazy heap sweep (PM-index tables, `sweep.rs`).
+//! - *Indexes* are in DRAM (rebuilt by a heap scan at recovery) or, per table, in PM (`tindex.rs`,
+//!   issue 17): recovered by their own recovery functions, with no heap scan; stale locks and free
+//!   slots are then found lazily while transactions run, and the clock restarts above a persisted
+//!   tid lease (`sweep.rs`), where Falcon clears locks from the write sets in its window.
 
 pub mod layout;
 mod recovery;
+mod sweep;
+mod tindex;
 mod txcc;
 pub mod window;
 mod worker;
@@ -39,7 +44,7 @@ use crate::alloc::PageManager;
 use crate::catalog::{Catalog, CatalogStore, Schema, TableId};
 use crate::cc::{CcOptions, CcShared, Protocol, TidClock, MAX_THREADS};
 use crate::engine::{DbError, Engine, EngineKind, EngineWorker, RecoveryReport};
-use crate::index::{PrimaryIndex, PrimaryIndexKind, SecondaryIndex};
+use crate::index::{IndexPlacement, SecondaryIndex};
 use crate::pmem::{PersistenceDomain, Pool};
 use crossbeam_utils::CachePadded;
 use layout::{kind, meta, tuple};
@@ -47,6 +52,7 @@ use parking_lot::{Mutex, RwLock};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use tindex::TableIndex;
 
 /// A deliberate bug, for showing that the crash-consistency harness catches it (test-only: no
 /// production configuration sets one). Each removes one ordering step that ADR needs.
@@ -134,6 +140,12 @@ pub struct FalconConfig {
     pub fault: Option<Fault>,
     /// Options of the concurrency-control protocol (e.g. hstore's partitions).
     pub cc_options: CcOptions,
+    /// Where the primary index of a table goes when its schema does not say (issue 17).
+    pub index_placement: IndexPlacement,
+    /// After a recovery that left heap pages to the lazy sweep (tables with PM indexes), sweep
+    /// them in a background thread (true), or only as transactions reach them and when the
+    /// structure check runs (false: the crash simulator, whose events must come from one thread).
+    pub background_sweep: bool,
 }
 
 impl FalconConfig {
@@ -151,6 +163,8 @@ impl FalconConfig {
             hot_tuples: 1024,
             fault: None,
             cc_options: CcOptions::default(),
+            index_placement: IndexPlacement::Dram,
+            background_sweep: true,
         }
     }
 }
@@ -213,13 +227,13 @@ impl Policy {
     }
 }
 
-/// A table at run time: its schema, slot geometry and DRAM indexes.
+/// A table at run time: its schema, slot geometry and indexes.
 pub(crate) struct TableRt {
     pub id: TableId,
     pub schema: Schema,
     pub row: usize,
     pub slot: u64,
-    pub index: PrimaryIndex,
+    pub index: TableIndex,
     pub secondary: Vec<SecondaryIndex>,
     /// The largest commit tid of a delete in this table (raised before the key leaves the
     /// index): a snapshot or MVTO transaction older than it that misses a key may have missed
@@ -228,12 +242,8 @@ pub(crate) struct TableRt {
 }
 
 impl TableRt {
-    fn new(id: TableId, schema: Schema) -> TableRt {
+    fn new(id: TableId, schema: Schema, index: TableIndex) -> TableRt {
         let row = schema.row_size();
-        let index = match schema.primary_index {
-            PrimaryIndexKind::Hash => PrimaryIndex::Hash(crate::index::HashIndex::new()),
-            PrimaryIndexKind::Ordered => PrimaryIndex::Ordered(crate::index::OrderedIndex::new()),
-        };
         let secondary = schema
             .secondary
             .iter()
@@ -293,9 +303,11 @@ pub struct FalconEngine {
     pub(crate) protocol: Protocol,
     pub(crate) policy: Policy,
     pub(crate) pool: Arc<Pool>,
-    pub(crate) pages: PageManager,
+    pub(crate) pages: Arc<PageManager>,
     pub(crate) config: FalconConfig,
     catalog_store: CatalogStore,
+    /// The meta page's offset (PM index roots, the tid lease).
+    pub(crate) meta_page: u64,
     catalog: Mutex<Catalog>,
     pub(crate) tables: RwLock<Vec<Arc<TableRt>>>,
     pub(crate) clock: TidClock,
@@ -306,6 +318,11 @@ pub struct FalconEngine {
     /// The protocols' shared context (waits-for, partitions, epoch, DRAM versions).
     pub(crate) cc: CcShared,
     report: Option<RecoveryReport>,
+    /// The heap pages recovery left to the lazy sweep, if any (`sweep.rs`).
+    pub(crate) sweep: Option<sweep::Sweep>,
+    /// The persisted tid lease: every commit tid's timestamp is below it.
+    pub(crate) lease: AtomicU64,
+    lease_lock: Mutex<()>,
 }
 
 impl FalconEngine {
@@ -355,6 +372,7 @@ impl FalconEngine {
     pub fn create(pool: Arc<Pool>, config: FalconConfig) -> Result<Arc<FalconEngine>, DbError> {
         Self::validate(&config)?;
         let policy = Policy::new(config.kind, pool.domain(), config.hot_tuples)?;
+        check_placement(config.kind, config.index_placement)?;
         let (pages, meta_page) = crate::engine::meta::format(
             &pool,
             &meta_layout(&[
@@ -368,12 +386,12 @@ impl FalconEngine {
         )?;
         Ok(Arc::new(Self::assemble(
             pool,
-            pages,
+            Arc::new(pages),
             meta_page,
             config,
             policy,
             Catalog::default(),
-            0,
+            Vec::new(),
             None,
         )))
     }
@@ -382,12 +400,14 @@ impl FalconEngine {
     /// the pool; `config` supplies the variant, protocol and thread count (which must not be
     /// smaller than the pool's).
     pub fn open(pool: Arc<Pool>, mut config: FalconConfig) -> Result<Arc<FalconEngine>, DbError> {
+        let started = std::time::Instant::now();
+        check_placement(config.kind, config.index_placement)?;
         let meta_page = crate::engine::meta::open(
             &pool,
             &meta_layout(&[(meta::F_VERSION, meta::VERSION)]),
             "Falcon",
         )?;
-        let pages = PageManager::open(&pool)?;
+        let pages = Arc::new(PageManager::open(&pool)?);
         let r = |f: u64| pool.read_u64(meta_page + f);
         let stored_threads = r(meta::F_MAX_THREADS) as usize;
         config.max_threads = config.max_threads.max(stored_threads);
@@ -408,30 +428,53 @@ impl FalconEngine {
                 "the catalog does not fit the meta page's row size limit: {e}"
             ))
         })?;
-        let mut engine = Self::assemble(pool, pages, meta_page, config, policy, catalog, 0, None);
-        let (report, floor) = recovery::recover(&mut engine)?;
+        let catalog_ms = started.elapsed().as_secs_f64() * 1e3;
+        let index_started = std::time::Instant::now();
+        let (indexes, index_facts) = recovery::recover_indexes(&pool, &pages, meta_page, &catalog)?;
+        let index_ms = index_started.elapsed().as_secs_f64() * 1e3;
+        let mut engine = Self::assemble(
+            pool, pages, meta_page, config, policy, catalog, indexes, None,
+        );
+        let (mut report, floor) = recovery::recover(&mut engine)?;
+        report.phases.splice(
+            0..0,
+            [
+                ("catalog".to_string(), catalog_ms),
+                ("index recovery".to_string(), index_ms),
+            ],
+        );
+        report.facts.extend(index_facts);
+        report.total_ms += catalog_ms + index_ms;
         engine.clock = TidClock::new(floor);
         engine.cc.snapshots.raise_to(floor);
         engine.report = Some(report);
-        Ok(Arc::new(engine))
+        let background =
+            engine.config.background_sweep && engine.sweep.as_ref().is_some_and(|s| s.pending());
+        let engine = Arc::new(engine);
+        if background {
+            sweep::spawn(&engine);
+        }
+        Ok(engine)
     }
 
     #[allow(clippy::too_many_arguments)]
     fn assemble(
         pool: Arc<Pool>,
-        pages: PageManager,
+        pages: Arc<PageManager>,
         meta_page: u64,
         config: FalconConfig,
         policy: Policy,
         catalog: Catalog,
-        floor: u64,
+        indexes: Vec<TableIndex>,
         report: Option<RecoveryReport>,
     ) -> FalconEngine {
+        let floor = 0;
         let tables = catalog
             .tables
             .iter()
+            .zip(indexes)
             .enumerate()
-            .map(|(i, s)| Arc::new(TableRt::new(i as TableId, s.clone())))
+            .map(|(i, (s, index))| Arc::new(TableRt::new(i as TableId, s.clone(), index)))
             .collect();
         let threads = (0..config.max_threads)
             .map(|_| Mutex::new(Some(ThreadState::default())))
@@ -445,6 +488,7 @@ impl FalconEngine {
                 base: meta_page + meta::CATALOG_AT,
                 slot_bytes: meta::CATALOG_SLOT_BYTES,
             },
+            meta_page,
             catalog: Mutex::new(catalog),
             tables: RwLock::new(tables),
             clock: TidClock::new(floor),
@@ -458,6 +502,39 @@ impl FalconEngine {
             pages,
             config,
             pool,
+            sweep: None,
+            lease: AtomicU64::new(0),
+            lease_lock: Mutex::new(()),
+        }
+    }
+
+    /// Makes sure the persisted tid lease exceeds `tid`'s timestamp before `tid` is written
+    /// anywhere in PM (a window slot, a `write_ts`, a lock word), so that recovery can start the
+    /// clock above every tid without reading the heap (`sweep.rs`). One load on the fast path;
+    /// a persisted 8-byte store once per `LEASE_SPAN` µs of clock.
+    #[inline]
+    pub(crate) fn ensure_lease(&self, tid: u64) {
+        let ts = crate::cc::tid_timestamp(tid);
+        if ts < self.lease.load(Ordering::Acquire) || !self.policy.log {
+            return;
+        }
+        let _one = self.lease_lock.lock();
+        if ts < self.lease.load(Ordering::Acquire) {
+            return;
+        }
+        let lease = ts + sweep::LEASE_SPAN;
+        let at = self.meta_page + meta::TID_LEASE_AT;
+        self.pool.write_u64_ordered(at, lease);
+        self.pool.persist(at, 8);
+        self.lease.store(lease, Ordering::Release);
+    }
+
+    /// Makes the page of tuple `t` safe to touch (`sweep.rs`): a no-op unless the lazy sweep
+    /// is still running.
+    #[inline]
+    pub(crate) fn gate(&self, t: u64) {
+        if let Some(sweep) = &self.sweep {
+            sweep.gate(self, t);
         }
     }
 }
@@ -475,13 +552,52 @@ impl Engine for FalconEngine {
         self.catalog.lock().clone()
     }
 
-    fn create_table(&self, schema: Schema) -> Result<TableId, DbError> {
+    fn create_table(&self, mut schema: Schema) -> Result<TableId, DbError> {
+        // The placement is resolved now and recorded, so that a later open with another default
+        // finds the index where it is.
+        let placement = *schema
+            .index_placement
+            .get_or_insert(self.config.index_placement);
+        check_placement(self.kind, placement)?;
         let mut catalog = self.catalog.lock();
         let mut next = catalog.clone();
         let id = next.add(schema.clone(), self.config.max_row_bytes)?;
+        let index = match placement {
+            IndexPlacement::Dram => TableIndex::dram(schema.primary_index),
+            IndexPlacement::Pm => {
+                if u64::from(id) >= meta::MAX_ROOTS {
+                    return Err(DbError::Config(format!(
+                        "a persistent index needs a root word in the meta page: at most {} tables",
+                        meta::MAX_ROOTS
+                    )));
+                }
+                // Crash order: the index's pages (tagged with the table id), then its root word,
+                // then the catalog naming the table. A crash before the catalog leaves pages and
+                // a root of a table id the catalog does not have: recovery frees them.
+                let tag = crate::alloc::PageTag {
+                    kind: kind::INDEX,
+                    owner: 0,
+                    value: u64::from(id),
+                };
+                let index =
+                    TableIndex::create_pm(schema.primary_index, &self.pool, &self.pages, tag)
+                        .map_err(|e| {
+                            DbError::Config(format!(
+                                "table '{}': cannot create its persistent index: {e}",
+                                schema.name
+                            ))
+                        })?;
+                let at = self.meta_page + meta::ROOTS_AT + 8 * u64::from(id);
+                self.pool.write_u64_ordered(at, index.root());
+                self.pool.persist(at, 8);
+                index
+            }
+        };
         self.catalog_store.store(&self.pool, &next)?;
         *catalog = next;
-        self.tables.write().push(Arc::new(TableRt::new(id, schema)));
+        self.tables
+            .write()
+            .push(Arc::new(TableRt::new(id, schema, index)));
         Ok(id)
     }
 
@@ -502,8 +618,54 @@ impl Engine for FalconEngine {
     }
 
     fn check_structure(&self) -> Result<Vec<u64>, String> {
+        if let Some(sweep) = &self.sweep {
+            sweep.finish(self);
+            if let Some(problem) = sweep.problems().into_iter().next() {
+                return Err(problem);
+            }
+        }
         recovery::check_structure(self)
     }
+
+    fn finish_background(&self) -> Option<crate::engine::BackgroundWork> {
+        let sweep = self.sweep.as_ref()?;
+        let pending_pages = sweep.pages();
+        sweep.finish(self);
+        let (locks_cleared, dangling, ms) = sweep.stats();
+        Some(crate::engine::BackgroundWork {
+            what: format!(
+                "heap sweep of {pending_pages} pages: {locks_cleared} stale locks cleared, \
+                 {dangling} index entries of uncommitted inserts withdrawn"
+            ),
+            finished_ms: ms.unwrap_or(0.0),
+        })
+    }
+
+    fn index_info(&self) -> Vec<crate::engine::IndexInfo> {
+        self.tables
+            .read()
+            .iter()
+            .map(|t| crate::engine::IndexInfo {
+                placement: t.index.placement(),
+                kind: t.schema.primary_index,
+                entries: t.index.len() as u64,
+                dram_bytes: t.index.memory_bytes() as u64,
+                pm_bytes: t.index.pm_bytes(),
+            })
+            .collect()
+    }
+}
+
+/// Refuses a PM index where the variant cannot keep one: `volatile` has no durable pool state
+/// to find it in.
+fn check_placement(kind: EngineKind, placement: IndexPlacement) -> Result<(), DbError> {
+    if placement == IndexPlacement::Pm && kind == EngineKind::Volatile {
+        return Err(DbError::Config(
+            "the volatile engine keeps no durable state: persistent (pm) indexes need falcon,              falcon-allflush, falcon-noflush or inp"
+                .into(),
+        ));
+    }
+    Ok(())
 }
 
 /// The Falcon meta page's layout, with the `fields` a format writes or an open checks.

@@ -56,6 +56,8 @@ impl FalconWorker {
                 let ts = shared.snapshots.stamp(self.eng.clock.now());
                 active.store(ts - 1, Ordering::SeqCst);
                 self.ts = (ts << TID_THREAD_BITS) | thread as u64;
+                // Written into read timestamps and `write_ts` (see `ensure_lease`).
+                self.eng.ensure_lease(self.ts);
                 self.snapshot = Some(ts - 1);
             }
             Protocol::Mvocc | Protocol::Mv2pl | Protocol::Si => {
@@ -67,6 +69,8 @@ impl FalconWorker {
             Protocol::To | Protocol::WaitDie | Protocol::Hstore => {
                 let last = self.st().last_tid.max(self.ts_issued);
                 self.ts = self.eng.clock.next_tid(thread, last, 0);
+                // Written into lock words and `write_ts` (see `ensure_lease`).
+                self.eng.ensure_lease(self.ts);
                 self.ts_issued = self.ts;
                 if self.proto != Protocol::To {
                     self.eng.cc.txn_ts[thread].store(self.ts, Ordering::Release);
@@ -630,6 +634,7 @@ impl FalconWorker {
             return true;
         }
         rt.index.get(key).is_some_and(|t| {
+            self.eng.gate(t);
             self.word(t).load() & LOCK_BIT != 0 || tid_timestamp(self.write_ts(t)) > s
         })
     }

@@ -345,6 +345,7 @@ impl FalconWorker {
                 .get(key)
                 .ok_or(TxError::NotFound { table, key })?,
         };
+        self.eng.gate(t);
         self.cc_read(t, key, table, out)?;
         self.recent.note(table, key, t);
         Ok(())
@@ -354,10 +355,23 @@ impl FalconWorker {
     fn locate(&self, table: TableId, key: u64) -> Result<u64, TxError> {
         match self.recent.get(table, key) {
             Some(t) => Ok(t),
-            None => self.tables[table as usize]
-                .index
-                .get(key)
-                .ok_or(TxError::NotFound { table, key }),
+            None => {
+                let rt = &self.tables[table as usize];
+                let t = rt.index.get(key).ok_or(TxError::NotFound { table, key })?;
+                self.eng.gate(t);
+                // A blind update or delete takes the slot as the index gives it; a PM index may
+                // give the slot of an insert a crash interrupted (`sweep.rs`): not live with the
+                // key. Withdrawn when unlocked (the key is absent); a locked one is an insert in
+                // flight, whose fate is not known yet.
+                if rt.index.is_pm() && !super::recovery::live_with_key(&self.pool, t, key) {
+                    if self.word(t).load() & LOCK_BIT != 0 {
+                        return Err(TxError::Conflict);
+                    }
+                    super::sweep::withdraw_if_dangling(&self.eng, &rt.index, key, t);
+                    return Err(TxError::NotFound { table, key });
+                }
+                Ok(t)
+            }
         }
     }
 
@@ -382,18 +396,38 @@ impl FalconWorker {
         if let Some(t) = ta.free.pop() {
             return Ok(t);
         }
+        // Free slots the lazy recovery sweep found (`sweep.rs`), a batch at a time.
+        if let Some(sweep) = &eng.sweep {
+            sweep.take_free(table.id, 64, &mut ta.free);
+            if let Some(t) = ta.free.pop() {
+                return Ok(t);
+            }
+        }
         if ta.bump + table.slot > ta.end {
             let tag = PageTag {
                 kind: kind::HEAP,
                 owner: thread as u8,
                 value: u64::from(table.id),
             };
-            let page = eng.pages.allocate(&eng.pool, tag).map_err(|e| {
-                pm_full(
-                    format_args!("table '{}' of thread {thread}", table.schema.name),
-                    e,
-                )
-            })?;
+            let page = match eng.pages.allocate(&eng.pool, tag) {
+                Ok(page) => page,
+                Err(e) => {
+                    // PM is full, but pages the lazy recovery sweep has not reached yet may hold
+                    // free slots: sweep them now (`sweep.rs`).
+                    if let Some(sweep) = eng.sweep.as_ref().filter(|s| s.pending()) {
+                        if sweep.help_for_space(eng, table.id) {
+                            sweep.take_free(table.id, 64, &mut ta.free);
+                            if let Some(t) = ta.free.pop() {
+                                return Ok(t);
+                            }
+                        }
+                    }
+                    return Err(pm_full(
+                        format_args!("table '{}' of thread {thread}", table.schema.name),
+                        e,
+                    ));
+                }
+            };
             ta.bump = eng.pages.page_offset(page);
             ta.end = ta.bump + (PAGE_SIZE / table.slot) * table.slot;
         }
@@ -746,7 +780,22 @@ impl EngineWorker for FalconWorker {
             self.push_range(w, 0, row);
             return Ok(());
         }
-        if let Some(existing) = self.tables[table as usize].index.get(key) {
+        let mut found = self.tables[table as usize].index.get(key);
+        if let Some(existing) = found {
+            self.eng.gate(existing);
+            // A PM index may hold the entry of an insert that a crash interrupted (its slot is
+            // not live with the key): withdraw it, then the key is absent (`sweep.rs`).
+            let rt = &self.tables[table as usize];
+            if rt.index.is_pm()
+                && super::sweep::withdraw_if_dangling(&self.eng, &rt.index, key, existing)
+            {
+                found = rt.index.get(key);
+                if let Some(again) = found {
+                    self.eng.gate(again);
+                }
+            }
+        }
+        if let Some(existing) = found {
             // A locked entry may be another transaction's insert, published at its commit and
             // possibly about to be withdrawn if that commit fails validation: its fate is not
             // known yet, so this is a conflict to retry, not a duplicate.
@@ -817,16 +866,17 @@ impl EngineWorker for FalconWorker {
         let mut row = std::mem::take(&mut self.scratch);
         let rt = &self.tables[table as usize];
         row.resize(rt.row, 0);
-        let result =
-            common::collect_scan_hits(&rt.index, &rt.schema.name, from, reverse, limit, &mut hits)
-                .and_then(|()| {
-                    common::visit_hits(
-                        &hits,
-                        &mut row,
-                        |key, tuple, out| self.read_from(table, key, Some(tuple), out),
-                        f,
-                    )
-                });
+        let result = rt
+            .index
+            .collect_scan_hits(&rt.schema.name, from, reverse, limit, &mut hits)
+            .and_then(|()| {
+                common::visit_hits(
+                    &hits,
+                    &mut row,
+                    |key, tuple, out| self.read_from(table, key, Some(tuple), out),
+                    f,
+                )
+            });
         self.scratch = row;
         self.scan_hits = hits;
         result
@@ -873,11 +923,16 @@ impl EngineWorker for FalconWorker {
             );
             self.word(t).store(LOCK_BIT);
             self.writes[i].locked = true;
-            if self.tables[table as usize]
-                .index
-                .insert_new(key, t)
-                .is_err()
-            {
+            let rt = &self.tables[table as usize];
+            let published_now = match rt.index.insert_new(&rt.schema.name, key, t) {
+                Ok(outcome) => outcome,
+                Err(full) => {
+                    // A PM index could not grow: nothing was inserted for this key.
+                    self.rollback(published);
+                    return Err(full);
+                }
+            };
+            if published_now.is_err() {
                 // The key was absent when `insert` checked; a transaction that committed since
                 // has inserted it. That invalidates this transaction's observation of absence,
                 // so it is a conflict (retryable), not a duplicate the caller made: on retry the
@@ -902,6 +957,7 @@ impl EngineWorker for FalconWorker {
                 self.retire_versions();
             }
             let tid = self.commit_tid();
+            self.eng.ensure_lease(tid);
             if has_writes {
                 self.settle_versions_pending(tid);
             }

@@ -583,6 +583,14 @@ impl Engine for ZenEngine {
     }
 
     fn create_table(&self, schema: Schema) -> Result<TableId, DbError> {
+        if schema.index_placement == Some(crate::index::IndexPlacement::Pm) {
+            return Err(DbError::Config(format!(
+                "table '{}': engine zen keeps its indexes in DRAM (it updates out of place, so a \
+                 PM index would be rewritten on every update, Falcon §2.1); persistent indexes \
+                 need falcon",
+                schema.name
+            )));
+        }
         let mut catalog = self.catalog.lock();
         let mut next = catalog.clone();
         let id = next.add(schema.clone(), self.config.max_row_bytes)?;
