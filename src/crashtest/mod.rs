@@ -49,6 +49,7 @@ pub const ENGINES: &[EngineKind] = &[
     EngineKind::FalconNoflush,
     EngineKind::Inp,
     EngineKind::Zen,
+    EngineKind::Fir,
 ];
 
 /// Whether the suite runs `engine` with `protocol` under `domain`; `Err` says why not.
@@ -154,7 +155,7 @@ impl CrashTestConfig {
         CrashTestConfig {
             engine,
             domain,
-            protocol: Protocol::Occ,
+            protocol: engine.default_protocol(),
             workload,
             images: 2000,
             seed: 1,
@@ -239,7 +240,7 @@ impl CrashTestConfig {
             "pmtx crashtest --engine {} --domain {} --workload {} --threads {} --seed {} --event {event}",
             self.engine, self.domain, self.workload, self.threads, self.seed
         );
-        if self.protocol != Protocol::Occ {
+        if self.protocol != self.engine.default_protocol() {
             s.push_str(&format!(" --cc {}", self.protocol));
         }
         if let Some(f) = self.fault {

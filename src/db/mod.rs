@@ -16,6 +16,7 @@
 use crate::catalog::{ColumnType, Schema, TableId};
 use crate::cc::Protocol;
 use crate::engine::falcon::{FalconConfig, FalconEngine};
+use crate::engine::fir::{FirConfig, FirEngine, FirFault};
 use crate::engine::zen::{ZenConfig, ZenEngine, ZenFault};
 use crate::engine::{
     DbError, Engine, EngineKind, EngineWorker, FieldWrite, RecoveryReport, TxError,
@@ -74,6 +75,8 @@ pub struct DbConfig {
     pub cache_min_entries: usize,
     /// Zen: a deliberate ordering bug for the crash harness (test-only).
     pub zen_fault: Option<ZenFault>,
+    /// FIR: a deliberate ordering bug for the crash harness (test-only).
+    pub fir_fault: Option<FirFault>,
     /// [`Db::open`] takes the engine design from the pool header: when `engine` is of another
     /// design (layout) than the pool's, the pool's design is used (true, the default) or the
     /// open is refused (false: the caller insisted on an engine).
@@ -108,6 +111,7 @@ impl Default for DbConfig {
             cache_bytes: None,
             cache_min_entries: 1024,
             zen_fault: None,
+            fir_fault: None,
             engine_from_pool: true,
             allow_domain_change: false,
             media: None,
@@ -213,6 +217,14 @@ impl DbConfig {
         c
     }
 
+    fn fir(&self) -> FirConfig {
+        let mut c = FirConfig::new(self.protocol);
+        c.max_threads = self.max_threads;
+        c.max_row_bytes = self.max_row_bytes;
+        c.fault = self.fir_fault;
+        c
+    }
+
     fn pool_options(&self, crash_sim: Option<crate::pmem::CrashTrigger>) -> PoolOptions {
         let domain = if self.engine == EngineKind::Volatile {
             PersistenceDomain::Volatile
@@ -252,7 +264,7 @@ pub fn min_pool_size(engine: EngineKind, max_threads: usize) -> u64 {
 /// [`min_pool_size`]).
 fn pages_per_thread(engine: EngineKind) -> u64 {
     match engine {
-        EngineKind::Zen => 1,
+        EngineKind::Zen | EngineKind::Fir => 1,
         _ => 2,
     }
 }
@@ -261,7 +273,7 @@ fn check_pool_size(engine: EngineKind, max_threads: usize, size: u64) -> Result<
     let min = min_pool_size(engine, max_threads);
     if size < min {
         let mib = crate::alloc::mib;
-        let per_thread = if engine == EngineKind::Zen {
+        let per_thread = if matches!(engine, EngineKind::Zen | EngineKind::Fir) {
             "a heap page"
         } else {
             "a log window and a heap page"
@@ -431,6 +443,14 @@ impl Db {
     ) -> Result<Arc<dyn Engine>, DbError> {
         if create {
             check_pool_size(config.engine, config.max_threads, pool.len())?;
+        }
+        if config.engine == EngineKind::Fir {
+            let fir = config.fir();
+            return Ok(if create {
+                FirEngine::create(pool, fir)?
+            } else {
+                FirEngine::open(pool, fir)?
+            });
         }
         if config.engine == EngineKind::Zen {
             let zen = config.zen();
