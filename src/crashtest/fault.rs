@@ -207,7 +207,10 @@ mod tests {
     #[test]
     fn names_are_unique_and_round_trip() {
         let all = InjectedFault::all();
-        assert_eq!(all.len(), Fault::ALL.len() + ZenFault::ALL.len());
+        assert_eq!(
+            all.len(),
+            Fault::ALL.len() + ZenFault::ALL.len() + FirFault::ALL.len()
+        );
         let mut names: Vec<&str> = all.iter().map(|f| f.name()).collect();
         names.sort();
         names.dedup();
