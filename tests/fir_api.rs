@@ -173,3 +173,120 @@ fn a_damaged_lctt_is_refused() {
         Ok(_) => panic!("a damaged LCTT was accepted"),
     }
 }
+
+fn fact(db: &Db, name: &str) -> u64 {
+    let report = db.recovery_report().unwrap();
+    report
+        .facts
+        .iter()
+        .find(|(n, _)| n == name)
+        .unwrap_or_else(|| panic!("no fact {name} in {:?}", report.facts))
+        .1
+}
+
+/// §4.4: after a checkpoint, recovery loads its entries and redoes only the versions written
+/// since (found by binary search in each time-ordered region), not the history before it.
+#[test]
+fn recovery_redoes_only_what_was_written_after_the_checkpoint() {
+    let dir = common::pool_dir();
+    let path = dir.path().join("fir.pool");
+    let mut cfg = config(PersistenceDomain::Adr).path(&path);
+    cfg.fir_checkpoint_interval_ms = None;
+    let t;
+    {
+        let db = Db::create(cfg.clone()).unwrap();
+        t = db
+            .create_table(Schema::new("kv", &[("v", ColumnType::U64)]).ordered())
+            .unwrap();
+        db.run(|tx| (0..1000u64).try_for_each(|k| tx.insert(t, k, &[Value::U64(k)])))
+            .unwrap();
+        for round in 0..5u64 {
+            db.run(|tx| (0..1000u64).try_for_each(|k| tx.update(t, k, &[(0, Value::U64(round))])))
+                .unwrap();
+        }
+        let stats = fir_checkpoint(&db);
+        assert_eq!(stats.entries, 1000);
+        db.run(|tx| (0..10u64).try_for_each(|k| tx.update(t, k, &[(0, Value::U64(77))])))
+            .unwrap();
+        db.run(|tx| tx.delete(t, 999)).unwrap();
+        db.run(|tx| tx.insert(t, 5000, &[Value::U64(1)])).unwrap();
+    }
+    let db = Db::open(cfg.clone()).unwrap();
+    assert_eq!(fact(&db, "entries from the checkpoint"), 1000);
+    assert_eq!(fact(&db, "versions redone (txnId >= CT)"), 12);
+    assert_eq!(fact(&db, "versions before CT skipped"), 6000);
+    let rows = db.run(|tx| tx.scan(t, 0, usize::MAX)).unwrap();
+    assert_eq!(rows.len(), 1000);
+    for (k, r) in &rows {
+        let expected = match *k {
+            0..10 => 77,
+            5000 => 1,
+            _ => 4,
+        };
+        assert_eq!(r.u64(0), expected, "key {k}");
+    }
+    assert!(rows.iter().all(|(k, _)| *k != 999));
+    assert_eq!(db.check_structure().unwrap(), vec![1000]);
+}
+
+fn fir_checkpoint(db: &Db) -> pmtx::engine::fir::CheckpointStats {
+    db.checkpoint().expect("a FIR database").unwrap()
+}
+
+/// §4.3.2: checkpoints taken while transfers run on two threads are consistent: the database
+/// recovered from the last one (plus what was written after it) keeps the bank total.
+#[test]
+fn checkpoints_taken_while_transactions_run_are_consistent() {
+    let dir = common::pool_dir();
+    let path = dir.path().join("fir.pool");
+    let mut cfg = config(PersistenceDomain::Eadr).path(&path);
+    cfg.fir_checkpoint_interval_ms = None;
+    const ACCOUNTS: u64 = 64;
+    let t;
+    {
+        let db = Db::create(cfg.clone()).unwrap();
+        t = db
+            .create_table(Schema::new("acct", &[("balance", ColumnType::I64)]))
+            .unwrap();
+        db.run(|tx| (0..ACCOUNTS).try_for_each(|k| tx.insert(t, k, &[Value::I64(100)])))
+            .unwrap();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            for seed in 0..2u64 {
+                let (db, stop) = (&db, &stop);
+                s.spawn(move || {
+                    let mut w = db.worker().unwrap();
+                    let mut x = seed + 1;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        x = x
+                            .wrapping_mul(6364136223846793005)
+                            .wrapping_add(1442695040888963407);
+                        let (a, b) = ((x >> 20) % ACCOUNTS, (x >> 40) % ACCOUNTS);
+                        if a == b {
+                            continue;
+                        }
+                        w.run(|tx| {
+                            let (ra, rb) = (tx.get(t, a)?.i64(0), tx.get(t, b)?.i64(0));
+                            tx.update(t, a, &[(0, Value::I64(ra - 1))])?;
+                            tx.update(t, b, &[(0, Value::I64(rb + 1))])
+                        })
+                        .unwrap();
+                    }
+                });
+            }
+            for _ in 0..20 {
+                let stats = fir_checkpoint(&db);
+                assert_eq!(stats.entries, ACCOUNTS);
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+    }
+    let db = Db::open(cfg).unwrap();
+    assert!(fact(&db, "checkpoint generation") >= 20);
+    let total: i64 = db
+        .run(|tx| (0..ACCOUNTS).map(|k| Ok(tx.get(t, k)?.i64(0))).sum())
+        .unwrap();
+    assert_eq!(total, ACCOUNTS as i64 * 100);
+    assert_eq!(db.check_structure().unwrap(), vec![ACCOUNTS]);
+}

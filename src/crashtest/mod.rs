@@ -40,6 +40,10 @@ use std::sync::Arc;
 use std::time::Instant;
 use workload::{CrashWorkload, Observed, Oracle, OracleEvent, Recorder, TxCtx, WorkloadKind};
 
+/// FIR takes an index leaf checkpoint after every this many commits under the crash harness, so
+/// that crashes hit checkpoints and recoveries start from one.
+pub const FIR_CRASH_CHECKPOINT_EVERY: u64 = 5;
+
 /// Engines the suite covers. Adding an engine is one entry here (and, if it is not crash-safe
 /// under some domain, one arm in [`supported`]; the protocols it runs come from
 /// [`EngineKind::supports`]).
@@ -192,6 +196,12 @@ impl CrashTestConfig {
             c.window_slots = Some(INP_CRASH_RING_SLOTS);
         }
         c.window_slot_bytes = self.window_slot_bytes;
+        if self.engine == EngineKind::Fir {
+            // Checkpoints inside the crash window, at points the run reproduces (a background
+            // thread's would land at different events each run).
+            c.fir_checkpoint_interval_ms = None;
+            c.fir_checkpoint_every_commits = Some(FIR_CRASH_CHECKPOINT_EVERY);
+        }
         c
     }
 
@@ -199,7 +209,9 @@ impl CrashTestConfig {
     /// and a spare page.
     fn pool_size(&self, tables: usize) -> u64 {
         let extra = self.workload.build().extra_pages_per_thread();
-        let pages = 1 + (self.threads as u64) * (1 + tables as u64 + extra) + 1;
+        // FIR's index leaf checkpoint: the valid one and the next one being written.
+        let checkpoints = if self.engine == EngineKind::Fir { 2 } else { 0 };
+        let pages = 1 + (self.threads as u64) * (1 + tables as u64 + extra) + 1 + checkpoints;
         // Never below what `Db::create` accepts for these worker slots.
         ((pages + 1) * PAGE_SIZE).max(crate::db::min_pool_size(self.engine, self.threads + 1))
     }

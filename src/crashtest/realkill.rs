@@ -72,6 +72,10 @@ fn child_db_config(test: &CrashTestConfig, path: &Path) -> DbConfig {
     let mut c = test.db_config(test.workload.build().schemas().len());
     c.pool_size = 64 << 20;
     c.path = Some(path.to_path_buf());
+    if test.engine == crate::engine::EngineKind::Fir {
+        // Real kills land in the background checkpointer too.
+        c.fir_checkpoint_interval_ms = Some(20);
+    }
     c
 }
 

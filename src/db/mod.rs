@@ -77,6 +77,12 @@ pub struct DbConfig {
     pub zen_fault: Option<ZenFault>,
     /// FIR: a deliberate ordering bug for the crash harness (test-only).
     pub fir_fault: Option<FirFault>,
+    /// FIR: a background thread takes an index leaf checkpoint every this many milliseconds
+    /// (`None`: never; default 1,000).
+    pub fir_checkpoint_interval_ms: Option<u64>,
+    /// FIR: a committing worker takes a checkpoint after every this many commits (deterministic,
+    /// for the crash suite; default `None`).
+    pub fir_checkpoint_every_commits: Option<u64>,
     /// [`Db::open`] takes the engine design from the pool header: when `engine` is of another
     /// design (layout) than the pool's, the pool's design is used (true, the default) or the
     /// open is refused (false: the caller insisted on an engine).
@@ -112,6 +118,8 @@ impl Default for DbConfig {
             cache_min_entries: 1024,
             zen_fault: None,
             fir_fault: None,
+            fir_checkpoint_interval_ms: Some(1000),
+            fir_checkpoint_every_commits: None,
             engine_from_pool: true,
             allow_domain_change: false,
             media: None,
@@ -222,6 +230,10 @@ impl DbConfig {
         c.max_threads = self.max_threads;
         c.max_row_bytes = self.max_row_bytes;
         c.fault = self.fir_fault;
+        c.checkpoint_interval = self
+            .fir_checkpoint_interval_ms
+            .map(std::time::Duration::from_millis);
+        c.checkpoint_every_commits = self.fir_checkpoint_every_commits;
         c
     }
 
@@ -507,6 +519,12 @@ impl Db {
     /// The engine underneath (for tools and tests).
     pub fn engine(&self) -> &Arc<dyn Engine> {
         &self.engine
+    }
+
+    /// Takes an index checkpoint now, for engines that keep one (FIR, §4.3); `None` for the
+    /// others.
+    pub fn checkpoint(&self) -> Option<Result<crate::engine::fir::CheckpointStats, DbError>> {
+        self.engine.checkpoint()
     }
 
     /// The configuration the database was opened with.

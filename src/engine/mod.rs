@@ -284,6 +284,11 @@ pub trait Engine: Send + Sync {
     /// Checks that indexes and storage agree and space accounting is consistent; returns the
     /// number of live rows per table, or a description of the first inconsistency.
     fn check_structure(&self) -> Result<Vec<u64>, String>;
+    /// Takes a checkpoint of the indexes now, for engines that keep one (FIR's index leaf
+    /// checkpoint, §4.3); `None` for the others.
+    fn checkpoint(&self) -> Option<Result<fir::CheckpointStats, DbError>> {
+        None
+    }
 }
 
 /// One thread's transaction executor. Operations between `begin` and `commit`/`abort` form a

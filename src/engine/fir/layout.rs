@@ -8,6 +8,7 @@
 //!   1 MiB.. LCTT: one 8-byte word per thread slot, the txnId of its last committed transaction
 //!           (eight threads share a 64-byte line, so one write-back carries up to eight commit
 //!           signals: §4.2.1's group commit)
+//!   1 MiB + 4 KiB: the generation of the valid index leaf checkpoint (0: none)
 //! block pages (kind BLOCK, owner = the thread whose region the page belongs to,
 //! value = table id << 20 | sequence number of the page in the region):
 //!   fixed-size tuple_content slots, 16-byte aligned, appended in commit-time order:
@@ -25,6 +26,35 @@ pub mod kind {
     pub const META: u8 = 1;
     /// A block of tuple contents; owner = region (thread), value = table << 20 | sequence.
     pub const BLOCK: u8 = 2;
+    /// A page of an index leaf checkpoint; value = the page's number within the checkpoint.
+    pub const CHECKPOINT: u8 = 3;
+}
+
+/// Index leaf checkpoint pages (§4.1 "Index Checkpoint", §4.3): a header, then entries.
+///
+/// ```text
+///   0 generation (the meta page's CKPT_GEN word names the valid one)   8 page number
+///   16 CT: every transaction with a smaller txnId had ended when the checkpoint read the index
+///   24 entries in the whole checkpoint   32 pages in the whole checkpoint
+///   64.. entries of 32 bytes: table, key, txnId, logical address of the version
+/// ```
+pub mod checkpoint {
+    /// Generation field.
+    pub const GEN: u64 = 0;
+    /// Page number field.
+    pub const SEQ: u64 = 8;
+    /// CT field.
+    pub const CT: u64 = 16;
+    /// Total entries field.
+    pub const ENTRIES: u64 = 24;
+    /// Total pages field.
+    pub const PAGES: u64 = 32;
+    /// Where the entries start in a page.
+    pub const FIRST_ENTRY: u64 = 64;
+    /// Bytes per entry.
+    pub const ENTRY: u64 = 32;
+    /// Entries per page.
+    pub const PER_PAGE: u64 = (crate::alloc::PAGE_SIZE - FIRST_ENTRY) / ENTRY;
 }
 
 /// Bits of a block page's tag value that number the page within its region.
@@ -54,6 +84,8 @@ pub mod meta {
     pub const CATALOG_SLOT_BYTES: u64 = 256 * 1024;
     /// Where the LCTT starts within the meta page (after both catalog slots).
     pub const LCTT_AT: u64 = 1 << 20;
+    /// The generation of the valid index leaf checkpoint (0: none), after the LCTT's 256 words.
+    pub const CKPT_GEN: u64 = LCTT_AT + 4096;
 }
 
 /// tuple_content fields and helpers.

@@ -80,6 +80,7 @@
 //! - **No garbage collection yet** (§4.5): superseded versions stay in their blocks, marked in
 //!   the update_map; a pool that fills up refuses commits with `PmFull`.
 
+mod checkpoint;
 pub mod layout;
 mod recovery;
 pub mod storage;
@@ -98,6 +99,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use storage::{Region, Tile};
 
+pub use checkpoint::CheckpointStats;
+
 /// A deliberate bug in one ordering step, for showing that the crash-consistency harness catches
 /// it (test-only: no production configuration sets one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -114,15 +117,22 @@ pub enum FirFault {
     LcttFirst,
     /// Commit returns before the LCTT word is durable (ADR): an acknowledged commit can be lost.
     SkipLcttFlush,
+    /// A checkpoint names its generation in the meta page before writing its pages.
+    CheckpointGenFirst,
+    /// A checkpoint's CT is the clock alone, ignoring running transactions (§4.3.2): a
+    /// transaction below CT that commits after the scan is neither in the checkpoint nor redone.
+    CheckpointCtIgnoresRunning,
 }
 
 impl FirFault {
     /// Every fault.
-    pub const ALL: [FirFault; 4] = [
+    pub const ALL: [FirFault; 6] = [
         FirFault::SkipTupleFlush,
         FirFault::SkipTupleFence,
         FirFault::LcttFirst,
         FirFault::SkipLcttFlush,
+        FirFault::CheckpointGenFirst,
+        FirFault::CheckpointCtIgnoresRunning,
     ];
 
     /// The command-line name (unique over every engine's faults).
@@ -132,6 +142,8 @@ impl FirFault {
             FirFault::SkipTupleFence => "fir-skip-tuple-fence",
             FirFault::LcttFirst => "fir-lctt-first",
             FirFault::SkipLcttFlush => "fir-skip-lctt-flush",
+            FirFault::CheckpointGenFirst => "fir-checkpoint-gen-first",
+            FirFault::CheckpointCtIgnoresRunning => "fir-checkpoint-ct-ignores-running",
         }
     }
 
@@ -142,6 +154,12 @@ impl FirFault {
             FirFault::SkipTupleFence => "Algorithm 1 does not sfence after each clwb",
             FirFault::LcttFirst => "the LCTT word is written before the tuple contents",
             FirFault::SkipLcttFlush => "commit returns before the LCTT word is durable (ADR)",
+            FirFault::CheckpointGenFirst => {
+                "a checkpoint is named valid before its pages are written"
+            }
+            FirFault::CheckpointCtIgnoresRunning => {
+                "a checkpoint's CT ignores the transactions running during it"
+            }
         }
     }
 }
@@ -170,16 +188,23 @@ pub struct FirConfig {
     pub max_row_bytes: usize,
     /// A deliberate ordering bug for the crash-consistency harness (never set in production).
     pub fault: Option<FirFault>,
+    /// A background thread takes an index leaf checkpoint this often (§4.3; `None`: never).
+    pub checkpoint_interval: Option<std::time::Duration>,
+    /// A committing worker takes a checkpoint after every this many commits of the engine
+    /// (deterministic, for the crash-consistency suite; `None`: never).
+    pub checkpoint_every_commits: Option<u64>,
 }
 
 impl FirConfig {
-    /// Defaults: 16 threads, rows up to 4 KiB.
+    /// Defaults: 16 threads, rows up to 4 KiB, a checkpoint every second.
     pub fn new(protocol: Protocol) -> FirConfig {
         FirConfig {
             protocol,
             max_threads: 16,
             max_row_bytes: 4096,
             fault: None,
+            checkpoint_interval: Some(std::time::Duration::from_secs(1)),
+            checkpoint_every_commits: None,
         }
     }
 }
@@ -262,6 +287,17 @@ pub struct FirEngine {
     pub(crate) threads: Box<[Mutex<Option<ThreadState>>]>,
     pub(crate) last_commit: AtomicU64,
     report: Option<RecoveryReport>,
+    /// One checkpoint at a time.
+    checkpoint_lock: Mutex<()>,
+    /// The pages of the valid checkpoint (freed when the next one is in place).
+    pub(crate) ckpt_pages: Mutex<Vec<u64>>,
+    /// Pool offset of the meta page's checkpoint generation word.
+    pub(crate) ckpt_gen_at: u64,
+    checkpoints: AtomicU64,
+    /// Checkpoints that could not be taken (a full pool) or a checkpointer that did not start.
+    pub(crate) checkpoint_failures: AtomicU64,
+    /// Commits, for `checkpoint_every_commits`.
+    pub(crate) commits: AtomicU64,
 }
 
 impl FirEngine {
@@ -281,6 +317,13 @@ impl FirEngine {
         if config.max_row_bytes == 0 || tuple::slot_size(config.max_row_bytes) > PAGE_SIZE {
             return Err(DbError::Config(
                 "max_row_bytes must be between 1 byte and a 2 MiB page".into(),
+            ));
+        }
+        if config.checkpoint_interval.is_some_and(|d| d.is_zero())
+            || config.checkpoint_every_commits == Some(0)
+        {
+            return Err(DbError::Config(
+                "a FIR checkpoint interval must be positive (or none)".into(),
             ));
         }
         Ok(())
@@ -308,13 +351,45 @@ impl FirEngine {
                 (meta::F_CATALOG_SLOT, meta::CATALOG_SLOT_BYTES),
             ]),
         )?;
-        Ok(Arc::new(Self::assemble(
+        let engine = Arc::new(Self::assemble(
             pool,
             pages,
             meta_page,
             config,
             Catalog::default(),
-        )))
+        ));
+        engine.start_checkpointer();
+        Ok(engine)
+    }
+
+    /// Starts the background checkpointer (`checkpoint_interval`): it holds only a weak reference
+    /// and ends once the engine is dropped.
+    fn start_checkpointer(self: &Arc<Self>) {
+        let Some(interval) = self.config.checkpoint_interval else {
+            return;
+        };
+        let weak = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("fir-checkpoint".into())
+            .spawn(move || loop {
+                let due = std::time::Instant::now() + interval;
+                while std::time::Instant::now() < due {
+                    if weak.strong_count() == 0 {
+                        return;
+                    }
+                    std::thread::sleep(interval.min(std::time::Duration::from_millis(10)));
+                }
+                let Some(engine) = weak.upgrade() else {
+                    return;
+                };
+                if engine.checkpoint().is_err() {
+                    // A full pool: the previous checkpoint stays valid; recovery redoes more.
+                    engine.checkpoint_failures.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        if spawned.is_err() {
+            self.checkpoint_failures.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Opens a FIR pool, running recovery (§4.4). The row limit and the thread count come from
@@ -351,7 +426,9 @@ impl FirEngine {
         let mut engine = Self::assemble(pool, pages, meta_page, config, catalog);
         let report = recovery::recover(&mut engine)?;
         engine.report = Some(report);
-        Ok(Arc::new(engine))
+        let engine = Arc::new(engine);
+        engine.start_checkpointer();
+        Ok(engine)
     }
 
     fn assemble(
@@ -388,6 +465,12 @@ impl FirEngine {
                 .collect(),
             last_commit: AtomicU64::new(0),
             report: None,
+            checkpoint_lock: Mutex::new(()),
+            ckpt_pages: Mutex::new(Vec::new()),
+            ckpt_gen_at: meta_page + meta::CKPT_GEN,
+            checkpoints: AtomicU64::new(0),
+            checkpoint_failures: AtomicU64::new(0),
+            commits: AtomicU64::new(0),
             pages,
             config,
             pool,
@@ -491,6 +574,10 @@ impl Engine for FirEngine {
 
     fn check_structure(&self) -> Result<Vec<u64>, String> {
         recovery::check_structure(self)
+    }
+
+    fn checkpoint(&self) -> Option<Result<CheckpointStats, DbError>> {
+        Some(FirEngine::checkpoint(self))
     }
 }
 

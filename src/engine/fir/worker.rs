@@ -58,6 +58,8 @@ pub(crate) struct FirWorker {
     scratch: Vec<u8>,
     old_row: Vec<u8>,
     scan_hits: Vec<(u64, u64)>,
+    /// The transaction being committed wrote nothing.
+    writes_were_empty: bool,
 }
 
 impl FirWorker {
@@ -86,6 +88,7 @@ impl FirWorker {
             scratch: Vec::new(),
             old_row: Vec::new(),
             scan_hits: Vec::new(),
+            writes_were_empty: true,
             eng,
         })
     }
@@ -466,8 +469,12 @@ impl EngineWorker for FirWorker {
         if self.in_txn {
             self.abort();
         }
+        // A lower bound of the txnId is published first, so that a checkpoint reading the clock
+        // and then the running transactions never misses this one (see `checkpoint.rs`, CT).
+        let floor = self.eng.clock.load(Ordering::SeqCst) + 1;
+        self.eng.active[self.thread].store(floor, Ordering::SeqCst);
         self.ts = self.eng.clock.fetch_add(1, Ordering::SeqCst) + 1;
-        self.eng.active[self.thread].store(self.ts, Ordering::Release);
+        self.eng.active[self.thread].store(self.ts, Ordering::SeqCst);
         self.read_only = read_only;
         self.in_txn = true;
     }
@@ -633,6 +640,7 @@ impl EngineWorker for FirWorker {
         if !self.in_txn {
             return Ok(self.ts);
         }
+        self.writes_were_empty = self.writes.is_empty();
         if !self.writes.is_empty() {
             let lctt_first = self.eng.config.fault == Some(FirFault::LcttFirst);
             if lctt_first {
@@ -646,6 +654,14 @@ impl EngineWorker for FirWorker {
             self.eng.last_commit.fetch_max(self.ts, Ordering::AcqRel);
         }
         self.finish();
+        if let Some(every) = self.eng.config.checkpoint_every_commits {
+            if !self.writes_were_empty
+                && (self.eng.commits.fetch_add(1, Ordering::Relaxed) + 1) % every == 0
+                && self.eng.checkpoint().is_err()
+            {
+                self.eng.checkpoint_failures.fetch_add(1, Ordering::Relaxed);
+            }
+        }
         Ok(self.ts)
     }
 
