@@ -290,3 +290,45 @@ fn checkpoints_taken_while_transactions_run_are_consistent() {
     assert_eq!(total, ACCOUNTS as i64 * 100);
     assert_eq!(db.check_structure().unwrap(), vec![ACCOUNTS]);
 }
+
+/// §4.3.2: a transaction that runs while a checkpoint reads the index, and commits after, is
+/// redone by recovery (CT is below its txnId); the fault that takes CT from the clock alone loses
+/// it, which shows the test can fail.
+#[test]
+fn a_transaction_running_during_a_checkpoint_survives_recovery() {
+    for fault in [
+        None,
+        Some(pmtx::engine::fir::FirFault::CheckpointCtIgnoresRunning),
+    ] {
+        let dir = common::pool_dir();
+        let path = dir.path().join("fir.pool");
+        let mut cfg = config(PersistenceDomain::Adr).path(&path);
+        cfg.fir_checkpoint_interval_ms = None;
+        cfg.fir_fault = fault;
+        let t;
+        {
+            let db = Db::create(cfg.clone()).unwrap();
+            t = db
+                .create_table(Schema::new("kv", &[("v", ColumnType::U64)]))
+                .unwrap();
+            db.run(|tx| tx.insert(t, 1, &[Value::U64(10)])).unwrap();
+            let mut w = db.engine().clone().worker(0).unwrap();
+            w.begin(false);
+            let twenty = 20u64.to_le_bytes();
+            w.update(
+                t,
+                1,
+                &[FieldWrite {
+                    offset: 0,
+                    bytes: &twenty,
+                }],
+            )
+            .unwrap();
+            fir_checkpoint(&db);
+            w.commit().unwrap();
+        }
+        let db = Db::open(cfg).unwrap();
+        let v = db.run(|tx| Ok(tx.get(t, 1)?.u64(0))).unwrap();
+        assert_eq!(v == 20, fault.is_none(), "fault {fault:?}: value {v}");
+    }
+}
