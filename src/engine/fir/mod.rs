@@ -13,7 +13,9 @@
 //! | §4.2.1 lifetime: MVTO, write lock, end_ts, new header, w_set | `worker.rs` |
 //! | §4.2.1 Algorithm 1 `Persist` | `worker::FirWorker::persist` |
 //! | §4.2.1 abort resets the regions' empty-slot positions | `worker::FirWorker::abort` |
-//! | §4.4.1 undo/redo: committed = txnId ≤ LCTT of the region's thread | `recovery.rs` |
+//! | §4.3 index leaf checkpoint (full), CT, §4.3.2 consistency, the checkpoint thread | `checkpoint.rs`, `FirEngine::start_checkpointer` |
+//! | §4.4.1 undo/redo: committed = txnId ≤ LCTT of the region's thread, from CT on | `recovery.rs` (binary search per region) |
+//! | §4.4.2 index rebuild from the checkpoint | `recovery::load_checkpoint` |
 //!
 //! A transaction runs on one worker thread, which is bound to one region of every table (its
 //! thread slot). A write takes the newest version's latch, checks MVTO's rules (the newest
@@ -70,15 +72,32 @@
 //! - **Algorithm 1 per run of contiguous slots**: the contents of a transaction's consecutive
 //!   slots of one region are copied together and their lines flushed once each (`clwb`; `sfence`
 //!   per line, as written), so a line shared by two new tuples is not written back twice.
-//! - **Recovery, for now, scans every region** (the index checkpoint of §4.3 is not built yet):
-//!   each region is read up to its first uncommitted slot, and the uncommitted slots after it
-//!   (the transaction the crash interrupted) get their word zeroed and persisted, so that a
-//!   later LCTT value above their txnId cannot make them look committed; this makes recovery
-//!   idempotent (a crash during recovery is recovered again).
+//! - **Checkpoints are full ones only** (§4.3): every table's index leaves, written to fresh
+//!   pages and made valid by one 8-byte generation word; the incremental checkpoint of
+//!   Algorithm 2 (update-time marks on the nodes of the DRAM index) and the time cost model of
+//!   §4.3.3 that chooses between the two are not built yet. A checkpoint also records the txnId
+//!   of each entry, so that recovery can order it against the versions it redoes.
+//! - **CT is not the checkpoint's start time but the oldest running txnId** (or the clock + 1):
+//!   §4.3.2 resolves uncommitted versions by walking to the last committed one, which leaves out
+//!   a transaction running during the scan whose txnId is below the start time and that commits
+//!   after; recovery redoes from CT, so that transaction is redone (test:
+//!   `fir_api::a_transaction_running_during_a_checkpoint_survives_recovery`).
+//! - **Recovery finds CT in each region by binary search** (the paper walks back from the last
+//!   block), reads on to the first uncommitted slot, and zeroes and persists the words of the
+//!   uncommitted slots after it (the transaction the crash interrupted), so that a later LCTT
+//!   value above their txnId cannot make them look committed; this makes recovery idempotent
+//!   (a crash during recovery is recovered again). Redo applies versions in txnId order. The
+//!   update_map bits of versions before CT are not rebuilt (nothing reads them yet).
+//! - **Secondary indexes are rebuilt from the rows** after the primary index (the paper
+//!   checkpoints every index; pmtx's secondary indexes map to primary keys and are rebuilt by
+//!   reading the live rows).
 //! - **Long transactions (§4.2.2)** need no region of their own here: a region is written only
 //!   at commit (in one run), so a long transaction blocks nothing but its own thread.
 //! - **No garbage collection yet** (§4.5): superseded versions stay in their blocks, marked in
 //!   the update_map; a pool that fills up refuses commits with `PmFull`.
+//! - **Checkpoints in the crash suite** are taken by the committing worker every
+//!   `checkpoint_every_commits` commits (a background thread's would land at other PM events in
+//!   each run of the simulator); real kills run the background checkpointer every 20 ms.
 
 mod checkpoint;
 pub mod layout;
