@@ -23,11 +23,17 @@ fn schema() -> Schema {
     )
 }
 
-/// Every engine that runs every protocol, with every protocol: (engine, protocol) pairs.
+/// Every engine with every protocol it runs (FIR: MVTO only): (engine, protocol) pairs.
 fn cases(protocols: impl IntoIterator<Item = Protocol> + Clone) -> Vec<(EngineKind, Protocol)> {
-    [EngineKind::Falcon, EngineKind::Zen]
+    [EngineKind::Falcon, EngineKind::Zen, EngineKind::Fir]
         .into_iter()
-        .flat_map(|e| protocols.clone().into_iter().map(move |p| (e, p)))
+        .flat_map(|e| {
+            protocols
+                .clone()
+                .into_iter()
+                .filter(move |&p| e.supports(p))
+                .map(move |p| (e, p))
+        })
         .collect()
 }
 

@@ -148,32 +148,25 @@ fn pm_tables_keep_their_placement_and_data_across_reopen() {
 #[test]
 fn engines_without_pm_indexes_refuse_them_clearly() {
     let dir = tempfile::tempdir().unwrap();
-    let zen = Db::create(
-        config(
-            EngineKind::Zen,
-            PersistenceDomain::Eadr,
-            &dir.path().join("z"),
-        )
-        .index_placement(IndexPlacement::Pm),
-    );
-    match zen {
-        Err(DbError::Config(m)) => assert!(m.contains("zen") && m.contains("DRAM"), "{m}"),
-        Err(other) => panic!("{other}"),
-        Ok(_) => panic!("zen accepted a PM index default"),
+    for (engine, name) in [(EngineKind::Zen, "zen"), (EngineKind::Fir, "fir")] {
+        let with = |file: &str| {
+            config(engine, PersistenceDomain::Eadr, &dir.path().join(file))
+                .protocol(engine.default_protocol())
+        };
+        match Db::create(with(&format!("{name}-default")).index_placement(IndexPlacement::Pm)) {
+            Err(DbError::Config(m)) => assert!(m.contains(name) && m.contains("DRAM"), "{m}"),
+            Err(other) => panic!("{other}"),
+            Ok(_) => panic!("{name} accepted a PM index default"),
+        }
+        let db = Db::create(with(&format!("{name}-table"))).unwrap();
+        let err = db
+            .create_table(kv("t").placed(IndexPlacement::Pm))
+            .unwrap_err();
+        assert!(
+            matches!(&err, DbError::Config(m) if m.contains(name)),
+            "{err}"
+        );
     }
-    let zen = Db::create(config(
-        EngineKind::Zen,
-        PersistenceDomain::Eadr,
-        &dir.path().join("z2"),
-    ))
-    .unwrap();
-    let err = zen
-        .create_table(kv("t").placed(IndexPlacement::Pm))
-        .unwrap_err();
-    assert!(
-        matches!(&err, DbError::Config(m) if m.contains("zen")),
-        "{err}"
-    );
     let volatile = Db::create(
         DbConfig::temporary()
             .engine(EngineKind::Volatile)

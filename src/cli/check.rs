@@ -131,6 +131,7 @@ pub(crate) fn check_pool_as(pool: Pool, engine: EngineKind) -> Result<Recovered,
         ..DbConfig::temporary()
     }
     .engine(engine)
+    .protocol(engine.default_protocol())
     .domain(header.domain);
     let db = Db::open_pool(pool, config).map_err(Failure::from_db)?;
     let rows = db

@@ -23,9 +23,9 @@ pub struct Args {
     /// (4000-byte rows until the heap needs more than one page per thread).
     #[arg(long, default_value = "bank")]
     pub workload: WorkloadKind,
-    /// The concurrency-control protocol.
-    #[arg(long, default_value = "occ")]
-    pub cc: Protocol,
+    /// The concurrency-control protocol (default: the engine's, occ; mvto for fir).
+    #[arg(long)]
+    pub cc: Option<Protocol>,
     /// Crash images to recover and check (sampled crash points).
     #[arg(long, default_value_t = 2000)]
     pub images: u64,
@@ -107,7 +107,7 @@ pub(crate) fn run(args: Args) -> CliResult {
         super::bench::check_output_path(path, "--json")?;
     }
     let mut cfg = CrashTestConfig::new(args.engine, args.domain, args.workload);
-    cfg.protocol = args.cc;
+    cfg.protocol = args.cc.unwrap_or(args.engine.default_protocol());
     cfg.images = args.images;
     cfg.seed = args.seed;
     cfg.threads = args.threads;

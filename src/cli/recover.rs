@@ -17,9 +17,10 @@ pub struct RecoverArgs {
     #[arg(long)]
     pub engine: Option<EngineKind>,
     /// Concurrency-control protocol the database runs (any of `pmtx bench --cc`): recovery
-    /// resets each tuple word to that protocol's idle format.
-    #[arg(long, default_value = "occ")]
-    pub cc: Protocol,
+    /// resets each tuple word to that protocol's idle format. Default: the engine's default
+    /// (occ; mvto for fir).
+    #[arg(long)]
+    pub cc: Option<Protocol>,
     /// The persistence domain; default: the one the pool was created for (recorded in its
     /// header). Another domain is refused unless `--allow-domain-change` is given.
     #[arg(long)]
@@ -35,8 +36,13 @@ pub struct RecoverArgs {
 
 pub(crate) fn run(args: RecoverArgs) -> CliResult {
     let header = Pool::read_header(&args.pool)?;
+    let protocol = args.cc.unwrap_or_else(|| {
+        args.engine
+            .or_else(|| EngineKind::for_layout(&header.layout))
+            .map_or(Protocol::Occ, EngineKind::default_protocol)
+    });
     let mut config = DbConfig::temporary()
-        .protocol(args.cc)
+        .protocol(protocol)
         .domain(args.domain.unwrap_or(header.domain))
         .allow_domain_change(args.allow_domain_change)
         .path(&args.pool);

@@ -5,6 +5,7 @@
 
 use crate::db::DbConfig;
 use crate::engine::falcon::Fault;
+use crate::engine::fir::FirFault;
 use crate::engine::zen::ZenFault;
 use crate::engine::EngineKind;
 use crate::pmem::PersistenceDomain;
@@ -18,6 +19,8 @@ pub enum InjectedFault {
     Falcon(Fault),
     /// A Zen fault (`DbConfig::zen_fault`).
     Zen(ZenFault),
+    /// A FIR fault (`DbConfig::fir_fault`).
+    Fir(FirFault),
 }
 
 /// The engines Falcon's faults apply to (they share Falcon's commit code).
@@ -35,6 +38,7 @@ impl InjectedFault {
             .into_iter()
             .map(InjectedFault::Falcon)
             .chain(ZenFault::ALL.into_iter().map(InjectedFault::Zen))
+            .chain(FirFault::ALL.into_iter().map(InjectedFault::Fir))
             .collect()
     }
 
@@ -51,6 +55,7 @@ impl InjectedFault {
         match self {
             InjectedFault::Falcon(f) => f.name(),
             InjectedFault::Zen(f) => f.name(),
+            InjectedFault::Fir(f) => f.name(),
         }
     }
 
@@ -59,6 +64,7 @@ impl InjectedFault {
         match self {
             InjectedFault::Falcon(f) => f.describe(),
             InjectedFault::Zen(f) => f.describe(),
+            InjectedFault::Fir(f) => f.describe(),
         }
     }
 
@@ -67,6 +73,7 @@ impl InjectedFault {
         match self {
             InjectedFault::Falcon(_) => FALCON_ENGINES,
             InjectedFault::Zen(_) => &[EngineKind::Zen],
+            InjectedFault::Fir(_) => &[EngineKind::Fir],
         }
     }
 
@@ -106,6 +113,12 @@ impl InjectedFault {
         match self {
             InjectedFault::Falcon(f) => f != Fault::CommitMarkFirst,
             InjectedFault::Zen(f) => f != ZenFault::SkipFence,
+            // FIR's `fir-lctt-first` stores the commit point before the contents, and the two
+            // checkpoint faults break the order of stores or the logic, not a flush.
+            InjectedFault::Fir(f) => matches!(
+                f,
+                FirFault::SkipTupleFlush | FirFault::SkipTupleFence | FirFault::SkipLcttFlush
+            ),
         }
     }
 
@@ -120,7 +133,7 @@ impl InjectedFault {
                 .filter(|f| !f.only_removes_ordinary_flushes())
                 .map(InjectedFault::name)
                 .collect();
-            let adr = super::supported(engine, PersistenceDomain::Adr, crate::cc::Protocol::Occ);
+            let adr = super::supported(engine, PersistenceDomain::Adr, engine.default_protocol());
             let instead = match (adr.is_ok(), usable.is_empty()) {
                 (true, _) => "test it under adr".to_string(),
                 (false, true) => format!("{engine} runs only under eadr"),
@@ -143,6 +156,7 @@ impl InjectedFault {
         match self {
             InjectedFault::Falcon(f) => config.fault = Some(f),
             InjectedFault::Zen(f) => config.zen_fault = Some(f),
+            InjectedFault::Fir(f) => config.fir_fault = Some(f),
         }
     }
 }
@@ -156,6 +170,12 @@ impl From<Fault> for InjectedFault {
 impl From<ZenFault> for InjectedFault {
     fn from(f: ZenFault) -> Self {
         InjectedFault::Zen(f)
+    }
+}
+
+impl From<FirFault> for InjectedFault {
+    fn from(f: FirFault) -> Self {
+        InjectedFault::Fir(f)
     }
 }
 
@@ -191,7 +211,10 @@ mod tests {
     #[test]
     fn names_are_unique_and_round_trip() {
         let all = InjectedFault::all();
-        assert_eq!(all.len(), Fault::ALL.len() + ZenFault::ALL.len());
+        assert_eq!(
+            all.len(),
+            Fault::ALL.len() + ZenFault::ALL.len() + FirFault::ALL.len()
+        );
         let mut names: Vec<&str> = all.iter().map(|f| f.name()).collect();
         names.sort();
         names.dedup();

@@ -40,6 +40,10 @@ use std::sync::Arc;
 use std::time::Instant;
 use workload::{CrashWorkload, Observed, Oracle, OracleEvent, Recorder, TxCtx, WorkloadKind};
 
+/// FIR takes an index leaf checkpoint after every this many commits under the crash harness, so
+/// that crashes hit checkpoints and recoveries start from one.
+pub const FIR_CRASH_CHECKPOINT_EVERY: u64 = 5;
+
 /// Engines the suite covers. Adding an engine is one entry here (and, if it is not crash-safe
 /// under some domain, one arm in [`supported`]; the protocols it runs come from
 /// [`EngineKind::supports`]).
@@ -49,6 +53,7 @@ pub const ENGINES: &[EngineKind] = &[
     EngineKind::FalconNoflush,
     EngineKind::Inp,
     EngineKind::Zen,
+    EngineKind::Fir,
 ];
 
 /// Whether the suite runs `engine` with `protocol` under `domain`; `Err` says why not.
@@ -156,7 +161,7 @@ impl CrashTestConfig {
         CrashTestConfig {
             engine,
             domain,
-            protocol: Protocol::Occ,
+            protocol: engine.default_protocol(),
             workload,
             images: 2000,
             seed: 1,
@@ -198,6 +203,12 @@ impl CrashTestConfig {
         // The simulator's events must come from the threads it drives: the recovery sweep runs
         // in them (as transactions reach pages, and in the structure check).
         c.background_recovery = false;
+        if self.engine == EngineKind::Fir {
+            // Checkpoints inside the crash window, at points the run reproduces (a background
+            // thread's would land at different events each run).
+            c.fir_checkpoint_interval_ms = None;
+            c.fir_checkpoint_every_commits = Some(FIR_CRASH_CHECKPOINT_EVERY);
+        }
         c
     }
 
@@ -205,7 +216,9 @@ impl CrashTestConfig {
     /// and a spare page.
     fn pool_size(&self, tables: usize) -> u64 {
         let extra = self.workload.build().extra_pages_per_thread();
-        let mut pages = 1 + (self.threads as u64) * (1 + tables as u64 + extra) + 1;
+        // FIR's index leaf checkpoint: the valid one and the next one being written.
+        let checkpoints = if self.engine == EngineKind::Fir { 2 } else { 0 };
+        let mut pages = 1 + (self.threads as u64) * (1 + tables as u64 + extra) + 1 + checkpoints;
         if self.index == crate::index::IndexPlacement::Pm {
             // Each table's persistent index: its root page, and one to grow into.
             pages += 2 * tables as u64;
@@ -258,7 +271,7 @@ impl CrashTestConfig {
             "pmtx crashtest --engine {} --domain {} --workload {} --threads {} --seed {} --event {event}",
             self.engine, self.domain, self.workload, self.threads, self.seed
         );
-        if self.protocol != Protocol::Occ {
+        if self.protocol != self.engine.default_protocol() {
             s.push_str(&format!(" --cc {}", self.protocol));
         }
         if let Some(f) = self.fault {

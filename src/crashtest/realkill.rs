@@ -73,6 +73,10 @@ fn child_db_config(test: &CrashTestConfig, path: &Path) -> DbConfig {
     c.pool_size = 64 << 20;
     c.path = Some(path.to_path_buf());
     c.background_recovery = true;
+    if test.engine == crate::engine::EngineKind::Fir {
+        // Real kills land in the background checkpointer too.
+        c.fir_checkpoint_interval_ms = Some(20);
+    }
     c
 }
 

@@ -16,6 +16,7 @@
 use crate::catalog::{ColumnType, Schema, TableId};
 use crate::cc::Protocol;
 use crate::engine::falcon::{FalconConfig, FalconEngine};
+use crate::engine::fir::{FirConfig, FirEngine, FirFault};
 use crate::engine::zen::{ZenConfig, ZenEngine, ZenFault};
 use crate::engine::{
     DbError, Engine, EngineKind, EngineWorker, FieldWrite, RecoveryReport, TxError,
@@ -74,6 +75,14 @@ pub struct DbConfig {
     pub cache_min_entries: usize,
     /// Zen: a deliberate ordering bug for the crash harness (test-only).
     pub zen_fault: Option<ZenFault>,
+    /// FIR: a deliberate ordering bug for the crash harness (test-only).
+    pub fir_fault: Option<FirFault>,
+    /// FIR: a background thread takes an index leaf checkpoint every this many milliseconds
+    /// (`None`: never; default 1,000).
+    pub fir_checkpoint_interval_ms: Option<u64>,
+    /// FIR: a committing worker takes a checkpoint after every this many commits (deterministic,
+    /// for the crash suite; default `None`).
+    pub fir_checkpoint_every_commits: Option<u64>,
     /// [`Db::open`] takes the engine design from the pool header: when `engine` is of another
     /// design (layout) than the pool's, the pool's design is used (true, the default) or the
     /// open is refused (false: the caller insisted on an engine).
@@ -117,6 +126,9 @@ impl Default for DbConfig {
             cache_bytes: None,
             cache_min_entries: 1024,
             zen_fault: None,
+            fir_fault: None,
+            fir_checkpoint_interval_ms: Some(1000),
+            fir_checkpoint_every_commits: None,
             engine_from_pool: true,
             allow_domain_change: false,
             media: None,
@@ -231,6 +243,18 @@ impl DbConfig {
         c
     }
 
+    fn fir(&self) -> FirConfig {
+        let mut c = FirConfig::new(self.protocol);
+        c.max_threads = self.max_threads;
+        c.max_row_bytes = self.max_row_bytes;
+        c.fault = self.fir_fault;
+        c.checkpoint_interval = self
+            .fir_checkpoint_interval_ms
+            .map(std::time::Duration::from_millis);
+        c.checkpoint_every_commits = self.fir_checkpoint_every_commits;
+        c
+    }
+
     fn pool_options(&self, crash_sim: Option<crate::pmem::CrashTrigger>) -> PoolOptions {
         let domain = if self.engine == EngineKind::Volatile {
             PersistenceDomain::Volatile
@@ -270,7 +294,7 @@ pub fn min_pool_size(engine: EngineKind, max_threads: usize) -> u64 {
 /// [`min_pool_size`]).
 fn pages_per_thread(engine: EngineKind) -> u64 {
     match engine {
-        EngineKind::Zen => 1,
+        EngineKind::Zen | EngineKind::Fir => 1,
         _ => 2,
     }
 }
@@ -279,7 +303,7 @@ fn check_pool_size(engine: EngineKind, max_threads: usize, size: u64) -> Result<
     let min = min_pool_size(engine, max_threads);
     if size < min {
         let mib = crate::alloc::mib;
-        let per_thread = if engine == EngineKind::Zen {
+        let per_thread = if matches!(engine, EngineKind::Zen | EngineKind::Fir) {
             "a heap page"
         } else {
             "a log window and a heap page"
@@ -450,6 +474,19 @@ impl Db {
         if create {
             check_pool_size(config.engine, config.max_threads, pool.len())?;
         }
+        if config.engine == EngineKind::Fir {
+            if config.index_placement == crate::index::IndexPlacement::Pm {
+                return Err(DbError::Config(
+                    crate::engine::fir::FIR_INDEX_IN_DRAM.into(),
+                ));
+            }
+            let fir = config.fir();
+            return Ok(if create {
+                FirEngine::create(pool, fir)?
+            } else {
+                FirEngine::open(pool, fir)?
+            });
+        }
         if config.engine == EngineKind::Zen {
             if config.index_placement == crate::index::IndexPlacement::Pm {
                 return Err(DbError::Config(
@@ -513,6 +550,12 @@ impl Db {
     /// The engine underneath (for tools and tests).
     pub fn engine(&self) -> &Arc<dyn Engine> {
         &self.engine
+    }
+
+    /// Takes an index checkpoint now, for engines that keep one (FIR, §4.3); `None` for the
+    /// others.
+    pub fn checkpoint(&self) -> Option<Result<crate::engine::fir::CheckpointStats, DbError>> {
+        self.engine.checkpoint()
     }
 
     /// The configuration the database was opened with.

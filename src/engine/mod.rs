@@ -15,6 +15,7 @@
 mod common;
 pub use common::{MAX_HOT_TUPLES, MAX_PARTITIONS};
 pub mod falcon;
+pub mod fir;
 mod meta;
 pub mod zen;
 
@@ -39,17 +40,21 @@ pub enum EngineKind {
     Volatile,
     /// Zen (VLDB'21): Met-Cache in DRAM, log-free out-of-place commits, one-pass recovery.
     Zen,
+    /// FIR (Electronics'25): time-ordered append-only regions on PM, tuple headers in DRAM,
+    /// MVTO, a last-committed-transaction table as the commit record.
+    Fir,
 }
 
 impl EngineKind {
     /// Every engine, in CLI order.
-    pub const ALL: [EngineKind; 6] = [
+    pub const ALL: [EngineKind; 7] = [
         EngineKind::Falcon,
         EngineKind::FalconNoflush,
         EngineKind::FalconAllflush,
         EngineKind::Inp,
         EngineKind::Volatile,
         EngineKind::Zen,
+        EngineKind::Fir,
     ];
 
     /// The command-line name.
@@ -61,6 +66,7 @@ impl EngineKind {
             EngineKind::Inp => "inp",
             EngineKind::Volatile => "volatile",
             EngineKind::Zen => "zen",
+            EngineKind::Fir => "fir",
         }
     }
 
@@ -74,6 +80,7 @@ impl EngineKind {
             | EngineKind::Inp => "falcon",
             EngineKind::Volatile => "volatile",
             EngineKind::Zen => "zen",
+            EngineKind::Fir => "fir",
         }
     }
 
@@ -82,6 +89,7 @@ impl EngineKind {
         match layout {
             "falcon" => Some(EngineKind::Falcon),
             "zen" => Some(EngineKind::Zen),
+            "fir" => Some(EngineKind::Fir),
             "volatile" => Some(EngineKind::Volatile),
             _ => None,
         }
@@ -91,7 +99,22 @@ impl EngineKind {
     pub fn supports(self, protocol: crate::cc::Protocol) -> bool {
         match self {
             EngineKind::Zen => zen::SUPPORTED_PROTOCOLS.contains(&protocol),
+            EngineKind::Fir => fir::SUPPORTED_PROTOCOLS.contains(&protocol),
             _ => true,
+        }
+    }
+
+    /// The protocol a run of this engine uses when none is asked for: OCC, or the first the
+    /// engine supports when it does not run OCC (FIR: MVTO).
+    pub fn default_protocol(self) -> crate::cc::Protocol {
+        use crate::cc::Protocol;
+        if self.supports(Protocol::Occ) {
+            Protocol::Occ
+        } else {
+            Protocol::ALL
+                .into_iter()
+                .find(|&p| self.supports(p))
+                .unwrap_or(Protocol::Occ)
         }
     }
 }
@@ -104,7 +127,7 @@ impl std::fmt::Display for EngineKind {
 
 /// The error of parsing an unknown engine name.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("unknown engine '{0}' (expected one of: falcon, falcon-noflush, falcon-allflush, inp, volatile, zen)")]
+#[error("unknown engine '{0}' (expected one of: falcon, falcon-noflush, falcon-allflush, inp, volatile, zen, fir)")]
 pub struct UnknownEngine(pub String);
 
 impl std::str::FromStr for EngineKind {
@@ -269,6 +292,11 @@ pub trait Engine: Send + Sync {
     /// Waits for (helping) the work recovery left to run in the background while transactions
     /// already run, and says what it was; `None` when there was none.
     fn finish_background(&self) -> Option<BackgroundWork> {
+        None
+    }
+    /// Takes a checkpoint of the indexes now, for engines that keep one (FIR's index leaf
+    /// checkpoint, §4.3); `None` for the others.
+    fn checkpoint(&self) -> Option<Result<fir::CheckpointStats, DbError>> {
         None
     }
 }

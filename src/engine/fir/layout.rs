@@ -1,0 +1,108 @@
+//! FIR's persistent layout (FIR §4.1): the meta page with the LCTT, and the blocks of
+//! time-ordered tuple content.
+//!
+//! ```text
+//! meta page (kind META, found from the pool root):
+//!   0 magic "PMTXFIR1"   8 version   16 max_threads   24 max_row_bytes   32 catalog slot bytes
+//!   40 CRC-32 of bytes 0..4096   4096.. catalog slots A and B
+//!   1 MiB.. LCTT: one 8-byte word per thread slot, the txnId of its last committed transaction
+//!           (eight threads share a 64-byte line, so one write-back carries up to eight commit
+//!           signals: §4.2.1's group commit)
+//!   1 MiB + 4 KiB: the generation of the valid index leaf checkpoint (0: none)
+//! block pages (kind BLOCK, owner = the thread whose region the page belongs to,
+//! value = table id << 20 | sequence number of the page in the region):
+//!   fixed-size tuple_content slots, 16-byte aligned, appended in commit-time order:
+//!   0 word: bit 63 TOMBSTONE, bits 0..63 txnId (the transaction's MVTO timestamp; 0 = empty)
+//!   8 tuple id (the primary key)
+//!   16.. row
+//! ```
+//!
+//! A block here is one 2 MiB page of the page manager (the paper's block is 2,048 slots); its
+//! update_map and its tile of tuple headers live in DRAM (see `storage.rs`).
+
+/// Page kinds of the FIR layout (page-manager tags).
+pub mod kind {
+    /// The meta page: layout parameters, the catalog and the LCTT.
+    pub const META: u8 = 1;
+    /// A block of tuple contents; owner = region (thread), value = table << 20 | sequence.
+    pub const BLOCK: u8 = 2;
+    /// A page of an index leaf checkpoint; value = the page's number within the checkpoint.
+    pub const CHECKPOINT: u8 = 3;
+}
+
+/// Index leaf checkpoint pages (§4.1 "Index Checkpoint", §4.3): a header, then entries.
+///
+/// ```text
+///   0 generation (the meta page's CKPT_GEN word names the valid one)   8 page number
+///   16 CT: every transaction with a smaller txnId had ended when the checkpoint read the index
+///   24 entries in the whole checkpoint   32 pages in the whole checkpoint
+///   64.. entries of 32 bytes: table, key, txnId, logical address of the version
+/// ```
+pub mod checkpoint {
+    /// Generation field.
+    pub const GEN: u64 = 0;
+    /// Page number field.
+    pub const SEQ: u64 = 8;
+    /// CT field.
+    pub const CT: u64 = 16;
+    /// Total entries field.
+    pub const ENTRIES: u64 = 24;
+    /// Total pages field.
+    pub const PAGES: u64 = 32;
+    /// Where the entries start in a page.
+    pub const FIRST_ENTRY: u64 = 64;
+    /// Bytes per entry.
+    pub const ENTRY: u64 = 32;
+    /// Entries per page.
+    pub const PER_PAGE: u64 = (crate::alloc::PAGE_SIZE - FIRST_ENTRY) / ENTRY;
+}
+
+/// Bits of a block page's tag value that number the page within its region.
+pub const SEQ_BITS: u32 = 20;
+
+/// Meta page fields.
+pub mod meta {
+    /// Magic of the meta page.
+    pub const MAGIC: u64 = u64::from_le_bytes(*b"PMTXFIR1");
+    /// Layout version.
+    pub const VERSION: u64 = 1;
+    /// Magic field.
+    pub const F_MAGIC: u64 = 0;
+    /// Version field.
+    pub const F_VERSION: u64 = 8;
+    /// Max threads (regions) field.
+    pub const F_MAX_THREADS: u64 = 16;
+    /// Max row bytes field.
+    pub const F_MAX_ROW: u64 = 24;
+    /// Catalog slot bytes field.
+    pub const F_CATALOG_SLOT: u64 = 32;
+    /// CRC-32 of the meta page's first 4 KiB (see `engine::meta`).
+    pub const F_CRC: u64 = 40;
+    /// Where the catalog slots start within the meta page.
+    pub const CATALOG_AT: u64 = 4096;
+    /// Bytes per catalog slot.
+    pub const CATALOG_SLOT_BYTES: u64 = 256 * 1024;
+    /// Where the LCTT starts within the meta page (after both catalog slots).
+    pub const LCTT_AT: u64 = 1 << 20;
+    /// The generation of the valid index leaf checkpoint (0: none), after the LCTT's 256 words.
+    pub const CKPT_GEN: u64 = LCTT_AT + 4096;
+}
+
+/// tuple_content fields and helpers.
+pub mod tuple {
+    /// The word holding TOMBSTONE and the txnId.
+    pub const WORD: u64 = 0;
+    /// The tuple id (primary key).
+    pub const KEY: u64 = 8;
+    /// Header bytes; the row follows.
+    pub const HEADER: u64 = 16;
+    /// This version is a deletion.
+    pub const TOMBSTONE: u64 = 1 << 63;
+    /// The txnId bits.
+    pub const TXN_MASK: u64 = TOMBSTONE - 1;
+
+    /// Slot size for rows of `row` bytes: header + row, rounded to 16 bytes.
+    pub fn slot_size(row: usize) -> u64 {
+        (HEADER + row as u64).div_ceil(16) * 16
+    }
+}

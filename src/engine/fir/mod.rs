@@ -1,0 +1,626 @@
+//! FIR (Electronics 2025, `shared/papers/003_*.txt`): time-ordered append-only storage on PM,
+//! tuple headers in DRAM, MVTO, a last-committed-transaction table (LCTT) as the only commit
+//! record. `--engine fir`; see docs/ARCHITECTURE.md ("FIR").
+//!
+//! # How the paper maps onto the code
+//!
+//! | paper | code |
+//! | --- | --- |
+//! | §4.1 tuple_content in blocks, regions per table and thread | [`layout`]: block pages tagged (thread, table, sequence); `storage::Region` appends |
+//! | §4.1 tuple_header in tiles, update_map, logical address | `storage::{Tile, Header, logical}` |
+//! | §4.1 index value = logical address of the newest version | the table's DRAM `PrimaryIndex` |
+//! | §4.1 LCTT, §4.2.1 group commit | `layout::meta::LCTT_AT`: a word per thread, eight per line |
+//! | §4.2.1 lifetime: MVTO, write lock, end_ts, new header, w_set | `worker.rs` |
+//! | §4.2.1 Algorithm 1 `Persist` | `worker::FirWorker::persist` |
+//! | §4.2.1 abort resets the regions' empty-slot positions | `worker::FirWorker::abort` |
+//! | §4.3 index leaf checkpoint (full), CT, §4.3.2 consistency, the checkpoint thread | `checkpoint.rs`, `FirEngine::start_checkpointer` |
+//! | §4.4.1 undo/redo: committed = txnId ≤ LCTT of the region's thread, from CT on | `recovery.rs` (binary search per region) |
+//! | §4.4.2 index rebuild from the checkpoint | `recovery::load_checkpoint` |
+//!
+//! A transaction runs on one worker thread, which is bound to one region of every table (its
+//! thread slot). A write takes the newest version's latch, checks MVTO's rules (the newest
+//! version is committed, began at or before the transaction and was not read by a younger one),
+//! takes the next empty slot of the thread's region (logical address = region, block, offset),
+//! writes a pending header there (begin_ts = txnId, prev = the old version) and points the index
+//! at it. Commit persists the new tuple contents with Algorithm 1 (copy, then `clwb` + `sfence`
+//! per line), then stores txnId in the thread's LCTT word and persists it: that store is the
+//! commit point. Only then do the pending headers become committed (so no transaction ever reads
+//! a version that a crash could take away), old versions get their end_ts and update_map bit.
+//!
+//! Because a thread's transactions run one after another and every write of a transaction goes
+//! to that thread's regions, each region's slots are in commit order, and everything a
+//! transaction wrote is in the regions of one thread. So a version is committed exactly when its
+//! txnId is at most its thread's LCTT word, committed versions form a prefix of every region,
+//! and the versions a crash interrupted are at the region's end (§4.4.1).
+//!
+//! # Protocols
+//!
+//! MVTO only ([`SUPPORTED_PROTOCOLS`]). FIR's tuple headers carry exactly MVTO's metadata
+//! (begin_ts, end_ts, read_ts, version chain, §4.2.1), and recovery's "largest txnId wins" and
+//! "txnId ≤ LCTT" rules need txnIds that are fixed when the transaction starts (so that a
+//! thread's txnIds grow in its commit order) and that order every key's versions: MVTO gives
+//! both. The single-version protocols would need the CC words FIR does not keep, and OCC-style
+//! commit timestamps are taken after the slots are written.
+//!
+//! # Durability domains
+//!
+//! The paper assumes ADR: Algorithm 1's `clwb` and `sfence` per line, then the LCTT word's
+//! `clwb` and `sfence`. Under eADR the caches are persistent and x86 stores reach them in program
+//! order, so FIR stores the contents (one copy per tuple) and then the LCTT word with no flush and
+//! no fence: a crash keeps a prefix of the stores, and the LCTT word is last. The ADR cost over
+//! eADR is one `clwb` and one `sfence` per cache line of new content, plus one of each per commit
+//! for the LCTT.
+//!
+//! # Departures from the paper, and why
+//!
+//! - **A block is a 2 MiB page** of the page manager (the paper: 2,048 slots), so the page table
+//!   is the only allocation metadata on PM and freeing a block frees a page. A block holds up to
+//!   65,536 slots (the 16-bit offset of a logical address).
+//! - **One region per table per thread slot**, never shared: the paper binds each thread to a
+//!   region too; here the region *is* the thread slot.
+//! - **The update_map is in DRAM** (with the tile); recovery does not need it (the newest
+//!   committed version of a key wins, §4.4.1) and rebuilds it.
+//! - **Deletes are tombstones** (a tuple_content with the TOMBSTONE bit): recovery must know that
+//!   a key was deleted after the version it finds. A committed delete removes the key from the
+//!   index; the table keeps the largest committed-delete txnId, an insert below it aborts (so a
+//!   re-inserted key always outranks its tombstone), and a miss of an older transaction is a
+//!   retryable conflict (`resolve_miss`), as in Zen and Falcon.
+//! - **Group commit** (§4.2.1): the LCTT words of eight threads share a cache line, and each
+//!   committing thread writes back that line, so commits of several threads in flight at once
+//!   reach PM in one line write. The thread acknowledges its commit only once its own word is
+//!   durable (pmtx's contract: acknowledged = durable), rather than from a commit queue.
+//! - **Algorithm 1 per run of contiguous slots**: the contents of a transaction's consecutive
+//!   slots of one region are copied together and their lines flushed once each (`clwb`; `sfence`
+//!   per line, as written), so a line shared by two new tuples is not written back twice.
+//! - **Checkpoints are full ones only** (§4.3): every table's index leaves, written to fresh
+//!   pages and made valid by one 8-byte generation word; the incremental checkpoint of
+//!   Algorithm 2 (update-time marks on the nodes of the DRAM index) and the time cost model of
+//!   §4.3.3 that chooses between the two are not built yet. A checkpoint also records the txnId
+//!   of each entry, so that recovery can order it against the versions it redoes.
+//! - **CT is not the checkpoint's start time but the oldest running txnId** (or the clock + 1):
+//!   §4.3.2 resolves uncommitted versions by walking to the last committed one, which leaves out
+//!   a transaction running during the scan whose txnId is below the start time and that commits
+//!   after; recovery redoes from CT, so that transaction is redone (test:
+//!   `fir_api::a_transaction_running_during_a_checkpoint_survives_recovery`).
+//! - **Recovery finds CT in each region by binary search** (the paper walks back from the last
+//!   block), reads on to the first uncommitted slot, and zeroes and persists the words of the
+//!   uncommitted slots after it (the transaction the crash interrupted), so that a later LCTT
+//!   value above their txnId cannot make them look committed; this makes recovery idempotent
+//!   (a crash during recovery is recovered again). Redo applies versions in txnId order. The
+//!   update_map bits of versions before CT are not rebuilt (nothing reads them yet).
+//! - **Secondary indexes are rebuilt from the rows** after the primary index (the paper
+//!   checkpoints every index; pmtx's secondary indexes map to primary keys and are rebuilt by
+//!   reading the live rows).
+//! - **Long transactions (§4.2.2)** need no region of their own here: a region is written only
+//!   at commit (in one run), so a long transaction blocks nothing but its own thread.
+//! - **No garbage collection yet** (§4.5): superseded versions stay in their blocks, marked in
+//!   the update_map; a pool that fills up refuses commits with `PmFull`.
+//! - **Checkpoints in the crash suite** are taken by the committing worker every
+//!   `checkpoint_every_commits` commits (a background thread's would land at other PM events in
+//!   each run of the simulator); real kills run the background checkpointer every 20 ms.
+
+mod checkpoint;
+pub mod layout;
+mod recovery;
+pub mod storage;
+mod worker;
+
+use crate::alloc::{PageManager, PAGE_SIZE};
+use crate::catalog::{Catalog, CatalogStore, Schema, TableId};
+use crate::cc::{Protocol, MAX_THREADS};
+use crate::engine::{DbError, Engine, EngineKind, EngineWorker, RecoveryReport};
+use crate::index::{PrimaryIndex, PrimaryIndexKind, SecondaryIndex};
+use crate::pmem::{PersistenceDomain, Pool};
+use crossbeam_utils::CachePadded;
+use layout::{kind, meta, tuple};
+use parking_lot::{Mutex, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use storage::{Region, Tile};
+
+pub use checkpoint::CheckpointStats;
+
+/// Why FIR refuses persistent indexes: its design keeps the index in DRAM and makes recovery fast
+/// with leaf checkpoints instead (§4.3).
+pub(crate) const FIR_INDEX_IN_DRAM: &str =
+    "engine fir keeps its index in DRAM and checkpoints its leaves to PM (FIR §4.3), so it takes \
+     no persistent index: use --index dram, or falcon for persistent indexes";
+
+/// A deliberate bug in one ordering step, for showing that the crash-consistency harness catches
+/// it (test-only: no production configuration sets one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FirFault {
+    /// Algorithm 1 without its `clwb`s (lines 8–9): the new contents may not be durable when the
+    /// LCTT says they are committed.
+    SkipTupleFlush,
+    /// Algorithm 1 without its `sfence`s (line 10): the write-backs are not ordered before the
+    /// LCTT store.
+    SkipTupleFence,
+    /// The LCTT word is stored before the tuple contents are copied (Persist after the commit
+    /// point): breaks under eADR too.
+    LcttFirst,
+    /// Commit returns before the LCTT word is durable (ADR): an acknowledged commit can be lost.
+    SkipLcttFlush,
+    /// A checkpoint names its generation in the meta page before writing its pages.
+    CheckpointGenFirst,
+    /// A checkpoint's CT is the clock alone, ignoring running transactions (§4.3.2): a
+    /// transaction below CT that commits after the scan is neither in the checkpoint nor redone.
+    CheckpointCtIgnoresRunning,
+}
+
+impl FirFault {
+    /// Every fault.
+    pub const ALL: [FirFault; 6] = [
+        FirFault::SkipTupleFlush,
+        FirFault::SkipTupleFence,
+        FirFault::LcttFirst,
+        FirFault::SkipLcttFlush,
+        FirFault::CheckpointGenFirst,
+        FirFault::CheckpointCtIgnoresRunning,
+    ];
+
+    /// The command-line name (unique over every engine's faults).
+    pub fn name(self) -> &'static str {
+        match self {
+            FirFault::SkipTupleFlush => "fir-skip-tuple-flush",
+            FirFault::SkipTupleFence => "fir-skip-tuple-fence",
+            FirFault::LcttFirst => "fir-lctt-first",
+            FirFault::SkipLcttFlush => "fir-skip-lctt-flush",
+            FirFault::CheckpointGenFirst => "fir-checkpoint-gen-first",
+            FirFault::CheckpointCtIgnoresRunning => "fir-checkpoint-ct-ignores-running",
+        }
+    }
+
+    /// What the fault breaks.
+    pub fn describe(self) -> &'static str {
+        match self {
+            FirFault::SkipTupleFlush => "Algorithm 1 does not clwb the new tuple contents",
+            FirFault::SkipTupleFence => "Algorithm 1 does not sfence after each clwb",
+            FirFault::LcttFirst => "the LCTT word is written before the tuple contents",
+            FirFault::SkipLcttFlush => "commit returns before the LCTT word is durable (ADR)",
+            FirFault::CheckpointGenFirst => {
+                "a checkpoint is named valid before its pages are written"
+            }
+            FirFault::CheckpointCtIgnoresRunning => {
+                "a checkpoint's CT ignores the transactions running during it"
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for FirFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for FirFault {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        crate::engine::common::parse_named(s, &FirFault::ALL, FirFault::name, "fir fault")
+    }
+}
+
+/// Parameters of a FIR database.
+#[derive(Clone, Debug)]
+pub struct FirConfig {
+    /// Concurrency control: [`Protocol::Mvto`] (see [`SUPPORTED_PROTOCOLS`]).
+    pub protocol: Protocol,
+    /// Worker slots (threads, and regions of every table), at most 256.
+    pub max_threads: usize,
+    /// Largest row, in bytes.
+    pub max_row_bytes: usize,
+    /// A deliberate ordering bug for the crash-consistency harness (never set in production).
+    pub fault: Option<FirFault>,
+    /// A background thread takes an index leaf checkpoint this often (§4.3; `None`: never).
+    pub checkpoint_interval: Option<std::time::Duration>,
+    /// A committing worker takes a checkpoint after every this many commits of the engine
+    /// (deterministic, for the crash-consistency suite; `None`: never).
+    pub checkpoint_every_commits: Option<u64>,
+}
+
+impl FirConfig {
+    /// Defaults: 16 threads, rows up to 4 KiB, a checkpoint every second.
+    pub fn new(protocol: Protocol) -> FirConfig {
+        FirConfig {
+            protocol,
+            max_threads: 16,
+            max_row_bytes: 4096,
+            fault: None,
+            checkpoint_interval: Some(std::time::Duration::from_secs(1)),
+            checkpoint_every_commits: None,
+        }
+    }
+}
+
+/// Protocols FIR runs: MVTO, the paper's (§4.2.1; the module documentation says why only it).
+pub const SUPPORTED_PROTOCOLS: [Protocol; 1] = [Protocol::Mvto];
+
+/// A table at run time: schema, slot geometry, DRAM indexes.
+pub(crate) struct TableRt {
+    pub schema: Schema,
+    pub row: usize,
+    pub slot: u64,
+    pub index: PrimaryIndex,
+    pub secondary: Vec<SecondaryIndex>,
+    /// The largest txnId of a committed delete: an insert must be younger (see the departures).
+    pub deleted_up_to: AtomicU64,
+}
+
+impl TableRt {
+    fn new(schema: Schema) -> TableRt {
+        let row = schema.row_size();
+        let index = match schema.primary_index {
+            PrimaryIndexKind::Hash => PrimaryIndex::Hash(crate::index::HashIndex::new()),
+            PrimaryIndexKind::Ordered => PrimaryIndex::Ordered(crate::index::OrderedIndex::new()),
+        };
+        let secondary = schema
+            .secondary
+            .iter()
+            .map(|_| SecondaryIndex::new())
+            .collect();
+        TableRt {
+            row,
+            slot: tuple::slot_size(row),
+            index,
+            secondary,
+            deleted_up_to: AtomicU64::new(0),
+            schema,
+        }
+    }
+
+    /// The secondary key of `row` for index `i`.
+    pub fn secondary_key(&self, i: usize, row: &[u8]) -> u64 {
+        let parts: Vec<&[u8]> = self.schema.secondary[i]
+            .columns
+            .iter()
+            .map(|&c| {
+                let at = self.schema.column_offset(c);
+                &row[at..at + self.schema.columns[c].ty.size()]
+            })
+            .collect();
+        crate::index::secondary_key(&parts)
+    }
+}
+
+/// A thread slot's regions (one per table), handed to the worker that claims the slot.
+#[derive(Default)]
+pub(crate) struct ThreadState {
+    pub regions: Vec<Region>,
+}
+
+/// The FIR engine, shared by its workers.
+pub struct FirEngine {
+    pub(crate) domain: PersistenceDomain,
+    pub(crate) pool: Arc<Pool>,
+    pub(crate) pages: PageManager,
+    pub(crate) config: FirConfig,
+    /// ADR-like domain: flushes and fences are needed for durability.
+    pub(crate) flushing: bool,
+    catalog_store: CatalogStore,
+    catalog: Mutex<Catalog>,
+    pub(crate) tables: RwLock<Vec<Arc<TableRt>>>,
+    /// Tiles by block (page index); a tile is made when its block is first used.
+    pub(crate) tiles: Box<[OnceLock<Box<Tile>>]>,
+    /// The MVTO timestamp (txnId) source.
+    pub(crate) clock: AtomicU64,
+    /// Per thread: the txnId of its running transaction, or `u64::MAX`.
+    pub(crate) active: Box<[CachePadded<AtomicU64>]>,
+    /// Pool offset of the LCTT.
+    pub(crate) lctt: u64,
+    pub(crate) threads: Box<[Mutex<Option<ThreadState>>]>,
+    pub(crate) last_commit: AtomicU64,
+    report: Option<RecoveryReport>,
+    /// One checkpoint at a time.
+    checkpoint_lock: Mutex<()>,
+    /// The pages of the valid checkpoint (freed when the next one is in place).
+    pub(crate) ckpt_pages: Mutex<Vec<u64>>,
+    /// Pool offset of the meta page's checkpoint generation word.
+    pub(crate) ckpt_gen_at: u64,
+    checkpoints: AtomicU64,
+    /// Checkpoints that could not be taken (a full pool) or a checkpointer that did not start.
+    pub(crate) checkpoint_failures: AtomicU64,
+    /// Commits, for `checkpoint_every_commits`.
+    pub(crate) commits: AtomicU64,
+}
+
+impl FirEngine {
+    fn validate(config: &FirConfig) -> Result<(), DbError> {
+        if !EngineKind::Fir.supports(config.protocol) {
+            return Err(DbError::UnsupportedProtocol {
+                engine: EngineKind::Fir,
+                protocol: config.protocol,
+            });
+        }
+        if config.max_threads == 0 || config.max_threads > MAX_THREADS.min(256) {
+            return Err(DbError::Config(format!(
+                "max_threads must be 1 to {}",
+                MAX_THREADS.min(256)
+            )));
+        }
+        if config.max_row_bytes == 0 || tuple::slot_size(config.max_row_bytes) > PAGE_SIZE {
+            return Err(DbError::Config(
+                "max_row_bytes must be between 1 byte and a 2 MiB page".into(),
+            ));
+        }
+        if config.checkpoint_interval.is_some_and(|d| d.is_zero())
+            || config.checkpoint_every_commits == Some(0)
+        {
+            return Err(DbError::Config(
+                "a FIR checkpoint interval must be positive (or none)".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_domain(domain: PersistenceDomain) -> Result<(), DbError> {
+        if !domain.is_durable() {
+            return Err(DbError::Config(
+                "engine fir needs a durable domain (adr, eadr or msync); use the volatile engine for no durability".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Formats a fresh pool for FIR.
+    pub fn create(pool: Arc<Pool>, config: FirConfig) -> Result<Arc<FirEngine>, DbError> {
+        Self::validate(&config)?;
+        Self::check_domain(pool.domain())?;
+        let (pages, meta_page) = crate::engine::meta::format(
+            &pool,
+            &meta_layout(&[
+                (meta::F_VERSION, meta::VERSION),
+                (meta::F_MAX_THREADS, config.max_threads as u64),
+                (meta::F_MAX_ROW, config.max_row_bytes as u64),
+                (meta::F_CATALOG_SLOT, meta::CATALOG_SLOT_BYTES),
+            ]),
+        )?;
+        let engine = Arc::new(Self::assemble(
+            pool,
+            pages,
+            meta_page,
+            config,
+            Catalog::default(),
+        ));
+        engine.start_checkpointer();
+        Ok(engine)
+    }
+
+    /// Starts the background checkpointer (`checkpoint_interval`): it holds only a weak reference
+    /// and ends once the engine is dropped.
+    fn start_checkpointer(self: &Arc<Self>) {
+        let Some(interval) = self.config.checkpoint_interval else {
+            return;
+        };
+        let weak = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("fir-checkpoint".into())
+            .spawn(move || loop {
+                let due = std::time::Instant::now() + interval;
+                while std::time::Instant::now() < due {
+                    if weak.strong_count() == 0 {
+                        return;
+                    }
+                    std::thread::sleep(interval.min(std::time::Duration::from_millis(10)));
+                }
+                let Some(engine) = weak.upgrade() else {
+                    return;
+                };
+                if engine.checkpoint().is_err() {
+                    // A full pool: the previous checkpoint stays valid; recovery redoes more.
+                    engine.checkpoint_failures.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        if spawned.is_err() {
+            self.checkpoint_failures.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Opens a FIR pool, running recovery (§4.4). The row limit and the thread count come from
+    /// the pool (the LCTT has one word per thread slot it was formatted with).
+    pub fn open(pool: Arc<Pool>, mut config: FirConfig) -> Result<Arc<FirEngine>, DbError> {
+        Self::check_domain(pool.domain())?;
+        let meta_page = crate::engine::meta::open(
+            &pool,
+            &meta_layout(&[(meta::F_VERSION, meta::VERSION)]),
+            "FIR",
+        )?;
+        let pages = PageManager::open(&pool)?;
+        let r = |f: u64| pool.read_u64(meta_page + f);
+        let formatted_threads = r(meta::F_MAX_THREADS) as usize;
+        if formatted_threads == 0 || formatted_threads > 256 {
+            return Err(DbError::Corrupt(format!(
+                "the FIR meta page records {formatted_threads} thread slots (1 to 256)"
+            )));
+        }
+        config.max_threads = formatted_threads;
+        config.max_row_bytes = r(meta::F_MAX_ROW) as usize;
+        Self::validate(&config)?;
+        crate::engine::meta::check_catalog_slot(r(meta::F_CATALOG_SLOT), meta::CATALOG_SLOT_BYTES)?;
+        let catalog_store = CatalogStore {
+            base: meta_page + meta::CATALOG_AT,
+            slot_bytes: meta::CATALOG_SLOT_BYTES,
+        };
+        let catalog = catalog_store.load(&pool)?;
+        catalog.validate(config.max_row_bytes).map_err(|e| {
+            DbError::Corrupt(format!(
+                "the catalog does not fit the meta page's row size limit: {e}"
+            ))
+        })?;
+        let mut engine = Self::assemble(pool, pages, meta_page, config, catalog);
+        let report = recovery::recover(&mut engine)?;
+        engine.report = Some(report);
+        let engine = Arc::new(engine);
+        engine.start_checkpointer();
+        Ok(engine)
+    }
+
+    fn assemble(
+        pool: Arc<Pool>,
+        pages: PageManager,
+        meta_page: u64,
+        config: FirConfig,
+        catalog: Catalog,
+    ) -> FirEngine {
+        let tables = catalog
+            .tables
+            .iter()
+            .map(|s| Arc::new(TableRt::new(s.clone())))
+            .collect();
+        let n = config.max_threads;
+        let max_pages = (pool.max_size().unwrap_or(0).max(pool.len()) / PAGE_SIZE) as usize + 1;
+        FirEngine {
+            domain: pool.domain(),
+            flushing: pool.domain().needs_flush(),
+            catalog_store: CatalogStore {
+                base: meta_page + meta::CATALOG_AT,
+                slot_bytes: meta::CATALOG_SLOT_BYTES,
+            },
+            catalog: Mutex::new(catalog),
+            tables: RwLock::new(tables),
+            tiles: (0..max_pages).map(|_| OnceLock::new()).collect(),
+            clock: AtomicU64::new(0),
+            active: (0..n)
+                .map(|_| CachePadded::new(AtomicU64::new(u64::MAX)))
+                .collect(),
+            lctt: meta_page + meta::LCTT_AT,
+            threads: (0..n)
+                .map(|_| Mutex::new(Some(ThreadState::default())))
+                .collect(),
+            last_commit: AtomicU64::new(0),
+            report: None,
+            checkpoint_lock: Mutex::new(()),
+            ckpt_pages: Mutex::new(Vec::new()),
+            ckpt_gen_at: meta_page + meta::CKPT_GEN,
+            checkpoints: AtomicU64::new(0),
+            checkpoint_failures: AtomicU64::new(0),
+            commits: AtomicU64::new(0),
+            pages,
+            config,
+            pool,
+        }
+    }
+
+    /// The tile of block `block` (made on first use for `table`).
+    pub(crate) fn tile(&self, block: u64, table: TableId, slot_bytes: u64) -> &Tile {
+        self.tiles[block as usize]
+            .get_or_init(|| Box::new(Tile::new(table, self.pages.page_offset(block), slot_bytes)))
+    }
+
+    /// The tile of an existing block (one that holds a version some header or index names).
+    #[inline]
+    pub(crate) fn tile_of(&self, addr: u64) -> &Tile {
+        self.tiles[storage::block_of(addr) as usize]
+            .get()
+            .expect("a logical address names a block with a tile")
+    }
+
+    /// The header of the version at `addr`.
+    #[inline]
+    pub(crate) fn header(&self, addr: u64) -> &storage::Header {
+        &self.tile_of(addr).headers[storage::offset_of(addr) as usize]
+    }
+
+    /// The pool offset of the tuple_content at `addr`.
+    #[inline]
+    pub(crate) fn content_at(&self, addr: u64) -> u64 {
+        self.tile_of(addr).slot_at(storage::offset_of(addr))
+    }
+
+    /// The LCTT word of `thread`.
+    pub(crate) fn lctt_word(&self, thread: usize) -> u64 {
+        self.lctt + 8 * thread as u64
+    }
+
+    /// The tag of a new block for `table`'s region of `thread`, the `seq`-th of the region.
+    pub(crate) fn block_tag(
+        thread: usize,
+        table: TableId,
+        seq: usize,
+    ) -> Result<crate::alloc::PageTag, String> {
+        if seq >= 1 << layout::SEQ_BITS || u64::from(table) >= 1 << (32 - layout::SEQ_BITS) {
+            return Err(format!(
+                "region of table {table}, thread {thread} has too many blocks ({seq})"
+            ));
+        }
+        Ok(crate::alloc::PageTag {
+            kind: kind::BLOCK,
+            owner: thread as u8,
+            value: (u64::from(table) << layout::SEQ_BITS) | seq as u64,
+        })
+    }
+}
+
+impl Engine for FirEngine {
+    fn kind(&self) -> EngineKind {
+        EngineKind::Fir
+    }
+
+    fn domain(&self) -> PersistenceDomain {
+        self.domain
+    }
+
+    fn catalog(&self) -> Catalog {
+        self.catalog.lock().clone()
+    }
+
+    fn create_table(&self, schema: Schema) -> Result<TableId, DbError> {
+        if schema.index_placement == Some(crate::index::IndexPlacement::Pm) {
+            return Err(DbError::Config(format!(
+                "table '{}': {FIR_INDEX_IN_DRAM}",
+                schema.name
+            )));
+        }
+        let mut catalog = self.catalog.lock();
+        let mut next = catalog.clone();
+        let id = next.add(schema.clone(), self.config.max_row_bytes)?;
+        if u64::from(id) >= 1 << (32 - layout::SEQ_BITS) {
+            return Err(DbError::Config(format!(
+                "FIR keeps at most {} tables",
+                1u64 << (32 - layout::SEQ_BITS)
+            )));
+        }
+        self.catalog_store.store(&self.pool, &next)?;
+        *catalog = next;
+        self.tables.write().push(Arc::new(TableRt::new(schema)));
+        Ok(id)
+    }
+
+    fn worker(self: Arc<Self>, thread: usize) -> Result<Box<dyn EngineWorker>, DbError> {
+        Ok(Box::new(worker::FirWorker::new(self, thread)?))
+    }
+
+    fn recovery_report(&self) -> Option<RecoveryReport> {
+        self.report.clone()
+    }
+
+    fn pool(&self) -> Option<&Arc<Pool>> {
+        Some(&self.pool)
+    }
+
+    fn durable_tid(&self) -> u64 {
+        self.last_commit.load(Ordering::Acquire)
+    }
+
+    fn check_structure(&self) -> Result<Vec<u64>, String> {
+        recovery::check_structure(self)
+    }
+
+    fn checkpoint(&self) -> Option<Result<CheckpointStats, DbError>> {
+        Some(FirEngine::checkpoint(self))
+    }
+}
+
+/// The FIR meta page's layout, with the `fields` a format writes or an open checks.
+fn meta_layout(fields: &[(u64, u64)]) -> crate::engine::meta::MetaLayout<'_> {
+    crate::engine::meta::MetaLayout {
+        page_kind: kind::META,
+        magic_at: meta::F_MAGIC,
+        magic: meta::MAGIC,
+        catalog_at: meta::CATALOG_AT,
+        catalog_slot_bytes: meta::CATALOG_SLOT_BYTES,
+        fields,
+        crc_at: meta::F_CRC,
+    }
+}

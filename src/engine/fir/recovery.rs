@@ -1,0 +1,564 @@
+//! FIR recovery (§4.4) and the structure check.
+//!
+//! Undo/redo (§4.4.1): a version is committed iff its txnId is at most the LCTT word of the
+//! thread whose region holds it. Committed versions form a prefix of every region (the thread's
+//! transactions commit in order and each persists before its LCTT word), so each region is read
+//! up to its first uncommitted slot; the slots after it that are not empty belong to the
+//! transaction the crash interrupted and get their txnId word zeroed (undo), durably, so that no
+//! later LCTT value can make them look committed. Of the committed versions the largest txnId of
+//! each key wins (redo), since MVTO orders every key's versions by txnId.
+//!
+//! With an index leaf checkpoint (`checkpoint.rs`) recovery loads its entries and reads each
+//! region only from its first committed version with a txnId ≥ the checkpoint's CT, found by a
+//! binary search (regions are time-ordered): O(m) in the versions written since, plus the
+//! checkpoint itself. Without one, CT is 0 and every region is read from its start.
+
+use super::layout::{checkpoint as ck, kind, tuple};
+use super::storage::{self, slots_per_block, state, Region, NONE};
+use super::{FirEngine, TableRt, ThreadState};
+use crate::alloc::PageManager;
+use crate::catalog::TableId;
+use crate::engine::common::{PhaseClock, TID_LIMIT};
+use crate::engine::{DbError, RecoveryReport};
+use crate::pmem::Pool;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+fn corrupt(m: String) -> DbError {
+    DbError::Corrupt(m)
+}
+
+/// What the scan of one region found.
+struct RegionScan {
+    thread: usize,
+    table: TableId,
+    /// The append position after the last committed version.
+    position: (usize, u64),
+    /// Committed versions with a txnId ≥ CT: (txnId, key, logical address, tombstone).
+    versions: Vec<(u64, u64, u64, bool)>,
+    /// Committed versions below CT the binary search skipped.
+    skipped: u64,
+    /// Uncommitted versions whose word was zeroed.
+    undone: u64,
+}
+
+/// The txnId of the committed version in slot `i` of a region, or `None` if the slot holds none.
+fn committed_txn(
+    pool: &Pool,
+    pages: &PageManager,
+    blocks: &[u64],
+    slot: u64,
+    per: u64,
+    i: u64,
+    lctt: u64,
+) -> Option<u64> {
+    let at = pages.page_offset(blocks[(i / per) as usize]) + (i % per) * slot;
+    let txn = pool.read_u64(at) & tuple::TXN_MASK;
+    (txn != 0 && txn <= lctt).then_some(txn)
+}
+
+/// Reads one region from its first committed version with a txnId ≥ `ct` (found by a binary
+/// search: a region is time-ordered, §4.4.1) up to its first uncommitted slot, and undoes the
+/// slots after it.
+fn scan_region(
+    pool: &Pool,
+    pages: &PageManager,
+    (thread, table): (usize, TableId),
+    blocks: &[u64],
+    (lctt, ct): (u64, u64),
+    slot: u64,
+) -> Result<RegionScan, DbError> {
+    let per = slots_per_block(slot);
+    let total = blocks.len() as u64 * per;
+    let mut out = RegionScan {
+        thread,
+        table,
+        position: (
+            blocks.len().saturating_sub(1),
+            if blocks.is_empty() { 0 } else { per },
+        ),
+        versions: Vec::new(),
+        skipped: 0,
+        undone: 0,
+    };
+    // The committed versions below CT are a prefix of the region: skip it.
+    let (mut lo, mut hi) = (0, total);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if committed_txn(pool, pages, blocks, slot, per, mid, lctt).is_some_and(|t| t < ct) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    out.skipped = lo;
+    let mut end: Option<(usize, u64)> = None;
+    let first_block = (lo / per) as usize;
+    for (b, &block) in blocks.iter().enumerate().skip(first_block) {
+        let page = pages.page_offset(block);
+        let mut off = if b == first_block { lo % per } else { 0 };
+        while off < per {
+            let at = page + off * slot;
+            if end.is_none() {
+                let word = pool.read_u64(at);
+                let txn = word & tuple::TXN_MASK;
+                if txn != 0 && txn <= lctt {
+                    let key = pool.read_u64(at + tuple::KEY);
+                    let tomb = word & tuple::TOMBSTONE != 0;
+                    let addr = storage::logical(thread, block, off);
+                    out.versions.push((txn, key, addr, tomb));
+                    off += 1;
+                    continue;
+                }
+                end = Some((b, off));
+            }
+            // Past the committed prefix: skip empty stretches quickly, undo what is not empty.
+            let Some(nonzero) = PageManager::first_nonzero(pool, at, (per - off) * slot) else {
+                break;
+            };
+            off = (nonzero - page) / slot;
+            let at = page + off * slot;
+            if pool.read_u64(at) != 0 {
+                pool.write_u64(at, 0);
+                pool.flush(at, 8);
+                out.undone += 1;
+            }
+            off += 1;
+        }
+    }
+    if out.undone > 0 {
+        pool.fence();
+    }
+    if let Some(p) = end {
+        out.position = p;
+    }
+    Ok(out)
+}
+
+/// Writes the header of a committed version found by recovery (the newest of its key).
+fn install_header(engine: &FirEngine, addr: u64, key: u64, txn: u64) {
+    let h = engine.header(addr);
+    h.begin.store(txn, Ordering::Relaxed);
+    h.end.store(u64::MAX, Ordering::Relaxed);
+    h.read.store(txn, Ordering::Relaxed);
+    h.prev.store(NONE, Ordering::Relaxed);
+    h.key.store(key, Ordering::Relaxed);
+    h.state.store(state::COMMITTED, Ordering::Release);
+}
+
+/// The valid checkpoint's pages and CT; frees the checkpoint pages of other generations.
+fn load_checkpoint(
+    engine: &FirEngine,
+    tables: &[Arc<TableRt>],
+    lctt: &[u64],
+    checkpoint_pages: &[u64],
+) -> Result<(u64, u64, Vec<u64>), DbError> {
+    let pool = &engine.pool;
+    let generation = pool.read_u64(engine.ckpt_gen_at);
+    let mut valid: Vec<(u64, u64)> = Vec::new();
+    let mut stale = Vec::new();
+    for &page in checkpoint_pages {
+        let at = engine.pages.page_offset(page);
+        if generation != 0 && pool.read_u64(at + ck::GEN) == generation {
+            valid.push((pool.read_u64(at + ck::SEQ), page));
+        } else {
+            stale.push(page);
+        }
+    }
+    // A checkpoint the crash interrupted, or an old one not yet freed: nothing names it.
+    for page in stale {
+        engine.pages.free(pool, page);
+    }
+    if generation == 0 {
+        return Ok((0, 0, Vec::new()));
+    }
+    valid.sort_unstable();
+    let first = valid.first().map(|&(_, p)| engine.pages.page_offset(p));
+    let Some(first) = first else {
+        return Err(corrupt(format!(
+            "the meta page names index checkpoint {generation}, but none of its pages exists"
+        )));
+    };
+    let (ct, entries, page_count) = (
+        pool.read_u64(first + ck::CT),
+        pool.read_u64(first + ck::ENTRIES),
+        pool.read_u64(first + ck::PAGES),
+    );
+    if valid.len() as u64 != page_count
+        || valid
+            .iter()
+            .enumerate()
+            .any(|(i, &(seq, _))| seq != i as u64)
+        || entries > page_count * ck::PER_PAGE
+        || ct >= TID_LIMIT
+    {
+        return Err(corrupt(format!(
+            "index checkpoint {generation} is damaged: {} pages found of {page_count}, {entries} entries, CT {ct}",
+            valid.len()
+        )));
+    }
+    let mut buf = Vec::new();
+    let mut left = entries;
+    for &(_, page) in &valid {
+        let n = left.min(ck::PER_PAGE);
+        left -= n;
+        buf.resize((n * ck::ENTRY) as usize, 0);
+        pool.read_bytes(engine.pages.page_offset(page) + ck::FIRST_ENTRY, &mut buf);
+        for e in buf.chunks_exact(ck::ENTRY as usize) {
+            let word = |i: usize| u64::from_le_bytes(e[i * 8..i * 8 + 8].try_into().unwrap());
+            let (table, key, txn, addr) = (word(0), word(1), word(2), word(3));
+            let bad = |why: &str| {
+                corrupt(format!(
+                    "index checkpoint {generation}: entry (table {table}, key {key}, txnId {txn}, address {addr:#x}) {why}"
+                ))
+            };
+            let Some(t) = tables.get(table as usize) else {
+                return Err(bad("names no table"));
+            };
+            let block = storage::block_of(addr) as usize;
+            let region = storage::region_of(addr);
+            match engine.tiles.get(block).and_then(|t| t.get()) {
+                Some(tile)
+                    if tile.table as u64 == table
+                        && region < lctt.len()
+                        && storage::offset_of(addr) < tile.headers.len() as u64 => {}
+                _ => return Err(bad("names no slot of a block of its table")),
+            }
+            if txn == 0 || txn > lctt[region] {
+                return Err(bad("is not a committed version"));
+            }
+            install_header(engine, addr, key, txn);
+            if t.index.insert_new(key, addr).is_err() {
+                return Err(bad("repeats a key"));
+            }
+        }
+    }
+    Ok((generation, ct, valid.into_iter().map(|(_, p)| p).collect()))
+}
+
+/// Runs recovery (§4.4): loads the index leaf checkpoint, redoes the committed versions written
+/// since (undoing the interrupted transaction's), and installs the indexes, tiles, regions and
+/// clock in `engine`.
+pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError> {
+    let started = Instant::now();
+    let mut report = RecoveryReport::default();
+    let mut phase = PhaseClock::start();
+    let pool = engine.pool.clone();
+    let threads = engine.config.max_threads;
+    let tables: Vec<Arc<TableRt>> = engine.tables.read().clone();
+
+    // The LCTT: the last committed txnId of every thread (§4.1).
+    let lctt: Vec<u64> = (0..threads)
+        .map(|t| pool.read_u64(engine.lctt_word(t)))
+        .collect();
+    if let Some(t) = lctt.iter().position(|&v| v >= TID_LIMIT) {
+        return Err(corrupt(format!(
+            "the LCTT word of thread {t} is {:#x}, beyond any txnId",
+            lctt[t]
+        )));
+    }
+
+    // The page table: blocks per region, in region order; checkpoint pages.
+    let mut regions: HashMap<(usize, TableId), Vec<(u64, u64)>> = HashMap::new();
+    let mut checkpoint_pages = Vec::new();
+    for (index, tag) in engine.pages.allocated(&pool)? {
+        let owner = tag.owner as usize;
+        let table = (tag.value >> super::layout::SEQ_BITS) as usize;
+        let seq = tag.value & ((1 << super::layout::SEQ_BITS) - 1);
+        match tag.kind {
+            kind::META => {}
+            kind::CHECKPOINT => checkpoint_pages.push(index),
+            kind::BLOCK if owner < threads && table < tables.len() => regions
+                .entry((owner, table as TableId))
+                .or_default()
+                .push((seq, index)),
+            other => {
+                return Err(corrupt(format!(
+                    "page {index} has tag kind {other}, owner {owner}, value {} that the FIR layout does not use",
+                    tag.value
+                )))
+            }
+        }
+    }
+    let mut region_list: Vec<((usize, TableId), Vec<u64>)> = Vec::new();
+    for (region, mut blocks) in regions {
+        blocks.sort_unstable();
+        for (i, &(seq, index)) in blocks.iter().enumerate() {
+            if seq != i as u64 {
+                return Err(corrupt(format!(
+                    "block {index} of table {}, thread {} is number {seq} of its region, expected {i}",
+                    region.1, region.0
+                )));
+            }
+        }
+        region_list.push((region, blocks.into_iter().map(|(_, i)| i).collect()));
+    }
+    region_list.sort_unstable_by_key(|r| r.0);
+    for ((_, table), blocks) in &region_list {
+        let t = &tables[*table as usize];
+        for &block in blocks {
+            engine.tile(block, *table, t.slot);
+        }
+    }
+    phase.lap(&mut report, "page table");
+
+    // The index leaf checkpoint (§4.4.2).
+    let (generation, ct, pages) = load_checkpoint(engine, &tables, &lctt, &checkpoint_pages)?;
+    let from_checkpoint: u64 = tables.iter().map(|t| t.index.len() as u64).sum();
+    *engine.ckpt_pages.lock() = pages;
+    phase.lap(&mut report, "checkpoint load");
+
+    // Undo/redo (§4.4.1): the regions from CT on, spread over the available cores.
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(region_list.len().max(1));
+    let scans: Vec<RegionScan> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers)
+            .map(|w| {
+                let (pool, pages, tables, list, lctt) =
+                    (&pool, &engine.pages, &tables, &region_list, &lctt);
+                s.spawn(move || {
+                    list.iter()
+                        .skip(w)
+                        .step_by(workers)
+                        .map(|&((thread, table), ref blocks)| {
+                            let slot = tables[table as usize].slot;
+                            let bounds = (lctt[thread], ct);
+                            scan_region(pool, pages, (thread, table), blocks, bounds, slot)
+                        })
+                        .collect::<Result<Vec<_>, _>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            // A scan thread stopped by a simulated crash unwinds the caller with its payload.
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect::<Result<Vec<_>, _>>()
+            .map(|v| v.into_iter().flatten().collect())
+    })?;
+    let undone: u64 = scans.iter().map(|s| s.undone).sum();
+    let skipped: u64 = scans.iter().map(|s| s.skipped).sum();
+    phase.lap(&mut report, "undo/redo scan");
+
+    // Redo in txnId order: each version replaces an older one of its key (MVTO orders a key's
+    // versions by txnId), a tombstone removes it.
+    let mut states: Vec<ThreadState> = (0..threads).map(|_| ThreadState::default()).collect();
+    let mut redo: Vec<(u64, TableId, u64, u64, bool)> = Vec::new();
+    for scan in &scans {
+        let st = &mut states[scan.thread];
+        if st.regions.len() <= scan.table as usize {
+            st.regions
+                .resize_with(scan.table as usize + 1, Region::default);
+        }
+        let blocks = &region_list
+            .iter()
+            .find(|r| r.0 == (scan.thread, scan.table))
+            .expect("every scan is of a listed region")
+            .1;
+        st.regions[scan.table as usize] = Region {
+            blocks: blocks.clone(),
+            current: scan.position.0,
+            next: scan.position.1,
+        };
+        redo.extend(
+            scan.versions
+                .iter()
+                .map(|&(txn, key, addr, tomb)| (txn, scan.table, key, addr, tomb)),
+        );
+    }
+    redo.sort_unstable_by_key(|r| r.0);
+    let redone = redo.len() as u64;
+    let mut max_txn = lctt.iter().copied().max().unwrap_or(0).max(ct);
+    let mut deleted_up_to = vec![0u64; tables.len()];
+    let mut obsolete = 0u64;
+    let mut tombstones = 0u64;
+    for (txn, table, key, addr, tomb) in redo {
+        max_txn = max_txn.max(txn);
+        let t = &tables[table as usize];
+        let current = t.index.get(key);
+        if let Some(cur) = current {
+            let cur_txn = engine.header(cur).begin.load(Ordering::Relaxed);
+            if cur == addr {
+                continue; // in the checkpoint already
+            }
+            if cur_txn == txn {
+                return Err(corrupt(format!(
+                    "two versions of key {key} in table {table} carry txnId {txn}"
+                )));
+            }
+            if cur_txn > txn {
+                mark_obsolete(engine, addr);
+                obsolete += 1;
+                continue;
+            }
+            mark_obsolete(engine, cur);
+            obsolete += 1;
+        }
+        if tomb {
+            if let Some(cur) = current {
+                t.index.remove_if(key, cur);
+            }
+            mark_obsolete(engine, addr);
+            deleted_up_to[table as usize] = deleted_up_to[table as usize].max(txn);
+            tombstones += 1;
+            continue;
+        }
+        install_header(engine, addr, key, txn);
+        match current {
+            Some(cur) => {
+                t.index.replace_if(key, cur, addr);
+            }
+            None => {
+                let _ = t.index.insert_new(key, addr);
+            }
+        }
+    }
+    phase.lap(&mut report, "redo");
+
+    // Secondary indexes, from the rows the primary indexes name.
+    let mut rows = 0u64;
+    let mut row = Vec::new();
+    for (table, t) in tables.iter().enumerate() {
+        rows += t.index.len() as u64;
+        t.deleted_up_to
+            .store(deleted_up_to[table], Ordering::Release);
+        if t.secondary.is_empty() {
+            continue;
+        }
+        row.resize(t.row, 0);
+        let mut live = Vec::new();
+        t.index.for_each(|k, a| live.push((k, a)));
+        for (key, addr) in live {
+            pool.read_bytes(engine.content_at(addr) + tuple::HEADER, &mut row);
+            for (i, sec) in t.secondary.iter().enumerate() {
+                sec.insert(t.secondary_key(i, &row), key);
+            }
+        }
+    }
+    phase.lap(&mut report, "secondary indexes");
+
+    for (slot, st) in engine.threads.iter().zip(states) {
+        *slot.lock() = Some(st);
+    }
+    engine.clock.store(max_txn, Ordering::SeqCst);
+    engine
+        .last_commit
+        .store(lctt.iter().copied().max().unwrap_or(0), Ordering::Release);
+    report.rows = rows;
+    report.committed_in_log = redone;
+    report.discarded_in_log = undone;
+    report.facts = vec![
+        ("regions".into(), region_list.len() as u64),
+        ("checkpoint generation".into(), generation),
+        ("checkpoint CT".into(), ct),
+        ("entries from the checkpoint".into(), from_checkpoint),
+        ("versions before CT skipped".into(), skipped),
+        ("versions redone (txnId >= CT)".into(), redone),
+        ("uncommitted versions undone".into(), undone),
+        ("obsolete versions".into(), obsolete),
+        ("tombstones".into(), tombstones),
+    ];
+    report.total_ms = started.elapsed().as_secs_f64() * 1e3;
+    Ok(report)
+}
+
+fn mark_obsolete(engine: &FirEngine, addr: u64) {
+    engine.tile_of(addr).mark_obsolete(storage::offset_of(addr));
+}
+
+/// Checks that indexes, tiles and the PM contents agree: every index entry names a committed,
+/// live version whose tuple_content carries its key and txnId; secondary indexes hold every live
+/// row; every region is committed up to its append position and empty after it. Returns the live
+/// rows per table.
+pub(super) fn check_structure(engine: &FirEngine) -> Result<Vec<u64>, String> {
+    let pool = &engine.pool;
+    let tables = engine.tables.read().clone();
+    let threads = engine.config.max_threads;
+    let lctt: Vec<u64> = (0..threads)
+        .map(|t| pool.read_u64(engine.lctt_word(t)))
+        .collect();
+    let mut counts = Vec::with_capacity(tables.len());
+    let mut row = Vec::new();
+    for (table, t) in tables.iter().enumerate() {
+        let mut problem = None;
+        let mut rows = 0u64;
+        row.resize(t.row, 0);
+        t.index.for_each(|key, addr| {
+            if problem.is_some() {
+                return;
+            }
+            rows += 1;
+            let block = storage::block_of(addr) as usize;
+            let Some(tile) = engine.tiles.get(block).and_then(|t| t.get()) else {
+                problem = Some(format!("key {key} of table {table} names block {block}, which has no tile"));
+                return;
+            };
+            if tile.table as usize != table || storage::region_of(addr) >= threads {
+                problem = Some(format!("key {key} of table {table} names a block of table {} / region {}", tile.table, storage::region_of(addr)));
+                return;
+            }
+            let h = engine.header(addr);
+            let s = h.state.load(Ordering::Acquire);
+            let begin = h.begin.load(Ordering::Acquire);
+            let at = engine.content_at(addr);
+            let word = pool.read_u64(at);
+            if s != state::COMMITTED || h.key.load(Ordering::Acquire) != key {
+                problem = Some(format!("key {key} of table {table}: header state {s:#x} / key {} is not a committed live version", h.key.load(Ordering::Acquire)));
+            } else if word != begin || pool.read_u64(at + tuple::KEY) != key {
+                problem = Some(format!("key {key} of table {table}: content word {word:#x} / key {} does not match the header (txnId {begin})", pool.read_u64(at + tuple::KEY)));
+            } else if begin > lctt[storage::region_of(addr)] {
+                problem = Some(format!("key {key} of table {table}: txnId {begin} is beyond its thread's LCTT"));
+            } else if !t.secondary.is_empty() {
+                pool.read_bytes(at + tuple::HEADER, &mut row);
+                for (i, sec) in t.secondary.iter().enumerate() {
+                    if !sec.contains(t.secondary_key(i, &row), key) {
+                        problem = Some(format!("key {key} of table {table} is missing from secondary index {i}"));
+                    }
+                }
+            }
+        });
+        if let Some(p) = problem {
+            return Err(p);
+        }
+        for (i, sec) in t.secondary.iter().enumerate() {
+            if sec.len() as u64 != rows {
+                return Err(format!(
+                    "secondary index {i} of table {table} has {} entries for {rows} rows",
+                    sec.len()
+                ));
+            }
+        }
+        counts.push(rows);
+    }
+    // Regions: committed up to the append position, empty after it.
+    for (thread, slot) in engine.threads.iter().enumerate() {
+        let guard = slot.lock();
+        let Some(st) = guard.as_ref() else { continue };
+        for (table, r) in st.regions.iter().enumerate() {
+            let Some(t) = tables.get(table) else {
+                return Err(format!(
+                    "thread {thread} has a region of unknown table {table}"
+                ));
+            };
+            let per = slots_per_block(t.slot);
+            for (b, &block) in r.blocks.iter().enumerate() {
+                let page = engine.pages.page_offset(block);
+                for off in 0..per {
+                    let word = pool.read_u64(page + off * t.slot);
+                    let before = (b, off) < (r.current, r.next);
+                    let txn = word & tuple::TXN_MASK;
+                    if before && (txn == 0 || txn > lctt[thread]) {
+                        return Err(format!("slot {off} of block {block} (table {table}, thread {thread}) is before the append position but holds no committed version (word {word:#x})"));
+                    }
+                    if !before && word != 0 {
+                        return Err(format!("slot {off} of block {block} (table {table}, thread {thread}) is past the append position but not empty (word {word:#x})"));
+                    }
+                }
+            }
+        }
+    }
+    Ok(counts)
+}

@@ -1,0 +1,727 @@
+//! A FIR worker: one thread's transactions (§4.2.1): MVTO over the tuple headers in the tiles,
+//! new versions appended to the thread's regions, Algorithm 1's `Persist`, and the LCTT.
+
+use super::layout::tuple;
+use super::storage::{self, state, NONE};
+use super::{FirEngine, FirFault, TableRt, ThreadState};
+use crate::catalog::TableId;
+use crate::engine::{common, DbError, EngineWorker, FieldWrite, TxError};
+use crate::pmem::{PersistenceDomain, Pool};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Times a read retries while the version it must see is being committed by another
+/// transaction (MVTO: a reader younger than a pending writer waits for its outcome), before it
+/// gives up with a retryable conflict.
+const PENDING_WAITS: u32 = 256;
+
+/// Bytes of a cache line (the unit of Algorithm 1's write-back loop).
+const LINE: u64 = 64;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WriteKind {
+    Insert,
+    Update,
+    Delete,
+}
+
+/// An entry of the w_set (§4.1): the table and logical address of a new version.
+struct WriteRec {
+    table: TableId,
+    key: u64,
+    /// The new version (its header is pending until commit).
+    addr: u64,
+    /// The version it supersedes, or [`NONE`].
+    prev: u64,
+    kind: WriteKind,
+    /// Offset of the new row in `FirWorker::rows`.
+    row_at: usize,
+}
+
+pub(crate) struct FirWorker {
+    eng: Arc<FirEngine>,
+    pool: Arc<Pool>,
+    thread: usize,
+    state: Option<ThreadState>,
+    tables: Vec<Arc<TableRt>>,
+    in_txn: bool,
+    read_only: bool,
+    /// The transaction's txnId (its MVTO timestamp).
+    ts: u64,
+    writes: Vec<WriteRec>,
+    write_lookup: common::WriteLookup,
+    rows: Vec<u8>,
+    /// Per table written: the region's append position before the transaction's first write.
+    undo: Vec<(TableId, (usize, u64))>,
+    /// Tuple contents of one run of slots, built by `persist`.
+    content: Vec<u8>,
+    scratch: Vec<u8>,
+    old_row: Vec<u8>,
+    scan_hits: Vec<(u64, u64)>,
+    /// The transaction being committed wrote nothing.
+    writes_were_empty: bool,
+}
+
+impl FirWorker {
+    pub(crate) fn new(eng: Arc<FirEngine>, thread: usize) -> Result<FirWorker, DbError> {
+        if thread >= eng.config.max_threads {
+            return Err(DbError::NoWorkerSlot(eng.config.max_threads));
+        }
+        let state = eng.threads[thread]
+            .lock()
+            .take()
+            .ok_or_else(|| DbError::Config(format!("worker slot {thread} is already in use")))?;
+        let tables = eng.tables.read().clone();
+        Ok(FirWorker {
+            pool: eng.pool.clone(),
+            thread,
+            state: Some(state),
+            tables,
+            in_txn: false,
+            read_only: false,
+            ts: 0,
+            writes: Vec::new(),
+            write_lookup: common::WriteLookup::default(),
+            rows: Vec::new(),
+            undo: Vec::new(),
+            content: Vec::new(),
+            scratch: Vec::new(),
+            old_row: Vec::new(),
+            scan_hits: Vec::new(),
+            writes_were_empty: true,
+            eng,
+        })
+    }
+
+    fn table(&mut self, id: TableId) -> Result<Arc<TableRt>, TxError> {
+        if id as usize >= self.tables.len() {
+            self.tables = self.eng.tables.read().clone();
+        }
+        self.tables
+            .get(id as usize)
+            .cloned()
+            .ok_or_else(|| TxError::SchemaMismatch(format!("no table with id {id}")))
+    }
+
+    fn find_write(&self, table: TableId, key: u64) -> Option<usize> {
+        self.write_lookup.find(self.writes.len(), table, key, |i| {
+            self.writes[i].table == table && self.writes[i].key == key
+        })
+    }
+
+    fn not_found(table: TableId, key: u64) -> TxError {
+        TxError::NotFound { table, key }
+    }
+
+    /// The version of `key` this transaction sees (MVTO read, §4.2.1 steps 1–4): the newest
+    /// version that began at or before `ts`, read-stamped with `ts`; `None` if there is none or
+    /// it is a deletion. A pending version the transaction must see makes it wait.
+    fn visible(&self, t: &TableRt, key: u64) -> Result<Option<u64>, TxError> {
+        let mut waits = 0;
+        loop {
+            let Some(head) = t.index.get(key) else {
+                return Ok(None);
+            };
+            let h = self.eng.header(head);
+            let s = h.latch();
+            if t.index.get(key) != Some(head) {
+                h.unlatch(s);
+                continue;
+            }
+            // Only the newest version can be pending: a writer needs a committed newest version.
+            let mut v = head;
+            let mut v_state = s;
+            let found = loop {
+                let hv = self.eng.header(v);
+                if hv.begin.load(Ordering::Acquire) <= self.ts {
+                    break Some(v);
+                }
+                let prev = hv.prev.load(Ordering::Acquire);
+                if prev == NONE {
+                    break None;
+                }
+                v = prev;
+                v_state = self.eng.header(v).state.load(Ordering::Acquire) & !state::LATCH;
+            };
+            match found {
+                None => {
+                    h.unlatch(s);
+                    return Ok(None);
+                }
+                Some(_) if v_state & state::PENDING != 0 => {
+                    h.unlatch(s);
+                    waits += 1;
+                    if waits > PENDING_WAITS {
+                        return Err(TxError::Conflict);
+                    }
+                    std::thread::yield_now();
+                }
+                Some(v) => {
+                    self.eng.header(v).read.fetch_max(self.ts, Ordering::AcqRel);
+                    h.unlatch(s);
+                    return Ok((v_state & state::TOMBSTONE == 0).then_some(v));
+                }
+            }
+        }
+    }
+
+    /// Copies the row of the version at `addr` (committed, so immutable) into `out`.
+    fn read_row(&self, addr: u64, out: &mut [u8]) {
+        self.pool
+            .read_bytes(self.eng.content_at(addr) + tuple::HEADER, out);
+    }
+
+    /// Takes the next empty slot of the thread's region of `table` (§4.2.1 step 5), allocating
+    /// a block when the current one is full. Returns the logical address.
+    fn alloc(&mut self, table: TableId, t: &TableRt) -> Result<u64, TxError> {
+        let per = storage::slots_per_block(t.slot);
+        let thread = self.thread;
+        let st = self.state.as_mut().expect("the worker holds its state");
+        if st.regions.len() <= table as usize {
+            st.regions.resize_with(table as usize + 1, Default::default);
+        }
+        let r = &mut st.regions[table as usize];
+        if !self.undo.iter().any(|&(u, _)| u == table) {
+            self.undo.push((table, r.position()));
+        }
+        let before = r.position();
+        if r.current < r.blocks.len() && r.next == per {
+            r.current += 1;
+            r.next = 0;
+        }
+        if r.current == r.blocks.len() {
+            let tag = FirEngine::block_tag(thread, table, r.blocks.len()).map_err(|e| {
+                (r.current, r.next) = before;
+                TxError::PmFull(e)
+            })?;
+            let block = match self.eng.pages.allocate(&self.pool, tag) {
+                Ok(b) => b,
+                Err(e) => {
+                    (r.current, r.next) = before;
+                    return Err(common::pm_full(
+                        format_args!("table '{}' of thread {thread}", t.schema.name),
+                        e,
+                    ));
+                }
+            };
+            self.eng.tile(block, table, t.slot);
+            r.blocks.push(block);
+        }
+        let addr = storage::logical(thread, r.blocks[r.current], r.next);
+        r.next += 1;
+        Ok(addr)
+    }
+
+    /// Writes a pending header for a new version of `key` at `addr` (begin_ts = txnId).
+    fn init_pending(&self, addr: u64, key: u64, prev: u64) {
+        let h = self.eng.header(addr);
+        h.latch();
+        h.begin.store(self.ts, Ordering::Relaxed);
+        h.end.store(u64::MAX, Ordering::Relaxed);
+        h.read.store(self.ts, Ordering::Relaxed);
+        h.prev.store(prev, Ordering::Relaxed);
+        h.key.store(key, Ordering::Relaxed);
+        h.unlatch(state::PENDING);
+    }
+
+    fn push_write(&mut self, table: TableId, key: u64, addr: u64, prev: u64, kind: WriteKind) {
+        let row = self.tables[table as usize].row;
+        let row_at = self.rows.len();
+        self.rows.resize(row_at + row, 0);
+        let position = self.writes.len();
+        self.writes.push(WriteRec {
+            table,
+            key,
+            addr,
+            prev,
+            kind,
+            row_at,
+        });
+        self.write_lookup.record(position, table, key);
+    }
+
+    /// Creates a new version of an existing `key` (an update applying `fields`, or a deletion):
+    /// MVTO's write rule on the newest version under its latch, then a pending header in the
+    /// thread's region that the index points to (§4.2.1 steps 1–7).
+    fn supersede(
+        &mut self,
+        table: TableId,
+        key: u64,
+        kind: WriteKind,
+        fields: &[FieldWrite<'_>],
+    ) -> Result<(), TxError> {
+        let t = self.table(table)?;
+        let eng = self.eng.clone();
+        loop {
+            let Some(head) = t.index.get(key) else {
+                return Err(Self::not_found(table, key));
+            };
+            let h = eng.header(head);
+            let s = h.latch();
+            if t.index.get(key) != Some(head) {
+                h.unlatch(s);
+                continue;
+            }
+            let refuse = if s & state::PENDING != 0
+                || h.begin.load(Ordering::Acquire) > self.ts
+                || h.read.load(Ordering::Acquire) > self.ts
+            {
+                Some(TxError::Conflict)
+            } else if s & state::TOMBSTONE != 0 {
+                Some(Self::not_found(table, key))
+            } else {
+                None
+            };
+            if let Some(e) = refuse {
+                h.unlatch(s);
+                return Err(e);
+            }
+            let addr = match self.alloc(table, &t) {
+                Ok(a) => a,
+                Err(e) => {
+                    h.unlatch(s);
+                    return Err(e);
+                }
+            };
+            self.init_pending(addr, key, head);
+            let replaced = t.index.replace_if(key, head, addr);
+            debug_assert!(
+                replaced,
+                "the index entry is stable under the newest version's latch"
+            );
+            h.unlatch(s);
+            self.push_write(table, key, addr, head, kind);
+            let w = self.writes.len() - 1;
+            if kind == WriteKind::Update {
+                let at = self.writes[w].row_at;
+                let mut row = std::mem::take(&mut self.rows);
+                self.read_row(head, &mut row[at..at + t.row]);
+                for f in fields {
+                    row[at + f.offset..at + f.offset + f.bytes.len()].copy_from_slice(f.bytes);
+                }
+                self.rows = row;
+            }
+            return Ok(());
+        }
+    }
+
+    fn check_fields(t: &TableRt, fields: &[FieldWrite<'_>]) -> Result<(), TxError> {
+        for f in fields {
+            if f.offset + f.bytes.len() > t.row {
+                return Err(TxError::RowTooLarge(format!(
+                    "a write of {} bytes at offset {} does not fit rows of {} bytes in table {}",
+                    f.bytes.len(),
+                    f.offset,
+                    t.row,
+                    t.schema.name
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Algorithm 1 (`Persist`) for one run of consecutive slots of one region, whose contents
+    /// are in `self.content`: copy them (lines 4–7), then `clwb` + `sfence` each cache line
+    /// (lines 8–10). Under eADR the stores alone are durable, in program order.
+    fn persist(&self, at: u64, slot: u64) {
+        let fault = self.eng.config.fault;
+        // Lines 4–7: one copy per new tuple, in order.
+        for (i, tuple) in self.content.chunks(slot as usize).enumerate() {
+            self.pool.write_bytes(at + i as u64 * slot, tuple);
+        }
+        if !self.eng.flushing || fault == Some(FirFault::SkipTupleFlush) {
+            return;
+        }
+        let end = at + self.content.len() as u64;
+        if self.eng.domain == PersistenceDomain::Msync {
+            // An msync per line would be a system call per line: one for the run.
+            self.pool.flush(at, end - at);
+            self.pool.fence();
+            return;
+        }
+        let mut line = at & !(LINE - 1);
+        while line < end {
+            let from = line.max(at);
+            self.pool.flush(from, (line + LINE).min(end) - from);
+            if fault != Some(FirFault::SkipTupleFence) {
+                self.pool.fence();
+            }
+            line += LINE;
+        }
+    }
+
+    /// Persists every new version of the transaction, a run of consecutive slots at a time.
+    fn persist_writes(&mut self) {
+        let mut i = 0;
+        while i < self.writes.len() {
+            let first = &self.writes[i];
+            let t = &self.tables[first.table as usize];
+            let at = self.eng.content_at(first.addr);
+            let mut content = std::mem::take(&mut self.content);
+            content.clear();
+            let mut j = i;
+            loop {
+                let w = &self.writes[j];
+                let tomb = if w.kind == WriteKind::Delete {
+                    tuple::TOMBSTONE
+                } else {
+                    0
+                };
+                content.extend_from_slice(&(self.ts | tomb).to_le_bytes());
+                content.extend_from_slice(&w.key.to_le_bytes());
+                content.extend_from_slice(&self.rows[w.row_at..w.row_at + t.row]);
+                content.resize(((j - i + 1) as u64 * t.slot) as usize, 0);
+                j += 1;
+                let contiguous = j < self.writes.len()
+                    && self.writes[j].table == w.table
+                    && self.writes[j].addr == w.addr + 1
+                    && storage::offset_of(w.addr) + 1 < storage::MAX_SLOTS;
+                if !contiguous {
+                    break;
+                }
+            }
+            self.content = content;
+            self.persist(at, t.slot);
+            i = j;
+        }
+    }
+
+    /// Stores txnId in the thread's LCTT word and makes it durable: the commit point (§4.2.1).
+    fn write_lctt(&self) {
+        let at = self.eng.lctt_word(self.thread);
+        self.pool.write_u64(at, self.ts);
+        if self.eng.flushing && self.eng.config.fault != Some(FirFault::SkipLcttFlush) {
+            self.pool.flush(at, 8);
+            self.pool.fence();
+        }
+    }
+
+    /// Makes the committed versions visible: headers committed, old versions ended and marked
+    /// obsolete, deletions out of the index, secondary indexes updated.
+    fn install(&mut self) {
+        let mut old_row = std::mem::take(&mut self.old_row);
+        for w in &self.writes {
+            let t = &self.tables[w.table as usize];
+            let new_row = &self.rows[w.row_at..w.row_at + t.row];
+            let has_old = w.prev != NONE;
+            if !t.secondary.is_empty() {
+                if has_old {
+                    old_row.resize(t.row, 0);
+                    self.read_row(w.prev, &mut old_row);
+                }
+                for (i, sec) in t.secondary.iter().enumerate() {
+                    let old = has_old.then(|| t.secondary_key(i, &old_row));
+                    let new = (w.kind != WriteKind::Delete).then(|| t.secondary_key(i, new_row));
+                    if old != new {
+                        if let Some(o) = old {
+                            sec.remove(o, w.key);
+                        }
+                        if let Some(n) = new {
+                            sec.insert(n, w.key);
+                        }
+                    }
+                }
+            }
+            if has_old {
+                self.eng
+                    .header(w.prev)
+                    .end
+                    .store(self.ts, Ordering::Release);
+                self.eng
+                    .tile_of(w.prev)
+                    .mark_obsolete(storage::offset_of(w.prev));
+            }
+            let h = self.eng.header(w.addr);
+            h.latch();
+            if w.kind == WriteKind::Delete {
+                h.unlatch(state::COMMITTED | state::TOMBSTONE);
+                t.deleted_up_to.fetch_max(self.ts, Ordering::AcqRel);
+                t.index.remove_if(w.key, w.addr);
+                self.eng
+                    .tile_of(w.addr)
+                    .mark_obsolete(storage::offset_of(w.addr));
+            } else {
+                h.unlatch(state::COMMITTED);
+            }
+        }
+        self.old_row = old_row;
+    }
+
+    fn finish(&mut self) {
+        self.writes.clear();
+        self.write_lookup.clear();
+        self.rows.clear();
+        self.undo.clear();
+        self.eng.active[self.thread].store(u64::MAX, Ordering::Release);
+        self.in_txn = false;
+    }
+
+    fn check_write(&self) -> Result<(), TxError> {
+        if self.read_only {
+            return Err(TxError::ReadOnly);
+        }
+        Ok(())
+    }
+}
+
+impl EngineWorker for FirWorker {
+    fn begin(&mut self, read_only: bool) {
+        if self.in_txn {
+            self.abort();
+        }
+        // A lower bound of the txnId is published first, so that a checkpoint reading the clock
+        // and then the running transactions never misses this one (see `checkpoint.rs`, CT).
+        let floor = self.eng.clock.load(Ordering::SeqCst) + 1;
+        self.eng.active[self.thread].store(floor, Ordering::SeqCst);
+        self.ts = self.eng.clock.fetch_add(1, Ordering::SeqCst) + 1;
+        self.eng.active[self.thread].store(self.ts, Ordering::SeqCst);
+        self.read_only = read_only;
+        self.in_txn = true;
+    }
+
+    fn read(&mut self, table: TableId, key: u64, out: &mut [u8]) -> Result<(), TxError> {
+        let t = self.table(table)?;
+        common::check_row_len(&t.schema.name, t.row, out.len(), "buffer")?;
+        if let Some(i) = self.find_write(table, key) {
+            let w = &self.writes[i];
+            if w.kind == WriteKind::Delete {
+                return Err(Self::not_found(table, key));
+            }
+            out.copy_from_slice(&self.rows[w.row_at..w.row_at + t.row]);
+            return Ok(());
+        }
+        match self.visible(&t, key)? {
+            Some(addr) => {
+                self.read_row(addr, out);
+                Ok(())
+            }
+            None => Err(Self::not_found(table, key)),
+        }
+    }
+
+    fn update(
+        &mut self,
+        table: TableId,
+        key: u64,
+        writes: &[FieldWrite<'_>],
+    ) -> Result<(), TxError> {
+        self.check_write()?;
+        let t = self.table(table)?;
+        Self::check_fields(&t, writes)?;
+        if let Some(i) = self.find_write(table, key) {
+            let w = &self.writes[i];
+            if w.kind == WriteKind::Delete {
+                return Err(Self::not_found(table, key));
+            }
+            let at = w.row_at;
+            for f in writes {
+                self.rows[at + f.offset..at + f.offset + f.bytes.len()].copy_from_slice(f.bytes);
+            }
+            return Ok(());
+        }
+        self.supersede(table, key, WriteKind::Update, writes)
+    }
+
+    fn insert(&mut self, table: TableId, key: u64, row: &[u8]) -> Result<(), TxError> {
+        self.check_write()?;
+        let t = self.table(table)?;
+        common::check_row_len(&t.schema.name, t.row, row.len(), "insert")?;
+        if let Some(i) = self.find_write(table, key) {
+            let w = &mut self.writes[i];
+            if w.kind != WriteKind::Delete {
+                return Err(TxError::DuplicateKey { table, key });
+            }
+            w.kind = if w.prev == NONE {
+                WriteKind::Insert
+            } else {
+                WriteKind::Update
+            };
+            let at = w.row_at;
+            self.rows[at..at + t.row].copy_from_slice(row);
+            return Ok(());
+        }
+        // A key deleted by a younger transaction cannot be inserted by an older one: recovery
+        // keeps the version with the largest txnId.
+        if t.deleted_up_to.load(Ordering::Acquire) >= self.ts {
+            return Err(TxError::Conflict);
+        }
+        loop {
+            let before = self
+                .state
+                .as_ref()
+                .and_then(|s| s.regions.get(table as usize).map(|r| r.position()));
+            let addr = self.alloc(table, &t)?;
+            self.init_pending(addr, key, NONE);
+            let existing = match t.index.insert_new(key, addr) {
+                Ok(()) => {
+                    self.push_write(table, key, addr, NONE, WriteKind::Insert);
+                    let at = self.writes[self.writes.len() - 1].row_at;
+                    self.rows[at..at + t.row].copy_from_slice(row);
+                    return Ok(());
+                }
+                Err(existing) => existing,
+            };
+            // Give the slot back: it must stay the region's next empty slot (no holes).
+            let h = self.eng.header(addr);
+            h.latch();
+            h.unlatch(0);
+            let st = self.state.as_mut().expect("the worker holds its state");
+            let r = &mut st.regions[table as usize];
+            (r.current, r.next) = before.unwrap_or((0, 0));
+            let eh = self.eng.header(existing);
+            let s = eh.latch();
+            if t.index.get(key) != Some(existing) {
+                eh.unlatch(s);
+                continue;
+            }
+            let result = if s & (state::PENDING | state::TOMBSTONE) != 0
+                || eh.begin.load(Ordering::Acquire) > self.ts
+            {
+                TxError::Conflict
+            } else {
+                eh.read.fetch_max(self.ts, Ordering::AcqRel);
+                TxError::DuplicateKey { table, key }
+            };
+            eh.unlatch(s);
+            return Err(result);
+        }
+    }
+
+    fn delete(&mut self, table: TableId, key: u64) -> Result<(), TxError> {
+        self.check_write()?;
+        self.table(table)?;
+        if let Some(i) = self.find_write(table, key) {
+            let w = &mut self.writes[i];
+            if w.kind == WriteKind::Delete {
+                return Err(Self::not_found(table, key));
+            }
+            // Deleting the transaction's own insert still persists a tombstone: the slot is
+            // taken, and a region has no holes.
+            w.kind = WriteKind::Delete;
+            return Ok(());
+        }
+        self.supersede(table, key, WriteKind::Delete, &[])
+    }
+
+    fn scan(
+        &mut self,
+        table: TableId,
+        from: u64,
+        reverse: bool,
+        limit: usize,
+        f: &mut dyn FnMut(u64, &[u8]) -> bool,
+    ) -> Result<(), TxError> {
+        let t = self.table(table)?;
+        let mut hits = std::mem::take(&mut self.scan_hits);
+        let collected =
+            common::collect_scan_hits(&t.index, &t.schema.name, from, reverse, limit, &mut hits);
+        let mut row = std::mem::take(&mut self.scratch);
+        row.resize(t.row, 0);
+        let result = collected.and_then(|()| {
+            common::visit_hits(&hits, &mut row, |k, _, out| self.read(table, k, out), f)
+        });
+        self.scan_hits = hits;
+        self.scratch = row;
+        result
+    }
+
+    fn lookup_secondary(
+        &mut self,
+        table: TableId,
+        index: usize,
+        secondary: u64,
+        out: &mut Vec<u64>,
+    ) -> Result<(), TxError> {
+        let t = self.table(table)?;
+        common::lookup_secondary(&t.secondary, &t.schema.name, index, secondary, out)
+    }
+
+    fn commit(&mut self) -> Result<u64, TxError> {
+        if !self.in_txn {
+            return Ok(self.ts);
+        }
+        self.writes_were_empty = self.writes.is_empty();
+        if !self.writes.is_empty() {
+            let lctt_first = self.eng.config.fault == Some(FirFault::LcttFirst);
+            if lctt_first {
+                self.write_lctt();
+            }
+            self.persist_writes();
+            if !lctt_first {
+                self.write_lctt();
+            }
+            self.install();
+            self.eng.last_commit.fetch_max(self.ts, Ordering::AcqRel);
+        }
+        self.finish();
+        if let Some(every) = self.eng.config.checkpoint_every_commits {
+            if !self.writes_were_empty
+                && (self.eng.commits.fetch_add(1, Ordering::Relaxed) + 1) % every == 0
+                && self.eng.checkpoint().is_err()
+            {
+                self.eng.checkpoint_failures.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(self.ts)
+    }
+
+    fn abort(&mut self) {
+        if !self.in_txn {
+            return;
+        }
+        for w in self.writes.iter().rev() {
+            let t = &self.tables[w.table as usize];
+            let h = self.eng.header(w.addr);
+            h.latch();
+            if w.prev != NONE {
+                t.index.replace_if(w.key, w.addr, w.prev);
+            } else {
+                t.index.remove_if(w.key, w.addr);
+            }
+            h.unlatch(0);
+        }
+        let st = self.state.as_mut().expect("the worker holds its state");
+        for &(table, (current, next)) in &self.undo {
+            let r = &mut st.regions[table as usize];
+            (r.current, r.next) = (current, next);
+        }
+        self.finish();
+    }
+
+    fn resolve_miss(&mut self, error: TxError) -> TxError {
+        let (TxError::NotFound { table, key } | TxError::DuplicateKey { table, key }) = error
+        else {
+            return error;
+        };
+        if self.find_write(table, key).is_some() {
+            return error;
+        }
+        let Some(t) = self.tables.get(table as usize) else {
+            return error;
+        };
+        // A miss that a younger commit (a delete, or a version this transaction may not see)
+        // or one in flight explains is a stale view: retry rather than fail.
+        let stale = t.deleted_up_to.load(Ordering::Acquire) > self.ts
+            || t.index.get(key).is_some_and(|head| {
+                let h = self.eng.header(head);
+                h.state.load(Ordering::Acquire) & state::PENDING != 0
+                    || h.begin.load(Ordering::Acquire) > self.ts
+            });
+        if stale {
+            TxError::Conflict
+        } else {
+            error
+        }
+    }
+}
+
+impl Drop for FirWorker {
+    fn drop(&mut self) {
+        if self.in_txn && !std::thread::panicking() {
+            self.abort();
+        }
+        if let Some(state) = self.state.take() {
+            *self.eng.threads[self.thread].lock() = Some(state);
+        }
+    }
+}

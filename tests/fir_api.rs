@@ -1,0 +1,334 @@
+//! FIR (issue 14) through the `Db` API: MVTO's versions (an older transaction reads the version of
+//! its time), deletes and re-inserts across clean reopens (tombstones), aborted transactions
+//! leaving no hole in a region, refused configurations and a damaged LCTT.
+
+use pmtx::catalog::{ColumnType, Schema};
+use pmtx::cc::Protocol;
+use pmtx::db::{Db, DbConfig, Value};
+use pmtx::engine::{DbError, EngineKind, FieldWrite, TxError};
+use pmtx::pmem::PersistenceDomain;
+
+mod common;
+
+fn config(domain: PersistenceDomain) -> DbConfig {
+    DbConfig::temporary()
+        .engine(EngineKind::Fir)
+        .protocol(Protocol::Mvto)
+        .domain(domain)
+        .pool_size(32 << 20)
+        .max_threads(4)
+}
+
+#[test]
+fn only_mvto_is_accepted() {
+    for protocol in Protocol::ALL {
+        let r = Db::create(config(PersistenceDomain::Eadr).protocol(protocol));
+        if protocol == Protocol::Mvto {
+            assert!(r.is_ok());
+        } else {
+            assert!(
+                matches!(
+                    r,
+                    Err(DbError::UnsupportedProtocol {
+                        engine: EngineKind::Fir,
+                        ..
+                    })
+                ),
+                "{protocol}"
+            );
+        }
+    }
+    assert_eq!(EngineKind::Fir.default_protocol(), Protocol::Mvto);
+}
+
+/// MVTO (§4.2.1): a transaction that began before a committed update still reads the old
+/// version through the chain of tuple headers, and cannot then overwrite the newer version.
+#[test]
+fn an_older_transaction_reads_the_version_of_its_time() {
+    let db = Db::create(config(PersistenceDomain::Adr)).unwrap();
+    let t = db
+        .create_table(Schema::new("kv", &[("v", ColumnType::U64)]))
+        .unwrap();
+    db.run(|tx| tx.insert(t, 1, &[Value::U64(10)])).unwrap();
+    let mut old = db.engine().clone().worker(0).unwrap();
+    let mut new = db.engine().clone().worker(1).unwrap();
+    let mut row = [0u8; 8];
+    old.begin(false);
+    new.begin(false);
+    let twenty = 20u64.to_le_bytes();
+    new.update(
+        t,
+        1,
+        &[FieldWrite {
+            offset: 0,
+            bytes: &twenty,
+        }],
+    )
+    .unwrap();
+    new.commit().unwrap();
+    old.read(t, 1, &mut row).unwrap();
+    assert_eq!(
+        u64::from_le_bytes(row),
+        10,
+        "the version older than the update"
+    );
+    let thirty = 30u64.to_le_bytes();
+    assert_eq!(
+        old.update(
+            t,
+            1,
+            &[FieldWrite {
+                offset: 0,
+                bytes: &thirty
+            }]
+        ),
+        Err(TxError::Conflict),
+        "a write below a newer version aborts"
+    );
+    old.abort();
+    new.begin(false);
+    new.read(t, 1, &mut row).unwrap();
+    assert_eq!(u64::from_le_bytes(row), 20);
+    new.commit().unwrap();
+    drop((old, new));
+    assert_eq!(db.check_structure().unwrap(), vec![1]);
+}
+
+#[test]
+fn deleted_rows_stay_deleted_across_reopens_and_aborts_leave_no_hole() {
+    let dir = common::pool_dir();
+    let path = dir.path().join("fir.pool");
+    let cfg = config(PersistenceDomain::Adr).path(&path);
+    let t;
+    {
+        let db = Db::create(cfg.clone()).unwrap();
+        t = db
+            .create_table(Schema::new("kv", &[("v", ColumnType::U64)]).ordered())
+            .unwrap();
+        for round in 0..10u64 {
+            db.run(|tx| (0..100u64).try_for_each(|k| tx.insert(t, k, &[Value::U64(round)])))
+                .unwrap();
+            // An aborted transaction's slots are given back (§4.2.1): the next one reuses them.
+            let aborted = db.run(|tx| {
+                tx.update(t, 5, &[(0, Value::U64(1000))])?;
+                tx.insert(t, 1000 + round, &[Value::U64(1)])?;
+                Err::<(), _>(TxError::UserAbort)
+            });
+            assert!(aborted.is_err());
+            db.run(|tx| (0..100u64).try_for_each(|k| tx.delete(t, k)))
+                .unwrap();
+        }
+        db.run(|tx| (0..50u64).try_for_each(|k| tx.insert(t, k, &[Value::U64(99)])))
+            .unwrap();
+        db.run(|tx| (0..50u64).step_by(2).try_for_each(|k| tx.delete(t, k)))
+            .unwrap();
+        assert_eq!(db.check_structure().unwrap(), vec![25]);
+    }
+    for reopen in 0..2u64 {
+        let db = Db::open(cfg.clone()).unwrap();
+        let report = db.recovery_report().unwrap();
+        assert!(report.phases.iter().any(|(p, _)| p.contains("undo/redo")));
+        assert_eq!(report.rows, 25 + reopen);
+        let rows = db.run(|tx| tx.scan(t, 0, usize::MAX)).unwrap();
+        let keys: Vec<u64> = rows.iter().map(|(k, _)| *k).collect();
+        let mut expected: Vec<u64> = (1..50).step_by(2).collect();
+        if reopen == 1 {
+            expected.push(500);
+        }
+        assert_eq!(keys, expected);
+        assert!(rows.iter().take(25).all(|(_, r)| r.u64(0) == 99));
+        assert_eq!(db.check_structure().unwrap(), vec![25 + reopen]);
+        // The clock restarts above every txnId: new inserts of deleted keys commit and outrank
+        // the tombstones at the next recovery.
+        if reopen == 0 {
+            db.run(|tx| tx.insert(t, 500, &[Value::U64(7)])).unwrap();
+            db.run(|tx| tx.insert(t, 0, &[Value::U64(7)])).unwrap();
+            db.run(|tx| tx.delete(t, 0)).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_damaged_lctt_is_refused() {
+    let dir = common::pool_dir();
+    let path = dir.path().join("fir.pool");
+    let cfg = config(PersistenceDomain::Eadr).path(&path);
+    {
+        let db = Db::create(cfg.clone()).unwrap();
+        let t = db
+            .create_table(Schema::new("kv", &[("v", ColumnType::U64)]))
+            .unwrap();
+        db.run(|tx| tx.insert(t, 1, &[Value::U64(1)])).unwrap();
+        let pool = db.engine().pool().unwrap().clone();
+        // Thread slot 0's LCTT word (meta page + 1 MiB): a value no txnId can have.
+        pool.write_u64(
+            pool.root() + pmtx::engine::fir::layout::meta::LCTT_AT,
+            u64::MAX >> 1,
+        );
+        pool.persist(pool.root() + pmtx::engine::fir::layout::meta::LCTT_AT, 8);
+    }
+    match Db::open(cfg) {
+        Err(DbError::Corrupt(m)) => assert!(m.contains("LCTT"), "{m}"),
+        Err(e) => panic!("expected a corrupt-database error, got {e}"),
+        Ok(_) => panic!("a damaged LCTT was accepted"),
+    }
+}
+
+fn fact(db: &Db, name: &str) -> u64 {
+    let report = db.recovery_report().unwrap();
+    report
+        .facts
+        .iter()
+        .find(|(n, _)| n == name)
+        .unwrap_or_else(|| panic!("no fact {name} in {:?}", report.facts))
+        .1
+}
+
+/// §4.4: after a checkpoint, recovery loads its entries and redoes only the versions written
+/// since (found by binary search in each time-ordered region), not the history before it.
+#[test]
+fn recovery_redoes_only_what_was_written_after_the_checkpoint() {
+    let dir = common::pool_dir();
+    let path = dir.path().join("fir.pool");
+    let mut cfg = config(PersistenceDomain::Adr).path(&path);
+    cfg.fir_checkpoint_interval_ms = None;
+    let t;
+    {
+        let db = Db::create(cfg.clone()).unwrap();
+        t = db
+            .create_table(Schema::new("kv", &[("v", ColumnType::U64)]).ordered())
+            .unwrap();
+        db.run(|tx| (0..1000u64).try_for_each(|k| tx.insert(t, k, &[Value::U64(k)])))
+            .unwrap();
+        for round in 0..5u64 {
+            db.run(|tx| (0..1000u64).try_for_each(|k| tx.update(t, k, &[(0, Value::U64(round))])))
+                .unwrap();
+        }
+        let stats = fir_checkpoint(&db);
+        assert_eq!(stats.entries, 1000);
+        db.run(|tx| (0..10u64).try_for_each(|k| tx.update(t, k, &[(0, Value::U64(77))])))
+            .unwrap();
+        db.run(|tx| tx.delete(t, 999)).unwrap();
+        db.run(|tx| tx.insert(t, 5000, &[Value::U64(1)])).unwrap();
+    }
+    let db = Db::open(cfg.clone()).unwrap();
+    assert_eq!(fact(&db, "entries from the checkpoint"), 1000);
+    assert_eq!(fact(&db, "versions redone (txnId >= CT)"), 12);
+    assert_eq!(fact(&db, "versions before CT skipped"), 6000);
+    let rows = db.run(|tx| tx.scan(t, 0, usize::MAX)).unwrap();
+    assert_eq!(rows.len(), 1000);
+    for (k, r) in &rows {
+        let expected = match *k {
+            0..10 => 77,
+            5000 => 1,
+            _ => 4,
+        };
+        assert_eq!(r.u64(0), expected, "key {k}");
+    }
+    assert!(rows.iter().all(|(k, _)| *k != 999));
+    assert_eq!(db.check_structure().unwrap(), vec![1000]);
+}
+
+fn fir_checkpoint(db: &Db) -> pmtx::engine::fir::CheckpointStats {
+    db.checkpoint().expect("a FIR database").unwrap()
+}
+
+/// §4.3.2: checkpoints taken while transfers run on two threads are consistent: the database
+/// recovered from the last one (plus what was written after it) keeps the bank total.
+#[test]
+fn checkpoints_taken_while_transactions_run_are_consistent() {
+    let dir = common::pool_dir();
+    let path = dir.path().join("fir.pool");
+    let mut cfg = config(PersistenceDomain::Eadr).path(&path);
+    cfg.fir_checkpoint_interval_ms = None;
+    const ACCOUNTS: u64 = 64;
+    let t;
+    {
+        let db = Db::create(cfg.clone()).unwrap();
+        t = db
+            .create_table(Schema::new("acct", &[("balance", ColumnType::I64)]))
+            .unwrap();
+        db.run(|tx| (0..ACCOUNTS).try_for_each(|k| tx.insert(t, k, &[Value::I64(100)])))
+            .unwrap();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            for seed in 0..2u64 {
+                let (db, stop) = (&db, &stop);
+                s.spawn(move || {
+                    let mut w = db.worker().unwrap();
+                    let mut x = seed + 1;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        x = x
+                            .wrapping_mul(6364136223846793005)
+                            .wrapping_add(1442695040888963407);
+                        let (a, b) = ((x >> 20) % ACCOUNTS, (x >> 40) % ACCOUNTS);
+                        if a == b {
+                            continue;
+                        }
+                        w.run(|tx| {
+                            let (ra, rb) = (tx.get(t, a)?.i64(0), tx.get(t, b)?.i64(0));
+                            tx.update(t, a, &[(0, Value::I64(ra - 1))])?;
+                            tx.update(t, b, &[(0, Value::I64(rb + 1))])
+                        })
+                        .unwrap();
+                    }
+                });
+            }
+            for _ in 0..20 {
+                let stats = fir_checkpoint(&db);
+                assert_eq!(stats.entries, ACCOUNTS);
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+    }
+    let db = Db::open(cfg).unwrap();
+    assert!(fact(&db, "checkpoint generation") >= 20);
+    let total: i64 = db
+        .run(|tx| (0..ACCOUNTS).map(|k| Ok(tx.get(t, k)?.i64(0))).sum())
+        .unwrap();
+    assert_eq!(total, ACCOUNTS as i64 * 100);
+    assert_eq!(db.check_structure().unwrap(), vec![ACCOUNTS]);
+}
+
+/// §4.3.2: a transaction that runs while a checkpoint reads the index, and commits after, is
+/// redone by recovery (CT is below its txnId); the fault that takes CT from the clock alone loses
+/// it, which shows the test can fail.
+#[test]
+fn a_transaction_running_during_a_checkpoint_survives_recovery() {
+    for fault in [
+        None,
+        Some(pmtx::engine::fir::FirFault::CheckpointCtIgnoresRunning),
+    ] {
+        let dir = common::pool_dir();
+        let path = dir.path().join("fir.pool");
+        let mut cfg = config(PersistenceDomain::Adr).path(&path);
+        cfg.fir_checkpoint_interval_ms = None;
+        cfg.fir_fault = fault;
+        let t;
+        {
+            let db = Db::create(cfg.clone()).unwrap();
+            t = db
+                .create_table(Schema::new("kv", &[("v", ColumnType::U64)]))
+                .unwrap();
+            db.run(|tx| tx.insert(t, 1, &[Value::U64(10)])).unwrap();
+            let mut w = db.engine().clone().worker(0).unwrap();
+            w.begin(false);
+            let twenty = 20u64.to_le_bytes();
+            w.update(
+                t,
+                1,
+                &[FieldWrite {
+                    offset: 0,
+                    bytes: &twenty,
+                }],
+            )
+            .unwrap();
+            fir_checkpoint(&db);
+            w.commit().unwrap();
+        }
+        let db = Db::open(cfg).unwrap();
+        let v = db.run(|tx| Ok(tx.get(t, 1)?.u64(0))).unwrap();
+        assert_eq!(v == 20, fault.is_none(), "fault {fault:?}: value {v}");
+    }
+}
