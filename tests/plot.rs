@@ -180,3 +180,35 @@ fn bad_input_is_rejected_with_a_clear_error() {
     assert!(String::from_utf8_lossy(&run.stderr).contains("skipping"));
     assert!(dir.path().join("never-throughput.png").exists());
 }
+
+/// The recovery figure draws runs that carry `recovery_ms` (as `pmtx reproduce fir` writes them)
+/// and is refused, saying why, for runs without it.
+#[test]
+fn the_recovery_figure_needs_recovery_times() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = bench_json(dir.path());
+    let runs = plot::load_runs(&[&json]).unwrap();
+    let err = plot::plot(&runs, &[Figure::Recovery], &dir.path().join("r.png")).unwrap_err();
+    assert!(err.to_string().contains("recovery"), "{err}");
+
+    let mut values: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    for (i, v) in values.iter_mut().enumerate() {
+        v["recovery_ms"] = serde_json::Value::from(100.0 * (i + 1) as f64);
+    }
+    let with = dir.path().join("with-recovery.json");
+    std::fs::write(&with, serde_json::to_string(&values).unwrap()).unwrap();
+    let runs = plot::load_runs(&[&with]).unwrap();
+    assert!(runs.iter().all(|r| r.recovery_ms.is_some()));
+    let svg = dir.path().join("r.svg");
+    plot::plot(&runs, &[Figure::Recovery], &svg).unwrap();
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.contains("recovery time (ms)") && text.contains("falcon"));
+
+    values[0]["recovery_ms"] = serde_json::Value::from(-1.0);
+    std::fs::write(&with, serde_json::to_string(&values).unwrap()).unwrap();
+    assert!(
+        plot::load_runs(&[&with]).is_err(),
+        "a negative time is refused"
+    );
+}

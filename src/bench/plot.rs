@@ -129,6 +129,10 @@ pub struct PlotRun {
     /// PM traffic per transaction; only the media model's bytes are drawn.
     #[serde(default)]
     pub pm: PlotPm,
+    /// Milliseconds to recover the run's pool afterwards (median of the recoveries measured;
+    /// written by `pmtx reproduce fir`).
+    #[serde(default)]
+    pub recovery_ms: Option<f64>,
 }
 
 /// The part of a run's `pm` object the media figure draws.
@@ -164,6 +168,9 @@ impl PlotRun {
         }
         if !self.pm.media_bytes_per_txn.map_or(true, ok) {
             return Err("media bytes per transaction is negative or not finite".into());
+        }
+        if !self.recovery_ms.map_or(true, ok) {
+            return Err("recovery time is negative or not finite".into());
         }
         if self
             .per_kind
@@ -220,16 +227,20 @@ pub enum Figure {
     /// Throughput and PM media bytes written per transaction, a bar per run (runs with a media
     /// model, `--media-model`).
     Media,
+    /// Throughput and the time to recover the run's pool, a bar per run (runs with
+    /// `recovery_ms`, as `pmtx reproduce fir` writes them).
+    Recovery,
 }
 
 impl Figure {
     /// Every figure, in drawing order.
-    pub const ALL: [Figure; 5] = [
+    pub const ALL: [Figure; 6] = [
         Figure::Throughput,
         Figure::Ratio,
         Figure::Cdf,
         Figure::Kinds,
         Figure::Media,
+        Figure::Recovery,
     ];
 
     /// Its name (also the suffix of its file when several are drawn).
@@ -240,6 +251,7 @@ impl Figure {
             Figure::Cdf => "cdf",
             Figure::Kinds => "kinds",
             Figure::Media => "media",
+            Figure::Recovery => "recovery",
         }
     }
 
@@ -264,6 +276,9 @@ impl Figure {
             }
             Figure::Media if runs.iter().all(|r| r.pm.media_bytes_per_txn.is_none()) => {
                 missing("no run has media figures (run the benchmark with --media-model)")
+            }
+            Figure::Recovery if runs.iter().all(|r| r.recovery_ms.is_none()) => {
+                missing("no run has a recovery time (recovery_ms, from `pmtx reproduce fir`)")
             }
             _ => Ok(()),
         }
@@ -355,7 +370,20 @@ fn draw<DB: DrawingBackend>(
         Figure::Ratio => draw_by_threads(root, runs, true),
         Figure::Cdf => draw_cdf(root, runs),
         Figure::Kinds => draw_kinds(root, runs),
-        Figure::Media => draw_media(root, runs),
+        Figure::Media => draw_bars(
+            root,
+            runs,
+            "throughput and PM media writes (media model)",
+            "media bytes written per transaction",
+            |r| r.pm.media_bytes_per_txn,
+        ),
+        Figure::Recovery => draw_bars(
+            root,
+            runs,
+            "throughput and recovery time",
+            "recovery time (ms)",
+            |r| r.recovery_ms,
+        ),
     }
     .map_err(|e| e.to_string())
 }
@@ -787,58 +815,48 @@ fn bar_label(run: &PlotRun) -> String {
     format!("{group}: {}", run.engine)
 }
 
-/// A bar of the media figure: label, engine, throughput, media bytes written per transaction.
-type MediaBar = (String, String, f64, f64);
+/// A bar of the two-panel figures: label, engine, throughput, the second panel's value.
+type Bar = (String, String, f64, f64);
 
-/// One panel of the media figure: where, the axis description, the value, whether it shows the
-/// bar names.
-type MediaPanel<'a, DB> = (
-    &'a DrawingArea<DB, Shift>,
-    &'a str,
-    fn(&MediaBar) -> f64,
-    bool,
-);
+/// One panel of a two-panel figure: where, the axis description, the value, whether it shows
+/// the bar names.
+type Panel<'a, DB> = (&'a DrawingArea<DB, Shift>, &'a str, fn(&Bar) -> f64, bool);
 
-/// Throughput and media bytes written per transaction, one bar per run with a media model
-/// (median over rounds), in first-seen order.
-fn draw_media<DB: DrawingBackend>(
+/// Throughput beside `second` (described by `desc`), one bar per run that has it (median over
+/// rounds), in first-seen order: the media and recovery figures.
+fn draw_bars<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
     runs: &[PlotRun],
+    what: &str,
+    desc: &str,
+    second: fn(&PlotRun) -> Option<f64>,
 ) -> DrawResult<DB> {
     let mut bars: Vec<(String, String, Vec<f64>, Vec<f64>)> = Vec::new();
     for r in runs {
-        let Some(media) = r.pm.media_bytes_per_txn else {
+        let Some(value) = second(r) else {
             continue;
         };
         let label = bar_label(r);
         match bars.iter_mut().find(|b| b.0 == label) {
             Some(b) => {
                 b.2.push(r.throughput_tps);
-                b.3.push(media);
+                b.3.push(value);
             }
-            None => bars.push((label, r.engine.clone(), vec![r.throughput_tps], vec![media])),
+            None => bars.push((label, r.engine.clone(), vec![r.throughput_tps], vec![value])),
         }
     }
-    let bars: Vec<MediaBar> = bars
+    let bars: Vec<Bar> = bars
         .into_iter()
-        .map(|(label, engine, t, m)| (label, engine, median(t), median(m)))
+        .map(|(label, engine, t, v)| (label, engine, median(t), median(v)))
         .collect();
-    let title = format!(
-        "{}: throughput and PM media writes (media model)",
-        workloads(runs).join(", ")
-    );
+    let title = format!("{}: {what}", workloads(runs).join(", "));
     let root = root.titled(&title, title_style())?;
     let (left, right) = root.split_horizontally(SIZE.0 / 2 + 110);
     let n = bars.len();
     let names: Vec<String> = bars.iter().map(|b| b.0.clone()).collect();
-    let panels: [MediaPanel<'_, DB>; 2] = [
+    let panels: [Panel<'_, DB>; 2] = [
         (&left, "throughput (ktx/s)", |b| b.2 / 1e3, true),
-        (
-            &right,
-            "media bytes written per transaction",
-            |b| b.3,
-            false,
-        ),
+        (&right, desc, |b| b.3, false),
     ];
     for (area, desc, value, with_names) in panels {
         let max_x = bars.iter().map(value).fold(0.0, f64::max).max(1e-9) * 1.12;

@@ -111,6 +111,16 @@ pub enum CatalogError {
 }
 
 impl Schema {
+    /// Whether `other` describes the same table (name, columns, indexes), wherever its primary
+    /// index lives: the engine records the placement it chose at creation, so a table read back
+    /// from the catalog can differ from the schema it was created from in that alone.
+    pub fn same_table_as(&self, other: &Schema) -> bool {
+        self.name == other.name
+            && self.columns == other.columns
+            && self.primary_index == other.primary_index
+            && self.secondary == other.secondary
+    }
+
     /// A schema with a hash primary index and no secondary index.
     pub fn new(name: &str, columns: &[(&str, ColumnType)]) -> Schema {
         Schema {

@@ -120,8 +120,9 @@ impl FirEngine {
         if self.flushing {
             self.pool.fence();
         }
-        // The switch: one 8-byte store names the new checkpoint.
-        self.pool.write_u64(self.ckpt_gen_at, generation);
+        // The switch: one 8-byte store names the new checkpoint (ordered after the pages' stores
+        // for eADR, where nothing above is flushed or fenced).
+        self.pool.write_u64_ordered(self.ckpt_gen_at, generation);
         self.pool.persist(self.ckpt_gen_at, 8);
         let old = std::mem::replace(&mut *self.ckpt_pages.lock(), pages);
         for p in old {

@@ -389,7 +389,10 @@ impl FirWorker {
     /// Stores txnId in the thread's LCTT word and makes it durable: the commit point (§4.2.1).
     fn write_lctt(&self) {
         let at = self.eng.lctt_word(self.thread);
-        self.pool.write_u64(at, self.ts);
+        // Under eADR program order is persistence order and nothing is flushed or fenced: the
+        // ordered store keeps the compiler from moving the commit point above the copies of
+        // Persist (docs/CRASHTEST.md, "Compiler ordering").
+        self.pool.write_u64_ordered(at, self.ts);
         if self.eng.flushing && self.eng.config.fault != Some(FirFault::SkipLcttFlush) {
             self.pool.flush(at, 8);
             self.pool.fence();

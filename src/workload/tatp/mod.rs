@@ -240,7 +240,7 @@ pub fn open_tables(db: &Db) -> Result<Tables, TatpError> {
         let id = db
             .table(&schema.name)
             .ok_or_else(|| TatpError::Schema(format!("no table '{}'", schema.name)))?;
-        if db.schema(id).as_ref() != Some(schema) {
+        if !db.schema(id).is_some_and(|s| s.same_table_as(schema)) {
             return Err(TatpError::Schema(format!(
                 "table '{}' does not have TATP's columns",
                 schema.name
