@@ -172,7 +172,7 @@ fn bench_reports_media_fields_only_with_a_model() {
 }
 
 #[test]
-fn reproduce_runs_zens_experiment_and_names_what_is_missing_for_the_others() {
+fn reproduce_runs_zens_and_firs_experiments_and_names_what_is_missing_for_the_others() {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_pmtx"))
         .args([
@@ -206,10 +206,40 @@ fn reproduce_runs_zens_experiment_and_names_what_is_missing_for_the_others() {
     let ratio: f64 = zen_row.split_whitespace().last().unwrap().parse().unwrap();
     assert!(ratio.is_finite() && ratio > 0.0, "{zen_row}");
     assert!(dir.path().join("zen.png").exists() && dir.path().join("zen.json").exists());
+    // FIR §5.3: a recovery time per engine, and the recovery figure.
     let fir = Command::new(env!("CARGO_BIN_EXE_pmtx"))
-        .args(["reproduce", "fir"])
+        .args(["reproduce", "fir", "--duration", "0.2", "--out"])
+        .arg(dir.path())
         .output()
         .unwrap();
-    assert!(!fir.status.success());
-    assert!(String::from_utf8_lossy(&fir.stderr).contains("needs the FIR engine"));
+    let stdout = String::from_utf8_lossy(&fir.stdout);
+    assert!(
+        fir.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fir.stderr)
+    );
+    for engine in ["fir", "zen", "falcon"] {
+        let row = stdout
+            .lines()
+            .rev()
+            .find(|l| l.starts_with(&format!("{engine} ")))
+            .unwrap_or_else(|| panic!("a row for {engine}: {stdout}"));
+        let recovery_ms: f64 = row.split_whitespace().nth(2).unwrap().parse().unwrap();
+        assert!(recovery_ms.is_finite() && recovery_ms > 0.0, "{row}");
+    }
+    assert!(dir.path().join("fir.png").exists() && dir.path().join("fir.json").exists());
+    let runs: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("fir.json")).unwrap())
+            .unwrap();
+    assert!(runs
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|r| r["recovery_ms"].as_f64().is_some()));
+    let archtm = Command::new(env!("CARGO_BIN_EXE_pmtx"))
+        .args(["reproduce", "archtm"])
+        .output()
+        .unwrap();
+    assert!(!archtm.status.success());
+    assert!(String::from_utf8_lossy(&archtm.stderr).contains("needs the ArchTM engine"));
 }
