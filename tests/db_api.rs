@@ -476,6 +476,62 @@ fn an_insert_raced_by_a_committed_insert_is_a_conflict_and_the_retry_succeeds() 
     assert_eq!(owners, vec![2, 1]);
 }
 
+/// A blind update or delete (of a row the transaction did not read) whose row a concurrent
+/// transaction deletes and commits first. Under the protocols that lock only at commit nothing
+/// else validates such a write, so the commit must find the row gone (a conflict, then
+/// `NotFound` on retry) instead of writing into the dead slot and acknowledging a write to a
+/// row that no longer exists.
+#[test]
+fn a_blind_write_to_a_row_deleted_meanwhile_is_not_acknowledged() {
+    let commit_time_locking = [
+        Protocol::Occ,
+        Protocol::Silo,
+        Protocol::Tictoc,
+        Protocol::Mvocc,
+        Protocol::Si,
+    ];
+    for config in all_configs()
+        .into_iter()
+        .filter(|c| commit_time_locking.contains(&c.protocol))
+    {
+        let label = format!("{} {}", config.engine.name(), config.protocol.name());
+        let db = Db::create(config).unwrap();
+        let t = db
+            .create_table(Schema::new("t", &[("v", ColumnType::U64)]))
+            .unwrap();
+        db.run(|tx| {
+            tx.insert(t, 1, &[Value::U64(10)])?;
+            tx.insert(t, 2, &[Value::U64(20)])
+        })
+        .unwrap();
+        let mut first = db.worker().unwrap();
+        let mut second = db.worker().unwrap();
+        for (key, delete) in [(1u64, false), (2u64, true)] {
+            let mut attempts = 0;
+            let outcome = first.run_counted(false, |tx| {
+                attempts += 1;
+                if delete {
+                    tx.delete(t, key)?;
+                } else {
+                    tx.update(t, key, &[(0, Value::U64(99))])?;
+                }
+                if attempts == 1 {
+                    second.run(|tx2| tx2.delete(t, key)).unwrap();
+                }
+                Ok(())
+            });
+            match outcome {
+                Err(DbError::Tx(TxError::NotFound { .. })) => {}
+                Ok(_) => panic!("{label}: a write to deleted key {key} was acknowledged"),
+                Err(e) => panic!("{label}: key {key}: {e}"),
+            }
+            assert!(!db.run(|tx| tx.exists(t, key)).unwrap(), "{label}");
+        }
+        db.check_structure()
+            .unwrap_or_else(|e| panic!("{label}: {e}"));
+    }
+}
+
 /// Issue 21, item 6: a database without a pool path is refused unless asked for as temporary,
 /// whose scratch pool goes with it; a path makes it persistent.
 #[test]

@@ -370,6 +370,14 @@ impl FalconWorker {
                 return false;
             };
             self.writes[i].locked = true;
+            // A blind update or delete (the transaction did not read the row) is validated by
+            // nothing else: the row may have been deleted by a transaction that committed since
+            // the index gave its address. Writing into the dead slot would acknowledge a write to
+            // a row that no longer exists (`tests/db_api.rs`,
+            // `a_blind_write_to_a_row_deleted_meanwhile_is_not_acknowledged`).
+            if !super::recovery::live_with_key(&self.pool, t, self.writes[i].key) {
+                return false;
+            }
             let write_ts = self.write_ts(t);
             self.max_seen = self.max_seen.max(write_ts);
             if self.proto == Protocol::Tictoc {
