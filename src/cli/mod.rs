@@ -19,11 +19,13 @@ macro_rules! out {
 }
 
 /// Writes to stdout; exits with status 0 if the reader closed the pipe, and with status 1 (and a
-/// message) on any other output error.
+/// message) on any other output error. Exiting runs no destructors, so the scratch pools of the
+/// run are removed first (as on a signal).
 pub(crate) fn write_stdout(args: std::fmt::Arguments<'_>) {
     use std::io::Write;
     let mut stdout = std::io::stdout().lock();
     if let Err(e) = stdout.write_fmt(args).and_then(|()| stdout.flush()) {
+        crate::pmem::scratch::remove_all();
         if e.kind() == std::io::ErrorKind::BrokenPipe {
             std::process::exit(0);
         }
