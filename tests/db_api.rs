@@ -565,3 +565,28 @@ fn a_missing_path_is_an_error_unless_the_database_is_asked_for_as_temporary() {
     drop(db);
     assert!(path.exists(), "a pool with a path is kept");
 }
+
+/// Every durable engine refuses the volatile domain, naming itself and the engine to use.
+#[test]
+fn durable_engines_refuse_the_volatile_domain() {
+    for engine in [
+        EngineKind::Falcon,
+        EngineKind::Inp,
+        EngineKind::Zen,
+        EngineKind::Fir,
+    ] {
+        let config = config(
+            engine,
+            engine.default_protocol(),
+            PersistenceDomain::Volatile,
+        );
+        match Db::create(config) {
+            Err(DbError::Config(m)) => assert!(
+                m.contains(engine.name()) && m.contains("volatile engine"),
+                "{m}"
+            ),
+            Err(other) => panic!("{engine:?}: {other}"),
+            Ok(_) => panic!("{engine:?} accepted the volatile domain"),
+        }
+    }
+}

@@ -280,6 +280,22 @@ pub const MAX_HOT_TUPLES: usize = 1 << 20;
 /// Most `hstore` partitions (`CcOptions::partitions`): each is one lock word in DRAM.
 pub const MAX_PARTITIONS: usize = 1 << 20;
 
+/// Refuses a non-durable domain for an engine whose design is about durability (zen, fir): the
+/// volatile engine is the one without it.
+pub(crate) fn require_durable_domain(
+    engine: super::EngineKind,
+    domain: crate::pmem::PersistenceDomain,
+) -> Result<(), super::DbError> {
+    if domain.is_durable() {
+        return Ok(());
+    }
+    Err(super::DbError::Config(format!(
+        "engine {} needs a durable domain (adr, eadr or msync); use the volatile engine for no \
+         durability",
+        engine.name()
+    )))
+}
+
 /// Checks the partition count of `hstore` (both engines).
 pub(crate) fn check_partitions(partitions: usize) -> Result<(), super::DbError> {
     if partitions == 0 || partitions > MAX_PARTITIONS {

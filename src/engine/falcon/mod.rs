@@ -203,11 +203,7 @@ impl Policy {
                 crc: false,
             });
         }
-        if !domain.is_durable() {
-            return Err(DbError::Config(format!(
-                "engine {kind} needs a durable domain (adr, eadr or msync); use the volatile engine for no durability"
-            )));
-        }
+        crate::engine::common::require_durable_domain(kind, domain)?;
         if kind == EngineKind::FalconNoflush && flushing {
             return Err(DbError::Config(format!(
                 "falcon-noflush is crash-consistent only under eADR (data must reach PM by eviction); \

@@ -354,19 +354,10 @@ impl FirEngine {
         Ok(())
     }
 
-    fn check_domain(domain: PersistenceDomain) -> Result<(), DbError> {
-        if !domain.is_durable() {
-            return Err(DbError::Config(
-                "engine fir needs a durable domain (adr, eadr or msync); use the volatile engine for no durability".into(),
-            ));
-        }
-        Ok(())
-    }
-
     /// Formats a fresh pool for FIR.
     pub fn create(pool: Arc<Pool>, config: FirConfig) -> Result<Arc<FirEngine>, DbError> {
         Self::validate(&config)?;
-        Self::check_domain(pool.domain())?;
+        crate::engine::common::require_durable_domain(EngineKind::Fir, pool.domain())?;
         let (pages, meta_page) = crate::engine::meta::format(
             &pool,
             &meta_layout(&[
@@ -420,7 +411,7 @@ impl FirEngine {
     /// Opens a FIR pool, running recovery (§4.4). The row limit and the thread count come from
     /// the pool (the LCTT has one word per thread slot it was formatted with).
     pub fn open(pool: Arc<Pool>, mut config: FirConfig) -> Result<Arc<FirEngine>, DbError> {
-        Self::check_domain(pool.domain())?;
+        crate::engine::common::require_durable_domain(EngineKind::Fir, pool.domain())?;
         let meta_page = crate::engine::meta::open(
             &pool,
             &meta_layout(&[(meta::F_VERSION, meta::VERSION)]),

@@ -364,19 +364,10 @@ impl ZenEngine {
         Ok(())
     }
 
-    fn check_domain(domain: PersistenceDomain) -> Result<(), DbError> {
-        if !domain.is_durable() {
-            return Err(DbError::Config(
-                "engine zen needs a durable domain (adr, eadr or msync); use the volatile engine for no durability".into(),
-            ));
-        }
-        Ok(())
-    }
-
     /// Formats a fresh pool for Zen.
     pub fn create(pool: Arc<Pool>, config: ZenConfig) -> Result<Arc<ZenEngine>, DbError> {
         Self::validate(&config)?;
-        Self::check_domain(pool.domain())?;
+        crate::engine::common::require_durable_domain(EngineKind::Zen, pool.domain())?;
         let (pages, meta_page) = crate::engine::meta::format(
             &pool,
             &meta_layout(&[
@@ -398,7 +389,7 @@ impl ZenEngine {
     /// Opens a Zen pool, running recovery (Algorithm 2). The row limit comes from the pool; the
     /// thread count is at least the pool's (each thread slot is a region).
     pub fn open(pool: Arc<Pool>, mut config: ZenConfig) -> Result<Arc<ZenEngine>, DbError> {
-        Self::check_domain(pool.domain())?;
+        crate::engine::common::require_durable_domain(EngineKind::Zen, pool.domain())?;
         let meta_page = crate::engine::meta::open(
             &pool,
             &meta_layout(&[(meta::F_VERSION, meta::VERSION)]),
