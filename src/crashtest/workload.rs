@@ -672,7 +672,9 @@ pub struct YcsbCrash {
 }
 
 const YCSB_FIELDS: usize = 4;
-const YCSB_FIELD_BYTES: usize = 32;
+/// 4 × 64 + 8 = 264-byte rows: long enough that Falcon streams their whole-row writes
+/// (`STREAM_MIN_BYTES`, non-temporal stores), so the crash suite covers that path too.
+const YCSB_FIELD_BYTES: usize = 64;
 
 fn ycsb_row(key: u64, versions: &[u64; YCSB_FIELDS]) -> Vec<u8> {
     let mut row = vec![0u8; YCSB_FIELDS * YCSB_FIELD_BYTES + 8];

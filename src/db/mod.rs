@@ -1052,6 +1052,13 @@ impl<'w> Tx<'w> {
         self.inner.prefetch(table, keys);
     }
 
+    /// Like [`prefetch`](Tx::prefetch), for rows this transaction will overwrite without reading
+    /// them (blind [`update`](Tx::update)s of whole fields): the engine may skip loading the bytes
+    /// it is about to replace.
+    pub fn prefetch_for_overwrite(&mut self, table: TableId, keys: &[u64]) {
+        self.inner.prefetch_for_overwrite(table, keys);
+    }
+
     /// Whether a row with `key` exists.
     pub fn exists(&mut self, table: TableId, key: u64) -> Result<bool, TxError> {
         match self.get_ref(table, key) {

@@ -350,6 +350,13 @@ pub trait EngineWorker: Send {
     fn prefetch(&mut self, table: TableId, keys: &[u64]) {
         let _ = (table, keys);
     }
+    /// Like [`prefetch`](EngineWorker::prefetch), for rows the transaction will overwrite without
+    /// reading them (blind updates): an engine that stores such writes without reading the old
+    /// lines (Falcon's streamed apply under ADR) loads only what the write itself needs. The
+    /// default prefetches as for a read.
+    fn prefetch_for_overwrite(&mut self, table: TableId, keys: &[u64]) {
+        self.prefetch(table, keys);
+    }
     /// Visits rows with keys `>= from` (or `<= from` when `reverse`) in key order, at most `limit`,
     /// until `f` returns false. Needs an ordered primary index.
     fn scan(

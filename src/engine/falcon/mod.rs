@@ -20,6 +20,12 @@
 //!   data; recovery replays a committed entry only if its tid exceeds the tuple's `write_ts`, in
 //!   tid order across threads. Without it, replaying an older window entry could overwrite a newer
 //!   durable update by another thread whose own slot was already reused.
+//! - *Streamed stores.* Algorithm 1 stores the after-images in place and `clwb`s them. Where a
+//!   line would be flushed anyway (every applied line under ADR; a tuple outside the hot set
+//!   under eADR) a range of 256 bytes or more is written with non-temporal stores instead, and
+//!   under ADR the redo payload too (its CRC covers it): the cold destination lines are not read
+//!   first and need no flush; one fence before `write_ts` orders them, as it does the flushes
+//!   (issue 13; the measurement is in docs/ARCHITECTURE.md, "Third round").
 //! - *Spill.* A transaction whose redo does not fit its window slot writes the redo to a per-thread
 //!   chain of spill pages and marks the slot SPILLED; after applying it fences and frees the slot
 //!   at once, so the chain can be reused by the next large transaction.

@@ -74,6 +74,12 @@ impl HotSet {
         }
     }
 
+    /// Whether `tuple` is hot, without touching it.
+    fn contains(&self, tuple: u64) -> bool {
+        let h = (tuple >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.sets[(h >> 40) as usize & (self.sets.len() - 1)].contains(&tuple)
+    }
+
     /// Whether `tuple` is hot; makes it the most recent entry of its set either way (Algorithm 1,
     /// lines 9–11: a tuple not in the set is flushed and cached).
     fn check_and_touch(&mut self, tuple: u64) -> bool {
@@ -296,6 +302,16 @@ impl FalconWorker {
             return Err(TxError::NotFound { table, key });
         }
         Ok(())
+    }
+
+    /// Whether a commit would stream a range of `len` bytes into `tuple` if it committed now
+    /// (`range_streams`; the hot set may change by then, which costs only a miss or a prefetch).
+    fn will_stream(&self, tuple: u64, len: usize) -> bool {
+        let policy = self.eng.policy;
+        streams(policy, len)
+            || (policy.hinted_flush
+                && len >= STREAM_MIN_BYTES
+                && !(policy.track_hot && self.hot.contains(tuple)))
     }
 
     fn push_range(&mut self, write: usize, offset: usize, bytes: &[u8]) {
@@ -570,6 +586,12 @@ impl FalconWorker {
         }
         let len = self.payload.len() as u64;
         let spilled = len > slot_bytes - slot::HEADER;
+        // A long payload goes with streaming stores where a CRC covers it (ADR): a flushed slot
+        // leaves the cache (`clflushopt`), so each reuse would first read its lines back. The
+        // streamed bytes are durable at the fence below, like flushed ones, and the CRC catches
+        // a mark that persisted before them (as it does for flushed lines in any order).
+        let streams_log =
+            eng.policy.crc && eng.policy.persist_log && self.payload.len() >= STREAM_MIN_BYTES;
         if spilled {
             let needed = len.div_ceil(PAGE_SIZE) as usize;
             while st.spill_pages.len() < needed {
@@ -596,11 +618,17 @@ impl FalconWorker {
                 st.spill_pages.push(eng.pages.page_offset(page));
             }
             for (i, chunk) in self.payload.chunks(PAGE_SIZE as usize).enumerate() {
-                pool.write_bytes(st.spill_pages[i], chunk);
-                if eng.policy.persist_log {
-                    pool.flush(st.spill_pages[i], chunk.len() as u64);
+                if streams_log {
+                    pool.write_bytes_nt(st.spill_pages[i], chunk);
+                } else {
+                    pool.write_bytes(st.spill_pages[i], chunk);
+                    if eng.policy.persist_log {
+                        pool.flush(st.spill_pages[i], chunk.len() as u64);
+                    }
                 }
             }
+        } else if streams_log {
+            pool.write_bytes_nt(at + slot::HEADER, &self.payload);
         } else {
             pool.write_bytes(at + slot::HEADER, &self.payload);
         }
@@ -621,7 +649,7 @@ impl FalconWorker {
         // (ADR orders it with the flush + fence below, and the next fence before the apply).
         pool.write_u64_ordered(at + slot::STATE, mark);
         if eng.policy.persist_log {
-            let inline = if spilled { 0 } else { len };
+            let inline = if spilled || streams_log { 0 } else { len };
             if fault != Some(Fault::SkipLogFlush) {
                 pool.flush(at, slot::HEADER + inline);
             }
@@ -656,6 +684,30 @@ fn flush_merged(pool: &Pool, spans: &mut [(u64, u64)]) {
     if let Some((lo, hi)) = current {
         pool.flush(lo, hi - lo);
     }
+}
+
+/// The shortest update range applied with streaming stores ([`Pool::write_bytes_nt`]): below it
+/// the partial lines at both ends (stored normally and flushed) cost more than the read-for-
+/// ownership the streamed middle saves.
+const STREAM_MIN_BYTES: usize = 256;
+
+/// Whether an applied range of `len` bytes is written with streaming stores: when the policy
+/// flushes every applied line and fences before `write_ts` (ADR, Inp), a streamed range is
+/// durable at that same fence, and its cold destination lines are neither read first (a
+/// blind 1 KB update otherwise fetches 16 lines only to overwrite them) nor left dirty for a
+/// `clflushopt`. Under eADR the lines stay cached (Falcon §4.3 keeps hot tuples in the cache).
+fn streams(policy: super::Policy, len: usize) -> bool {
+    policy.persist_data && len >= STREAM_MIN_BYTES
+}
+
+/// Whether the commit applies range `r` with streaming stores: as [`streams`] says, or, under
+/// eADR's selective flush, when its tuple is to be flushed (`flush`, by write: not hot) and the
+/// range is long. A streamed cold tuple leaves the cache as a flushed one does (Falcon §4.3), with
+/// one fence before `write_ts` instead of a `clflushopt` per line after it.
+fn range_streams(policy: super::Policy, flush: &[bool], r: &RangeRec) -> bool {
+    let long = r.len as usize >= STREAM_MIN_BYTES;
+    streams(policy, r.len as usize)
+        || (policy.hinted_flush && long && flush.get(r.write as usize) == Some(&true))
 }
 
 /// The most bytes of one tuple [`EngineWorker::prefetch`] asks for: the whole tuple of rows up to
@@ -703,6 +755,27 @@ impl EngineWorker for FalconWorker {
         for &key in keys {
             if let Some(t) = rt.index.get(key) {
                 self.pool.prefetch(t, bytes);
+            }
+        }
+    }
+
+    /// Streamed ranges (`streams`) never read their lines, so only the index entries and the
+    /// tuple headers (the lock word, `write_ts`) are loaded; otherwise as [`Self::prefetch`]
+    /// (the stores of the apply read their lines first).
+    fn prefetch_for_overwrite(&mut self, table: TableId, keys: &[u64]) {
+        if self.ensure_table(table).is_err() {
+            return;
+        }
+        let rt = &self.tables[table as usize];
+        for &key in keys {
+            rt.index.prefetch(key);
+        }
+        let whole = (tuple::HEADER + rt.row as u64).min(PREFETCH_TUPLE_BYTES);
+        for &key in keys {
+            if let Some(t) = rt.index.get(key) {
+                let streamed = self.will_stream(t, rt.row);
+                self.pool
+                    .prefetch(t, if streamed { tuple::HEADER } else { whole });
             }
         }
     }
@@ -755,10 +828,13 @@ impl EngineWorker for FalconWorker {
         // The commit stores these bytes in place: fetch their lines now, so that the misses
         // overlap with the rest of the transaction instead of stalling the apply (a blind update,
         // as YCSB's, has not read the row).
+        // Streamed ranges (`range_streams`) do not read their lines at all.
         let t = self.writes[w].tuple;
         for f in writes {
-            self.pool
-                .prefetch(t + tuple::HEADER + f.offset as u64, f.bytes.len() as u64);
+            if !self.will_stream(t, f.bytes.len()) {
+                self.pool
+                    .prefetch(t + tuple::HEADER + f.offset as u64, f.bytes.len() as u64);
+            }
             self.push_range(w, f.offset, f.bytes);
         }
         Ok(())
@@ -1032,17 +1108,37 @@ impl EngineWorker for FalconWorker {
                 }
             }
         }
-        // 6. Apply in place (Algorithm 1, lines 3–4).
+        // Which writes the selective flush covers (Algorithm 1, lines 7–11: a tuple not in the hot
+        // set is flushed and becomes hot), decided before the apply so that their long ranges
+        // can be streamed instead.
+        let mut flush = std::mem::take(&mut self.flush_write);
+        flush.clear();
+        if policy.hinted_flush {
+            for w in &self.writes {
+                let hot = policy.track_hot && self.hot.check_and_touch(w.tuple);
+                flush.push(w.kind != WriteKind::Cancelled && !hot);
+            }
+        }
+        // 6. Apply in place (Algorithm 1, lines 3–4). Long ranges go with streaming stores where
+        // their lines would be flushed anyway (`streams`): durable at a fence like the flushed
+        // ones, without first reading the cold lines they overwrite.
+        let mut streamed_any = false;
         for r in &self.ranges {
             let w = &self.writes[r.write as usize];
             if w.kind == WriteKind::Cancelled {
                 continue;
             }
             let d = r.data as usize;
-            self.pool.write_bytes(
+            let (at, bytes) = (
                 w.tuple + tuple::HEADER + u64::from(r.offset),
                 &self.data[d..d + r.len as usize],
             );
+            if range_streams(policy, &flush, r) {
+                self.pool.write_bytes_nt(at, bytes);
+                streamed_any = true;
+            } else {
+                self.pool.write_bytes(at, bytes);
+            }
         }
         // The KEY and FLAGS of inserted and deleted tuples go with the data, before its fence:
         // a slot is 16-byte aligned, so its header may straddle two cache lines, and under ADR a
@@ -1070,7 +1166,7 @@ impl EngineWorker for FalconWorker {
             }
             for r in &self.ranges {
                 let w = &self.writes[r.write as usize];
-                if w.kind != WriteKind::Cancelled {
+                if w.kind != WriteKind::Cancelled && !streams(policy, r.len as usize) {
                     spans.push((
                         w.tuple + tuple::HEADER + u64::from(r.offset),
                         u64::from(r.len),
@@ -1084,6 +1180,10 @@ impl EngineWorker for FalconWorker {
             if self.eng.config.fault != Some(Fault::SkipDataFence) {
                 self.pool.fence();
             }
+        } else if streamed_any && self.eng.config.fault != Some(Fault::SkipDataFence) {
+            // eADR: streamed stores are ordered and durable only at a fence, and `write_ts`
+            // below must persist after them (the ordering point of step 7).
+            self.pool.fence();
         }
         // 7. Headers, write_ts, lock release (line 5); index maintenance.
         let reuse = self.reuse_stamp(tid);
@@ -1144,32 +1244,26 @@ impl EngineWorker for FalconWorker {
         // 8. Selective data flush (lines 7–11): sfence, then clwb the updated lines of tuples that
         // are not hot. The clwbs complete at a later fence; eADR needs none for correctness. The
         // sfence only orders the hinted flush, so it is skipped when every tuple is hot.
-        if policy.hinted_flush {
-            // Which writes to flush (a hot tuple is skipped), then their header and updated lines
-            // in one pass over the ranges: a per-write scan of the ranges would be quadratic in
-            // large transactions (TPC-C Delivery has ~130 writes).
-            let mut flush = std::mem::take(&mut self.flush_write);
-            flush.clear();
-            for w in &self.writes {
-                let hot = policy.track_hot && self.hot.check_and_touch(w.tuple);
-                flush.push(w.kind != WriteKind::Cancelled && !hot);
+        // The header and updated lines of the flushed writes go in one pass over the ranges (a
+        // per-write scan of the ranges would be quadratic in large transactions: TPC-C Delivery
+        // has ~130 writes); streamed ranges are already on their way.
+        if policy.hinted_flush && flush.contains(&true) {
+            let mut spans = std::mem::take(&mut self.spans);
+            spans.clear();
+            for (w, _) in self.writes.iter().zip(&flush).filter(|(_, &f)| f) {
+                spans.push((w.tuple, tuple::HEADER));
             }
-            if flush.contains(&true) {
-                let mut spans = std::mem::take(&mut self.spans);
-                spans.clear();
-                for (w, _) in self.writes.iter().zip(&flush).filter(|(_, &f)| f) {
-                    spans.push((w.tuple, tuple::HEADER));
-                }
-                for r in self.ranges.iter().filter(|r| flush[r.write as usize]) {
+            for r in self.ranges.iter().filter(|r| flush[r.write as usize]) {
+                if !range_streams(policy, &flush, r) {
                     let t = self.writes[r.write as usize].tuple;
                     spans.push((t + tuple::HEADER + u64::from(r.offset), u64::from(r.len)));
                 }
-                self.pool.fence();
-                flush_merged(&self.pool, &mut spans);
-                self.spans = spans;
             }
-            self.flush_write = flush;
+            self.pool.fence();
+            flush_merged(&self.pool, &mut spans);
+            self.spans = spans;
         }
+        self.flush_write = flush;
         // Read locks go last (strict 2PL).
         if self.holds_read_locks() {
             for i in 0..self.reads.len() {

@@ -93,8 +93,11 @@ pub struct YcsbDriver<'db> {
     field: Vec<u8>,
     /// A whole record of `field` copies, for whole-record updates.
     whole: Vec<u8>,
-    /// The keys of the current transaction's point operations, prefetched together.
+    /// The keys the current transaction reads (reads and read-modify-writes), prefetched
+    /// together.
     keys: Vec<u64>,
+    /// The keys it overwrites blindly, prefetched together for an overwrite.
+    overwrite_keys: Vec<u64>,
     version: u64,
     field_len: usize,
     field_count: u32,
@@ -133,6 +136,7 @@ impl<'db> YcsbDriver<'db> {
             field: vec![0u8; workload.field_len],
             whole: Vec::with_capacity(row_len),
             keys: Vec::new(),
+            overwrite_keys: Vec::new(),
             version: 0,
             field_len: workload.field_len,
             field_count: workload.field_count,
@@ -157,17 +161,20 @@ impl<'db> YcsbDriver<'db> {
         let row = &mut self.row;
         let field = &mut self.field;
         let whole = &mut self.whole;
-        let keys = &mut self.keys;
+        let (keys, overwrite_keys) = (&mut self.keys, &mut self.overwrite_keys);
         keys.clear();
-        keys.extend(ops.iter().filter_map(|op| match *op {
-            Op::Read { key } | Op::Update { key, .. } | Op::ReadModifyWrite { key, .. } => {
-                Some(key)
+        overwrite_keys.clear();
+        for op in ops {
+            match *op {
+                Op::Read { key } | Op::ReadModifyWrite { key, .. } => keys.push(key),
+                Op::Update { key, .. } => overwrite_keys.push(key),
+                Op::Insert { .. } | Op::Scan { .. } => {}
             }
-            Op::Insert { .. } | Op::Scan { .. } => None,
-        }));
+        }
         let outcome = self.worker.run_counted(read_only, |tx| {
             // The transaction's keys are known up front: overlap their misses.
             tx.prefetch(table, keys);
+            tx.prefetch_for_overwrite(table, overwrite_keys);
             for op in ops {
                 match *op {
                     Op::Read { key } => tx.read_into(table, key, row)?,
