@@ -572,6 +572,7 @@ fn durable_engines_refuse_the_volatile_domain() {
     for engine in [
         EngineKind::Falcon,
         EngineKind::Inp,
+        EngineKind::Outp,
         EngineKind::Zen,
         EngineKind::Fir,
     ] {
