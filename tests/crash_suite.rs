@@ -118,6 +118,16 @@ fn outp_eadr() {
 }
 
 #[test]
+fn wbl_adr() {
+    clean(EngineKind::Wbl, Adr);
+}
+
+#[test]
+fn wbl_eadr() {
+    clean(EngineKind::Wbl, Eadr);
+}
+
+#[test]
 fn falcon_noflush_eadr() {
     clean(EngineKind::FalconNoflush, Eadr);
 }
@@ -231,6 +241,8 @@ fn chains_of_crashes_across_restarts() {
         (EngineKind::Falcon, Eadr, WorkloadKind::Bank),
         (EngineKind::Inp, Adr, WorkloadKind::Bank),
         (EngineKind::Outp, Adr, WorkloadKind::Ycsb),
+        (EngineKind::Wbl, Adr, WorkloadKind::Ycsb),
+        (EngineKind::Wbl, Eadr, WorkloadKind::Bank),
         (EngineKind::Zen, Adr, WorkloadKind::Ycsb),
         (EngineKind::Zen, Eadr, WorkloadKind::Ycsb),
     ] {
@@ -312,6 +324,8 @@ fn two_threads_crash_at_global_events() {
         (EngineKind::Inp, Eadr, Protocol::Occ),
         (EngineKind::Outp, Adr, Protocol::Occ),
         (EngineKind::Outp, Eadr, Protocol::NoWait),
+        (EngineKind::Wbl, Adr, Protocol::Occ),
+        (EngineKind::Wbl, Eadr, Protocol::NoWait),
         (EngineKind::Zen, Adr, Protocol::NoWait),
     ] {
         let mut c = small(engine, domain, WorkloadKind::Bank);
