@@ -221,47 +221,14 @@ fn secondary_indexes_follow_the_new_version() {
 }
 
 /// Concurrent transfers under a lock-based protocol (2PL no-wait: locks taken during execution,
-/// on versions other threads supersede): the total is preserved and the structure is sound.
+/// on versions other threads supersede) and OCC: the total is preserved and the structure is
+/// sound.
 #[test]
 fn concurrent_transfers_keep_the_total_under_2pl_and_occ() {
     for protocol in [Protocol::NoWait, Protocol::Occ] {
         let db = Db::create(config(EngineKind::Outp, PersistenceDomain::Adr).protocol(protocol))
             .unwrap();
-        let t = db
-            .create_table(Schema::new("acct", &[("balance", ColumnType::I64)]))
-            .unwrap();
-        db.run(|tx| (0..8u64).try_for_each(|k| tx.insert(t, k, &[Value::I64(100)])))
-            .unwrap();
-        std::thread::scope(|s| {
-            for seed in 0..2u64 {
-                let db = &db;
-                s.spawn(move || {
-                    let mut w = db.worker().unwrap();
-                    let mut x = seed * 7 + 3;
-                    for _ in 0..2000 {
-                        x = x
-                            .wrapping_mul(6364136223846793005)
-                            .wrapping_add(1442695040888963407);
-                        let (a, b) = ((x >> 33) % 8, (x >> 45) % 8);
-                        if a == b {
-                            continue;
-                        }
-                        w.run(|tx| {
-                            let ra = tx.get(t, a)?.i64(0);
-                            let rb = tx.get(t, b)?.i64(0);
-                            tx.update(t, a, &[(0, Value::I64(ra - 1))])?;
-                            tx.update(t, b, &[(0, Value::I64(rb + 1))])
-                        })
-                        .unwrap();
-                    }
-                });
-            }
-        });
-        let total: i64 = db
-            .run(|tx| (0..8u64).map(|k| tx.get(t, k).map(|r| r.i64(0))).sum())
-            .unwrap();
-        assert_eq!(total, 800, "{protocol}");
-        assert_eq!(db.check_structure().unwrap(), vec![8], "{protocol}");
+        common::concurrent_transfers(&db, 8, 2000, protocol.name());
     }
 }
 

@@ -164,49 +164,12 @@ fn deletes_reinserts_and_updates_survive_reopens() {
 }
 
 /// Two threads commit transfers at once, so commits wait on each other's group commits (one
-/// leads while the other's tid is still open): the total holds and the structure is sound.
+/// leads while the other's tid is still open), and read-only transactions wait for what they
+/// read to be durable: the total holds and the structure is sound.
 #[test]
 fn concurrent_transfers_share_group_commits() {
     for protocol in [Protocol::Occ, Protocol::NoWait] {
         let db = Db::create(config(EngineKind::Wbl).protocol(protocol)).unwrap();
-        let t = db
-            .create_table(Schema::new("acct", &[("balance", ColumnType::I64)]))
-            .unwrap();
-        db.run(|tx| (0..6u64).try_for_each(|k| tx.insert(t, k, &[Value::I64(50)])))
-            .unwrap();
-        std::thread::scope(|s| {
-            for seed in 0..2u64 {
-                let db = &db;
-                s.spawn(move || {
-                    let mut w = db.worker().unwrap();
-                    let mut x = seed + 11;
-                    for i in 0..1500u64 {
-                        x ^= x << 13;
-                        x ^= x >> 7;
-                        x ^= x << 17;
-                        let (a, b) = (x % 6, (x >> 20) % 6);
-                        if a == b {
-                            continue;
-                        }
-                        w.run(|tx| {
-                            let ra = tx.get(t, a)?.i64(0);
-                            let rb = tx.get(t, b)?.i64(0);
-                            tx.update(t, a, &[(0, Value::I64(ra - 2))])?;
-                            tx.update(t, b, &[(0, Value::I64(rb + 2))])
-                        })
-                        .unwrap();
-                        if i % 100 == 0 {
-                            // A read-only transaction waits for what it read to be durable.
-                            w.run_read_only(|tx| tx.get(t, a).map(|_| ())).unwrap();
-                        }
-                    }
-                });
-            }
-        });
-        let total: i64 = db
-            .run(|tx| (0..6u64).map(|k| tx.get(t, k).map(|r| r.i64(0))).sum())
-            .unwrap();
-        assert_eq!(total, 300, "{protocol}");
-        assert_eq!(db.check_structure().unwrap(), vec![6], "{protocol}");
+        common::concurrent_transfers(&db, 6, 1500, protocol.name());
     }
 }

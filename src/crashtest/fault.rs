@@ -23,17 +23,8 @@ pub enum InjectedFault {
     Fir(FirFault),
 }
 
-/// The engines Falcon's faults apply to (they share Falcon's commit code).
-const FALCON_ENGINES: &[EngineKind] = &[
-    EngineKind::Falcon,
-    EngineKind::FalconAllflush,
-    EngineKind::FalconNoflush,
-    EngineKind::Inp,
-    EngineKind::Outp,
-];
-
-/// The engines Falcon's data-flush faults apply to: those above and `wbl`, which flushes its
-/// new versions at commit with the same code but has no log window.
+/// The engines Falcon's data-flush faults apply to: every Falcon-code engine, `wbl` (last)
+/// included, which flushes its new versions at commit with the same code but has no log window.
 const FALCON_DATA_ENGINES: &[EngineKind] = &[
     EngineKind::Falcon,
     EngineKind::FalconAllflush,
@@ -42,6 +33,9 @@ const FALCON_DATA_ENGINES: &[EngineKind] = &[
     EngineKind::Outp,
     EngineKind::Wbl,
 ];
+
+/// The engines Falcon's other faults apply to (they share Falcon's commit code and its log).
+const FALCON_ENGINES: &[EngineKind] = FALCON_DATA_ENGINES.split_at(5).0;
 
 impl InjectedFault {
     /// Every fault of every engine, Falcon's first.
