@@ -7,6 +7,8 @@ use pmtx::db::{Db, DbConfig, Value};
 use pmtx::engine::{DbError, EngineKind, TxError};
 use pmtx::pmem::PersistenceDomain;
 
+mod common;
+
 fn accounts() -> Schema {
     Schema::new(
         "accounts",
@@ -388,41 +390,7 @@ fn concurrent_transfers_keep_the_total_under_every_protocol() {
             PersistenceDomain::Eadr,
         ))
         .unwrap();
-        let t = db
-            .create_table(Schema::new("acct", &[("balance", ColumnType::I64)]))
-            .unwrap();
-        db.run(|tx| (0..10u64).try_for_each(|k| tx.insert(t, k, &[Value::I64(1000)])))
-            .unwrap();
-        std::thread::scope(|s| {
-            for seed in 0..2u64 {
-                let db = &db;
-                s.spawn(move || {
-                    let mut w = db.worker().unwrap();
-                    let mut x = seed + 1;
-                    for _ in 0..2000 {
-                        x = x
-                            .wrapping_mul(6364136223846793005)
-                            .wrapping_add(1442695040888963407);
-                        let (a, b) = ((x >> 33) % 10, (x >> 40) % 10);
-                        if a == b {
-                            continue;
-                        }
-                        w.run(|tx| {
-                            let ba = tx.get(t, a)?.i64(0);
-                            let bb = tx.get(t, b)?.i64(0);
-                            tx.update(t, a, &[(0, Value::I64(ba - 7))])?;
-                            tx.update(t, b, &[(0, Value::I64(bb + 7))])
-                        })
-                        .unwrap();
-                    }
-                });
-            }
-        });
-        let total: i64 = db
-            .run(|tx| (0..10u64).map(|k| Ok(tx.get(t, k)?.i64(0))).sum())
-            .unwrap();
-        assert_eq!(total, 10_000, "{protocol}");
-        assert_eq!(db.check_structure().unwrap(), vec![10]);
+        common::concurrent_transfers(&db, 10, 2000, protocol.name());
     }
 }
 
@@ -572,6 +540,7 @@ fn durable_engines_refuse_the_volatile_domain() {
     for engine in [
         EngineKind::Falcon,
         EngineKind::Inp,
+        EngineKind::Outp,
         EngineKind::Zen,
         EngineKind::Fir,
     ] {

@@ -23,13 +23,19 @@ pub enum InjectedFault {
     Fir(FirFault),
 }
 
-/// The engines Falcon's faults apply to (they share Falcon's commit code).
-const FALCON_ENGINES: &[EngineKind] = &[
+/// The engines Falcon's data-flush faults apply to: every Falcon-code engine, `wbl` (last)
+/// included, which flushes its new versions at commit with the same code but has no log window.
+const FALCON_DATA_ENGINES: &[EngineKind] = &[
     EngineKind::Falcon,
     EngineKind::FalconAllflush,
     EngineKind::FalconNoflush,
     EngineKind::Inp,
+    EngineKind::Outp,
+    EngineKind::Wbl,
 ];
+
+/// The engines Falcon's other faults apply to (they share Falcon's commit code and its log).
+const FALCON_ENGINES: &[EngineKind] = FALCON_DATA_ENGINES.split_at(5).0;
 
 impl InjectedFault {
     /// Every fault of every engine, Falcon's first.
@@ -71,6 +77,14 @@ impl InjectedFault {
     /// The engines the fault applies to.
     pub fn engines(self) -> &'static [EngineKind] {
         match self {
+            // An ordering step only the out-of-place variant has.
+            InjectedFault::Falcon(Fault::OutpKeepOldLive) => &[EngineKind::Outp],
+            InjectedFault::Falcon(
+                Fault::WblSkipTidFence | Fault::WblAckBeforeCp | Fault::WblFreeBeforeCp,
+            ) => &[EngineKind::Wbl],
+            InjectedFault::Falcon(Fault::SkipDataFlush | Fault::SkipDataFence) => {
+                FALCON_DATA_ENGINES
+            }
             InjectedFault::Falcon(_) => FALCON_ENGINES,
             InjectedFault::Zen(_) => &[EngineKind::Zen],
             InjectedFault::Fir(_) => &[EngineKind::Fir],
@@ -111,7 +125,15 @@ impl InjectedFault {
     /// reorders stores, which eADR does not hide.
     pub fn only_removes_ordinary_flushes(self) -> bool {
         match self {
-            InjectedFault::Falcon(f) => f != Fault::CommitMarkFirst,
+            // `outp-keep-old-live` drops a store, not a flush.
+            // `wbl-ack-before-cp` and `wbl-free-before-cp` break the logic, not a flush.
+            InjectedFault::Falcon(f) => !matches!(
+                f,
+                Fault::CommitMarkFirst
+                    | Fault::OutpKeepOldLive
+                    | Fault::WblAckBeforeCp
+                    | Fault::WblFreeBeforeCp
+            ),
             InjectedFault::Zen(f) => f != ZenFault::SkipFence,
             // FIR's `fir-lctt-first` stores the commit point before the contents, and the two
             // checkpoint faults break the order of stores or the logic, not a flush.

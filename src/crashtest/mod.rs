@@ -52,6 +52,8 @@ pub const ENGINES: &[EngineKind] = &[
     EngineKind::FalconAllflush,
     EngineKind::FalconNoflush,
     EngineKind::Inp,
+    EngineKind::Outp,
+    EngineKind::Wbl,
     EngineKind::Zen,
     EngineKind::Fir,
 ];
@@ -191,7 +193,7 @@ impl CrashTestConfig {
         }
         c.max_retries = 100_000;
         c.pool_size = self.pool_size(tables);
-        if self.engine == EngineKind::Inp {
+        if matches!(self.engine, EngineKind::Inp | EngineKind::Outp) {
             // Inp's 256-slot log ring would not wrap in a run of a few dozen transactions, so no
             // slot would ever be reused: a fault that shows only on a reused slot (commit-mark-first
             // makes a stale payload look committed) would go unseen. A long run reuses every slot;

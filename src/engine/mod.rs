@@ -36,6 +36,12 @@ pub enum EngineKind {
     FalconAllflush,
     /// In place with a flushed redo log in PM and no window (Falcon §6.2's "Inp").
     Inp,
+    /// Out of place (Falcon §6.2's "Outp"): every update writes a whole new tuple version to a
+    /// free PM slot and repoints the index; the old version is reclaimed.
+    Outp,
+    /// Write-behind logging (Arulraj et al., VLDB'17; Zen §4's WBL baseline): out-of-place
+    /// versions flushed at commit, a group-committed commit-timestamp gap instead of a redo log.
+    Wbl,
     /// The same code with durability off: the ceiling every design is measured against.
     Volatile,
     /// Zen (VLDB'21): Met-Cache in DRAM, log-free out-of-place commits, one-pass recovery.
@@ -47,11 +53,13 @@ pub enum EngineKind {
 
 impl EngineKind {
     /// Every engine, in CLI order.
-    pub const ALL: [EngineKind; 7] = [
+    pub const ALL: [EngineKind; 9] = [
         EngineKind::Falcon,
         EngineKind::FalconNoflush,
         EngineKind::FalconAllflush,
         EngineKind::Inp,
+        EngineKind::Outp,
+        EngineKind::Wbl,
         EngineKind::Volatile,
         EngineKind::Zen,
         EngineKind::Fir,
@@ -64,6 +72,8 @@ impl EngineKind {
             EngineKind::FalconNoflush => "falcon-noflush",
             EngineKind::FalconAllflush => "falcon-allflush",
             EngineKind::Inp => "inp",
+            EngineKind::Outp => "outp",
+            EngineKind::Wbl => "wbl",
             EngineKind::Volatile => "volatile",
             EngineKind::Zen => "zen",
             EngineKind::Fir => "fir",
@@ -77,7 +87,10 @@ impl EngineKind {
             EngineKind::Falcon
             | EngineKind::FalconNoflush
             | EngineKind::FalconAllflush
-            | EngineKind::Inp => "falcon",
+            | EngineKind::Inp
+            | EngineKind::Outp => "falcon",
+            // Its tuple states and the gap are not Falcon's: a Falcon variant must not open it.
+            EngineKind::Wbl => "wbl",
             EngineKind::Volatile => "volatile",
             EngineKind::Zen => "zen",
             EngineKind::Fir => "fir",
@@ -90,6 +103,7 @@ impl EngineKind {
             "falcon" => Some(EngineKind::Falcon),
             "zen" => Some(EngineKind::Zen),
             "fir" => Some(EngineKind::Fir),
+            "wbl" => Some(EngineKind::Wbl),
             "volatile" => Some(EngineKind::Volatile),
             _ => None,
         }
@@ -100,6 +114,8 @@ impl EngineKind {
         match self {
             EngineKind::Zen => zen::SUPPORTED_PROTOCOLS.contains(&protocol),
             EngineKind::Fir => fir::SUPPORTED_PROTOCOLS.contains(&protocol),
+            EngineKind::Outp => falcon::OUTP_PROTOCOLS.contains(&protocol),
+            EngineKind::Wbl => falcon::WBL_PROTOCOLS.contains(&protocol),
             _ => true,
         }
     }
@@ -127,7 +143,7 @@ impl std::fmt::Display for EngineKind {
 
 /// The error of parsing an unknown engine name.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("unknown engine '{0}' (expected one of: falcon, falcon-noflush, falcon-allflush, inp, volatile, zen, fir)")]
+#[error("unknown engine '{0}' (expected one of: falcon, falcon-noflush, falcon-allflush, inp, outp, wbl, volatile, zen, fir)")]
 pub struct UnknownEngine(pub String);
 
 impl std::str::FromStr for EngineKind {

@@ -1,8 +1,42 @@
 //! The Falcon engine (Falcon, SOSP'23, §4–5) and its variants: in-place updates of a single
 //! version on PM, a per-thread **small log window** of redo entries, and **selective data flush**
 //! (hinted flush + hot-tuple tracking). The variants `falcon-noflush`, `falcon-allflush`, `inp`
-//! (§6.2's baseline: in place with a flushed redo log and no window) and `volatile` (durability off)
-//! share this code and differ only in their commit policy (`Policy`, derived from the kind and domain).
+//! (§6.2's baseline: in place with a flushed redo log and no window), `outp` (§6.2's out-of-place
+//! baseline, below) and `volatile` (durability off) share this code and differ only in their
+//! commit policy (`Policy`, derived from the kind and domain).
+//!
+//! **`outp`** (Falcon §2.1.2 and §6.2, "a pure out-of-place update engine"): at commit every
+//! updated row is copied whole, with the transaction's changes, into a free slot of the heap (a
+//! new version); the index is repointed to it and the old version is marked deleted and reclaimed
+//! like a deleted tuple (§5.4: once no running transaction is older). It is a variant of this
+//! engine rather than its own folder because an out-of-place update is exactly "insert the new
+//! version + delete the old one" in one transaction, which Falcon's commit, log and recovery
+//! already make atomic; a separate engine would duplicate all of them. Where it departs from the
+//! paper: the paper does not say how Outp makes a multi-tuple commit atomic; pmtx's Outp keeps
+//! Inp's flushed redo log (a 256-slot ring) as its commit record, so its log carries each new
+//! version whole (the paper's log-as-data would need a second commit protocol, Zen's LP bit, which
+//! `zen` already measures). Indexes are DRAM only (a PM index rewritten on every update is what
+//! §2.1 warns against; `outp` refuses `--index pm`), and only the single-version protocols run
+//! ([`OUTP_PROTOCOLS`]): Falcon's DRAM version chains are keyed by tuple address, which an
+//! out-of-place update changes.
+//!
+//! **`wbl`** (write-behind logging, Arulraj et al., VLDB'17; the baseline of Zen §4 and FIR §5):
+//! `outp`'s out-of-place versions, flushed at commit, with no redo log at all; durability is the
+//! group commit of a commit-timestamp gap (`wbl.rs`): `c_p`, persisted by a group-commit leader
+//! once every commit below it has flushed its data, and `c_d`, Falcon's persisted tid lease.
+//! Recovery discards the versions in the gap and keeps each key's newest version, with no redo
+//! pass. Where it departs from the WBL paper: one `(c_p, c_d)` pair instead of a log of them
+//! (recovery frees the gap's versions at once, so no later transaction needs to skip older gaps);
+//! versions live in Falcon's heap slots with their commit tid in the header (WBL's tuple
+//! header holds its commit timestamp too); a delete writes a tombstone version; the group commit
+//! runs when a committer waits instead of on a 100 µs timer (Zen §4.1 configures WBL's log
+//! record "roughly every 100us": a waiting committer is the same trigger, without the idle
+//! delay). Its ordering costs two fences per writing transaction (the new versions' commit tids,
+//! then their data: a reused slot must not look like an older committed version) plus the
+//! group commit's, and one more for deletes. Protocols: [`WBL_PROTOCOLS`], those whose commit
+//! tid is taken from the clock at commit (the gap's lower bound must not be passed by a commit
+//! still in flight). DRAM indexes only, as `outp`. Its pools have their own layout (`wbl`): its
+//! tuple states are not Falcon's.
 //!
 //! Commit (`worker.rs`, Algorithm 1): lock (OCC: at commit; 2PL: during execution), validate, take
 //! a commit tid, write the redo entries and the COMMITTED mark to the window slot, apply the
@@ -43,6 +77,7 @@ mod recovery;
 mod sweep;
 mod tindex;
 mod txcc;
+mod wbl;
 pub mod window;
 mod worker;
 
@@ -60,6 +95,29 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tindex::TableIndex;
 
+/// The protocols `outp` runs: the single-version ones. The multi-version protocols keep old
+/// images in DRAM chains keyed by the tuple's address, which an out-of-place update changes.
+pub const OUTP_PROTOCOLS: [Protocol; 8] = [
+    Protocol::Occ,
+    Protocol::NoWait,
+    Protocol::WaitDie,
+    Protocol::DlDetect,
+    Protocol::To,
+    Protocol::Silo,
+    Protocol::Tictoc,
+    Protocol::Hstore,
+];
+
+/// The protocols `wbl` runs: those whose commit tid is a clock reading taken at commit (OCC, the
+/// 2PL family, H-Store), so a commit in flight never takes a tid below the group-committed `c_p`.
+pub const WBL_PROTOCOLS: [Protocol; 5] = [
+    Protocol::Occ,
+    Protocol::NoWait,
+    Protocol::WaitDie,
+    Protocol::DlDetect,
+    Protocol::Hstore,
+];
+
 /// A deliberate bug, for showing that the crash-consistency harness catches it (test-only: no
 /// production configuration sets one). Each removes one ordering step that ADR needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -75,16 +133,30 @@ pub enum Fault {
     SkipDataFlush,
     /// Do not fence between the data flush and the `write_ts` stores.
     SkipDataFence,
+    /// `outp` only: do not mark the old version of an updated row deleted (in the log or in the
+    /// heap), so after a crash two versions of the row are live.
+    OutpKeepOldLive,
+    /// `wbl` only: no fence between the new versions' commit tids and their data, so a reused
+    /// slot can hold new data under an older, committed tid.
+    WblSkipTidFence,
+    /// `wbl` only: acknowledge a commit without waiting for the group commit of `c_p`.
+    WblAckBeforeCp,
+    /// `wbl` only: free the superseded versions before the group commit covers the commit.
+    WblFreeBeforeCp,
 }
 
 impl Fault {
     /// Every fault.
-    pub const ALL: [Fault; 5] = [
+    pub const ALL: [Fault; 9] = [
         Fault::SkipLogFlush,
         Fault::SkipLogFence,
         Fault::CommitMarkFirst,
         Fault::SkipDataFlush,
         Fault::SkipDataFence,
+        Fault::OutpKeepOldLive,
+        Fault::WblSkipTidFence,
+        Fault::WblAckBeforeCp,
+        Fault::WblFreeBeforeCp,
     ];
 
     /// The command-line name.
@@ -95,6 +167,10 @@ impl Fault {
             Fault::CommitMarkFirst => "commit-mark-first",
             Fault::SkipDataFlush => "skip-data-flush",
             Fault::SkipDataFence => "skip-data-fence",
+            Fault::OutpKeepOldLive => "outp-keep-old-live",
+            Fault::WblSkipTidFence => "wbl-skip-tid-fence",
+            Fault::WblAckBeforeCp => "wbl-ack-before-cp",
+            Fault::WblFreeBeforeCp => "wbl-free-before-cp",
         }
     }
 
@@ -108,6 +184,16 @@ impl Fault {
                 "updated lines are not flushed before write_ts and lock release"
             }
             Fault::SkipDataFence => "no fence between the data flush and the write_ts stores",
+            Fault::OutpKeepOldLive => {
+                "outp: the old version of an updated row is not marked deleted"
+            }
+            Fault::WblSkipTidFence => {
+                "wbl: no fence between the new versions' commit tids and their data"
+            }
+            Fault::WblAckBeforeCp => "wbl: a commit returns before c_p covers it",
+            Fault::WblFreeBeforeCp => {
+                "wbl: superseded versions are freed before c_p covers their replacement"
+            }
         }
     }
 }
@@ -155,10 +241,10 @@ pub struct FalconConfig {
 }
 
 impl FalconConfig {
-    /// Defaults for `kind`: 3 window slots of 4 KiB (Inp: a 1 MiB log ring per thread), 16 threads,
-    /// rows up to 4 KiB, 1024 hot tuples.
+    /// Defaults for `kind`: 3 window slots of 4 KiB (Inp, Outp: a 1 MiB log ring per thread),
+    /// 16 threads, rows up to 4 KiB, 1024 hot tuples.
     pub fn new(kind: EngineKind, protocol: Protocol) -> FalconConfig {
-        let inp = kind == EngineKind::Inp;
+        let inp = matches!(kind, EngineKind::Inp | EngineKind::Outp | EngineKind::Wbl);
         FalconConfig {
             kind,
             protocol,
@@ -190,6 +276,11 @@ pub(crate) struct Policy {
     pub track_hot: bool,
     /// Store a CRC in the slot (when one fence covers payload and mark).
     pub crc: bool,
+    /// Outp, WBL: an update writes a new version to a free slot and repoints the index.
+    pub out_of_place: bool,
+    /// WBL: no log; new versions' commit tids are fenced before their data, deletes write
+    /// tombstones, and a commit waits for the group commit of `c_p` (`wbl.rs`).
+    pub wbl: bool,
 }
 
 impl Policy {
@@ -207,6 +298,8 @@ impl Policy {
                 hinted_flush: false,
                 track_hot: false,
                 crc: false,
+                out_of_place: false,
+                wbl: false,
             });
         }
         crate::engine::common::require_durable_domain(kind, domain)?;
@@ -216,15 +309,20 @@ impl Policy {
                  under {domain} use falcon or falcon-allflush"
             )));
         }
-        let inp = kind == EngineKind::Inp;
+        // Outp flushes its log and data as Inp does (Falcon §6.2: both baselines use clwb).
+        let wbl = kind == EngineKind::Wbl;
+        let out_of_place = kind == EngineKind::Outp || wbl;
+        let inp = kind == EngineKind::Inp || out_of_place;
         Ok(Policy {
-            log: true,
-            persist_log: flushing || inp,
+            log: !wbl,
+            persist_log: (flushing || inp) && !wbl,
             persist_data: flushing || inp,
             hinted_flush: !flushing
                 && matches!(kind, EngineKind::Falcon | EngineKind::FalconAllflush),
             track_hot: !flushing && kind == EngineKind::Falcon && hot_tuples > 0,
-            crc: flushing || inp,
+            crc: (flushing || inp) && !wbl,
+            out_of_place,
+            wbl,
         })
     }
 }
@@ -325,9 +423,22 @@ pub struct FalconEngine {
     /// The persisted tid lease: every commit tid's timestamp is below it.
     pub(crate) lease: AtomicU64,
     lease_lock: Mutex<()>,
+    /// WBL: the group commit of `c_p` (`wbl.rs`).
+    pub(crate) group: Option<wbl::GroupCommit>,
 }
 
 impl FalconEngine {
+    /// Refuses a protocol the variant does not run (Outp: the multi-version ones).
+    fn check_protocol(config: &FalconConfig) -> Result<(), DbError> {
+        if !config.kind.supports(config.protocol) {
+            return Err(DbError::UnsupportedProtocol {
+                engine: config.kind,
+                protocol: config.protocol,
+            });
+        }
+        Ok(())
+    }
+
     fn validate(config: &FalconConfig) -> Result<(), DbError> {
         if config.max_threads == 0 || config.max_threads > MAX_THREADS {
             return Err(DbError::Config(format!(
@@ -372,6 +483,7 @@ impl FalconEngine {
 
     /// Formats a fresh pool for Falcon.
     pub fn create(pool: Arc<Pool>, config: FalconConfig) -> Result<Arc<FalconEngine>, DbError> {
+        Self::check_protocol(&config)?;
         Self::validate(&config)?;
         let policy = Policy::new(config.kind, pool.domain(), config.hot_tuples)?;
         check_placement(config.kind, config.index_placement)?;
@@ -403,6 +515,7 @@ impl FalconEngine {
     /// smaller than the pool's).
     pub fn open(pool: Arc<Pool>, mut config: FalconConfig) -> Result<Arc<FalconEngine>, DbError> {
         let started = std::time::Instant::now();
+        Self::check_protocol(&config)?;
         check_placement(config.kind, config.index_placement)?;
         let meta_page = crate::engine::meta::open(
             &pool,
@@ -430,6 +543,13 @@ impl FalconEngine {
                 "the catalog does not fit the meta page's row size limit: {e}"
             ))
         })?;
+        for schema in &catalog.tables {
+            if let Some(placement) = schema.index_placement {
+                check_placement(config.kind, placement).map_err(|e| {
+                    DbError::Config(format!("table '{}' of this pool: {e}", schema.name))
+                })?;
+            }
+        }
         let catalog_ms = started.elapsed().as_secs_f64() * 1e3;
         let index_started = std::time::Instant::now();
         let (indexes, index_facts) = recovery::recover_indexes(&pool, &pages, meta_page, &catalog)?;
@@ -481,6 +601,13 @@ impl FalconEngine {
         let threads = (0..config.max_threads)
             .map(|_| Mutex::new(Some(ThreadState::default())))
             .collect();
+        let group = policy.wbl.then(|| {
+            wbl::GroupCommit::new(
+                config.max_threads,
+                meta_page,
+                pool.read_u64(meta_page + wbl::CP_AT),
+            )
+        });
         FalconEngine {
             kind: config.kind,
             domain: pool.domain(),
@@ -507,6 +634,7 @@ impl FalconEngine {
             sweep: None,
             lease: AtomicU64::new(0),
             lease_lock: Mutex::new(()),
+            group,
         }
     }
 
@@ -517,7 +645,7 @@ impl FalconEngine {
     #[inline]
     pub(crate) fn ensure_lease(&self, tid: u64) {
         let ts = crate::cc::tid_timestamp(tid);
-        if ts < self.lease.load(Ordering::Acquire) || !self.policy.log {
+        if ts < self.lease.load(Ordering::Acquire) || !(self.policy.log || self.policy.wbl) {
             return;
         }
         let _one = self.lease_lock.lock();
@@ -661,6 +789,13 @@ impl Engine for FalconEngine {
 /// Refuses a PM index where the variant cannot keep one: `volatile` has no durable pool state
 /// to find it in.
 fn check_placement(kind: EngineKind, placement: IndexPlacement) -> Result<(), DbError> {
+    if placement == IndexPlacement::Pm && matches!(kind, EngineKind::Outp | EngineKind::Wbl) {
+        return Err(DbError::Config(format!(
+            "{kind} keeps its indexes in DRAM: an out-of-place update repoints the index on every \
+             update (Falcon §2.1); persistent (pm) indexes need falcon, falcon-allflush, \
+             falcon-noflush or inp"
+        )));
+    }
     if placement == IndexPlacement::Pm && kind == EngineKind::Volatile {
         return Err(DbError::Config(
             "the volatile engine keeps no durable state: persistent (pm) indexes need falcon,              falcon-allflush, falcon-noflush or inp"

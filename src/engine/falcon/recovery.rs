@@ -331,6 +331,26 @@ pub(super) fn recover(engine: &mut FalconEngine) -> Result<(RecoveryReport, u64)
     pool.fence();
     phase.lap(&mut report, "replay");
 
+    // WBL (`wbl.rs`): no log to replay; the versions in the commit-timestamp gap are discarded
+    // and each key keeps its newest durable version, before the heap scan indexes it.
+    if engine.policy.wbl {
+        let cp = pool.read_u64(engine.meta_page + super::wbl::CP_AT);
+        if cp >= crate::engine::common::TID_LIMIT {
+            return Err(corrupt(format!(
+                "the group-committed c_p {cp:#x} in the meta page is beyond any commit tid"
+            )));
+        }
+        let (discarded, freed) = super::wbl::resolve_versions(&pool, &tables, &heap, cp)?;
+        report.discarded_in_log = discarded;
+        report
+            .facts
+            .push(("versions in the commit gap discarded".into(), discarded));
+        report
+            .facts
+            .push(("superseded versions and tombstones freed".into(), freed));
+        phase.lap(&mut report, "gap resolution");
+    }
+
     // Phase 4: scan the heap in parallel; rebuild indexes, free lists, clear locks. Only the
     // pages of tables that need it: a table whose primary index is in PM and that has no DRAM
     // secondary index is left to the lazy sweep (`sweep.rs`), which runs while transactions do.

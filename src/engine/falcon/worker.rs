@@ -146,6 +146,9 @@ pub(crate) struct FalconWorker {
     secondary_changes: Vec<(TableId, usize, u64, u64)>,
     /// A row read back from PM at commit (secondary keys).
     row_buf: Vec<u8>,
+    /// Outp, during a commit: per write, the old version an update supersedes (0: none; the
+    /// write's `tuple` is then the new version). Empty outside an Outp commit.
+    superseded: Vec<u64>,
 }
 
 impl FalconWorker {
@@ -190,6 +193,7 @@ impl FalconWorker {
             flush_write: Vec::new(),
             secondary_changes: Vec::new(),
             row_buf: Vec::new(),
+            superseded: Vec::new(),
             eng,
         })
     }
@@ -299,6 +303,10 @@ impl FalconWorker {
                 kind: WriteKind::Cancelled,
                 locked: true,
             });
+            // Outp: the row may live on in a newer version the index now points at.
+            if self.superseded_meanwhile(table, key, tuple) {
+                return Err(TxError::Conflict);
+            }
             return Err(TxError::NotFound { table, key });
         }
         Ok(())
@@ -354,15 +362,36 @@ impl FalconWorker {
             self.overlay(w, out);
             return Ok(());
         }
-        let t = match tuple {
+        let mut t = match tuple {
             Some(t) => t,
             None => self.tables[table as usize]
                 .index
                 .get(key)
                 .ok_or(TxError::NotFound { table, key })?,
         };
-        self.eng.gate(t);
-        self.cc_read(t, key, table, out)?;
+        // Outp: a version found dead may have been superseded since the index gave its address:
+        // follow the index to the newer one (a bounded number of times; a row updated faster
+        // than this thread can follow it is a conflict).
+        let mut follow = 0;
+        loop {
+            self.eng.gate(t);
+            match self.cc_read(t, key, table, out) {
+                Err(TxError::NotFound { .. }) if self.superseded_meanwhile(table, key, t) => {
+                    follow += 1;
+                    if follow > 8 {
+                        return Err(TxError::Conflict);
+                    }
+                    t = self.tables[table as usize]
+                        .index
+                        .get(key)
+                        .ok_or(TxError::NotFound { table, key })?;
+                }
+                result => {
+                    result?;
+                    break;
+                }
+            }
+        }
         self.recent.note(table, key, t);
         Ok(())
     }
@@ -387,6 +416,111 @@ impl FalconWorker {
                     return Err(TxError::NotFound { table, key });
                 }
                 Ok(t)
+            }
+        }
+    }
+
+    /// Outp: whether `key`'s index entry has moved away from `tuple` (an update superseded it).
+    fn superseded_meanwhile(&self, table: TableId, key: u64, tuple: u64) -> bool {
+        self.eng.policy.out_of_place
+            && self.tables[table as usize]
+                .index
+                .get(key)
+                .is_some_and(|now| now != tuple)
+    }
+
+    /// The old version write `i` supersedes (Outp), or 0.
+    fn superseded_of(&self, i: usize) -> u64 {
+        self.superseded.get(i).copied().unwrap_or(0)
+    }
+
+    /// Outp (Falcon §6.2): turns every update of the locked, validated write set into a new
+    /// version, whole, in a free slot of this thread; the write's ranges become one full-row
+    /// range at the new slot, which the log records as an insert, and the old version is logged
+    /// and applied as a delete. The new slot is locked until its commit releases it, and the
+    /// index is repointed only then (step 7), so an abort here has nothing to undo in the index.
+    fn supersede_updates(&mut self) -> Result<(), TxError> {
+        self.superseded.clear();
+        self.superseded.resize(self.writes.len(), 0);
+        let mut rows = std::mem::take(&mut self.scratch);
+        rows.clear();
+        let mut moved = Vec::new();
+        let tombstones = self.eng.policy.wbl;
+        for i in 0..self.writes.len() {
+            let kind = self.writes[i].kind;
+            if kind == WriteKind::Delete && tombstones {
+                // WBL: a delete is a tombstone version, so that recovery can tell a committed
+                // delete from one in the gap.
+                let (table, old) = (self.writes[i].table, self.writes[i].tuple);
+                let tomb = self.alloc_slot(table)?;
+                self.word(tomb).store(LOCK_BIT);
+                self.writes[i].tuple = tomb;
+                self.superseded[i] = old;
+                continue;
+            }
+            if kind != WriteKind::Update {
+                continue;
+            }
+            let (table, old) = (self.writes[i].table, self.writes[i].tuple);
+            let new = self.alloc_slot(table)?;
+            self.word(new).store(LOCK_BIT);
+            self.writes[i].tuple = new;
+            self.superseded[i] = old;
+            let row = self.tables[table as usize].row;
+            let at = rows.len();
+            rows.resize(at + row, 0);
+            self.pool.read_bytes(old + tuple::HEADER, &mut rows[at..]);
+            self.overlay(i, &mut rows[at..]);
+            moved.push((i, at, row));
+        }
+        if !moved.is_empty() {
+            let superseded = &self.superseded;
+            self.ranges.retain(|r| superseded[r.write as usize] == 0);
+            for &(i, at, row) in &moved {
+                self.push_range(i, 0, &rows[at..at + row]);
+            }
+        }
+        self.scratch = rows;
+        Ok(())
+    }
+
+    /// WBL, after the commit's data is durable: leaves the group commit and waits until `c_p`
+    /// covers `tid` (the acknowledgement), then frees the superseded versions and, once their
+    /// frees are durable, the tombstones (`wbl.rs`: an older version must never outlive the
+    /// tombstone that hides it).
+    fn wbl_finish(&mut self, tid: u64) {
+        let fault = self.eng.config.fault;
+        let eng = self.eng.clone();
+        let group = eng.group.as_ref().expect("a WBL engine has a group commit");
+        group.leave(self.thread);
+        if fault == Some(Fault::WblFreeBeforeCp) {
+            self.wbl_free_superseded();
+        }
+        if fault != Some(Fault::WblAckBeforeCp) {
+            group.wait(&self.pool, tid, || eng.clock.now());
+        }
+        if fault != Some(Fault::WblFreeBeforeCp) {
+            self.wbl_free_superseded();
+        }
+    }
+
+    fn wbl_free_superseded(&self) {
+        let mut tombstones = false;
+        for (w, &old) in self.writes.iter().zip(&self.superseded) {
+            if old != 0 {
+                self.pool.write_u64(old + tuple::FLAGS, tuple::DELETED_ROW);
+                self.pool.flush(old + tuple::FLAGS, 8);
+                tombstones |= w.kind == WriteKind::Delete;
+            }
+        }
+        if tombstones {
+            self.pool.fence();
+            for (w, &old) in self.writes.iter().zip(&self.superseded) {
+                if old != 0 && w.kind == WriteKind::Delete {
+                    self.pool
+                        .write_u64(w.tuple + tuple::FLAGS, tuple::DELETED_ROW);
+                    self.pool.flush(w.tuple + tuple::FLAGS, 8);
+                }
             }
         }
     }
@@ -471,6 +605,10 @@ impl FalconWorker {
         self.recent.next_txn();
         self.ranges.clear();
         self.data.clear();
+        self.superseded.clear();
+        if let Some(group) = &self.eng.group {
+            group.leave(self.thread);
+        }
         self.in_txn = false;
         self.eng.active[self.thread].store(u64::MAX, Ordering::Release);
     }
@@ -484,7 +622,17 @@ impl FalconWorker {
                 let w = &self.writes[i];
                 (w.table, w.key, w.tuple, w.kind, w.locked)
             };
+            let old = self.superseded_of(i);
             match kind {
+                // Outp, WBL: a new version (or tombstone) never published; the old one is
+                // still the row.
+                WriteKind::Update | WriteKind::Delete if old != 0 => {
+                    self.word(t).store(0);
+                    self.release_slot(table, t);
+                    if locked {
+                        self.release_word(old, None);
+                    }
+                }
                 WriteKind::Insert => {
                     if inserts_seen < published_inserts {
                         if let Some(rt) = self.tables.get(table as usize) {
@@ -514,11 +662,18 @@ impl FalconWorker {
     /// "Before Update" and line 2). Returns the slot offset and whether it spilled.
     fn log_commit(&mut self, tid: u64) -> Result<(u64, bool), TxError> {
         self.payload.clear();
+        let fault = self.eng.config.fault;
         for r in &self.ranges {
             let w = &self.writes[r.write as usize];
+            let moved = self
+                .superseded
+                .get(r.write as usize)
+                .is_some_and(|&o| o != 0);
             let kind = match w.kind {
-                WriteKind::Insert
-                    if r.offset == 0 && r.len as usize == self.tables[w.table as usize].row =>
+                WriteKind::Insert | WriteKind::Update
+                    if (w.kind == WriteKind::Insert || moved)
+                        && r.offset == 0
+                        && r.len as usize == self.tables[w.table as usize].row =>
                 {
                     EntryKind::Insert
                 }
@@ -547,6 +702,22 @@ impl FalconWorker {
                 &[],
             );
         }
+        // Outp: the superseded versions are deleted by the same commit.
+        if fault != Some(Fault::OutpKeepOldLive) {
+            for (w, &old) in self.writes.iter().zip(&self.superseded) {
+                if old != 0 {
+                    window::encode(
+                        &mut self.payload,
+                        EntryKind::Delete,
+                        w.table,
+                        old,
+                        w.key,
+                        0,
+                        &[],
+                    );
+                }
+            }
+        }
         let eng = &self.eng;
         let (slots, slot_bytes) = (eng.config.window_slots, eng.config.window_slot_bytes as u64);
         let thread = self.thread;
@@ -573,7 +744,6 @@ impl FalconWorker {
         let at = win + st.cursor as u64 * slot_bytes;
         st.cursor = (st.cursor + 1) % slots;
         let pool = &self.pool;
-        let fault = eng.config.fault;
         // Invalidate first: under eADR stores are durable in program order, so the old mark must
         // be gone before the old payload is overwritten (an ordered store: the compiler may not
         // move the payload copy above it).
@@ -1040,7 +1210,15 @@ impl EngineWorker for FalconWorker {
             if has_writes {
                 self.retire_versions();
             }
+            // WBL: the group commit's c_p may not pass this commit from before its tid is taken
+            // until its data is durable (`wbl.rs`).
+            if let Some(group) = self.eng.group.as_ref().filter(|_| has_writes) {
+                group.enter(self.thread);
+            }
             let tid = self.commit_tid();
+            if let Some(group) = self.eng.group.as_ref().filter(|_| has_writes) {
+                group.set_tid(self.thread, tid);
+            }
             self.eng.ensure_lease(tid);
             if has_writes {
                 self.settle_versions_pending(tid);
@@ -1055,9 +1233,21 @@ impl EngineWorker for FalconWorker {
         }
         if !has_writes {
             self.rollback(0);
+            // WBL: what this transaction read must be durable before it returns (the writers
+            // released their locks before the group commit covered them).
+            if let Some(group) = &self.eng.group {
+                group.wait(&self.pool, self.max_seen, || self.eng.clock.now());
+            }
             return Ok(self.st().last_tid);
         }
-        // 4. The commit tid is final.
+        // 4. The commit tid is final. Outp: the updates become new versions now that the write
+        // set is locked and validated.
+        if policy.out_of_place {
+            if let Err(e) = self.supersede_updates() {
+                self.rollback(published);
+                return Err(e);
+            }
+        }
         self.st().last_tid = tid;
         // 5. Log window: entries and the COMMITTED mark (Algorithm 1, line 2).
         let logged = if policy.log {
@@ -1101,11 +1291,34 @@ impl EngineWorker for FalconWorker {
                 if touched {
                     if !old_read {
                         old.resize(rt.row, 0);
-                        self.pool.read_bytes(w.tuple + tuple::HEADER, &mut old);
+                        // Outp: the old row is in the superseded version.
+                        let source = match self.superseded.get(i) {
+                            Some(&o) if o != 0 => o,
+                            _ => w.tuple,
+                        };
+                        self.pool.read_bytes(source + tuple::HEADER, &mut old);
                         old_read = true;
                     }
                     secondary_changes.push((w.table, si, w.key, rt.secondary_key(si, &old)));
                 }
+            }
+        }
+        // WBL: the new versions' commit tids are durable before their data, so that no image
+        // shows a reused slot's new key or data under the older, committed tid it held before.
+        if policy.wbl {
+            let mut spans = std::mem::take(&mut self.spans);
+            spans.clear();
+            for (i, w) in self.writes.iter().enumerate() {
+                let moved = self.superseded.get(i).is_some_and(|&o| o != 0);
+                if w.kind == WriteKind::Insert || moved {
+                    self.pool.write_u64(w.tuple + tuple::WRITE_TS, tid);
+                    spans.push((w.tuple + tuple::WRITE_TS, 8));
+                }
+            }
+            flush_merged(&self.pool, &mut spans);
+            self.spans = spans;
+            if self.eng.config.fault != Some(Fault::WblSkipTidFence) {
+                self.pool.fence();
             }
         }
         // Which writes the selective flush covers (Algorithm 1, lines 7–11: a tuple not in the hot
@@ -1119,9 +1332,10 @@ impl EngineWorker for FalconWorker {
                 flush.push(w.kind != WriteKind::Cancelled && !hot);
             }
         }
-        // 6. Apply in place (Algorithm 1, lines 3–4). Long ranges go with streaming stores where
-        // their lines would be flushed anyway (`streams`): durable at a fence like the flushed
-        // ones, without first reading the cold lines they overwrite.
+        // 6. Apply in place (Algorithm 1, lines 3–4; Outp and WBL: into the new versions). Long
+        // ranges go with streaming stores where their lines would be flushed anyway (`streams`):
+        // durable at a fence like the flushed ones, without first reading the cold lines they
+        // overwrite.
         let mut streamed_any = false;
         for r in &self.ranges {
             let w = &self.writes[r.write as usize];
@@ -1144,8 +1358,32 @@ impl EngineWorker for FalconWorker {
         // a slot is 16-byte aligned, so its header may straddle two cache lines, and under ADR a
         // durable `write_ts` (written below) must imply durable flags, or recovery's replay filter
         // skips an insert whose LIVE flag was lost (found by the crash harness, issue 4).
-        for w in &self.writes {
+        let keep_old_live = self.eng.config.fault == Some(Fault::OutpKeepOldLive);
+        for (i, w) in self.writes.iter().enumerate() {
+            let old = self.superseded.get(i).copied().unwrap_or(0);
             match w.kind {
+                // WBL: the old version stays the row's value for recovery until the group
+                // commit covers this one (`wbl.rs`); transactions no longer see it.
+                WriteKind::Update | WriteKind::Delete if old != 0 && policy.wbl => {
+                    let state = if w.kind == WriteKind::Delete {
+                        super::wbl::TOMBSTONE
+                    } else {
+                        tuple::LIVE
+                    };
+                    self.pool.write_u64(w.tuple + tuple::KEY, w.key);
+                    self.pool.write_u64(w.tuple + tuple::FLAGS, state);
+                    self.pool
+                        .write_u64(old + tuple::FLAGS, super::wbl::SUPERSEDED);
+                }
+                // Outp: the new version is an insert, the old one a delete.
+                WriteKind::Update if old != 0 => {
+                    self.pool.write_u64(w.tuple + tuple::KEY, w.key);
+                    self.pool.write_u64(w.tuple + tuple::FLAGS, tuple::LIVE);
+                    if !keep_old_live {
+                        self.pool
+                            .write_u64(old + tuple::FLAGS, tuple::LIVE | tuple::DELETED);
+                    }
+                }
                 WriteKind::Insert => {
                     self.pool.write_u64(w.tuple + tuple::KEY, w.key);
                     self.pool.write_u64(w.tuple + tuple::FLAGS, tuple::LIVE);
@@ -1159,9 +1397,13 @@ impl EngineWorker for FalconWorker {
         if policy.persist_data {
             let mut spans = std::mem::take(&mut self.spans);
             spans.clear();
-            for w in &self.writes {
-                if matches!(w.kind, WriteKind::Insert | WriteKind::Delete) {
+            for (i, w) in self.writes.iter().enumerate() {
+                let old = self.superseded.get(i).copied().unwrap_or(0);
+                if matches!(w.kind, WriteKind::Insert | WriteKind::Delete) || old != 0 {
                     spans.push((w.tuple + tuple::KEY, 16));
+                }
+                if old != 0 {
+                    spans.push((old + tuple::KEY, 16));
                 }
             }
             for r in &self.ranges {
@@ -1206,6 +1448,32 @@ impl EngineWorker for FalconWorker {
                 self.pool.flush(t, tuple::HEADER);
             }
             let rt = &self.tables[table as usize];
+            let superseded = self.superseded.get(i).copied().unwrap_or(0);
+            if superseded != 0 {
+                // Outp: readers of the old version that find it dead follow the index to the
+                // new one, so the index moves before the old version is released (deleted).
+                // Outp's indexes are DRAM ones (`check_placement`), whose upsert cannot fail.
+                if kind == WriteKind::Delete {
+                    rt.index.remove_if(key, superseded);
+                } else {
+                    rt.index
+                        .upsert(&rt.schema.name, key, t)
+                        .expect("a DRAM index upsert does not fail");
+                }
+                // WBL keeps the old version's commit tid: recovery compares versions by it.
+                if !policy.wbl {
+                    self.pool
+                        .write_u64_ordered(superseded + tuple::WRITE_TS, tid);
+                }
+                self.release_word(superseded, Some(tid));
+                if policy.persist_data {
+                    self.pool.flush(superseded, tuple::HEADER);
+                }
+                let st = self.state.as_mut().expect("state present");
+                st.tables[table as usize]
+                    .deleted
+                    .push_back((superseded, reuse));
+            }
             match kind {
                 WriteKind::Delete => {
                     rt.deleted_up_to.fetch_max(tid, Ordering::SeqCst);
@@ -1279,6 +1547,9 @@ impl EngineWorker for FalconWorker {
             // stores above have persisted.
             self.pool.write_u64_ordered(at + slot::STATE, slot::FREE);
             self.pool.persist(at, 8);
+        }
+        if policy.wbl {
+            self.wbl_finish(tid);
         }
         self.eng.last_commit.fetch_max(tid, Ordering::AcqRel);
         self.settle_versions(true);
