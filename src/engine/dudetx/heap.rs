@@ -127,7 +127,10 @@ impl Heap {
         fault: Option<DudetxFault>,
     ) -> Result<(), String> {
         let Some(t) = self.tables.get(op.table as usize) else {
-            return Err(format!("a log record writes table {}, which does not exist", op.table));
+            return Err(format!(
+                "a log record writes table {}, which does not exist",
+                op.table
+            ));
         };
         let flush = fault != Some(DudetxFault::SkipHeapFlush);
         match &op.row {

@@ -50,7 +50,10 @@ pub fn decode_ops(mut bytes: &[u8]) -> Result<Vec<Op>, String> {
     let mut ops = Vec::new();
     while !bytes.is_empty() {
         if bytes.len() < 17 {
-            return Err(format!("a log op is cut short ({} bytes left)", bytes.len()));
+            return Err(format!(
+                "a log op is cut short ({} bytes left)",
+                bytes.len()
+            ));
         }
         let table = TableId::from_le_bytes(bytes[0..4].try_into().expect("4 bytes"));
         let kind = bytes[4];
@@ -181,7 +184,11 @@ mod tests {
         assert_eq!(raw.len(), encoded_len(32));
         assert_eq!(
             decode_ops(&raw).unwrap(),
-            vec![Op { table: 1, key: 7, row: Some(vec![99; 32]) }]
+            vec![Op {
+                table: 1,
+                key: 7,
+                row: Some(vec![99; 32])
+            }]
         );
     }
 

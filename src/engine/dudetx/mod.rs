@@ -78,9 +78,7 @@ use crate::alloc::{PageManager, PageTag, PAGE_SIZE};
 use crate::catalog::{Catalog, CatalogStore, Schema, TableId};
 use crate::cc::{CcOptions, Protocol, MAX_THREADS};
 use crate::engine::falcon::{FalconConfig, FalconEngine};
-use crate::engine::{
-    DbError, Engine, EngineKind, EngineWorker, RecoveryReport, TxError,
-};
+use crate::engine::{DbError, Engine, EngineKind, EngineWorker, RecoveryReport, TxError};
 use crate::pmem::{PersistenceDomain, Pool, PoolOptions};
 use layout::{kind, meta};
 use parking_lot::Mutex;
@@ -104,7 +102,9 @@ impl std::str::FromStr for DurabilityMode {
         match s.to_ascii_lowercase().as_str() {
             "sync" => Ok(DurabilityMode::Sync),
             "async" => Ok(DurabilityMode::Async),
-            _ => Err(format!("unknown DUDETx durability mode '{s}' (expected sync or async)")),
+            _ => Err(format!(
+                "unknown DUDETx durability mode '{s}' (expected sync or async)"
+            )),
         }
     }
 }
@@ -155,9 +155,15 @@ impl DudetxFault {
     /// What the fault breaks.
     pub fn describe(self) -> &'static str {
         match self {
-            DudetxFault::SkipLogFlush => "persist does not write back the log record before the durable id",
-            DudetxFault::DurableIdFirst => "the durable id is advanced before the log record is written",
-            DudetxFault::SkipHeapFlush => "reproduce does not write back the heap before truncating the log",
+            DudetxFault::SkipLogFlush => {
+                "persist does not write back the log record before the durable id"
+            }
+            DudetxFault::DurableIdFirst => {
+                "the durable id is advanced before the log record is written"
+            }
+            DudetxFault::SkipHeapFlush => {
+                "reproduce does not write back the heap before truncating the log"
+            }
             DudetxFault::TruncateFirst => "the log is truncated before its records are reproduced",
         }
     }
@@ -420,11 +426,7 @@ impl Drop for DudetxEngine {
     fn drop(&mut self) {
         // A clean close persists and reproduces what is queued (the threads finish the queue
         // before they stop); after a simulated power failure nothing more may touch PM.
-        let crashed = self
-            .core
-            .pool
-            .crash_sim()
-            .is_some_and(|s| s.has_crashed());
+        let crashed = self.core.pool.crash_sim().is_some_and(|s| s.has_crashed());
         if crashed {
             return;
         }

@@ -37,7 +37,11 @@ impl LogRing {
             let at = (pos + done) % self.capacity();
             let in_page = at % PAGE_SIZE;
             let n = (PAGE_SIZE - in_page).min(len - done);
-            out.push((self.pages[(at / PAGE_SIZE) as usize] + in_page, done as usize, n));
+            out.push((
+                self.pages[(at / PAGE_SIZE) as usize] + in_page,
+                done as usize,
+                n,
+            ));
             done += n;
         }
         out
@@ -76,14 +80,22 @@ pub(crate) fn build_record(first: u64, last: u64, pos: u64, raw: &[u8]) -> Vec<u
     let total = (record::HEADER + payload.len()).div_ceil(8) * 8;
     let mut rec = vec![0u8; total];
     let put = |rec: &mut [u8], at: usize, v: u64| rec[at..at + 8].copy_from_slice(&v.to_le_bytes());
-    put(&mut rec, record::LEN, payload.len() as u64 | u64::from(flags) << 32);
+    put(
+        &mut rec,
+        record::LEN,
+        payload.len() as u64 | u64::from(flags) << 32,
+    );
     put(&mut rec, record::FIRST, first);
     put(&mut rec, record::LAST, last);
     put(&mut rec, record::RAW_CRC, raw.len() as u64);
     put(&mut rec, record::POS, pos);
     rec[record::HEADER..record::HEADER + payload.len()].copy_from_slice(&payload);
     let crc = record_crc(&rec);
-    put(&mut rec, record::RAW_CRC, raw.len() as u64 | u64::from(crc) << 32);
+    put(
+        &mut rec,
+        record::RAW_CRC,
+        raw.len() as u64 | u64::from(crc) << 32,
+    );
     rec
 }
 
@@ -491,9 +503,8 @@ impl Core {
                 continue;
             }
             let records: Vec<Persisted> = st.persisted.drain(..).collect();
-            let result = parking_lot::MutexGuard::unlocked(&mut st, || {
-                self.reproduce_records(&records)
-            });
+            let result =
+                parking_lot::MutexGuard::unlocked(&mut st, || self.reproduce_records(&records));
             match result {
                 Ok(()) => self.after_reproduce(&mut st, &records),
                 Err(e) => st.failed = Some(e),

@@ -53,7 +53,10 @@ pub(super) fn log_ring(
 }
 
 /// Opens and recovers a DUDETx pool.
-pub(super) fn open(pool: Arc<Pool>, mut config: DudetxConfig) -> Result<Arc<DudetxEngine>, DbError> {
+pub(super) fn open(
+    pool: Arc<Pool>,
+    mut config: DudetxConfig,
+) -> Result<Arc<DudetxEngine>, DbError> {
     crate::engine::common::require_durable_domain(EngineKind::Dudetx, pool.domain())?;
     let mut timer = PhaseClock::start();
     let mut report = RecoveryReport::default();
@@ -66,7 +69,9 @@ pub(super) fn open(pool: Arc<Pool>, mut config: DudetxConfig) -> Result<Arc<Dude
     let r = |f: u64| pool.read_u64(meta_page + f);
     config.max_row_bytes = r(meta::F_MAX_ROW) as usize;
     config.log_pages = r(meta::F_LOG_PAGES) as usize;
-    config.validate().map_err(|e| DbError::Corrupt(format!("the DUDETx meta page: {e}")))?;
+    config
+        .validate()
+        .map_err(|e| DbError::Corrupt(format!("the DUDETx meta page: {e}")))?;
     crate::engine::meta::check_catalog_slot(r(meta::F_CATALOG_SLOT), meta::CATALOG_SLOT_BYTES)?;
     let catalog = CatalogStore {
         base: meta_page + meta::CATALOG_AT,
@@ -101,8 +106,12 @@ pub(super) fn open(pool: Arc<Pool>, mut config: DudetxConfig) -> Result<Arc<Dude
             break;
         }
         for op in &rec.ops {
-            heap.apply(&pool, &pages, op, None)
-                .map_err(|e| DbError::Corrupt(format!("replaying log record {}..{}: {e}", rec.first, rec.last)))?;
+            heap.apply(&pool, &pages, op, None).map_err(|e| {
+                DbError::Corrupt(format!(
+                    "replaying log record {}..{}: {e}",
+                    rec.first, rec.last
+                ))
+            })?;
         }
         entries += rec.ops.len() as u64;
         records += 1;
@@ -159,7 +168,10 @@ pub(super) fn open(pool: Arc<Pool>, mut config: DudetxConfig) -> Result<Arc<Dude
 
 /// Checks that the PM heap holds exactly the shadow's rows (everything committed having been
 /// reproduced): the same count per table, and each heap row in the shadow with the same bytes.
-pub(super) fn compare_heap_with_shadow(engine: &DudetxEngine, counts: &[u64]) -> Result<(), String> {
+pub(super) fn compare_heap_with_shadow(
+    engine: &DudetxEngine,
+    counts: &[u64],
+) -> Result<(), String> {
     let heap = engine.core.heap.lock();
     let pool = &engine.core.pool;
     let mut w = engine
@@ -181,11 +193,15 @@ pub(super) fn compare_heap_with_shadow(engine: &DudetxEngine, counts: &[u64]) ->
             buf.resize(row.len(), 0);
             if let Err(e) = w.read(table as u32, key, &mut buf) {
                 w.abort();
-                return Err(format!("table {table}: heap key {key} is not in the shadow: {e}"));
+                return Err(format!(
+                    "table {table}: heap key {key} is not in the shadow: {e}"
+                ));
             }
             if buf != row {
                 w.abort();
-                return Err(format!("table {table}: key {key} differs between heap and shadow"));
+                return Err(format!(
+                    "table {table}: key {key} differs between heap and shadow"
+                ));
             }
         }
         let _ = w.commit();

@@ -123,7 +123,11 @@ impl EngineWorker for DudetxWorker {
     fn commit(&mut self) -> Result<u64, TxError> {
         if self.order.is_empty() {
             self.inner.commit()?;
-            return Ok(self.engine.core.committed.load(std::sync::atomic::Ordering::Acquire));
+            return Ok(self
+                .engine
+                .core
+                .committed
+                .load(std::sync::atomic::Ordering::Acquire));
         }
         self.log.clear();
         for k in &self.order {
