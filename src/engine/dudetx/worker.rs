@@ -136,8 +136,7 @@ impl EngineWorker for DudetxWorker {
         }
         self.clear();
         let log = std::mem::take(&mut self.log);
-        let result = self.engine.commit(&mut *self.inner, log);
-        result
+        self.engine.commit(&mut *self.inner, log)
     }
 
     fn abort(&mut self) {
