@@ -174,18 +174,7 @@ impl DudetxFault {
     }
 }
 
-impl std::fmt::Display for DudetxFault {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for DudetxFault {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        crate::engine::common::parse_named(s, &DudetxFault::ALL, DudetxFault::name, "fault")
-    }
-}
+crate::engine::common::named_fault!(DudetxFault, "dudetx fault");
 
 /// DUDETx's parameters.
 #[derive(Clone, Debug)]
@@ -429,6 +418,11 @@ impl Drop for DudetxEngine {
         let crashed = self.core.pool.crash_sim().is_some_and(|s| s.has_crashed());
         if crashed {
             return;
+        }
+        if !self.core.config.background {
+            // Inline steps: an async run's last partial group is persisted here. A failure
+            // (a full heap) leaves the records in the log, for recovery to replay.
+            let _ = self.core.drain();
         }
         self.core.stop();
         for h in self.threads.lock().drain(..) {

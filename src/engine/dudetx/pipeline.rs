@@ -553,3 +553,59 @@ impl Core {
         self.wake_reproduce.notify_all();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pmem::{PersistenceDomain, PoolOptions};
+
+    fn ring() -> (Pool, LogRing) {
+        let pool = Pool::create_in_memory(
+            8 * PAGE_SIZE,
+            &PoolOptions::new("dudetx", PersistenceDomain::Adr).with_counting(false),
+        )
+        .unwrap();
+        // Two pages out of order in the pool: positions must map through the ring's page list.
+        let ring = LogRing {
+            pages: vec![5 * PAGE_SIZE, 2 * PAGE_SIZE],
+        };
+        (pool, ring)
+    }
+
+    fn raw(n: u8) -> Vec<u8> {
+        let mut out = Vec::new();
+        log::encode_op(&mut out, 0, u64::from(n), Some(&[n; 100]));
+        log::encode_op(&mut out, 1, 9, None);
+        out
+    }
+
+    #[test]
+    fn a_record_reads_back_across_pages_and_the_wrap() {
+        let (pool, ring) = ring();
+        // Straddles the end of the first page, and the end of the ring (back to its start).
+        for pos in [PAGE_SIZE - 24, 2 * PAGE_SIZE - 40, 3 * PAGE_SIZE + 64] {
+            let rec = build_record(7, 9, pos, &raw(3));
+            ring.write(&pool, pos, &rec);
+            let back = parse_record(&ring, &pool, pos).expect("intact");
+            assert_eq!((back.first, back.last, back.len), (7, 9, rec.len() as u64));
+            assert_eq!(back.ops, log::decode_ops(&raw(3)).unwrap());
+        }
+    }
+
+    #[test]
+    fn torn_and_stale_records_are_not_taken() {
+        let (pool, ring) = ring();
+        let rec = build_record(1, 1, 128, &raw(1));
+        ring.write(&pool, 128, &rec);
+        // The same bytes one lap later are a stale record of another position.
+        assert!(parse_record(&ring, &pool, 128 + ring.capacity()).is_none());
+        // A torn payload byte fails the CRC.
+        let mut torn = rec.clone();
+        let last = torn.len() - 9;
+        torn[last] ^= 0xFF;
+        ring.write(&pool, 128, &torn);
+        assert!(parse_record(&ring, &pool, 128).is_none());
+        // Never written.
+        assert!(parse_record(&ring, &pool, 4096).is_none());
+    }
+}
