@@ -15,7 +15,7 @@ use std::time::Duration;
 /// Arguments shared by every `pmtx bench` workload.
 #[derive(clap::Args, Debug, Clone)]
 pub struct CommonArgs {
-    /// Engines to run, comma-separated (falcon, falcon-noflush, falcon-allflush, inp, outp, wbl, volatile, zen, fir).
+    /// Engines to run, comma-separated (falcon, falcon-noflush, falcon-allflush, inp, outp, wbl, volatile, zen, fir, dudetx).
     #[arg(long, value_delimiter = ',', default_value = "falcon")]
     pub engine: Vec<EngineKind>,
     /// Concurrency-control protocol: no-wait, wait-die, dl-detect, to, occ, silo, tictoc, mvocc,
@@ -84,6 +84,13 @@ pub struct CommonArgs {
     /// and inp only).
     #[arg(long, default_value = "dram")]
     pub index: crate::index::IndexPlacement,
+    /// DUDETx: `sync` (a commit returns once durable) or `async` (it returns at once; the
+    /// persist thread makes it durable later).
+    #[arg(long, default_value = "sync")]
+    pub dudetx_mode: crate::engine::dudetx::DurabilityMode,
+    /// DUDETx: transactions combined into one persisted log record at most (§3.3).
+    #[arg(long, default_value_t = 64)]
+    pub dudetx_group: usize,
 }
 
 /// A parsed `--media-model`.
@@ -192,6 +199,8 @@ impl CommonArgs {
         // API default (1000) times in a row.
         config.max_retries = 1_000_000;
         config.cache_ratio = self.cache_ratio;
+        config.dudetx_mode = self.dudetx_mode;
+        config.dudetx_group = self.dudetx_group;
         // The --compare-volatile baseline keeps DRAM indexes (check_common refuses an explicit
         // volatile engine with --index pm).
         if engine != EngineKind::Volatile {

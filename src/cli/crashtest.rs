@@ -64,6 +64,10 @@ pub struct Args {
     /// recovered without a heap scan; falcon, falcon-allflush, falcon-noflush and inp only).
     #[arg(long, default_value = "dram")]
     pub index: crate::index::IndexPlacement,
+    /// DUDETx: `sync` (commits return once durable) or `async` (commits return at once; the
+    /// check is that everything up to the durable id reported survives).
+    #[arg(long, default_value = "sync")]
+    pub dudetx_mode: crate::engine::dudetx::DurabilityMode,
     /// Instead of the simulator: SIGKILL this many child `pmtx` processes mid-workload.
     #[arg(long)]
     pub real_kills: Option<u32>,
@@ -120,6 +124,7 @@ pub(crate) fn run(args: Args) -> CliResult {
     cfg.rounds = args.rounds;
     cfg.window_slot_bytes = args.window_slot_bytes;
     cfg.index = args.index;
+    cfg.dudetx_mode = args.dudetx_mode;
     if let Some(path) = args.child_pool {
         cfg.txns_per_thread = args.child_txns;
         realkill::child_main(&cfg, &path, args.child_restart)?;

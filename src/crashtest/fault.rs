@@ -4,6 +4,7 @@
 //! refused with an error naming the engines it does apply to.
 
 use crate::db::DbConfig;
+use crate::engine::dudetx::DudetxFault;
 use crate::engine::falcon::Fault;
 use crate::engine::fir::FirFault;
 use crate::engine::zen::ZenFault;
@@ -21,6 +22,8 @@ pub enum InjectedFault {
     Zen(ZenFault),
     /// A FIR fault (`DbConfig::fir_fault`).
     Fir(FirFault),
+    /// A DUDETx fault (`DbConfig::dudetx_fault`).
+    Dudetx(DudetxFault),
 }
 
 /// The engines Falcon's data-flush faults apply to: every Falcon-code engine, `wbl` (last)
@@ -45,6 +48,7 @@ impl InjectedFault {
             .map(InjectedFault::Falcon)
             .chain(ZenFault::ALL.into_iter().map(InjectedFault::Zen))
             .chain(FirFault::ALL.into_iter().map(InjectedFault::Fir))
+            .chain(DudetxFault::ALL.into_iter().map(InjectedFault::Dudetx))
             .collect()
     }
 
@@ -62,6 +66,7 @@ impl InjectedFault {
             InjectedFault::Falcon(f) => f.name(),
             InjectedFault::Zen(f) => f.name(),
             InjectedFault::Fir(f) => f.name(),
+            InjectedFault::Dudetx(f) => f.name(),
         }
     }
 
@@ -71,6 +76,7 @@ impl InjectedFault {
             InjectedFault::Falcon(f) => f.describe(),
             InjectedFault::Zen(f) => f.describe(),
             InjectedFault::Fir(f) => f.describe(),
+            InjectedFault::Dudetx(f) => f.describe(),
         }
     }
 
@@ -88,6 +94,7 @@ impl InjectedFault {
             InjectedFault::Falcon(_) => FALCON_ENGINES,
             InjectedFault::Zen(_) => &[EngineKind::Zen],
             InjectedFault::Fir(_) => &[EngineKind::Fir],
+            InjectedFault::Dudetx(_) => &[EngineKind::Dudetx],
         }
     }
 
@@ -141,6 +148,7 @@ impl InjectedFault {
                 f,
                 FirFault::SkipTupleFlush | FirFault::SkipTupleFence | FirFault::SkipLcttFlush
             ),
+            InjectedFault::Dudetx(f) => f.only_removes_ordinary_flushes(),
         }
     }
 
@@ -179,6 +187,7 @@ impl InjectedFault {
             InjectedFault::Falcon(f) => config.fault = Some(f),
             InjectedFault::Zen(f) => config.zen_fault = Some(f),
             InjectedFault::Fir(f) => config.fir_fault = Some(f),
+            InjectedFault::Dudetx(f) => config.dudetx_fault = Some(f),
         }
     }
 }
@@ -198,6 +207,12 @@ impl From<ZenFault> for InjectedFault {
 impl From<FirFault> for InjectedFault {
     fn from(f: FirFault) -> Self {
         InjectedFault::Fir(f)
+    }
+}
+
+impl From<DudetxFault> for InjectedFault {
+    fn from(f: DudetxFault) -> Self {
+        InjectedFault::Dudetx(f)
     }
 }
 
@@ -235,7 +250,7 @@ mod tests {
         let all = InjectedFault::all();
         assert_eq!(
             all.len(),
-            Fault::ALL.len() + ZenFault::ALL.len() + FirFault::ALL.len()
+            Fault::ALL.len() + ZenFault::ALL.len() + FirFault::ALL.len() + DudetxFault::ALL.len()
         );
         let mut names: Vec<&str> = all.iter().map(|f| f.name()).collect();
         names.sort();

@@ -56,7 +56,11 @@ pub const ENGINES: &[EngineKind] = &[
     EngineKind::Wbl,
     EngineKind::Zen,
     EngineKind::Fir,
+    EngineKind::Dudetx,
 ];
+
+/// DUDETx's group size under the crash harness (async mode persists every this many commits).
+pub const DUDETX_CRASH_GROUP: usize = 3;
 
 /// Whether the suite runs `engine` with `protocol` under `domain`; `Err` says why not.
 pub fn supported(
@@ -146,6 +150,9 @@ pub struct CrashTestConfig {
     pub window_slot_bytes: Option<usize>,
     /// Where the tables' primary indexes live (`pm`: Falcon's persistent indexes, issue 17).
     pub index: crate::index::IndexPlacement,
+    /// DUDETx: sync (every acknowledged commit must survive) or async (everything up to the
+    /// durable id reported after each commit must survive, nothing after a gap may appear).
+    pub dudetx_mode: crate::engine::dudetx::DurabilityMode,
 }
 
 /// Log-ring slots per thread of an inp database under test (see `CrashTestConfig::db_config`):
@@ -178,6 +185,7 @@ impl CrashTestConfig {
             rounds: 1,
             window_slot_bytes: None,
             index: crate::index::IndexPlacement::Dram,
+            dudetx_mode: crate::engine::dudetx::DurabilityMode::Sync,
         }
     }
 
@@ -205,6 +213,15 @@ impl CrashTestConfig {
         // The simulator's events must come from the threads it drives: the recovery sweep runs
         // in them (as transactions reach pages, and in the structure check).
         c.background_recovery = false;
+        if self.engine == EngineKind::Dudetx {
+            // Persist and reproduce in the threads the simulator drives; a one-page log ring
+            // that the run wraps; async commits persisted in groups of three, so that crashes
+            // find committed transactions that are not durable yet.
+            c.dudetx_background = false;
+            c.dudetx_log_pages = 1;
+            c.dudetx_mode = self.dudetx_mode;
+            c.dudetx_group = DUDETX_CRASH_GROUP;
+        }
         if self.engine == EngineKind::Fir {
             // Checkpoints inside the crash window, at points the run reproduces (a background
             // thread's would land at different events each run).
@@ -238,7 +255,10 @@ impl CrashTestConfig {
     pub fn check(&self) -> Result<(), CrashTestError> {
         supported(self.engine, self.domain, self.protocol).map_err(CrashTestError::Unsupported)?;
         if self.index == crate::index::IndexPlacement::Pm
-            && matches!(self.engine, EngineKind::Zen | EngineKind::Volatile)
+            && matches!(
+                self.engine,
+                EngineKind::Zen | EngineKind::Volatile | EngineKind::Dudetx
+            )
         {
             return Err(CrashTestError::Unsupported(format!(
                 "--index pm: engine {} does not support persistent indexes",
@@ -287,6 +307,9 @@ impl CrashTestConfig {
         }
         if self.index == crate::index::IndexPlacement::Pm {
             s.push_str(" --index pm");
+        }
+        if self.engine == EngineKind::Dudetx {
+            s.push_str(&format!(" --dudetx-mode {}", self.dudetx_mode));
         }
         s
     }

@@ -15,6 +15,7 @@
 
 use crate::catalog::{ColumnType, Schema, TableId};
 use crate::cc::Protocol;
+use crate::engine::dudetx::{DudetxConfig, DudetxEngine, DudetxFault, DurabilityMode};
 use crate::engine::falcon::{FalconConfig, FalconEngine};
 use crate::engine::fir::{FirConfig, FirEngine, FirFault};
 use crate::engine::zen::{ZenConfig, ZenEngine, ZenFault};
@@ -102,6 +103,18 @@ pub struct DbConfig {
     /// transactions that reach each page and to [`Db::check_structure`] (the crash simulator,
     /// whose PM events must come from the threads it drives).
     pub background_recovery: bool,
+    /// DUDETx: when commits return (sync: once durable, the default; async: at once, with
+    /// [`Engine::durable_tid`] telling what is durable).
+    pub dudetx_mode: DurabilityMode,
+    /// DUDETx: transactions combined into one persisted log record at most (§3.3; default 64).
+    pub dudetx_group: usize,
+    /// DUDETx: 2 MiB pages of the PM log ring, for a new pool (default 8).
+    pub dudetx_log_pages: usize,
+    /// DUDETx: persist and reproduce in background threads (true, the default) or inline in the
+    /// committing thread (the crash simulator's setting).
+    pub dudetx_background: bool,
+    /// DUDETx: a deliberate ordering bug for the crash harness (test-only).
+    pub dudetx_fault: Option<DudetxFault>,
 }
 
 impl Default for DbConfig {
@@ -135,6 +148,11 @@ impl Default for DbConfig {
             temporary: false,
             index_placement: crate::index::IndexPlacement::Dram,
             background_recovery: true,
+            dudetx_mode: DurabilityMode::Sync,
+            dudetx_group: 64,
+            dudetx_log_pages: 8,
+            dudetx_background: true,
+            dudetx_fault: None,
         }
     }
 }
@@ -252,6 +270,19 @@ impl DbConfig {
             .fir_checkpoint_interval_ms
             .map(std::time::Duration::from_millis);
         c.checkpoint_every_commits = self.fir_checkpoint_every_commits;
+        c
+    }
+
+    fn dudetx(&self) -> DudetxConfig {
+        let mut c = DudetxConfig::new(self.protocol);
+        c.cc_options = self.cc_options;
+        c.max_threads = self.max_threads;
+        c.max_row_bytes = self.max_row_bytes;
+        c.mode = self.dudetx_mode;
+        c.group = self.dudetx_group;
+        c.log_pages = self.dudetx_log_pages;
+        c.background = self.dudetx_background;
+        c.fault = self.dudetx_fault;
         c
     }
 
@@ -485,6 +516,21 @@ impl Db {
                 FirEngine::create(pool, fir)?
             } else {
                 FirEngine::open(pool, fir)?
+            });
+        }
+        if config.engine == EngineKind::Dudetx {
+            if config.index_placement == crate::index::IndexPlacement::Pm {
+                return Err(DbError::Config(
+                    "engine dudetx keeps its indexes in the DRAM shadow (DUDETx §3.1): use \
+                     --index dram, or falcon for persistent indexes"
+                        .into(),
+                ));
+            }
+            let dudetx = config.dudetx();
+            return Ok(if create {
+                DudetxEngine::create(pool, dudetx)?
+            } else {
+                DudetxEngine::open(pool, dudetx)?
             });
         }
         if config.engine == EngineKind::Zen {

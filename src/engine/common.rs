@@ -97,6 +97,26 @@ impl PhaseClock {
     }
 }
 
+/// `Display` (its `name()`) and `FromStr` (one of its `ALL` by name, via [`parse_named`]) for an
+/// engine's test-only fault enum; `$what` names the kind of name in the error ("dudetx fault").
+macro_rules! named_fault {
+    ($t:ty, $what:expr) => {
+        impl std::fmt::Display for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+
+        impl std::str::FromStr for $t {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                crate::engine::common::parse_named(s, &<$t>::ALL, <$t>::name, $what)
+            }
+        }
+    };
+}
+pub(crate) use named_fault;
+
 /// Finds the item of `all` whose `name` is `s`; the error lists every name (`what` says which
 /// kind of name it is, e.g. "fault").
 pub(crate) fn parse_named<T: Copy>(

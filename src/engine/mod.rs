@@ -13,6 +13,7 @@
 //!   asynchronous (DUDETx): for the others it is the last commit that returned.
 
 mod common;
+pub mod dudetx;
 pub use common::{MAX_HOT_TUPLES, MAX_PARTITIONS};
 pub mod falcon;
 pub mod fir;
@@ -49,11 +50,14 @@ pub enum EngineKind {
     /// FIR (Electronics'25): time-ordered append-only regions on PM, tuple headers in DRAM,
     /// MVTO, a last-committed-transaction table as the commit record.
     Fir,
+    /// DUDETx (2017): transactions perform on a DRAM shadow, a redo log is persisted and
+    /// reproduced onto the PM heap in the background.
+    Dudetx,
 }
 
 impl EngineKind {
     /// Every engine, in CLI order.
-    pub const ALL: [EngineKind; 9] = [
+    pub const ALL: [EngineKind; 10] = [
         EngineKind::Falcon,
         EngineKind::FalconNoflush,
         EngineKind::FalconAllflush,
@@ -63,6 +67,7 @@ impl EngineKind {
         EngineKind::Volatile,
         EngineKind::Zen,
         EngineKind::Fir,
+        EngineKind::Dudetx,
     ];
 
     /// The command-line name.
@@ -77,6 +82,7 @@ impl EngineKind {
             EngineKind::Volatile => "volatile",
             EngineKind::Zen => "zen",
             EngineKind::Fir => "fir",
+            EngineKind::Dudetx => "dudetx",
         }
     }
 
@@ -94,6 +100,7 @@ impl EngineKind {
             EngineKind::Volatile => "volatile",
             EngineKind::Zen => "zen",
             EngineKind::Fir => "fir",
+            EngineKind::Dudetx => "dudetx",
         }
     }
 
@@ -105,6 +112,7 @@ impl EngineKind {
             "fir" => Some(EngineKind::Fir),
             "wbl" => Some(EngineKind::Wbl),
             "volatile" => Some(EngineKind::Volatile),
+            "dudetx" => Some(EngineKind::Dudetx),
             _ => None,
         }
     }
@@ -143,7 +151,7 @@ impl std::fmt::Display for EngineKind {
 
 /// The error of parsing an unknown engine name.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("unknown engine '{0}' (expected one of: falcon, falcon-noflush, falcon-allflush, inp, outp, wbl, volatile, zen, fir)")]
+#[error("unknown engine '{0}' (expected one of: falcon, falcon-noflush, falcon-allflush, inp, outp, wbl, volatile, zen, fir, dudetx)")]
 pub struct UnknownEngine(pub String);
 
 impl std::str::FromStr for EngineKind {

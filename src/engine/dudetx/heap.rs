@@ -1,0 +1,190 @@
+//! The PM heap (§3.1's "PM copy"): every table's rows in fixed-size slots of heap pages, written
+//! only by the reproduce step (one thread at a time), in transaction order. Its DRAM directory
+//! (key → slot, free slots) is rebuilt from the pages at open.
+
+use super::layout::{kind, slot};
+use super::log::Op;
+use super::DudetxFault;
+use crate::alloc::{PageManager, PageTag, PAGE_SIZE};
+use crate::catalog::{Catalog, TableId};
+use crate::engine::DbError;
+use crate::pmem::Pool;
+use std::collections::HashMap;
+
+/// One table's part of the heap.
+#[derive(Default)]
+pub(crate) struct HeapTable {
+    /// Row bytes.
+    row: usize,
+    /// Slot bytes.
+    slot: u64,
+    /// Key → slot offset of its live row.
+    pub index: HashMap<u64, u64>,
+    /// Free slots.
+    free: Vec<u64>,
+    /// Heap pages (offsets).
+    pub pages: Vec<u64>,
+}
+
+/// The heap's DRAM directory.
+pub(crate) struct Heap {
+    pub tables: Vec<HeapTable>,
+}
+
+impl Heap {
+    /// An empty directory for `catalog`'s tables.
+    pub fn new(catalog: &Catalog) -> Heap {
+        let mut h = Heap { tables: Vec::new() };
+        h.sync_tables(catalog);
+        h
+    }
+
+    /// Adds the tables of `catalog` the directory does not have yet.
+    pub fn sync_tables(&mut self, catalog: &Catalog) {
+        for schema in &catalog.tables[self.tables.len().min(catalog.tables.len())..] {
+            let row = schema.row_size();
+            self.tables.push(HeapTable {
+                row,
+                slot: slot::size(row),
+                ..HeapTable::default()
+            });
+        }
+    }
+
+    /// Rebuilds the directory from the heap pages: a slot is live when its state word says so;
+    /// every other slot is free (a slot a crash interrupted before its state word is free too).
+    pub fn load(pool: &Pool, pages: &PageManager, catalog: &Catalog) -> Result<Heap, DbError> {
+        let mut heap = Heap::new(catalog);
+        for (index, tag) in pages.allocated(pool)? {
+            if tag.kind != kind::HEAP {
+                continue;
+            }
+            let page = pages.page_offset(index);
+            let Some(t) = heap.tables.get_mut(tag.value as usize) else {
+                return Err(DbError::Corrupt(format!(
+                    "heap page {index} belongs to table {}, which the catalog does not have",
+                    tag.value
+                )));
+            };
+            t.pages.push(page);
+            let slots = PAGE_SIZE / t.slot;
+            for i in (0..slots).rev() {
+                let at = page + i * t.slot;
+                if pool.read_u64(at + slot::STATE) == slot::LIVE {
+                    let key = pool.read_u64(at + slot::KEY);
+                    if let Some(other) = t.index.insert(key, at) {
+                        return Err(DbError::Corrupt(format!(
+                            "key {key} of table {} is live in two heap slots ({other} and {at})",
+                            tag.value
+                        )));
+                    }
+                } else {
+                    t.free.push(at);
+                }
+            }
+        }
+        Ok(heap)
+    }
+
+    /// A free slot of `table`, taking a new page when none is left.
+    fn take_slot(
+        &mut self,
+        pool: &Pool,
+        pages: &PageManager,
+        table: TableId,
+    ) -> Result<u64, String> {
+        let t = &mut self.tables[table as usize];
+        if let Some(at) = t.free.pop() {
+            return Ok(at);
+        }
+        let tag = PageTag {
+            kind: kind::HEAP,
+            owner: 0,
+            value: u64::from(table),
+        };
+        let index = pages.allocate(pool, tag).map_err(|e| {
+            format!(
+                "the PM heap of table {table} needs a new page: {e}; {}",
+                crate::engine::common::PM_FULL_ADVICE
+            )
+        })?;
+        let page = pages.page_offset(index);
+        t.pages.push(page);
+        let slots = PAGE_SIZE / t.slot;
+        t.free.extend((1..slots).rev().map(|i| page + i * t.slot));
+        Ok(page)
+    }
+
+    /// Applies one op (§3.1 reproduce): a put writes key and row, makes them durable, and only
+    /// then marks a new slot live; an update rewrites the row in place (a torn row is redone from
+    /// the log, which is truncated only after the heap writes are durable); a delete clears the
+    /// state word.
+    pub fn apply(
+        &mut self,
+        pool: &Pool,
+        pages: &PageManager,
+        op: &Op,
+        fault: Option<DudetxFault>,
+    ) -> Result<(), String> {
+        let Some(t) = self.tables.get(op.table as usize) else {
+            return Err(format!(
+                "a log record writes table {}, which does not exist",
+                op.table
+            ));
+        };
+        let flush = fault != Some(DudetxFault::SkipHeapFlush);
+        match &op.row {
+            Some(row) => {
+                if row.len() != t.row {
+                    return Err(format!(
+                        "a log record writes a row of {} bytes into table {} (rows of {} bytes)",
+                        row.len(),
+                        op.table,
+                        t.row
+                    ));
+                }
+                if let Some(&at) = t.index.get(&op.key) {
+                    pool.write_bytes(at + slot::HEADER, row);
+                    if flush {
+                        pool.persist(at + slot::HEADER, row.len() as u64);
+                    }
+                    return Ok(());
+                }
+                let at = self.take_slot(pool, pages, op.table)?;
+                pool.write_u64(at + slot::KEY, op.key);
+                pool.write_bytes(at + slot::HEADER, row);
+                if flush {
+                    pool.persist(at, slot::HEADER + row.len() as u64);
+                }
+                pool.write_u64(at + slot::STATE, slot::LIVE);
+                if flush {
+                    pool.persist(at + slot::STATE, 8);
+                }
+                self.tables[op.table as usize].index.insert(op.key, at);
+            }
+            None => {
+                let t = &mut self.tables[op.table as usize];
+                if let Some(at) = t.index.remove(&op.key) {
+                    pool.write_u64(at + slot::STATE, 0);
+                    if flush {
+                        pool.persist(at + slot::STATE, 8);
+                    }
+                    t.free.push(at);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The live rows of `table`, by key.
+    pub fn rows(&self, pool: &Pool, table: TableId) -> Vec<(u64, Vec<u8>)> {
+        let t = &self.tables[table as usize];
+        let mut rows: Vec<(u64, Vec<u8>)> = t
+            .index
+            .iter()
+            .map(|(&k, &at)| (k, pool.read_vec(at + slot::HEADER, t.row)))
+            .collect();
+        rows.sort_unstable_by_key(|r| r.0);
+        rows
+    }
+}

@@ -1,0 +1,517 @@
+//! DUDETx (Liu et al., "DUDETM: Building Durable Transactions with Decoupling for Persistent
+//! Memory", ASPLOS'17; `shared/papers/004_*.txt`) as a table engine: `--engine dudetx`; see
+//! docs/ARCHITECTURE.md ("DUDETx").
+//!
+//! # How the paper maps onto the code
+//!
+//! | paper | code |
+//! | --- | --- |
+//! | §3.1 *perform* on a DRAM shadow with a volatile TM | the shadow: the `volatile` engine (Falcon with durability off) on a DRAM pool, run through the project's protocols; `worker.rs` |
+//! | §3.2 thread-local volatile redo log, global transaction id | `worker.rs` (after-images), `DudetxEngine::commit` (ids in commit order) |
+//! | §3.2 *persist* threads flush logs, advance the durable id | `pipeline::Core::{persist_loop, write_record}` |
+//! | §3.1 *reproduce* applies persisted logs to the PM heap in id order, recycles the log | `pipeline::Core::{reproduce_loop, reproduce_records}`, `heap.rs` |
+//! | §3.3 log combination and LZ4 compression, group size | `log.rs`, `DudetxConfig::group` |
+//! | §3.5 recovery: replay persisted, un-reproduced logs, rebuild the shadow | `recovery.rs` |
+//! | sync/async durability | [`DurabilityMode`] |
+//!
+//! A transaction *performs* on the shadow: the shadow engine's worker buffers and validates it
+//! under the configured protocol (OCC by default). Its write set is kept as after-images (an
+//! update reads the row first). At commit the worker takes the engine's commit lock, commits on
+//! the shadow, takes the next transaction id and queues its redo log, in that order, so ids
+//! follow the shadow's commit order (a transaction that read another's write commits after it
+//! and gets a larger id). The *persist* step takes up to `group` queued logs, combines them
+//! (each row's last write only), compresses the result with LZ4, writes it as one record to the
+//! PM log ring, makes it durable, and then stores and persists the durable id (the largest id in
+//! it). The *reproduce* step applies persisted records to the PM heap in id order, makes the
+//! heap writes durable, and then truncates the log (last reproduced id, then the head position).
+//!
+//! # Durability modes
+//!
+//! [`DurabilityMode::Sync`] (the default): `commit` returns once the transaction's id is durable,
+//! so every acknowledged transaction survives a crash. [`DurabilityMode::Async`] (the paper's
+//! default): `commit` returns as soon as the shadow commit is done; [`Engine::durable_tid`] says
+//! which ids are durable, and a crash keeps exactly the transactions up to the durable id
+//! persisted last (a prefix in id order: never one after a gap).
+//!
+//! # Domains
+//!
+//! ADR: the log record is written back and fenced before the durable id is stored, and the
+//! durable id is written back and fenced before a sync commit returns; the heap writes of a
+//! reproduce step are written back and fenced before the truncation words. eADR: the same stores
+//! in the same order, whose write-backs cost nothing (the caches are persistent and x86 keeps
+//! stores in program order).
+//!
+//! # Departures from the paper, and why
+//!
+//! - **The shadow is a whole DRAM copy of the tables**, not a page-level shadow of a PM heap with
+//!   paging (§3.4): a table engine's rows already live in a DRAM engine (the `volatile` one), so
+//!   *perform* reuses it and its protocols. Shadow paging (a shadow smaller than PM) is not built.
+//! - **Logs are row after-images**, not word-level (address, value) pairs: the table workloads
+//!   write rows, and whole after-images make replay idempotent, so recovery can replay from the
+//!   truncation point without knowing exactly where reproduce stopped.
+//! - **One commit lock orders ids**: TinySTM's global clock increments at commit while the write
+//!   locks are held; here the commit lock covers the shadow commit and the id, because the
+//!   shadow's protocols do not expose their commit point.
+//! - **One persist thread and one reproduce thread** (§3.2 allows several persist threads); the
+//!   persist thread takes what is queued, up to `group` transactions, rather than waiting to fill
+//!   a group (a sync commit would otherwise wait for later ones).
+//! - **Inline steps in the crash simulator** (`background: false`): the simulator's crash points
+//!   are PM events of the threads it drives, so there the committing thread persists (sync: every
+//!   commit; async: every `group` commits) and reproduces (when more than two records wait).
+//! - **No STM, HTM or lock-based perform modes of their own** (§4, §5): the shadow's protocols
+//!   (OCC, 2PL variants, MVCC, ...) are the perform modes. HTM would need RTM, which the machine
+//!   this was built on lacks.
+//! - **The PM heap's allocator is the heap directory** (DRAM, rebuilt from slot state words at
+//!   open) rather than §3.6's allocation logs: a slot becomes live only through a reproduced put,
+//!   so the logs already say everything an allocation log would.
+
+mod heap;
+pub mod layout;
+pub mod log;
+mod pipeline;
+mod recovery;
+mod worker;
+
+pub use pipeline::LogStats;
+
+use crate::alloc::{PageManager, PageTag, PAGE_SIZE};
+use crate::catalog::{Catalog, CatalogStore, Schema, TableId};
+use crate::cc::{CcOptions, Protocol, MAX_THREADS};
+use crate::engine::falcon::{FalconConfig, FalconEngine};
+use crate::engine::{DbError, Engine, EngineKind, EngineWorker, RecoveryReport, TxError};
+use crate::pmem::{PersistenceDomain, Pool, PoolOptions};
+use layout::{kind, meta};
+use parking_lot::Mutex;
+use pipeline::Core;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// When a DUDETx commit returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DurabilityMode {
+    /// Once the transaction is durable (its redo record and the durable id persisted).
+    Sync,
+    /// At once; [`Engine::durable_tid`] tells what is durable.
+    Async,
+}
+
+impl std::str::FromStr for DurabilityMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "sync" => Ok(DurabilityMode::Sync),
+            "async" => Ok(DurabilityMode::Async),
+            _ => Err(format!(
+                "unknown DUDETx durability mode '{s}' (expected sync or async)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for DurabilityMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DurabilityMode::Sync => "sync",
+            DurabilityMode::Async => "async",
+        })
+    }
+}
+
+/// A deliberate bug in one ordering step, for showing that the crash harness catches it
+/// (test-only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DudetxFault {
+    /// The log record is not written back before the durable id (ADR).
+    SkipLogFlush,
+    /// The durable id is stored and persisted before the log record is written.
+    DurableIdFirst,
+    /// Reproduce does not write back the heap before truncating the log (ADR).
+    SkipHeapFlush,
+    /// The log is truncated before its records are reproduced onto the heap.
+    TruncateFirst,
+}
+
+impl DudetxFault {
+    /// Every fault.
+    pub const ALL: [DudetxFault; 4] = [
+        DudetxFault::SkipLogFlush,
+        DudetxFault::DurableIdFirst,
+        DudetxFault::SkipHeapFlush,
+        DudetxFault::TruncateFirst,
+    ];
+
+    /// The command-line name (unique over every engine's faults).
+    pub fn name(self) -> &'static str {
+        match self {
+            DudetxFault::SkipLogFlush => "dudetx-skip-log-flush",
+            DudetxFault::DurableIdFirst => "dudetx-durable-id-first",
+            DudetxFault::SkipHeapFlush => "dudetx-skip-heap-flush",
+            DudetxFault::TruncateFirst => "dudetx-truncate-first",
+        }
+    }
+
+    /// What the fault breaks.
+    pub fn describe(self) -> &'static str {
+        match self {
+            DudetxFault::SkipLogFlush => {
+                "persist does not write back the log record before the durable id"
+            }
+            DudetxFault::DurableIdFirst => {
+                "the durable id is advanced before the log record is written"
+            }
+            DudetxFault::SkipHeapFlush => {
+                "reproduce does not write back the heap before truncating the log"
+            }
+            DudetxFault::TruncateFirst => "the log is truncated before its records are reproduced",
+        }
+    }
+
+    /// Whether the fault only removes a write-back (harmless under eADR).
+    pub fn only_removes_ordinary_flushes(self) -> bool {
+        matches!(self, DudetxFault::SkipLogFlush | DudetxFault::SkipHeapFlush)
+    }
+}
+
+crate::engine::common::named_fault!(DudetxFault, "dudetx fault");
+
+/// DUDETx's parameters.
+#[derive(Clone, Debug)]
+pub struct DudetxConfig {
+    /// The shadow's concurrency-control protocol (the *perform* mode).
+    pub protocol: Protocol,
+    /// Options of the protocol.
+    pub cc_options: CcOptions,
+    /// Worker slots.
+    pub max_threads: usize,
+    /// The row size limit.
+    pub max_row_bytes: usize,
+    /// When commits return.
+    pub mode: DurabilityMode,
+    /// Transactions combined into one log record at most (§3.3; 1: no combination).
+    pub group: usize,
+    /// 2 MiB pages of the log ring (fixed when the pool is formatted).
+    pub log_pages: usize,
+    /// Persist and reproduce in background threads (true) or inline in the committing thread
+    /// (false: for the crash simulator).
+    pub background: bool,
+    /// A deliberate ordering bug (test-only).
+    pub fault: Option<DudetxFault>,
+}
+
+impl DudetxConfig {
+    /// Defaults: sync mode, groups of up to 64 transactions, an 8-page (16 MiB) log ring,
+    /// background threads, 16 threads, rows up to 4 KiB.
+    pub fn new(protocol: Protocol) -> DudetxConfig {
+        DudetxConfig {
+            protocol,
+            cc_options: CcOptions::default(),
+            max_threads: 16,
+            max_row_bytes: 4096,
+            mode: DurabilityMode::Sync,
+            group: 64,
+            log_pages: 8,
+            background: true,
+            fault: None,
+        }
+    }
+
+    fn validate(&self) -> Result<(), DbError> {
+        if self.max_threads == 0 || self.max_threads >= MAX_THREADS {
+            return Err(DbError::Config(format!(
+                "max_threads must be 1 to {} for dudetx (one slot is its own)",
+                MAX_THREADS - 1
+            )));
+        }
+        if self.group == 0 || self.group > 1 << 20 {
+            return Err(DbError::Config(format!(
+                "the DUDETx group size must be 1 to {} transactions, not {}",
+                1 << 20,
+                self.group
+            )));
+        }
+        if self.log_pages == 0 || self.log_pages > 4096 {
+            return Err(DbError::Config(format!(
+                "the DUDETx log ring must have 1 to 4096 pages of 2 MiB, not {}",
+                self.log_pages
+            )));
+        }
+        if self.max_row_bytes == 0 || layout::slot::size(self.max_row_bytes) > PAGE_SIZE {
+            return Err(DbError::Config(
+                "max_row_bytes must be between 1 byte and a 2 MiB page".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The DUDETx engine.
+pub struct DudetxEngine {
+    pub(crate) core: Arc<Core>,
+    /// The DRAM shadow (§3.1): the volatile engine.
+    shadow: Arc<dyn Engine>,
+    catalog_store: CatalogStore,
+    catalog: Mutex<Catalog>,
+    /// Orders ids with shadow commits.
+    commit_lock: Mutex<()>,
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    report: Option<RecoveryReport>,
+}
+
+/// The DUDETx meta page's layout with `fields`.
+fn meta_layout(fields: &[(u64, u64)]) -> crate::engine::meta::MetaLayout<'_> {
+    crate::engine::meta::MetaLayout {
+        page_kind: kind::META,
+        magic_at: meta::F_MAGIC,
+        magic: meta::MAGIC,
+        catalog_at: meta::CATALOG_AT,
+        catalog_slot_bytes: meta::CATALOG_SLOT_BYTES,
+        fields,
+        crc_at: meta::F_CRC,
+    }
+}
+
+/// A fresh DRAM shadow for a PM pool of `pm_bytes` (§3.1): the volatile engine on an in-memory
+/// pool, with one worker slot more than the engine's for loading and checking. Its size is
+/// virtual room (the memory is touched only as rows arrive): twice the PM pool, plus pages for
+/// each worker's own heap and log window.
+fn make_shadow(config: &DudetxConfig, pm_bytes: u64) -> Result<Arc<dyn Engine>, DbError> {
+    let slots = config.max_threads + 1;
+    let size = 2 * pm_bytes + (4 + 8 * slots as u64) * PAGE_SIZE;
+    let pool = Pool::create_in_memory(
+        size,
+        &PoolOptions::new(EngineKind::Volatile.layout(), PersistenceDomain::Volatile)
+            .with_counting(false),
+    )?;
+    let mut c = FalconConfig::new(EngineKind::Volatile, config.protocol);
+    c.max_threads = slots;
+    c.max_row_bytes = config.max_row_bytes;
+    c.hot_tuples = 0;
+    c.cc_options = config.cc_options;
+    c.background_sweep = false;
+    let engine: Arc<dyn Engine> = FalconEngine::create(Arc::new(pool), c)?;
+    Ok(engine)
+}
+
+impl DudetxEngine {
+    /// Formats a fresh pool for DUDETx.
+    pub fn create(pool: Arc<Pool>, config: DudetxConfig) -> Result<Arc<DudetxEngine>, DbError> {
+        config.validate()?;
+        crate::engine::common::require_durable_domain(EngineKind::Dudetx, pool.domain())?;
+        let (pages, meta_page) = crate::engine::meta::format(
+            &pool,
+            &meta_layout(&[
+                (meta::F_VERSION, meta::VERSION),
+                (meta::F_MAX_ROW, config.max_row_bytes as u64),
+                (meta::F_CATALOG_SLOT, meta::CATALOG_SLOT_BYTES),
+                (meta::F_LOG_PAGES, config.log_pages as u64),
+            ]),
+        )?;
+        let ring = recovery::log_ring(&pool, &pages, config.log_pages, true)?;
+        let catalog = Catalog::default();
+        let heap = heap::Heap::new(&catalog);
+        let shadow = make_shadow(&config, pool.len())?;
+        let core = Core::new(pool, pages, meta_page, ring, config, heap, 0, 0);
+        Self::assemble(core, shadow, catalog, None)
+    }
+
+    /// Opens a DUDETx pool, recovering it (§3.5).
+    pub fn open(pool: Arc<Pool>, config: DudetxConfig) -> Result<Arc<DudetxEngine>, DbError> {
+        recovery::open(pool, config)
+    }
+
+    fn assemble(
+        core: Core,
+        shadow: Arc<dyn Engine>,
+        catalog: Catalog,
+        report: Option<RecoveryReport>,
+    ) -> Result<Arc<DudetxEngine>, DbError> {
+        let core = Arc::new(core);
+        let threads = if core.config.background {
+            core.start().map_err(DbError::Config)?
+        } else {
+            Vec::new()
+        };
+        Ok(Arc::new(DudetxEngine {
+            catalog_store: CatalogStore {
+                base: core.meta_page + meta::CATALOG_AT,
+                slot_bytes: meta::CATALOG_SLOT_BYTES,
+            },
+            core,
+            shadow,
+            catalog: Mutex::new(catalog),
+            commit_lock: Mutex::new(()),
+            threads: Mutex::new(threads),
+            report,
+        }))
+    }
+
+    /// The row size of `table`.
+    pub(crate) fn row_len(&self, table: TableId) -> Result<usize, TxError> {
+        self.catalog
+            .lock()
+            .tables
+            .get(table as usize)
+            .map(Schema::row_size)
+            .ok_or_else(|| TxError::SchemaMismatch(format!("no table {table}")))
+    }
+
+    /// What log combination and compression did so far (§3.3).
+    pub fn log_stats(&self) -> LogStats {
+        self.core.stats()
+    }
+
+    /// The durability mode.
+    pub fn mode(&self) -> DurabilityMode {
+        self.core.config.mode
+    }
+
+    /// Persists and reproduces everything committed so far.
+    pub fn drain(&self) -> Result<(), DbError> {
+        self.core
+            .drain()
+            .map_err(|e| DbError::Tx(TxError::PmFull(e)))
+    }
+
+    /// Commits the shadow transaction of `inner` with redo log `log` (§3.2): under the commit
+    /// lock the shadow commit, the next id and the log's place in the queue; then, in sync mode,
+    /// the wait until the id is durable.
+    pub(crate) fn commit(
+        &self,
+        inner: &mut dyn EngineWorker,
+        log: Vec<u8>,
+    ) -> Result<u64, TxError> {
+        if let Some(why) = self.core.state.lock().failed.clone() {
+            inner.abort();
+            return Err(TxError::PmFull(why));
+        }
+        let limit = pipeline::max_record_raw(self.core.ring.capacity());
+        if log.len() > limit {
+            inner.abort();
+            return Err(TxError::RowTooLarge(format!(
+                "the transaction's redo log of {} bytes exceeds a quarter of the DUDETx log ring \
+                 ({limit} bytes): split the transaction or format the pool with a larger log \
+                 (DbConfig::dudetx_log_pages)",
+                log.len()
+            )));
+        }
+        let id = {
+            let _order = self.commit_lock.lock();
+            inner.commit()?;
+            let id = self.core.committed.load(Ordering::Relaxed) + 1;
+            self.core.committed.store(id, Ordering::Release);
+            self.core.enqueue(id, log).map_err(TxError::PmFull)?;
+            id
+        };
+        if self.core.config.mode == DurabilityMode::Sync {
+            self.core.wait_durable(id).map_err(TxError::PmFull)?;
+        }
+        Ok(id)
+    }
+}
+
+impl Drop for DudetxEngine {
+    fn drop(&mut self) {
+        // A clean close persists and reproduces what is queued (the threads finish the queue
+        // before they stop); after a simulated power failure nothing more may touch PM.
+        let crashed = self.core.pool.crash_sim().is_some_and(|s| s.has_crashed());
+        if crashed {
+            return;
+        }
+        if !self.core.config.background {
+            // Inline steps: an async run's last partial group is persisted here. A failure
+            // (a full heap) leaves the records in the log, for recovery to replay.
+            let _ = self.core.drain();
+        }
+        self.core.stop();
+        for h in self.threads.lock().drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Engine for DudetxEngine {
+    fn kind(&self) -> EngineKind {
+        EngineKind::Dudetx
+    }
+
+    fn domain(&self) -> PersistenceDomain {
+        self.core.pool.domain()
+    }
+
+    fn catalog(&self) -> Catalog {
+        self.catalog.lock().clone()
+    }
+
+    fn create_table(&self, schema: Schema) -> Result<TableId, DbError> {
+        if schema.index_placement == Some(crate::index::IndexPlacement::Pm) {
+            return Err(DbError::Config(format!(
+                "table '{}': engine dudetx keeps its indexes in the DRAM shadow (§3.1); use \
+                 --index dram",
+                schema.name
+            )));
+        }
+        let mut catalog = self.catalog.lock();
+        let mut next = catalog.clone();
+        let id = next.add(schema.clone(), self.core.config.max_row_bytes)?;
+        self.catalog_store.store(&self.core.pool, &next)?;
+        let shadow_id = self.shadow.create_table(schema)?;
+        if shadow_id != id {
+            return Err(DbError::Corrupt(format!(
+                "the DRAM shadow numbered table {id} as {shadow_id}"
+            )));
+        }
+        self.core.heap.lock().sync_tables(&next);
+        *catalog = next;
+        Ok(id)
+    }
+
+    fn worker(self: Arc<Self>, thread: usize) -> Result<Box<dyn EngineWorker>, DbError> {
+        if thread >= self.core.config.max_threads {
+            return Err(DbError::NoWorkerSlot(self.core.config.max_threads));
+        }
+        let inner = self.shadow.clone().worker(thread)?;
+        Ok(Box::new(worker::DudetxWorker::new(self, inner)))
+    }
+
+    fn recovery_report(&self) -> Option<RecoveryReport> {
+        self.report.clone()
+    }
+
+    fn pool(&self) -> Option<&Arc<Pool>> {
+        Some(&self.core.pool)
+    }
+
+    fn durable_tid(&self) -> u64 {
+        self.core.durable.load(Ordering::Acquire)
+    }
+
+    fn check_structure(&self) -> Result<Vec<u64>, String> {
+        let counts = self.shadow.check_structure()?;
+        let _order = self.commit_lock.lock();
+        self.core.drain()?;
+        recovery::compare_heap_with_shadow(self, &counts)?;
+        Ok(counts)
+    }
+}
+
+/// Allocates the log ring's pages, numbered in ring order.
+fn allocate_log_pages(
+    pool: &Pool,
+    pages: &PageManager,
+    from: usize,
+    to: usize,
+) -> Result<(), DbError> {
+    for i in from..to {
+        pages.allocate(
+            pool,
+            PageTag {
+                kind: kind::LOG,
+                owner: 0,
+                value: i as u64,
+            },
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,611 @@
+//! The decoupled back end (§3.1–§3.2): committed transactions' redo logs wait in a queue in
+//! commit (id) order; the *persist* step combines a group of them (§3.3), writes one record to
+//! the PM log ring, makes it durable and then advances the durable id; the *reproduce* step
+//! applies persisted records to the PM heap in id order, makes that durable, and truncates the
+//! log. The steps run in two background threads, or (`background: false`, for the crash
+//! simulator, whose PM events must come from the threads it drives) inline in the committing
+//! thread.
+
+use super::heap::Heap;
+use super::layout::{meta, record};
+use super::log::{self, Op};
+use super::{DudetxConfig, DudetxFault, DurabilityMode};
+use crate::alloc::{PageManager, PAGE_SIZE};
+use crate::pmem::Pool;
+use parking_lot::{Condvar, Mutex};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// The log ring: pages in ring order; logical position p is byte p % capacity.
+pub(crate) struct LogRing {
+    /// Page offsets, by number in the ring.
+    pub pages: Vec<u64>,
+}
+
+impl LogRing {
+    /// Bytes the ring holds.
+    pub fn capacity(&self) -> u64 {
+        self.pages.len() as u64 * PAGE_SIZE
+    }
+
+    /// The pieces `[pos, pos + len)` occupies: (pool offset, offset in the range, length).
+    fn pieces(&self, pos: u64, len: u64) -> Vec<(u64, usize, u64)> {
+        let mut out = Vec::new();
+        let mut done = 0;
+        while done < len {
+            let at = (pos + done) % self.capacity();
+            let in_page = at % PAGE_SIZE;
+            let n = (PAGE_SIZE - in_page).min(len - done);
+            out.push((
+                self.pages[(at / PAGE_SIZE) as usize] + in_page,
+                done as usize,
+                n,
+            ));
+            done += n;
+        }
+        out
+    }
+
+    /// Writes `bytes` at logical position `pos`.
+    pub fn write(&self, pool: &Pool, pos: u64, bytes: &[u8]) {
+        for (off, from, n) in self.pieces(pos, bytes.len() as u64) {
+            pool.write_bytes(off, &bytes[from..from + n as usize]);
+        }
+    }
+
+    /// Writes back `[pos, pos + len)` (no fence).
+    pub fn flush(&self, pool: &Pool, pos: u64, len: u64) {
+        for (off, _, n) in self.pieces(pos, len) {
+            pool.flush(off, n);
+        }
+    }
+
+    /// Reads `len` bytes at logical position `pos`.
+    pub fn read(&self, pool: &Pool, pos: u64, len: u64) -> Vec<u8> {
+        let mut out = vec![0u8; len as usize];
+        for (off, from, n) in self.pieces(pos, len) {
+            pool.read_bytes(off, &mut out[from..from + n as usize]);
+        }
+        out
+    }
+}
+
+/// A record as the ring holds it, built from a group's combined log.
+pub(crate) fn build_record(first: u64, last: u64, pos: u64, raw: &[u8]) -> Vec<u8> {
+    let (payload, flags) = match log::compress(raw) {
+        Some(packed) => (packed, record::LZ4),
+        None => (raw.to_vec(), 0),
+    };
+    let total = (record::HEADER + payload.len()).div_ceil(8) * 8;
+    let mut rec = vec![0u8; total];
+    let put = |rec: &mut [u8], at: usize, v: u64| rec[at..at + 8].copy_from_slice(&v.to_le_bytes());
+    put(
+        &mut rec,
+        record::LEN,
+        payload.len() as u64 | u64::from(flags) << 32,
+    );
+    put(&mut rec, record::FIRST, first);
+    put(&mut rec, record::LAST, last);
+    put(&mut rec, record::RAW_CRC, raw.len() as u64);
+    put(&mut rec, record::POS, pos);
+    rec[record::HEADER..record::HEADER + payload.len()].copy_from_slice(&payload);
+    let crc = record_crc(&rec);
+    put(
+        &mut rec,
+        record::RAW_CRC,
+        raw.len() as u64 | u64::from(crc) << 32,
+    );
+    rec
+}
+
+/// CRC-32 of a record with its CRC half-word taken as zero.
+fn record_crc(rec: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&rec[..record::RAW_CRC + 4]);
+    h.update(&[0u8; 4]);
+    h.update(&rec[record::RAW_CRC + 8..]);
+    h.finalize()
+}
+
+/// A record read back from the ring.
+pub(crate) struct ParsedRecord {
+    pub first: u64,
+    pub last: u64,
+    /// Bytes it takes in the ring.
+    pub len: u64,
+    pub ops: Vec<Op>,
+}
+
+/// The intact record written at logical position `pos`, if there is one (a torn, stale or
+/// never-written one is `None`).
+pub(crate) fn parse_record(ring: &LogRing, pool: &Pool, pos: u64) -> Option<ParsedRecord> {
+    let header = ring.read(pool, pos, record::HEADER as u64);
+    let word = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().expect("8 bytes"));
+    if word(record::POS) != pos {
+        return None;
+    }
+    let stored = word(record::LEN) & 0xFFFF_FFFF;
+    let flags = (word(record::LEN) >> 32) as u32;
+    let raw_len = word(record::RAW_CRC) & 0xFFFF_FFFF;
+    let crc = (word(record::RAW_CRC) >> 32) as u32;
+    let total = (record::HEADER as u64 + stored).div_ceil(8) * 8;
+    if total > ring.capacity() || raw_len > ring.capacity() * 256 {
+        return None;
+    }
+    let rec = ring.read(pool, pos, total);
+    if record_crc(&rec) != crc {
+        return None;
+    }
+    let payload = &rec[record::HEADER..record::HEADER + stored as usize];
+    let raw = if flags & record::LZ4 != 0 {
+        log::decompress(payload, raw_len as usize).ok()?
+    } else {
+        payload.to_vec()
+    };
+    let ops = log::decode_ops(&raw).ok()?;
+    Some(ParsedRecord {
+        first: word(record::FIRST),
+        last: word(record::LAST),
+        len: total,
+        ops,
+    })
+}
+
+/// A record persisted but not yet reproduced.
+struct Persisted {
+    last: u64,
+    /// The log position after it.
+    end: u64,
+    ops: Vec<Op>,
+}
+
+/// The pipeline's shared state (under [`Core::state`]).
+#[derive(Default)]
+pub(crate) struct State {
+    /// Committed, not yet persisted: (id, encoded redo log), in id order.
+    queue: VecDeque<(u64, Vec<u8>)>,
+    /// The next log position to write.
+    pub tail: u64,
+    /// The truncation position.
+    pub head: u64,
+    /// Persisted, not yet reproduced, in id order.
+    persisted: VecDeque<Persisted>,
+    /// Why the pipeline stopped (a full PM heap); commits are refused then.
+    pub failed: Option<String>,
+    /// Drop asked the threads to finish.
+    stop: bool,
+    /// Threads still running.
+    running: usize,
+}
+
+/// What log combination and compression did (§3.3, §6.3).
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct LogStats {
+    /// Transactions logged.
+    pub txns: u64,
+    /// Records written (groups).
+    pub records: u64,
+    /// Bytes of the transactions' own redo logs.
+    pub raw_bytes: u64,
+    /// Bytes after combination.
+    pub combined_bytes: u64,
+    /// Bytes written to the log ring (after compression, with record headers).
+    pub stored_bytes: u64,
+}
+
+/// The engine's persistent side, shared with the background threads.
+pub(crate) struct Core {
+    pub pool: Arc<Pool>,
+    pub pages: PageManager,
+    pub meta_page: u64,
+    pub ring: LogRing,
+    pub config: DudetxConfig,
+    pub state: Mutex<State>,
+    pub heap: Mutex<Heap>,
+    wake_persist: Condvar,
+    wake_reproduce: Condvar,
+    became_durable: Condvar,
+    /// The durable id (§3.2), as persisted.
+    pub durable: AtomicU64,
+    /// The last id assigned to a commit.
+    pub committed: AtomicU64,
+    /// The last id reproduced and truncated.
+    pub reproduced: AtomicU64,
+    stats: [AtomicU64; 5],
+}
+
+/// The largest combined log a record may carry: a quarter of the ring, so that a record always
+/// fits once the records before it are truncated.
+pub(crate) fn max_record_raw(ring_capacity: u64) -> usize {
+    (ring_capacity / 4) as usize
+}
+
+impl Core {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        pool: Arc<Pool>,
+        pages: PageManager,
+        meta_page: u64,
+        ring: LogRing,
+        config: DudetxConfig,
+        heap: Heap,
+        durable: u64,
+        tail: u64,
+    ) -> Core {
+        Core {
+            pool,
+            pages,
+            meta_page,
+            ring,
+            config,
+            state: Mutex::new(State {
+                tail,
+                head: tail,
+                ..State::default()
+            }),
+            heap: Mutex::new(heap),
+            wake_persist: Condvar::new(),
+            wake_reproduce: Condvar::new(),
+            became_durable: Condvar::new(),
+            durable: AtomicU64::new(durable),
+            committed: AtomicU64::new(durable),
+            reproduced: AtomicU64::new(durable),
+            stats: Default::default(),
+        }
+    }
+
+    fn fault(&self) -> Option<DudetxFault> {
+        self.config.fault
+    }
+
+    /// The counters of log combination.
+    pub fn stats(&self) -> LogStats {
+        let s = |i: usize| self.stats[i].load(Ordering::Relaxed);
+        LogStats {
+            txns: s(0),
+            records: s(1),
+            raw_bytes: s(2),
+            combined_bytes: s(3),
+            stored_bytes: s(4),
+        }
+    }
+
+    /// Hands a committed transaction's redo log to the pipeline (called under the commit lock,
+    /// so ids enter the queue in order); inline mode persists and reproduces here.
+    pub fn enqueue(&self, id: u64, log: Vec<u8>) -> Result<(), String> {
+        let mut st = self.state.lock();
+        self.stats[0].fetch_add(1, Ordering::Relaxed);
+        self.stats[2].fetch_add(log.len() as u64, Ordering::Relaxed);
+        st.queue.push_back((id, log));
+        if self.config.background {
+            self.wake_persist.notify_one();
+            return Ok(());
+        }
+        let due = self.config.mode == DurabilityMode::Sync || st.queue.len() >= self.config.group;
+        if due {
+            while !st.queue.is_empty() {
+                self.persist_inline(&mut st)?;
+            }
+            // Leave a couple of records un-reproduced, so that crashes find logs to replay.
+            if st.persisted.len() > 2 {
+                self.reproduce_inline(&mut st)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits (sync mode) until `id` is durable.
+    pub fn wait_durable(&self, id: u64) -> Result<(), String> {
+        let mut st = self.state.lock();
+        while self.durable.load(Ordering::Acquire) < id {
+            if let Some(why) = &st.failed {
+                return Err(why.clone());
+            }
+            self.became_durable.wait(&mut st);
+        }
+        Ok(())
+    }
+
+    /// Takes the next group off the queue: at most `group` transactions and a quarter of the
+    /// ring; returns (first id, last id, combined log).
+    fn next_group(&self, st: &mut State) -> Result<(u64, u64, Vec<u8>), String> {
+        let limit = max_record_raw(self.ring.capacity());
+        let mut n = 0;
+        let mut bytes = 0;
+        while n < st.queue.len() && n < self.config.group {
+            let len = st.queue[n].1.len();
+            if n > 0 && bytes + len > limit {
+                break;
+            }
+            bytes += len;
+            n += 1;
+        }
+        let batch: Vec<(u64, Vec<u8>)> = st.queue.drain(..n).collect();
+        let slices: Vec<&[u8]> = batch.iter().map(|(_, l)| l.as_slice()).collect();
+        let raw = log::combine(&slices)?;
+        Ok((batch[0].0, batch[batch.len() - 1].0, raw))
+    }
+
+    /// The persist step's PM writes for a record at `pos` (§3.2): the record, its write-back and
+    /// fence, then the durable id and its write-back and fence.
+    fn write_record(&self, pos: u64, rec: &[u8], last: u64) {
+        let pool = &*self.pool;
+        let durable_at = self.meta_page + meta::DURABLE;
+        if self.fault() == Some(DudetxFault::DurableIdFirst) {
+            pool.write_u64(durable_at, last);
+            pool.persist(durable_at, 8);
+        }
+        self.ring.write(pool, pos, rec);
+        if self.fault() != Some(DudetxFault::SkipLogFlush) {
+            self.ring.flush(pool, pos, rec.len() as u64);
+            pool.fence();
+        }
+        pool.write_u64(durable_at, last);
+        pool.persist(durable_at, 8);
+    }
+
+    /// Bookkeeping after a record is durable.
+    fn persisted(&self, st: &mut State, first: u64, last: u64, raw: Vec<u8>, rec_len: u64) {
+        let _ = first;
+        self.stats[1].fetch_add(1, Ordering::Relaxed);
+        self.stats[3].fetch_add(raw.len() as u64, Ordering::Relaxed);
+        self.stats[4].fetch_add(rec_len, Ordering::Relaxed);
+        st.tail += rec_len;
+        let ops = log::decode_ops(&raw).expect("a combined log decodes");
+        st.persisted.push_back(Persisted {
+            last,
+            end: st.tail,
+            ops,
+        });
+        self.durable.store(last, Ordering::Release);
+        self.became_durable.notify_all();
+    }
+
+    /// One persist step in the calling thread.
+    fn persist_inline(&self, st: &mut State) -> Result<(), String> {
+        let (first, last, raw) = self.next_group(st)?;
+        let rec = build_record(first, last, st.tail, &raw);
+        if st.tail + rec.len() as u64 - st.head > self.ring.capacity() {
+            self.reproduce_inline(st)?;
+        }
+        self.write_record(st.tail, &rec, last);
+        self.persisted(st, first, last, raw, rec.len() as u64);
+        Ok(())
+    }
+
+    /// The reproduce step's PM writes (§3.1): apply the records' ops to the heap (durably), then
+    /// truncate the log up to `end`: the last reproduced id, then the head position.
+    fn reproduce_records(&self, records: &[Persisted]) -> Result<(), String> {
+        let Some(last) = records.last() else {
+            return Ok(());
+        };
+        let pool = &*self.pool;
+        let truncate = || {
+            pool.write_u64(self.meta_page + meta::HEAD_SEQ, last.last);
+            pool.persist(self.meta_page + meta::HEAD_SEQ, 8);
+            pool.write_u64(self.meta_page + meta::HEAD_POS, last.end);
+            pool.persist(self.meta_page + meta::HEAD_POS, 8);
+        };
+        if self.fault() == Some(DudetxFault::TruncateFirst) {
+            truncate();
+        }
+        {
+            let mut heap = self.heap.lock();
+            for r in records {
+                for op in &r.ops {
+                    heap.apply(pool, &self.pages, op, self.fault())?;
+                }
+            }
+        }
+        if self.fault() != Some(DudetxFault::TruncateFirst) {
+            truncate();
+        }
+        Ok(())
+    }
+
+    /// Reproduces every persisted record in the calling thread.
+    fn reproduce_inline(&self, st: &mut State) -> Result<(), String> {
+        let records: Vec<Persisted> = st.persisted.drain(..).collect();
+        if let Err(e) = self.reproduce_records(&records) {
+            st.failed = Some(e.clone());
+            return Err(e);
+        }
+        self.after_reproduce(st, &records);
+        Ok(())
+    }
+
+    fn after_reproduce(&self, st: &mut State, records: &[Persisted]) {
+        if let Some(last) = records.last() {
+            st.head = last.end;
+            self.reproduced.store(last.last, Ordering::Release);
+        }
+    }
+
+    /// Persists and reproduces everything committed (a clean close, a structure check): inline,
+    /// or by waiting for the threads.
+    pub fn drain(&self) -> Result<(), String> {
+        let mut st = self.state.lock();
+        if !self.config.background {
+            while !st.queue.is_empty() {
+                self.persist_inline(&mut st)?;
+            }
+            return self.reproduce_inline(&mut st);
+        }
+        loop {
+            if let Some(why) = &st.failed {
+                return Err(why.clone());
+            }
+            let target = self.committed.load(Ordering::Acquire);
+            if self.reproduced.load(Ordering::Acquire) >= target && st.queue.is_empty() {
+                return Ok(());
+            }
+            if st.running == 0 {
+                return Err("the persist and reproduce threads are not running".into());
+            }
+            self.wake_persist.notify_one();
+            self.wake_reproduce.notify_one();
+            self.became_durable
+                .wait_for(&mut st, std::time::Duration::from_millis(5));
+        }
+    }
+
+    /// The persist thread (§3.2).
+    fn persist_loop(&self) {
+        let mut st = self.state.lock();
+        loop {
+            if st.failed.is_some() || (st.stop && st.queue.is_empty()) {
+                break;
+            }
+            if st.queue.is_empty() {
+                self.wake_persist.wait(&mut st);
+                continue;
+            }
+            let (first, last, raw) = match self.next_group(&mut st) {
+                Ok(g) => g,
+                Err(e) => {
+                    st.failed = Some(e);
+                    break;
+                }
+            };
+            let rec = build_record(first, last, st.tail, &raw);
+            while st.tail + rec.len() as u64 - st.head > self.ring.capacity() && st.failed.is_none()
+            {
+                self.wake_reproduce.notify_one();
+                self.wake_persist.wait(&mut st);
+            }
+            if st.failed.is_some() {
+                break;
+            }
+            let pos = st.tail;
+            parking_lot::MutexGuard::unlocked(&mut st, || self.write_record(pos, &rec, last));
+            self.persisted(&mut st, first, last, raw, rec.len() as u64);
+            self.wake_reproduce.notify_one();
+        }
+        st.running -= 1;
+        self.became_durable.notify_all();
+        self.wake_reproduce.notify_one();
+    }
+
+    /// The reproduce thread (§3.1).
+    fn reproduce_loop(&self) {
+        let mut st = self.state.lock();
+        loop {
+            if st.failed.is_some() {
+                break;
+            }
+            if st.persisted.is_empty() {
+                // The persist thread has finished: nothing more will come.
+                if st.stop && st.running == 1 {
+                    break;
+                }
+                self.wake_reproduce.wait(&mut st);
+                continue;
+            }
+            let records: Vec<Persisted> = st.persisted.drain(..).collect();
+            let result =
+                parking_lot::MutexGuard::unlocked(&mut st, || self.reproduce_records(&records));
+            match result {
+                Ok(()) => self.after_reproduce(&mut st, &records),
+                Err(e) => st.failed = Some(e),
+            }
+            self.wake_persist.notify_one();
+            self.became_durable.notify_all();
+        }
+        st.running -= 1;
+        self.wake_persist.notify_one();
+        self.became_durable.notify_all();
+    }
+
+    /// Starts the persist and reproduce threads.
+    pub fn start(self: &Arc<Self>) -> Result<Vec<std::thread::JoinHandle<()>>, String> {
+        let mut handles = Vec::new();
+        self.state.lock().running = 2;
+        for (name, reproduce) in [("dudetx-persist", false), ("dudetx-reproduce", true)] {
+            let core = self.clone();
+            let spawned = std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || {
+                    if reproduce {
+                        core.reproduce_loop()
+                    } else {
+                        core.persist_loop()
+                    }
+                });
+            match spawned {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    // The thread that did not start never counts itself out.
+                    self.state.lock().running = handles.len();
+                    self.stop();
+                    return Err(format!("cannot start the {name} thread: {e}"));
+                }
+            }
+        }
+        Ok(handles)
+    }
+
+    /// Asks the threads to finish once everything queued is persisted and reproduced.
+    pub fn stop(&self) {
+        let mut st = self.state.lock();
+        st.stop = true;
+        self.wake_persist.notify_all();
+        self.wake_reproduce.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pmem::{PersistenceDomain, PoolOptions};
+
+    fn ring() -> (Pool, LogRing) {
+        let pool = Pool::create_in_memory(
+            8 * PAGE_SIZE,
+            &PoolOptions::new("dudetx", PersistenceDomain::Adr).with_counting(false),
+        )
+        .unwrap();
+        // Two pages out of order in the pool: positions must map through the ring's page list.
+        let ring = LogRing {
+            pages: vec![5 * PAGE_SIZE, 2 * PAGE_SIZE],
+        };
+        (pool, ring)
+    }
+
+    fn raw(n: u8) -> Vec<u8> {
+        let mut out = Vec::new();
+        log::encode_op(&mut out, 0, u64::from(n), Some(&[n; 100]));
+        log::encode_op(&mut out, 1, 9, None);
+        out
+    }
+
+    #[test]
+    fn a_record_reads_back_across_pages_and_the_wrap() {
+        let (pool, ring) = ring();
+        // Straddles the end of the first page, and the end of the ring (back to its start).
+        for pos in [PAGE_SIZE - 24, 2 * PAGE_SIZE - 40, 3 * PAGE_SIZE + 64] {
+            let rec = build_record(7, 9, pos, &raw(3));
+            ring.write(&pool, pos, &rec);
+            let back = parse_record(&ring, &pool, pos).expect("intact");
+            assert_eq!((back.first, back.last, back.len), (7, 9, rec.len() as u64));
+            assert_eq!(back.ops, log::decode_ops(&raw(3)).unwrap());
+        }
+    }
+
+    #[test]
+    fn torn_and_stale_records_are_not_taken() {
+        let (pool, ring) = ring();
+        let rec = build_record(1, 1, 128, &raw(1));
+        ring.write(&pool, 128, &rec);
+        // The same bytes one lap later are a stale record of another position.
+        assert!(parse_record(&ring, &pool, 128 + ring.capacity()).is_none());
+        // A torn payload byte fails the CRC.
+        let mut torn = rec.clone();
+        let last = torn.len() - 9;
+        torn[last] ^= 0xFF;
+        ring.write(&pool, 128, &torn);
+        assert!(parse_record(&ring, &pool, 128).is_none());
+        // Never written.
+        assert!(parse_record(&ring, &pool, 4096).is_none());
+    }
+}

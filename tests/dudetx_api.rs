@@ -1,0 +1,266 @@
+//! DUDETx (issue 16) through the `Db` API: sync and async commits against the durable id, clean
+//! reopens replaying the heap into the DRAM shadow, concurrent transfers under several
+//! protocols with the heap checked against the shadow, log combination's savings, and refused
+//! configurations.
+
+use pmtx::catalog::{ColumnType, Schema};
+use pmtx::cc::Protocol;
+use pmtx::db::{Db, DbConfig, Value};
+use pmtx::engine::dudetx::{DudetxConfig, DudetxEngine, DurabilityMode};
+use pmtx::engine::{DbError, Engine, EngineKind, FieldWrite};
+use pmtx::pmem::{PersistenceDomain, Pool, PoolOptions};
+use std::sync::Arc;
+
+mod common;
+
+fn config(domain: PersistenceDomain) -> DbConfig {
+    let mut c = DbConfig::temporary()
+        .engine(EngineKind::Dudetx)
+        .domain(domain)
+        .pool_size(48 << 20)
+        .max_threads(4);
+    c.dudetx_log_pages = 2;
+    c
+}
+
+fn kv() -> Schema {
+    Schema::new(
+        "kv",
+        &[("v", ColumnType::U64), ("pad", ColumnType::Bytes(24))],
+    )
+}
+
+/// Sync mode: every commit returns with its id already durable.
+#[test]
+fn a_sync_commit_returns_durable() {
+    let db = Db::create(config(PersistenceDomain::Adr)).unwrap();
+    let t = db.create_table(kv()).unwrap();
+    let mut w = db.worker().unwrap();
+    for k in 0..50u64 {
+        let tid = w
+            .run_counted(false, |tx| {
+                tx.insert(t, k, &[Value::U64(k), Value::Bytes(b"x")])
+            })
+            .unwrap()
+            .tid;
+        assert!(
+            db.engine().durable_tid() >= tid,
+            "commit {tid} returned before durable"
+        );
+    }
+}
+
+/// Async mode: commits return at once; the durable id catches up, and a clean close leaves
+/// everything on PM, which a reopen loads into the shadow.
+#[test]
+fn async_commits_become_durable_and_survive_a_clean_reopen() {
+    let dir = common::pool_dir();
+    let path = dir.path().join("d.pool");
+    let mut c = config(PersistenceDomain::Eadr).path(&path);
+    c.temporary = false;
+    c.dudetx_mode = DurabilityMode::Async;
+    c.dudetx_group = 16;
+    let last = {
+        let db = Db::create(c.clone()).unwrap();
+        let t = db.create_table(kv()).unwrap();
+        let mut last = 0;
+        for k in 0..300u64 {
+            last = db
+                .worker()
+                .unwrap()
+                .run_counted(false, |tx| {
+                    tx.insert(t, k, &[Value::U64(k), Value::Bytes(b"a")])
+                })
+                .unwrap()
+                .tid;
+        }
+        for k in (0..300u64).step_by(3) {
+            db.run(|tx| tx.delete(t, k)).unwrap();
+        }
+        db.run(|tx| tx.update(t, 1, &[(0, Value::U64(1000))]))
+            .unwrap();
+        // The structure check drains the pipeline (persist, reproduce) and compares the PM heap
+        // with the shadow.
+        assert_eq!(db.check_structure().unwrap(), vec![200]);
+        assert!(db.engine().durable_tid() >= last);
+        last
+    };
+    let db = Db::open(c).unwrap();
+    let t = db.table("kv").unwrap();
+    let report = db.recovery_report().unwrap();
+    assert_eq!(report.rows, 200);
+    assert!(db.engine().durable_tid() >= last);
+    assert_eq!(db.run(|tx| Ok(tx.get(t, 1)?.u64(0))).unwrap(), 1000);
+    assert!(!db.run(|tx| tx.exists(t, 3)).unwrap());
+    assert_eq!(db.run(|tx| Ok(tx.get(t, 299)?.u64(0))).unwrap(), 299);
+    // New commits continue the ids.
+    let tid = db
+        .worker()
+        .unwrap()
+        .run_counted(false, |tx| {
+            tx.insert(t, 1000, &[Value::U64(1), Value::Bytes(b"n")])
+        })
+        .unwrap()
+        .tid;
+    assert!(tid > last);
+    assert_eq!(db.check_structure().unwrap(), vec![201]);
+}
+
+/// Concurrent transfers under several protocols (the shadow's concurrency control is the
+/// perform mode): the total is kept, and the PM heap equals the shadow row for row.
+#[test]
+fn concurrent_transfers_keep_the_total_under_several_protocols() {
+    for protocol in [
+        Protocol::Occ,
+        Protocol::NoWait,
+        Protocol::Mvto,
+        Protocol::Tictoc,
+    ] {
+        for mode in [DurabilityMode::Sync, DurabilityMode::Async] {
+            let mut c = config(PersistenceDomain::Adr).protocol(protocol);
+            c.dudetx_mode = mode;
+            c.max_retries = 100_000;
+            let db = Db::create(c).unwrap();
+            let t = db.create_table(kv()).unwrap();
+            db.run(|tx| {
+                (0..16u64).try_for_each(|k| tx.insert(t, k, &[Value::U64(100), Value::Bytes(b"")]))
+            })
+            .unwrap();
+            std::thread::scope(|s| {
+                for th in 0..3u64 {
+                    let db = &db;
+                    s.spawn(move || {
+                        let mut w = db.worker().unwrap();
+                        for i in 0..150u64 {
+                            let (a, b) = ((i * 7 + th) % 16, (i * 3 + th + 1) % 16);
+                            if a == b {
+                                continue;
+                            }
+                            w.run(|tx| {
+                                let va = tx.get(t, a)?.u64(0);
+                                let vb = tx.get(t, b)?.u64(0);
+                                if va > 0 {
+                                    tx.update(t, a, &[(0, Value::U64(va - 1))])?;
+                                    tx.update(t, b, &[(0, Value::U64(vb + 1))])?;
+                                }
+                                Ok(())
+                            })
+                            .unwrap();
+                        }
+                    });
+                }
+            });
+            let total: u64 = db
+                .run(|tx| (0..16u64).map(|k| Ok(tx.get(t, k)?.u64(0))).sum())
+                .unwrap();
+            assert_eq!(total, 1600, "{protocol} {mode:?}");
+            // Drains the pipeline and compares the heap with the shadow.
+            assert_eq!(
+                db.check_structure().unwrap(),
+                vec![16],
+                "{protocol} {mode:?}"
+            );
+        }
+    }
+}
+
+/// §3.3: with groups, a hot row written by many transactions is persisted far fewer times than
+/// it is written; with groups of one, every transaction is its own record.
+#[test]
+fn log_combination_persists_a_hot_row_once_per_group() {
+    let mut saved = Vec::new();
+    for group in [1usize, 100] {
+        let mut c = DudetxConfig::new(Protocol::Occ);
+        c.mode = DurabilityMode::Async;
+        c.group = group;
+        c.max_threads = 2;
+        c.log_pages = 2;
+        // Inline steps: groups fill deterministically (every `group` commits).
+        c.background = false;
+        let pool = Pool::create_in_memory(
+            32 << 20,
+            &PoolOptions::new("dudetx", PersistenceDomain::Adr).with_counting(false),
+        )
+        .unwrap();
+        let engine = DudetxEngine::create(Arc::new(pool), c).unwrap();
+        let t = engine.create_table(kv()).unwrap();
+        let mut w = engine.clone().worker(0).unwrap();
+        w.begin(false);
+        w.insert(t, 1, &[0u8; 32]).unwrap();
+        w.commit().unwrap();
+        for i in 0..1000u64 {
+            w.begin(false);
+            let v = i.to_le_bytes();
+            w.update(
+                t,
+                1,
+                &[FieldWrite {
+                    offset: 0,
+                    bytes: &v,
+                }],
+            )
+            .unwrap();
+            w.commit().unwrap();
+        }
+        drop(w);
+        engine.drain().unwrap();
+        assert_eq!(engine.durable_tid(), 1001);
+        let s = engine.log_stats();
+        assert_eq!(s.txns, 1001);
+        if group == 1 {
+            assert_eq!(s.records, 1001);
+            assert_eq!(s.combined_bytes, s.raw_bytes);
+        } else {
+            assert!(s.records <= 12, "{s:?}");
+            assert!(s.combined_bytes * 50 < s.raw_bytes, "{s:?}");
+        }
+        saved.push(1.0 - s.stored_bytes as f64 / s.raw_bytes as f64);
+        assert_eq!(engine.check_structure().unwrap(), vec![1]);
+    }
+    assert!(saved[1] > saved[0] && saved[1] > 0.9, "{saved:?}");
+}
+
+#[test]
+fn bad_configurations_are_refused_with_a_reason() {
+    let refused = |c: DbConfig, what: &str| match Db::create(c) {
+        Err(DbError::Config(m)) => assert!(m.contains(what), "{m}"),
+        Err(e) => panic!("{what}: {e}"),
+        Ok(_) => panic!("{what}: accepted"),
+    };
+    let mut c = config(PersistenceDomain::Adr);
+    c.dudetx_group = 0;
+    refused(c, "group size");
+    let mut c = config(PersistenceDomain::Adr);
+    c.dudetx_log_pages = 0;
+    refused(c, "log ring");
+    refused(
+        config(PersistenceDomain::Adr).index_placement(pmtx::index::IndexPlacement::Pm),
+        "DRAM shadow",
+    );
+    assert_eq!(
+        "fast".parse::<DurabilityMode>().unwrap_err(),
+        "unknown DUDETx durability mode 'fast' (expected sync or async)"
+    );
+    let mut c = config(PersistenceDomain::Adr);
+    c.domain = Some(PersistenceDomain::Volatile);
+    refused(c, "durable domain");
+}
+
+/// A transaction whose redo log cannot fit a log record is refused before it commits, and
+/// nothing of it is visible.
+#[test]
+fn a_transaction_too_large_for_the_log_is_refused_whole() {
+    let mut c = config(PersistenceDomain::Adr);
+    c.dudetx_log_pages = 1;
+    let db = Db::create(c).unwrap();
+    let t = db
+        .create_table(Schema::new("big", &[("b", ColumnType::Bytes(4000))]))
+        .unwrap();
+    let err = db
+        .run(|tx| (0..200u64).try_for_each(|k| tx.insert(t, k, &[Value::Bytes(b"z")])))
+        .unwrap_err();
+    assert!(err.to_string().contains("log ring"), "{err}");
+    assert!(!db.run(|tx| tx.exists(t, 0)).unwrap());
+    db.run(|tx| tx.insert(t, 0, &[Value::Bytes(b"ok")]))
+        .unwrap();
+}
