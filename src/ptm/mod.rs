@@ -312,6 +312,8 @@ pub trait PtmEngine: Send + Sync {
     fn root_size(&self) -> usize;
     /// The engine's statistics (live objects, bytes in use, ...) as `(name, value)` pairs.
     fn stats(&self) -> Vec<(&'static str, u64)>;
+    /// The pool underneath (its crash simulator, its counters).
+    fn pool(&self) -> &crate::pmem::Pool;
     /// Checks the engine's invariants (allocator, object table): what a crash test asserts after
     /// recovery. Call it while no transaction runs.
     fn check_invariants(&self) -> Result<(), String>;

@@ -291,10 +291,6 @@ impl ArchTm {
         })
     }
 
-    /// The pool underneath.
-    pub fn pool(&self) -> &Pool {
-        &self.inner.pool
-    }
 }
 
 impl Inner {
@@ -443,6 +439,10 @@ impl PtmEngine for ArchTm {
 
     fn check_invariants(&self) -> Result<(), String> {
         self.inner.check_invariants()
+    }
+
+    fn pool(&self) -> &Pool {
+        &self.inner.pool
     }
 }
 
