@@ -5,7 +5,7 @@
 
 use pmtx::pmem::{CrashTrigger, PersistenceDomain};
 use pmtx::ptm::archtm::ArchtmFault;
-use pmtx::ptm::{PPtr, Ptm, PtmConfig, PtmEngine, PtmError};
+use pmtx::ptm::{PPtr, Ptm, PtmConfig, PtmError};
 use std::collections::HashMap;
 
 pmtx::pobject! {
@@ -425,4 +425,167 @@ fn each_archtm_fault_is_caught() {
             eprintln!("{fault} under {domain}: {}", r.unwrap_err());
         }
     }
+}
+
+/// An operation of the model test.
+#[derive(Clone, Debug)]
+enum Op {
+    Alloc(u64),
+    Write(usize, u64),
+    Free(usize),
+    Read(usize),
+}
+
+fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+    use proptest::prelude::*;
+    prop_oneof![
+        any::<u64>().prop_map(Op::Alloc),
+        (any::<usize>(), any::<u64>()).prop_map(|(i, v)| Op::Write(i, v)),
+        any::<usize>().prop_map(Op::Free),
+        any::<usize>().prop_map(Op::Read),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(128))]
+
+    /// The API against a DRAM model (a HashMap of objects): transactions of several operations,
+    /// some aborted, some restarts (a clean power-off: the durable image, recovered); every
+    /// read agrees with the model, a freed handle is refused, and the allocator stays sound.
+    #[test]
+    fn the_api_behaves_like_a_hashmap(
+        txs in proptest::collection::vec(
+            (proptest::collection::vec(op(), 1..6), proptest::bool::weighted(0.2), proptest::bool::weighted(0.1)),
+            1..30,
+        ),
+        domain in proptest::prop_oneof![
+            proptest::strategy::Just(PersistenceDomain::Adr),
+            proptest::strategy::Just(PersistenceDomain::Eadr)
+        ],
+    ) {
+        let config = || {
+            let mut c = PtmConfig::temporary().size(6 << 20).domain(domain);
+            c.gc_threshold = 3;
+            c
+        };
+        let with_sim = || { let mut c = config(); c.crash_sim = Some(CrashTrigger::Never); c };
+        let mut ptm = Ptm::<Root>::create(with_sim()).unwrap();
+        let mut model: HashMap<u64, u64> = HashMap::new();
+        let mut freed: Vec<PPtr<u64>> = Vec::new();
+        for (ops, abort, restart) in txs {
+            let mut handles: Vec<u64> = model.keys().copied().collect();
+            handles.sort_unstable();
+            let mut next = model.clone();
+            let mut new_freed = Vec::new();
+            let r = ptm.run(|tx| {
+                next = model.clone();
+                new_freed.clear();
+                let mut hs = handles.clone();
+                for op in &ops {
+                    match *op {
+                        Op::Alloc(v) => {
+                            let p = tx.alloc(&v)?;
+                            next.insert(p.raw(), v);
+                            hs.push(p.raw());
+                        }
+                        Op::Write(i, v) if !hs.is_empty() => {
+                            let h = hs[i % hs.len()];
+                            tx.write(PPtr::<u64>::from_raw(h), &v)?;
+                            next.insert(h, v);
+                        }
+                        Op::Free(i) if !hs.is_empty() => {
+                            let h = hs.remove(i % hs.len());
+                            tx.free(PPtr::<u64>::from_raw(h))?;
+                            next.remove(&h);
+                            new_freed.push(PPtr::<u64>::from_raw(h));
+                        }
+                        Op::Read(i) if !hs.is_empty() => {
+                            let h = hs[i % hs.len()];
+                            assert_eq!(tx.read(PPtr::<u64>::from_raw(h))?, next[&h]);
+                        }
+                        _ => {}
+                    }
+                }
+                if abort { tx.abort() } else { Ok(()) }
+            });
+            match r {
+                Ok(()) => {
+                    model = next.clone();
+                    freed.append(&mut new_freed);
+                }
+                Err(e) => proptest::prop_assert_eq!(e, PtmError::UserAbort),
+            }
+            if restart {
+                ptm.engine().pool().crash_now();
+                let sim = ptm.engine().pool().crash_sim().unwrap().clone();
+                let image = sim.crash_state().unwrap().durable_image();
+                drop(ptm);
+                ptm = Ptm::<Root>::open_image(&image.bytes, with_sim()).unwrap();
+            }
+            for (&h, &v) in &model {
+                proptest::prop_assert_eq!(ptm.run(|tx| tx.read(PPtr::<u64>::from_raw(h))).unwrap(), v);
+            }
+            for &p in &freed {
+                if !model.contains_key(&p.raw()) {
+                    let r = ptm.run(|tx| tx.read(p));
+                    proptest::prop_assert!(
+                        matches!(r, Err(PtmError::InvalidHandle { .. })),
+                        "freed handle {:?} read as {:?}", p, r
+                    );
+                }
+            }
+            ptm.check_invariants().map_err(proptest::test_runner::TestCaseError::fail)?;
+            let live = ptm.stats().iter().find(|s| s.0 == "live_objects").unwrap().1 as usize;
+            proptest::prop_assert_eq!(live, model.len() + 1);
+        }
+    }
+}
+
+#[test]
+fn two_threads_of_transfers_keep_the_total_and_see_consistent_snapshots() {
+    let ptm = Ptm::<Root>::create(small()).unwrap();
+    setup(&ptm);
+    let audits = std::sync::atomic::AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for t in 0..2u64 {
+            let (ptm, audits) = (&ptm, &audits);
+            s.spawn(move || {
+                let mut rng = Lcg(t + 1);
+                for i in 0..1500 {
+                    if i % 5 == 0 {
+                        // A read-only audit: its snapshot always sums to the total.
+                        let sum: u64 = ptm
+                            .run(|tx| {
+                                let r = tx.read(tx.root())?;
+                                r.accounts.iter().map(|&a| tx.read(a)).sum()
+                            })
+                            .unwrap();
+                        assert_eq!(sum, 800, "a snapshot saw a partial transfer");
+                        audits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        continue;
+                    }
+                    let (a, b, amount) = (rng.next(8) as usize, rng.next(8) as usize, rng.next(30));
+                    ptm.run(|tx| {
+                        let r = tx.read(tx.root())?;
+                        let (x, y) = (tx.read(r.accounts[a])?, tx.read(r.accounts[b])?);
+                        if a != b && x >= amount {
+                            tx.write(r.accounts[a], &(x - amount))?;
+                            tx.write(r.accounts[b], &(y + amount))?;
+                        }
+                        Ok(())
+                    })
+                    .unwrap();
+                    if i % 50 == 0 {
+                        // Churn: allocation and free under concurrency.
+                        let p = ptm.run(|tx| tx.alloc(&Node { value: i, next: PPtr::null() })).unwrap();
+                        ptm.run(|tx| tx.free(p)).unwrap();
+                    }
+                }
+            });
+        }
+    });
+    assert_eq!(audits.load(std::sync::atomic::Ordering::Relaxed), 600);
+    let (s, _) = state_of(&ptm).unwrap();
+    assert_eq!(s.accounts.iter().sum::<u64>(), 800);
+    ptm.check_invariants().unwrap();
 }
