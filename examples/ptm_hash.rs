@@ -5,7 +5,7 @@
 //! `cargo run --release --example ptm_hash [POOL_PATH]`: without a path the pool lives in
 //! memory; with one, a second run recovers the table and checks it.
 
-use pmtx::ptm::{PPtr, Ptm, PtmConfig, PtmError, PTx};
+use pmtx::ptm::{PPtr, PTx, Ptm, PtmConfig, PtmError};
 
 const BUCKETS: usize = 1024;
 const PAIRS: u64 = 20_000;
@@ -43,7 +43,11 @@ fn put(tx: &mut PTx<'_, Root>, key: u64, value: [u64; 2]) -> Result<bool, PtmErr
         }
         p = n.next;
     }
-    let node = tx.alloc(&Node { key, value, next: head })?;
+    let node = tx.alloc(&Node {
+        key,
+        value,
+        next: head,
+    })?;
     tx.write_at(r.buckets, slot_offset, &node)?;
     tx.update(root, |r| r.pairs += 1)?;
     Ok(true)

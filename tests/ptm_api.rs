@@ -30,7 +30,10 @@ fn alloc_read_write_free_and_the_root() {
     let (a, n) = ptm
         .run(|tx| {
             let a = tx.alloc(&41u64)?;
-            let n = tx.alloc(&Node { value: 1, next: PPtr::null() })?;
+            let n = tx.alloc(&Node {
+                value: 1,
+                next: PPtr::null(),
+            })?;
             tx.write(a, &42)?;
             assert_eq!(tx.read(a)?, 42, "a transaction reads its own writes");
             let root = tx.root();
@@ -45,10 +48,16 @@ fn alloc_read_write_free_and_the_root() {
     let (v, node, r) = ptm
         .run(|tx| Ok((tx.read(a)?, tx.read(n)?, tx.read(tx.root())?)))
         .unwrap();
-    assert_eq!((v, node.value, r.accounts[0], r.head, r.len), (42, 1, a, n, 1));
+    assert_eq!(
+        (v, node.value, r.accounts[0], r.head, r.len),
+        (42, 1, a, n, 1)
+    );
     // Field access: Node's `next` is at byte 8.
     ptm.run(|tx| tx.write_at(n, 8, &a.raw())).unwrap();
-    assert_eq!(ptm.run(|tx| tx.read_at::<Node, u64>(n, 8)).unwrap(), a.raw());
+    assert_eq!(
+        ptm.run(|tx| tx.read_at::<Node, u64>(n, 8)).unwrap(),
+        a.raw()
+    );
     ptm.run(|tx| tx.free(a)).unwrap();
     let err = ptm.run(|tx| tx.read(a)).unwrap_err();
     assert!(matches!(err, PtmError::InvalidHandle { .. }), "{err}");
@@ -62,29 +71,47 @@ fn errors_are_typed_and_clear() {
     let ptm = Ptm::<Root>::create(small()).unwrap();
     let null: PPtr<u64> = PPtr::null();
     let e = ptm.run(|tx| tx.read(null)).unwrap_err();
-    assert!(matches!(e, PtmError::InvalidHandle { .. }) && e.to_string().contains("null"), "{e}");
+    assert!(
+        matches!(e, PtmError::InvalidHandle { .. }) && e.to_string().contains("null"),
+        "{e}"
+    );
     let bogus: PPtr<u64> = PPtr::from_raw(7 << 32 | 123_456);
     let e = ptm.run(|tx| tx.write(bogus, &1)).unwrap_err();
     assert!(matches!(e, PtmError::InvalidHandle { .. }), "{e}");
     // A field past the object's end.
     let a = ptm.run(|tx| tx.alloc(&1u64)).unwrap();
     let e = ptm.run(|tx| tx.write_at(a, 4, &0u64)).unwrap_err();
-    assert!(matches!(e, PtmError::TooLarge(_)) && e.to_string().contains("past"), "{e}");
+    assert!(
+        matches!(e, PtmError::TooLarge(_)) && e.to_string().contains("past"),
+        "{e}"
+    );
     // An object larger than a page.
     let mut w = ptm.engine().worker().unwrap();
     w.begin();
     let e = w.alloc(&vec![0u8; 3 << 20]).unwrap_err();
     w.abort();
     drop(w);
-    assert!(matches!(e, PtmError::TooLarge(_)) && e.to_string().contains("largest object"), "{e}");
+    assert!(
+        matches!(e, PtmError::TooLarge(_)) && e.to_string().contains("largest object"),
+        "{e}"
+    );
     // The root cannot be freed.
-    let e = ptm.run(|tx| { let r = tx.root(); tx.free(r) }).unwrap_err();
+    let e = ptm
+        .run(|tx| {
+            let r = tx.root();
+            tx.free(r)
+        })
+        .unwrap_err();
     assert!(e.to_string().contains("root object cannot be freed"), "{e}");
     // A freed handle stays invalid once the id is reused (another generation).
     ptm.run(|tx| tx.free(a)).unwrap();
     let b = ptm.run(|tx| tx.alloc(&2u64)).unwrap();
     assert_ne!(a, b);
-    assert_eq!(a.raw() & 0xffff_ffff, b.raw() & 0xffff_ffff, "the id is reused");
+    assert_eq!(
+        a.raw() & 0xffff_ffff,
+        b.raw() & 0xffff_ffff,
+        "the id is reused"
+    );
     assert!(ptm.run(|tx| tx.read(a)).is_err());
     assert_eq!(ptm.run(|tx| tx.read(b)).unwrap(), 2);
     // A user abort discards everything.
@@ -111,7 +138,10 @@ fn a_full_pool_says_so_and_recovers_after_frees() {
         }
     };
     assert!(matches!(err, PtmError::PoolFull { .. }), "{err}");
-    assert!(err.to_string().contains("persistent memory is full"), "{err}");
+    assert!(
+        err.to_string().contains("persistent memory is full"),
+        "{err}"
+    );
     assert!(handles.len() > 1000, "{}", handles.len());
     for h in handles.drain(..) {
         ptm.run(|tx| tx.free(h)).unwrap();
@@ -134,7 +164,13 @@ fn a_conflict_is_retried_and_surfaces_only_past_max_retries() {
     w.begin();
     w.write(a.raw(), 0, &5u64.to_le_bytes()).unwrap();
     let e = ptm.run(|tx| tx.write(a, &2)).unwrap_err();
-    assert_eq!(e, PtmError::Conflict { handle: a.raw(), retries: 3 });
+    assert_eq!(
+        e,
+        PtmError::Conflict {
+            handle: a.raw(),
+            retries: 3
+        }
+    );
     assert!(e.to_string().contains("retried 3 times"), "{e}");
     // Snapshot isolation: the uncommitted write is invisible.
     assert_eq!(ptm.run(|tx| tx.read(a)).unwrap(), 1);
@@ -198,11 +234,18 @@ fn state_of(ptm: &Ptm<Root>) -> Result<(State, usize), PtmError> {
             objects += 1;
             p = n.next;
             if list.len() as u64 > r.len {
-                return Err(PtmError::Pool(format!("the list is longer than its len {}", r.len)));
+                return Err(PtmError::Pool(format!(
+                    "the list is longer than its len {}",
+                    r.len
+                )));
             }
         }
         if list.len() as u64 != r.len {
-            return Err(PtmError::Pool(format!("list of {} nodes, len {}", list.len(), r.len)));
+            return Err(PtmError::Pool(format!(
+                "list of {} nodes, len {}",
+                list.len(),
+                r.len
+            )));
         }
         Ok((State { accounts, list }, objects))
     })
@@ -211,7 +254,10 @@ fn state_of(ptm: &Ptm<Root>) -> Result<(State, usize), PtmError> {
 struct Lcg(u64);
 impl Lcg {
     fn next(&mut self, n: u64) -> u64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (self.0 >> 33) % n
     }
 }
@@ -239,7 +285,10 @@ fn step(ptm: &Ptm<Root>, i: u64, rng: &mut Lcg) -> bool {
             ptm.run(|tx| {
                 let root = tx.root();
                 let r = tx.read(root)?;
-                let n = tx.alloc(&Node { value: i, next: r.head })?;
+                let n = tx.alloc(&Node {
+                    value: i,
+                    next: r.head,
+                })?;
                 tx.update(root, |r| {
                     r.head = n;
                     r.len += 1;
@@ -302,7 +351,10 @@ fn setup(ptm: &Ptm<Root>) {
 }
 
 fn crash_config(domain: PersistenceDomain, fault: Option<ArchtmFault>) -> PtmConfig {
-    let mut c = PtmConfig::temporary().size(6 << 20).domain(domain).max_threads(2);
+    let mut c = PtmConfig::temporary()
+        .size(6 << 20)
+        .domain(domain)
+        .max_threads(2);
     c.gc_threshold = 4;
     c.archtm_fault = fault;
     c
@@ -363,7 +415,10 @@ fn crash_at(
     drop(ptm);
     let acked = done.get();
     for img in cs.images(images, at) {
-        let ctx = format!("{domain} {fault:?}: crash before event {at} after {acked} steps, image {:?}", img.prefixes);
+        let ctx = format!(
+            "{domain} {fault:?}: crash before event {at} after {acked} steps, image {:?}",
+            img.prefixes
+        );
         let ptm = Ptm::<Root>::open_image(&img.bytes, crash_config(domain, None))
             .map_err(|e| format!("{ctx}: recovery failed: {e}"))?;
         let (s, reachable) = state_of(&ptm).map_err(|e| format!("{ctx}: {e}"))?;
@@ -375,21 +430,34 @@ fn crash_at(
             ));
         }
         ptm.check_invariants().map_err(|e| format!("{ctx}: {e}"))?;
-        let live = ptm.stats().iter().find(|s| s.0 == "live_objects").unwrap().1 as usize;
+        let live = ptm
+            .stats()
+            .iter()
+            .find(|s| s.0 == "live_objects")
+            .unwrap()
+            .1 as usize;
         if live != reachable {
-            return Err(format!("{ctx}: {live} live objects, {reachable} reachable (leaked)"));
+            return Err(format!(
+                "{ctx}: {live} live objects, {reachable} reachable (leaked)"
+            ));
         }
         // The recovered pool keeps working, and its allocator stays sound.
         let mut rng = Lcg(at);
         for i in 0..6 {
             step(&ptm, i, &mut rng);
         }
-        ptm.check_invariants().map_err(|e| format!("{ctx}: after more steps: {e}"))?;
+        ptm.check_invariants()
+            .map_err(|e| format!("{ctx}: after more steps: {e}"))?;
     }
     Ok(())
 }
 
-fn crash_sweep(domain: PersistenceDomain, fault: Option<ArchtmFault>, stride: u64, images: usize) -> Result<usize, String> {
+fn crash_sweep(
+    domain: PersistenceDomain,
+    fault: Option<ArchtmFault>,
+    stride: u64,
+    images: usize,
+) -> Result<usize, String> {
     let (states, start, end) = reference(domain);
     let mut points = 0;
     let mut at = start;
@@ -421,7 +489,10 @@ fn each_archtm_fault_is_caught() {
         };
         for &domain in domains {
             let r = crash_sweep(domain, Some(fault), 1, 8);
-            assert!(r.is_err(), "{fault} under {domain}: no violation found in {r:?} crash points");
+            assert!(
+                r.is_err(),
+                "{fault} under {domain}: no violation found in {r:?} crash points"
+            );
             eprintln!("{fault} under {domain}: {}", r.unwrap_err());
         }
     }
@@ -577,7 +648,14 @@ fn two_threads_of_transfers_keep_the_total_and_see_consistent_snapshots() {
                     .unwrap();
                     if i % 50 == 0 {
                         // Churn: allocation and free under concurrency.
-                        let p = ptm.run(|tx| tx.alloc(&Node { value: i, next: PPtr::null() })).unwrap();
+                        let p = ptm
+                            .run(|tx| {
+                                tx.alloc(&Node {
+                                    value: i,
+                                    next: PPtr::null(),
+                                })
+                            })
+                            .unwrap();
                         ptm.run(|tx| tx.free(p)).unwrap();
                     }
                 }

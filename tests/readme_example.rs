@@ -69,8 +69,18 @@ fn ptm_readme_example(path: &std::path::Path) -> Result<(u64, u64, u64), pmtx::p
     ptm.run(|tx| {
         let root = tx.root();
         let r = tx.read(root)?;
-        let node = tx.alloc(&Node { key: r.count, value: 10 * r.count, next: r.head })?;
-        tx.write(root, &Root { head: node, count: r.count + 1 })
+        let node = tx.alloc(&Node {
+            key: r.count,
+            value: 10 * r.count,
+            next: r.head,
+        })?;
+        tx.write(
+            root,
+            &Root {
+                head: node,
+                count: r.count + 1,
+            },
+        )
     })?; // durable when run returns; conflicts are retried
     let newest = ptm.run(|tx| {
         let r = tx.read(tx.root())?;

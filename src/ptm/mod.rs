@@ -496,7 +496,10 @@ impl<R: PObject> Ptm<R> {
 
     /// Runs `f` as a transaction, retrying conflict aborts with randomised backoff up to
     /// `max_retries`; any other error aborts and is returned. Durable when it returns `Ok`.
-    pub fn run<T>(&self, mut f: impl FnMut(&mut PTx<'_, R>) -> Result<T, PtmError>) -> Result<T, PtmError> {
+    pub fn run<T>(
+        &self,
+        mut f: impl FnMut(&mut PTx<'_, R>) -> Result<T, PtmError>,
+    ) -> Result<T, PtmError> {
         let mut worker = match self.workers.lock().pop() {
             Some(w) => w,
             None => self.engine.worker()?,
@@ -611,7 +614,11 @@ impl<R: PObject> PTx<'_, R> {
     }
 
     /// Reads a field of type `F` at byte `offset` of object `p`.
-    pub fn read_at<T: PObject, F: PObject>(&mut self, p: PPtr<T>, offset: usize) -> Result<F, PtmError> {
+    pub fn read_at<T: PObject, F: PObject>(
+        &mut self,
+        p: PPtr<T>,
+        offset: usize,
+    ) -> Result<F, PtmError> {
         check_field::<T, F>(p.raw, offset)?;
         let mut v = vec![0u8; F::SIZE];
         self.w.read(p.raw, offset, &mut v)?;
@@ -636,7 +643,11 @@ impl<R: PObject> PTx<'_, R> {
 
     /// Reads object `p`, applies `f`, and writes back the 8-byte words `f` changed (a
     /// word-granular engine logs only those; a copy-on-write one copies the object once anyway).
-    pub fn update<T: PObject>(&mut self, p: PPtr<T>, f: impl FnOnce(&mut T)) -> Result<(), PtmError> {
+    pub fn update<T: PObject>(
+        &mut self,
+        p: PPtr<T>,
+        f: impl FnOnce(&mut T),
+    ) -> Result<(), PtmError> {
         let mut old = vec![0u8; T::SIZE];
         self.w.read(p.raw, 0, &mut old)?;
         let mut v = T::load(&old);
@@ -649,7 +660,8 @@ impl<R: PObject> PTx<'_, R> {
                 continue;
             }
             let start = i;
-            while i < new.len() && new[i..(i + 8).min(new.len())] != old[i..(i + 8).min(new.len())] {
+            while i < new.len() && new[i..(i + 8).min(new.len())] != old[i..(i + 8).min(new.len())]
+            {
                 i += 8;
             }
             let end = i.min(new.len());
@@ -691,7 +703,10 @@ impl<R: PObject> PTx<'_, R> {
 }
 
 fn check_field<T: PObject, F: PObject>(raw: u64, offset: usize) -> Result<(), PtmError> {
-    if offset.checked_add(F::SIZE).map_or(true, |end| end > T::SIZE) {
+    if offset
+        .checked_add(F::SIZE)
+        .map_or(true, |end| end > T::SIZE)
+    {
         return Err(PtmError::TooLarge(format!(
             "a field of {} bytes at offset {offset} of object {raw:#x} runs past the object's {} bytes",
             F::SIZE,

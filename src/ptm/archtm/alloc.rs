@@ -63,7 +63,9 @@ pub fn merge_into(list: &mut Vec<(u64, u64)>, mut add: Vec<(u64, u64)>) {
             add[j - 1]
         };
         match all.last_mut() {
-            Some((o, l)) if *o + *l == next.0 && *o / PAGE_SIZE == next.0 / PAGE_SIZE => *l += next.1,
+            Some((o, l)) if *o + *l == next.0 && *o / PAGE_SIZE == next.0 / PAGE_SIZE => {
+                *l += next.1
+            }
             _ => all.push(next),
         }
     }

@@ -149,7 +149,8 @@ impl Header {
             tomb: (w1 >> 32) & header::TOMB != 0,
             txid: w2,
         };
-        let sane = h.gen != 0 && h.txid != 0 && (w1 >> 32) & !header::TOMB == 0 && h.size <= max_size;
+        let sane =
+            h.gen != 0 && h.txid != 0 && (w1 >> 32) & !header::TOMB == 0 && h.size <= max_size;
         sane.then_some(h)
     }
 }
@@ -160,10 +161,20 @@ mod tests {
 
     #[test]
     fn headers_round_trip_and_refuse_damage_or_another_place() {
-        let h = Header { id: 7, gen: 3, size: 24, tomb: false, txid: 99 << 8 };
+        let h = Header {
+            id: 7,
+            gen: 3,
+            size: 24,
+            tomb: false,
+            txid: 99 << 8,
+        };
         let b = h.encode(4096, 42);
         assert_eq!(Header::decode(&b, 4096, 42, 1 << 20), Some(h));
-        assert_eq!(Header::decode(&b, 4160, 42, 1 << 20), None, "another offset");
+        assert_eq!(
+            Header::decode(&b, 4160, 42, 1 << 20),
+            None,
+            "another offset"
+        );
         assert_eq!(Header::decode(&b, 4096, 43, 1 << 20), None, "another pool");
         for i in 0..32 {
             let mut d = b;

@@ -34,7 +34,7 @@
 //!   thread when its deallocation list passes a threshold, and when an allocation finds the
 //!   free and recycle lists empty (departure: no separate GC thread; the work is the same and
 //!   needs no thread to stop, or to unwind under the crash simulator).
-//! - **Recovery (§5.5):** [`recovery`]: TxState → uncommitted txids; a scan of the data pages
+//! - **Recovery (§5.5):** `recovery.rs`: TxState → uncommitted txids; a scan of the data pages
 //!   for headers whose check word matches; per object id the version with the largest txid
 //!   that is not uncommitted; everything else is garbage and is zeroed before the TxState
 //!   table is reset.
@@ -290,7 +290,6 @@ impl ArchTm {
             inner: Arc::new(inner),
         })
     }
-
 }
 
 impl Inner {
@@ -353,12 +352,30 @@ impl Inner {
         }
         let a = &self.alloc;
         for (s, l) in a.lists.iter().enumerate() {
-            extents.extend(l.lock().iter().map(|&(o, n)| (o, n, format!("slot {s} list"))));
+            extents.extend(
+                l.lock()
+                    .iter()
+                    .map(|&(o, n)| (o, n, format!("slot {s} list"))),
+            );
         }
-        extents.extend(a.free.lock().iter().map(|&(o, n)| (o, n, "free list".into())));
-        extents.extend(a.recycle.lock().iter().map(|&(o, n)| (o, n, "recycle list".into())));
+        extents.extend(
+            a.free
+                .lock()
+                .iter()
+                .map(|&(o, n)| (o, n, "free list".into())),
+        );
+        extents.extend(
+            a.recycle
+                .lock()
+                .iter()
+                .map(|&(o, n)| (o, n, "recycle list".into())),
+        );
         for d in &a.dealloc {
-            extents.extend(d.lock().iter().map(|b| (b.off, b.len, "deallocation list".into())));
+            extents.extend(
+                d.lock()
+                    .iter()
+                    .map(|b| (b.off, b.len, "deallocation list".into())),
+            );
         }
         extents.sort_by_key(|e| e.0);
         let mut pages = a.pages.lock().clone();
@@ -372,17 +389,24 @@ impl Inner {
             }
             if off % PAGE_SIZE == 0 {
                 if let Some(c) = cursor.filter(|c| c % PAGE_SIZE != 0) {
-                    return Err(format!("bytes from {c} to the end of their page belong to nothing (leaked)"));
+                    return Err(format!(
+                        "bytes from {c} to the end of their page belong to nothing (leaked)"
+                    ));
                 }
                 if pages.get(pi) != Some(off) {
-                    return Err(format!("{what} at {off}: expected the data page {:?} to start here", pages.get(pi)));
+                    return Err(format!(
+                        "{what} at {off}: expected the data page {:?} to start here",
+                        pages.get(pi)
+                    ));
                 }
                 pi += 1;
             } else {
                 match cursor {
                     Some(c) if c == *off => {}
                     Some(c) if c > *off => {
-                        return Err(format!("{what} at {off} overlaps what ends at {c} (double-owned)"))
+                        return Err(format!(
+                            "{what} at {off} overlaps what ends at {c} (double-owned)"
+                        ))
                     }
                     c => return Err(format!("bytes {c:?}..{off} belong to nothing (leaked)")),
                 }
@@ -411,7 +435,10 @@ impl PtmEngine for ArchTm {
             .lock()
             .pop()
             .ok_or(PtmError::TooManyThreads(self.inner.max_threads))?;
-        Ok(Box::new(worker::ArchtmWorker::new(Arc::clone(&self.inner), slot)))
+        Ok(Box::new(worker::ArchtmWorker::new(
+            Arc::clone(&self.inner),
+            slot,
+        )))
     }
 
     fn root(&self) -> u64 {

@@ -97,7 +97,9 @@ pub(super) fn recover(inner: &mut Inner) -> Result<(), PtmError> {
         next_id = next_id.max(u64::from(id) + 1);
     }
     inner.table.next_id.store(next_id, Ordering::Release);
-    let free_ids: Vec<u32> = (0..next_id as u32).filter(|id| !live.contains_key(id)).collect();
+    let free_ids: Vec<u32> = (0..next_id as u32)
+        .filter(|id| !live.contains_key(id))
+        .collect();
     inner.id_lists[0].lock().extend(free_ids.into_iter().rev());
     let root_id = (inner.root & 0xffff_ffff) as u32;
     match live.get(&root_id) {

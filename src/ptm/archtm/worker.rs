@@ -80,7 +80,10 @@ impl ArchtmWorker {
         loop {
             let v = e.view();
             if v.gen != gen {
-                return Err(invalid(h, "no live object with this handle (freed, or never allocated)"));
+                return Err(invalid(
+                    h,
+                    "no live object with this handle (freed, or never allocated)",
+                ));
             }
             let off = if v.new == 0 {
                 v.old
@@ -103,7 +106,10 @@ impl ArchtmWorker {
                 }
             };
             if off == 0 {
-                return Err(invalid(h, "the object is not committed in this transaction's snapshot"));
+                return Err(invalid(
+                    h,
+                    "the object is not committed in this transaction's snapshot",
+                ));
             }
             if off & TOMB != 0 {
                 return Err(invalid(h, "the object is freed"));
@@ -123,13 +129,17 @@ impl ArchtmWorker {
             return;
         }
         let at = self.eng.txstate_at(self.slot);
-        self.eng.pool.write_u64_ordered(at, txstate_word(self.txid, state::BEGIN));
+        self.eng
+            .pool
+            .write_u64_ordered(at, txstate_word(self.txid, state::BEGIN));
         // archtm-begin-persist
         self.eng.persist(at, 8);
     }
 
     fn write_header(&self, off: u64, h: &Header) {
-        self.eng.pool.write_bytes(off, &h.encode(off, self.eng.salt));
+        self.eng
+            .pool
+            .write_bytes(off, &h.encode(off, self.eng.salt));
     }
 
     /// Alg. 1 APT_TX_WRITE: the offset of this transaction's copy of `h`, made on first use.
@@ -138,7 +148,10 @@ impl ArchtmWorker {
         let (e, id, gen) = entry(&eng, h)?;
         let v = e.view();
         if v.gen != gen {
-            return Err(invalid(h, "no live object with this handle (freed, or never allocated)"));
+            return Err(invalid(
+                h,
+                "no live object with this handle (freed, or never allocated)",
+            ));
         }
         if v.writer == self.txid {
             if v.new & TOMB != 0 {
@@ -147,12 +160,18 @@ impl ArchtmWorker {
             return Ok((v.new, v.size));
         }
         if !e.lock(self.txid) {
-            return Err(PtmError::Conflict { handle: h, retries: 0 });
+            return Err(PtmError::Conflict {
+                handle: h,
+                retries: 0,
+            });
         }
         let v = e.view();
         if v.gen != gen || v.old == 0 {
             e.writer.store(0, Ordering::Release);
-            return Err(invalid(h, "no live object with this handle (freed, or never allocated)"));
+            return Err(invalid(
+                h,
+                "no live object with this handle (freed, or never allocated)",
+            ));
         }
         self.pm_begin();
         let off = match self.eng.alloc_block(self.slot, block_bytes(v.size)) {
@@ -239,8 +258,7 @@ impl ArchtmWorker {
 
     fn end(&mut self) {
         let s = &self.eng.slots[self.slot];
-        s.state
-            .store(self.ts << 2 | dstate::END, Ordering::Release);
+        s.state.store(self.ts << 2 | dstate::END, Ordering::Release);
         s.active.store(u64::MAX, Ordering::SeqCst);
         self.write_set.clear();
         self.running = false;
@@ -268,7 +286,8 @@ impl PtmWorker for ArchtmWorker {
         self.ts = self.eng.clock.fetch_add(1, Ordering::SeqCst);
         s.active.store(self.ts, Ordering::SeqCst);
         self.txid = self.ts << 8 | self.slot as u64;
-        s.state.store(self.ts << 2 | dstate::BEGIN, Ordering::Release);
+        s.state
+            .store(self.ts << 2 | dstate::BEGIN, Ordering::Release);
         self.pm_begun = false;
         self.write_set.clear();
         self.running = true;
@@ -319,7 +338,10 @@ impl PtmWorker for ArchtmWorker {
             });
         };
         if !e.lock(self.txid) {
-            return Err(PtmError::Conflict { handle: id, retries: 0 });
+            return Err(PtmError::Conflict {
+                handle: id,
+                retries: 0,
+            });
         }
         self.pm_begin();
         let off = match self.eng.alloc_block(self.slot, block_bytes(size)) {
@@ -360,7 +382,10 @@ impl PtmWorker for ArchtmWorker {
         let (e, id, gen) = entry(&eng, h)?;
         let v = e.view();
         if v.gen != gen {
-            return Err(invalid(h, "no live object with this handle (freed, or never allocated)"));
+            return Err(invalid(
+                h,
+                "no live object with this handle (freed, or never allocated)",
+            ));
         }
         let tomb = Header {
             id: id as u32,
@@ -371,7 +396,10 @@ impl PtmWorker for ArchtmWorker {
         };
         if v.writer == self.txid {
             if v.new & TOMB != 0 {
-                return Err(invalid(h, "the object is already freed by this transaction"));
+                return Err(invalid(
+                    h,
+                    "the object is already freed by this transaction",
+                ));
             }
             // The transaction's own copy becomes the tombstone.
             self.write_header(v.new, &tomb);
@@ -379,12 +407,18 @@ impl PtmWorker for ArchtmWorker {
             return Ok(());
         }
         if !e.lock(self.txid) {
-            return Err(PtmError::Conflict { handle: h, retries: 0 });
+            return Err(PtmError::Conflict {
+                handle: h,
+                retries: 0,
+            });
         }
         let v = e.view();
         if v.gen != gen || v.old == 0 {
             e.writer.store(0, Ordering::Release);
-            return Err(invalid(h, "no live object with this handle (freed, or never allocated)"));
+            return Err(invalid(
+                h,
+                "no live object with this handle (freed, or never allocated)",
+            ));
         }
         self.pm_begin();
         let off = match self.eng.alloc_block(self.slot, BLOCK) {
@@ -498,7 +532,10 @@ impl PtmWorker for ArchtmWorker {
 }
 
 fn check_bounds(h: u64, offset: usize, len: usize, size: u64) -> Result<(), PtmError> {
-    if offset.checked_add(len).map_or(true, |end| end as u64 > size) {
+    if offset
+        .checked_add(len)
+        .map_or(true, |end| end as u64 > size)
+    {
         return Err(PtmError::TooLarge(format!(
             "bytes {offset}..{} of object {h:#x}, which has {size}",
             offset.saturating_add(len)
@@ -509,11 +546,7 @@ fn check_bounds(h: u64, offset: usize, len: usize, size: u64) -> Result<(), PtmE
 
 impl Drop for ArchtmWorker {
     fn drop(&mut self) {
-        let crashed = self
-            .eng
-            .pool
-            .crash_sim()
-            .is_some_and(|s| s.has_crashed());
+        let crashed = self.eng.pool.crash_sim().is_some_and(|s| s.has_crashed());
         if self.running && !crashed {
             self.abort();
         }
