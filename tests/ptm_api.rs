@@ -667,3 +667,62 @@ fn two_threads_of_transfers_keep_the_total_and_see_consistent_snapshots() {
     assert_eq!(s.accounts.iter().sum::<u64>(), 800);
     ptm.check_invariants().unwrap();
 }
+
+fn pmtx(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_pmtx"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn bench_ptm_reports_throughput_and_write_amplification() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("ptm.json");
+    let out = pmtx(&[
+        "bench",
+        "ptm",
+        "--engine",
+        "archtm",
+        "--structure",
+        "hash",
+        "--pairs",
+        "3000",
+        "--update-pct",
+        "5,80",
+        "--threads",
+        "1,2",
+        "--duration",
+        "0.2",
+        "--warmup",
+        "0",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("ptm-hash-u80") && stdout.contains("WA "),
+        "{stdout}"
+    );
+    let runs: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(runs.len(), 4);
+    for r in &runs {
+        assert!(r["throughput_tps"].as_f64().unwrap() > 0.0, "{r}");
+        let wa = r["params"]["write_amplification"].as_f64().unwrap();
+        // A 16-byte update copies its node (64-byte block: header and payload) and commits.
+        assert!(wa > 2.0 && wa < 40.0, "{wa}");
+    }
+    let out = pmtx(&["bench", "ptm", "--structure", "tree"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("only 'hash' is built"));
+    let out = pmtx(&["bench", "ptm", "--update-pct", "150"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at most 100"));
+    let out = pmtx(&["bench", "ptm", "--engine", "pmdk"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown PTM engine 'pmdk'"));
+}

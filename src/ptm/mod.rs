@@ -496,10 +496,21 @@ impl<R: PObject> Ptm<R> {
 
     /// Runs `f` as a transaction, retrying conflict aborts with randomised backoff up to
     /// `max_retries`; any other error aborts and is returned. Durable when it returns `Ok`.
+    ///
+    /// Do not call `run` inside a `run` closure on the same `Ptm`: the inner commit waits for
+    /// the outer transaction to finish (post-commit, ArchTM Alg. 2), which it never does.
     pub fn run<T>(
         &self,
-        mut f: impl FnMut(&mut PTx<'_, R>) -> Result<T, PtmError>,
+        f: impl FnMut(&mut PTx<'_, R>) -> Result<T, PtmError>,
     ) -> Result<T, PtmError> {
+        self.run_counted(f).map(|(v, _)| v)
+    }
+
+    /// As [`Ptm::run`], also returning the conflict aborts the transaction took.
+    pub fn run_counted<T>(
+        &self,
+        mut f: impl FnMut(&mut PTx<'_, R>) -> Result<T, PtmError>,
+    ) -> Result<(T, u32), PtmError> {
         let mut worker = match self.workers.lock().pop() {
             Some(w) => w,
             None => self.engine.worker()?,
@@ -516,7 +527,7 @@ impl<R: PObject> Ptm<R> {
             };
             let r = f(&mut tx).and_then(|v| tx.w.commit().map(|()| v));
             match r {
-                Ok(v) => break Ok(v),
+                Ok(v) => break Ok((v, attempts)),
                 Err(e) => {
                     worker.abort();
                     if !e.is_retryable() {
