@@ -8,17 +8,9 @@ use pmtx::ptm::archtm::ArchtmFault;
 use pmtx::ptm::{PPtr, Ptm, PtmConfig, PtmError};
 use std::collections::HashMap;
 
-pmtx::pobject! {
-    /// A list node.
-    #[derive(Clone, Copy, Debug, Default, PartialEq)]
-    pub struct Node { pub value: u64, pub next: PPtr<Node> }
-}
-
-pmtx::pobject! {
-    /// The root of the tests' pools.
-    #[derive(Clone, Copy, Debug, Default, PartialEq)]
-    pub struct Root { pub accounts: [PPtr<u64>; 8], pub head: PPtr<Node>, pub len: u64 }
-}
+use pmtx::crashtest::ptm::{
+    setup, state_of, sweep as sweep_all, transfer, Lcg, Node, PtmCrashConfig, Root,
+};
 
 fn small() -> PtmConfig {
     PtmConfig::temporary().size(16 << 20)
@@ -208,272 +200,26 @@ fn a_pool_file_reopens_with_its_handles() {
     assert!(e.to_string().contains("root type"), "{e}");
 }
 
-/// The logical contents a workload's root reaches: account values and list values.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct State {
-    accounts: Vec<u64>,
-    list: Vec<u64>,
-}
-
-fn state_of(ptm: &Ptm<Root>) -> Result<(State, usize), PtmError> {
-    ptm.run(|tx| {
-        let r = tx.read(tx.root())?;
-        let mut accounts = Vec::new();
-        let mut objects = 1;
-        for a in r.accounts {
-            if !a.is_null() {
-                accounts.push(tx.read(a)?);
-                objects += 1;
-            }
-        }
-        let mut list = Vec::new();
-        let mut p = r.head;
-        while !p.is_null() {
-            let n = tx.read(p)?;
-            list.push(n.value);
-            objects += 1;
-            p = n.next;
-            if list.len() as u64 > r.len {
-                return Err(PtmError::Pool(format!(
-                    "the list is longer than its len {}",
-                    r.len
-                )));
-            }
-        }
-        if list.len() as u64 != r.len {
-            return Err(PtmError::Pool(format!(
-                "list of {} nodes, len {}",
-                list.len(),
-                r.len
-            )));
-        }
-        Ok((State { accounts, list }, objects))
-    })
-}
-
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) % n
-    }
-}
-
-/// One step of the crash workload: transfers, list pushes and pops (alloc and free), object
-/// replacement (free of a committed object: a tombstone), and aborted transactions. Returns
-/// whether the step committed.
-fn step(ptm: &Ptm<Root>, i: u64, rng: &mut Lcg) -> bool {
-    match i % 5 {
-        0 | 3 => {
-            let (a, b, amount) = (rng.next(8) as usize, rng.next(8) as usize, rng.next(20));
-            ptm.run(|tx| {
-                let r = tx.read(tx.root())?;
-                let (x, y) = (tx.read(r.accounts[a])?, tx.read(r.accounts[b])?);
-                if a != b && x >= amount {
-                    tx.write(r.accounts[a], &(x - amount))?;
-                    tx.write(r.accounts[b], &(y + amount))?;
-                }
-                Ok(())
-            })
-            .unwrap();
-            true
-        }
-        1 => {
-            ptm.run(|tx| {
-                let root = tx.root();
-                let r = tx.read(root)?;
-                let n = tx.alloc(&Node {
-                    value: i,
-                    next: r.head,
-                })?;
-                tx.update(root, |r| {
-                    r.head = n;
-                    r.len += 1;
-                })
-            })
-            .unwrap();
-            true
-        }
-        2 => {
-            let pop = rng.next(2) == 0;
-            ptm.run(|tx| {
-                let root = tx.root();
-                let r = tx.read(root)?;
-                if pop && !r.head.is_null() {
-                    let n = tx.read(r.head)?;
-                    tx.free(r.head)?;
-                    tx.update(root, |r| {
-                        r.head = n.next;
-                        r.len -= 1;
-                    })?;
-                } else {
-                    // Replace an account object: alloc a copy, free the old one.
-                    let k = (i % 8) as usize;
-                    let v = tx.read(r.accounts[k])?;
-                    let fresh = tx.alloc(&v)?;
-                    tx.free(r.accounts[k])?;
-                    tx.update(root, |r| r.accounts[k] = fresh)?;
-                }
-                Ok(())
-            })
-            .unwrap();
-            true
-        }
-        _ => {
-            let k = rng.next(8) as usize;
-            let e = ptm
-                .run(|tx| {
-                    let r = tx.read(tx.root())?;
-                    tx.write(r.accounts[k], &1_000_000)?;
-                    tx.alloc(&Node::default())?;
-                    tx.abort::<()>()
-                })
-                .unwrap_err();
-            assert_eq!(e, PtmError::UserAbort);
-            false
-        }
-    }
-}
-
-fn setup(ptm: &Ptm<Root>) {
-    ptm.run(|tx| {
-        let mut r = tx.read(tx.root())?;
-        for a in r.accounts.iter_mut() {
-            *a = tx.alloc(&100u64)?;
-        }
-        let root = tx.root();
-        tx.write(root, &r)
-    })
-    .unwrap();
-}
-
-fn crash_config(domain: PersistenceDomain, fault: Option<ArchtmFault>) -> PtmConfig {
-    let mut c = PtmConfig::temporary()
-        .size(6 << 20)
-        .domain(domain)
-        .max_threads(2);
-    c.gc_threshold = 4;
-    c.archtm_fault = fault;
-    c
-}
-
-const STEPS: u64 = 60;
-
-/// Runs the crash workload to the end; returns the state after each acknowledged step
-/// (`states[k]`: after k steps) and the PM events setup and the whole run took.
-fn reference(domain: PersistenceDomain) -> (Vec<State>, u64, u64) {
-    let mut c = crash_config(domain, None);
-    c.crash_sim = Some(CrashTrigger::Never);
-    let ptm = Ptm::<Root>::create(c).unwrap();
-    setup(&ptm);
-    let events = || ptm.engine().pool().crash_sim().unwrap().events();
-    let start = events();
-    let mut rng = Lcg(7);
-    let mut states = vec![state_of(&ptm).unwrap().0];
-    for i in 0..STEPS {
-        step(&ptm, i, &mut rng);
-        states.push(state_of(&ptm).unwrap().0);
-    }
-    (states, start, events())
-}
-
-/// Crashes the workload before PM event `at`, recovers images of that moment, and checks each:
-/// recovery succeeds; the state is the one after the last acknowledged step or after the step
-/// in flight; no object is reachable twice or unreachable (leaked); the allocator's invariants
-/// hold; and the pool keeps working. Returns the first violation.
-fn crash_at(
+fn sweep(
     domain: PersistenceDomain,
     fault: Option<ArchtmFault>,
-    at: u64,
-    states: &[State],
     images: usize,
-) -> Result<(), String> {
-    let mut c = crash_config(domain, fault);
-    c.crash_sim = Some(CrashTrigger::AtEvent(at));
-    let ptm = Ptm::<Root>::create(c).unwrap();
-    setup(&ptm);
-    let done = std::cell::Cell::new(0usize);
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let mut rng = Lcg(7);
-        for i in 0..STEPS {
-            step(&ptm, i, &mut rng);
-            done.set(done.get() + 1);
-        }
-    }));
-    if let Err(p) = r {
-        if !pmtx::pmem::SimulatedCrash::is(p.as_ref()) {
-            std::panic::resume_unwind(p);
-        }
+) -> Result<u64, String> {
+    let mut cfg = PtmCrashConfig::new(domain);
+    cfg.fault = fault;
+    cfg.images_per_point = images;
+    let r = sweep_all(&cfg).unwrap();
+    match r.violations.first() {
+        Some(v) => Err(v.clone()),
+        None => Ok(r.points),
     }
-    let sim = ptm.engine().pool().crash_sim().unwrap().clone();
-    let Some(cs) = sim.crash_state() else {
-        return Ok(()); // the run ended before the event
-    };
-    drop(ptm);
-    let acked = done.get();
-    for img in cs.images(images, at) {
-        let ctx = format!(
-            "{domain} {fault:?}: crash before event {at} after {acked} steps, image {:?}",
-            img.prefixes
-        );
-        let ptm = Ptm::<Root>::open_image(&img.bytes, crash_config(domain, None))
-            .map_err(|e| format!("{ctx}: recovery failed: {e}"))?;
-        let (s, reachable) = state_of(&ptm).map_err(|e| format!("{ctx}: {e}"))?;
-        if s != states[acked] && states.get(acked + 1) != Some(&s) {
-            return Err(format!(
-                "{ctx}: recovered {s:?}, expected {:?} or {:?}",
-                states[acked],
-                states.get(acked + 1)
-            ));
-        }
-        ptm.check_invariants().map_err(|e| format!("{ctx}: {e}"))?;
-        let live = ptm
-            .stats()
-            .iter()
-            .find(|s| s.0 == "live_objects")
-            .unwrap()
-            .1 as usize;
-        if live != reachable {
-            return Err(format!(
-                "{ctx}: {live} live objects, {reachable} reachable (leaked)"
-            ));
-        }
-        // The recovered pool keeps working, and its allocator stays sound.
-        let mut rng = Lcg(at);
-        for i in 0..6 {
-            step(&ptm, i, &mut rng);
-        }
-        ptm.check_invariants()
-            .map_err(|e| format!("{ctx}: after more steps: {e}"))?;
-    }
-    Ok(())
-}
-
-fn crash_sweep(
-    domain: PersistenceDomain,
-    fault: Option<ArchtmFault>,
-    stride: u64,
-    images: usize,
-) -> Result<usize, String> {
-    let (states, start, end) = reference(domain);
-    let mut points = 0;
-    let mut at = start;
-    while at < end {
-        crash_at(domain, fault, at, &states, images)?;
-        points += 1;
-        at += stride;
-    }
-    Ok(points)
 }
 
 #[test]
 fn every_crash_point_recovers_under_adr_and_eadr() {
     for domain in [PersistenceDomain::Adr, PersistenceDomain::Eadr] {
         let t = std::time::Instant::now();
-        let points = crash_sweep(domain, None, 1, 2).unwrap_or_else(|e| panic!("{e}"));
+        let points = sweep(domain, None, 2).unwrap_or_else(|e| panic!("{e}"));
         eprintln!("{domain}: {points} crash points in {:?}", t.elapsed());
         assert!(points > 300, "{domain}: only {points} crash points");
     }
@@ -488,7 +234,7 @@ fn each_archtm_fault_is_caught() {
             &[PersistenceDomain::Adr, PersistenceDomain::Eadr]
         };
         for &domain in domains {
-            let r = crash_sweep(domain, Some(fault), 1, 8);
+            let r = sweep(domain, Some(fault), 8);
             assert!(
                 r.is_err(),
                 "{fault} under {domain}: no violation found in {r:?} crash points"
@@ -615,7 +361,7 @@ proptest::proptest! {
 #[test]
 fn two_threads_of_transfers_keep_the_total_and_see_consistent_snapshots() {
     let ptm = Ptm::<Root>::create(small()).unwrap();
-    setup(&ptm);
+    setup(&ptm).unwrap();
     let audits = std::sync::atomic::AtomicU64::new(0);
     std::thread::scope(|s| {
         for t in 0..2u64 {
@@ -635,17 +381,7 @@ fn two_threads_of_transfers_keep_the_total_and_see_consistent_snapshots() {
                         audits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         continue;
                     }
-                    let (a, b, amount) = (rng.next(8) as usize, rng.next(8) as usize, rng.next(30));
-                    ptm.run(|tx| {
-                        let r = tx.read(tx.root())?;
-                        let (x, y) = (tx.read(r.accounts[a])?, tx.read(r.accounts[b])?);
-                        if a != b && x >= amount {
-                            tx.write(r.accounts[a], &(x - amount))?;
-                            tx.write(r.accounts[b], &(y + amount))?;
-                        }
-                        Ok(())
-                    })
-                    .unwrap();
+                    transfer(ptm, &mut rng, 30).unwrap();
                     if i % 50 == 0 {
                         // Churn: allocation and free under concurrency.
                         let p = ptm
@@ -725,4 +461,60 @@ fn bench_ptm_reports_throughput_and_write_amplification() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("at most 100"));
     let out = pmtx(&["bench", "ptm", "--engine", "pmdk"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown PTM engine 'pmdk'"));
+}
+
+#[test]
+fn pmtx_crashtest_drives_archtm_and_reports_an_injected_fault() {
+    for domain in ["adr", "eadr"] {
+        let out = pmtx(&[
+            "crashtest",
+            "--engine",
+            "archtm",
+            "--domain",
+            domain,
+            "--images",
+            "120",
+        ]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout.contains("0 violation(s)") && stdout.contains("crash points"),
+            "{stdout}"
+        );
+    }
+    let out = pmtx(&[
+        "crashtest",
+        "--engine",
+        "archtm",
+        "--domain",
+        "eadr",
+        "--inject-fault",
+        "archtm-abort-invalidate",
+        "--images",
+        "400",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("violation(s)"));
+    let out = pmtx(&[
+        "crashtest",
+        "--engine",
+        "archtm",
+        "--domain",
+        "eadr",
+        "--inject-fault",
+        "archtm-copy-flush",
+    ]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot break archtm under eadr"));
+    let out = pmtx(&[
+        "crashtest",
+        "--engine",
+        "archtm",
+        "--inject-fault",
+        "skip-fence",
+    ]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown archtm fault 'skip-fence'"));
 }

@@ -108,6 +108,20 @@ impl ArchtmFault {
         }
     }
 
+    /// What the fault breaks.
+    pub fn describe(self) -> &'static str {
+        match self {
+            ArchtmFault::SkipBegin => "BEGIN is not stored before the transaction's copies",
+            ArchtmFault::SkipCopyFlush => "commit does not flush the new copies (ADR)",
+            ArchtmFault::SkipCopyFence => {
+                "no fence between the copies' flushes and COMMITTED (ADR)"
+            }
+            ArchtmFault::SkipCommitPersist => "commit returns before COMMITTED is durable (ADR)",
+            ArchtmFault::AbortKeepsCopies => "an abort leaves its copies' headers valid on PM",
+            ArchtmFault::GcSkipFence => "GC zeroes tombstones before the copies they delete (ADR)",
+        }
+    }
+
     /// Whether the step it removes is only a flush or fence of ordinary stores, which eADR does
     /// not need (so the fault cannot break ArchTM under eADR).
     pub fn adr_only(self) -> bool {
