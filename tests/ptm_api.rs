@@ -518,3 +518,46 @@ fn pmtx_crashtest_drives_archtm_and_reports_an_injected_fault() {
     ]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown archtm fault 'skip-fence'"));
 }
+
+#[test]
+fn defragmentation_moves_the_objects_of_underused_regions() {
+    let ptm = Ptm::<Root>::create(small()).unwrap();
+    let handles: Vec<PPtr<u64>> = (0..2048u64)
+        .map(|i| ptm.run(|tx| tx.alloc(&i)).unwrap())
+        .collect();
+    // Free three of every four: every region is a quarter used.
+    let kept: Vec<(u64, PPtr<u64>)> = handles
+        .iter()
+        .enumerate()
+        .filter_map(|(i, &h)| {
+            if i % 4 == 0 {
+                Some((i as u64, h))
+            } else {
+                ptm.run(|tx| tx.free(h)).unwrap();
+                None
+            }
+        })
+        .collect();
+    let stat = |name| ptm.stats().iter().find(|s| s.0 == name).unwrap().1;
+    let before = stat("used_regions_4k");
+    let (regions, moved) = ptm.defragment().unwrap();
+    assert!(
+        regions >= 30 && moved >= 500,
+        "{regions} regions, {moved} moved"
+    );
+    let after = stat("used_regions_4k");
+    assert!(
+        after * 2 < before,
+        "regions in use: {before} before, {after} after"
+    );
+    for &(v, h) in &kept {
+        assert_eq!(
+            ptm.run(|tx| tx.read(h)).unwrap(),
+            v,
+            "the handle survives the move"
+        );
+    }
+    ptm.check_invariants().unwrap();
+    // A second pass finds nothing more to do.
+    assert_eq!(ptm.defragment().unwrap().1, 0);
+}

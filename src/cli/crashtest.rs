@@ -250,11 +250,12 @@ fn run_ptm(args: &Args) -> CliResult {
     }
     let report = sweep(&cfg)?;
     outln!(
-        "archtm crash test ({}{}): {} crash points over {} PM events, {} images checked, {} violation(s)",
+        "archtm crash test ({}{}): {} crash points over {} PM events (defragmentation moved {} objects), {} images checked, {} violation(s)",
         args.domain,
         cfg.fault.map_or(String::new(), |f| format!(", fault {f}")),
         report.points,
         report.events,
+        report.defrag_moved,
         report.images,
         report.violations.len()
     );

@@ -1,7 +1,7 @@
 //! The crash suite for the persistent-object API (`pmtx crashtest --engine archtm`): a
 //! workload of transfers between account objects, list pushes and pops (alloc and free), object
-//! replacement (the free of a committed object: a tombstone) and aborted transactions, with
-//! garbage collection every few frees, crashed under the simulator before PM events (every one,
+//! replacement (the free of a committed object: a tombstone), aborted transactions and online
+//! defragmentation, with garbage collection every few frees, crashed under the simulator before PM events (every one,
 //! or a sample), each crash image recovered and checked: recovery succeeds; the state is the
 //! one after the last acknowledged step or after the step in flight (so every acknowledged
 //! transaction survives and no uncommitted version is visible); no object is live but
@@ -122,10 +122,19 @@ pub fn transfer(ptm: &Ptm<Root>, rng: &mut Lcg, max: u64) -> Result<(), PtmError
     })
 }
 
-/// Step `i` of the workload. Returns whether it committed (step kinds 4 abort on purpose).
-pub fn step(ptm: &Ptm<Root>, i: u64, rng: &mut Lcg) -> Result<bool, PtmError> {
+/// Step `i` of the workload. Returns whether it committed (step kinds 4 abort on purpose);
+/// adds the objects defragmentation moved to `moved`.
+pub fn step(ptm: &Ptm<Root>, i: u64, rng: &mut Lcg, moved: &mut u64) -> Result<bool, PtmError> {
     match i % 5 {
-        0 | 3 => transfer(ptm, rng, 20).map(|()| true),
+        0 => transfer(ptm, rng, 20).map(|()| true),
+        3 => {
+            if i % 10 == 8 {
+                // Online defragmentation (mock transactions that change no value): crashes
+                // during it must leave the same state.
+                *moved += ptm.defragment()?.1;
+            }
+            transfer(ptm, rng, 20).map(|()| true)
+        }
         1 => ptm
             .run(|tx| {
                 let root = tx.root();
@@ -236,24 +245,27 @@ pub struct PtmCrashReport {
     pub images: u64,
     /// PM events of the whole run (after setup).
     pub events: u64,
+    /// Objects online defragmentation moved in the run (so crashes hit it).
+    pub defrag_moved: u64,
     /// Violations (each names the point, image and what broke).
     pub violations: Vec<String>,
 }
 
 /// Runs the workload to the end: the state after each step (`states[k]`: after k steps) and the
 /// first and last PM event numbers of the steps.
-fn reference(cfg: &PtmCrashConfig) -> Result<(Vec<State>, u64, u64), PtmError> {
+fn reference(cfg: &PtmCrashConfig) -> Result<(Vec<State>, u64, u64, u64), PtmError> {
     let ptm = Ptm::<Root>::create(cfg.ptm_config(None, Some(CrashTrigger::Never)))?;
     setup(&ptm)?;
     let events = || ptm.engine().pool().crash_sim().map_or(0, |s| s.events());
     let start = events();
     let mut rng = Lcg(7);
     let mut states = vec![state_of(&ptm)?.0];
+    let mut moved = 0;
     for i in 0..cfg.steps {
-        step(&ptm, i, &mut rng)?;
+        step(&ptm, i, &mut rng, &mut moved)?;
         states.push(state_of(&ptm)?.0);
     }
-    Ok((states, start, events()))
+    Ok((states, start, events(), moved))
 }
 
 /// Crashes before event `at` and checks the images; returns images checked or a violation.
@@ -264,8 +276,9 @@ fn crash_at(cfg: &PtmCrashConfig, at: u64, states: &[State]) -> Result<u64, Stri
     let done = std::cell::Cell::new(0usize);
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let mut rng = Lcg(7);
+        let mut moved = 0;
         for i in 0..cfg.steps {
-            step(&ptm, i, &mut rng)?;
+            step(&ptm, i, &mut rng, &mut moved)?;
             done.set(done.get() + 1);
         }
         Ok::<(), PtmError>(())
@@ -327,7 +340,7 @@ fn crash_at(cfg: &PtmCrashConfig, at: u64, states: &[State]) -> Result<u64, Stri
         // The recovered pool keeps working, and its allocator stays sound.
         let mut rng = Lcg(at);
         for i in 0..6 {
-            step(&ptm, i, &mut rng).map_err(|e| format!("{ctx}: after recovery: {e}"))?;
+            step(&ptm, i, &mut rng, &mut 0).map_err(|e| format!("{ctx}: after recovery: {e}"))?;
         }
         ptm.check_invariants()
             .map_err(|e| format!("{ctx}: after more steps: {e}"))?;
@@ -337,9 +350,10 @@ fn crash_at(cfg: &PtmCrashConfig, at: u64, states: &[State]) -> Result<u64, Stri
 
 /// Crashes the workload at every `stride`-th event (or `event`) and checks every image.
 pub fn sweep(cfg: &PtmCrashConfig) -> Result<PtmCrashReport, PtmError> {
-    let (states, start, end) = reference(cfg)?;
+    let (states, start, end, defrag_moved) = reference(cfg)?;
     let mut report = PtmCrashReport {
         events: end - start,
+        defrag_moved,
         ..Default::default()
     };
     let points: Vec<u64> = match cfg.event {

@@ -314,6 +314,12 @@ pub trait PtmEngine: Send + Sync {
     fn stats(&self) -> Vec<(&'static str, u64)>;
     /// The pool underneath (its crash simulator, its counters).
     fn pool(&self) -> &crate::pmem::Pool;
+    /// Online defragmentation (ArchTM §4.5): moves the objects of underused regions so the
+    /// regions become free; returns `(regions found, objects moved)`. An engine without it
+    /// returns `(0, 0)`.
+    fn defragment(&self) -> Result<(u64, u64), PtmError> {
+        Ok((0, 0))
+    }
     /// Checks the engine's invariants (allocator, object table): what a crash test asserts after
     /// recovery. Call it while no transaction runs.
     fn check_invariants(&self) -> Result<(), String>;
@@ -570,6 +576,12 @@ impl<R: PObject> Ptm<R> {
             )));
         }
         Ok(Self::wrap(engine, config))
+    }
+
+    /// Online defragmentation (see [`PtmEngine::defragment`]): `(regions found, objects moved)`.
+    /// Runs on the calling thread, concurrently with transactions.
+    pub fn defragment(&self) -> Result<(u64, u64), PtmError> {
+        self.engine.defragment()
     }
 
     /// Checks the engine's invariants (see [`PtmEngine::check_invariants`]).

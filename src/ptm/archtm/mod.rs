@@ -42,11 +42,15 @@
 //!   flushes are skipped and the fences (and ordered stores) remain. Each step has a fault
 //!   ([`ArchtmFault`]) that removes it, for the crash tests.
 //!
-//! Not built yet (issue 15): §4.5's online defragmentation, §5.6's incremental lookup-table
-//! checkpoint with CHKP-diff, the regular data path for large objects (every object takes the
+//! - **Online defragmentation (§4.5):** [`defrag`]: 4 KiB regions less than half used are
+//!   emptied by a mock write transaction.
+//!
+//! Not built yet (issue 15): §5.6's incremental lookup-table checkpoint with CHKP-diff, the
+//! regular data path for large objects (every object takes the
 //! locality-aware path, so the largest object is a page less its header).
 
 pub mod alloc;
+pub mod defrag;
 pub mod layout;
 mod recovery;
 pub mod table;
@@ -437,18 +441,23 @@ impl Inner {
     }
 }
 
+impl ArchTm {
+    fn take_slot(&self) -> Result<usize, PtmError> {
+        self.inner
+            .free_slots
+            .lock()
+            .pop()
+            .ok_or(PtmError::TooManyThreads(self.inner.max_threads))
+    }
+}
+
 impl PtmEngine for ArchTm {
     fn name(&self) -> &'static str {
         "archtm"
     }
 
     fn worker(&self) -> Result<Box<dyn PtmWorker>, PtmError> {
-        let slot = self
-            .inner
-            .free_slots
-            .lock()
-            .pop()
-            .ok_or(PtmError::TooManyThreads(self.inner.max_threads))?;
+        let slot = self.take_slot()?;
         Ok(Box::new(worker::ArchtmWorker::new(
             Arc::clone(&self.inner),
             slot,
@@ -474,6 +483,7 @@ impl PtmEngine for ArchTm {
             ("live_objects", live),
             ("data_pages", i.alloc.pages.lock().len() as u64),
             ("free_bytes", free),
+            ("used_regions_4k", i.region_usage().len() as u64),
             ("clock", i.clock.load(Ordering::Relaxed)),
         ]
     }
@@ -484,6 +494,12 @@ impl PtmEngine for ArchTm {
 
     fn pool(&self) -> &Pool {
         &self.inner.pool
+    }
+
+    fn defragment(&self) -> Result<(u64, u64), PtmError> {
+        let mut w = worker::ArchtmWorker::new(Arc::clone(&self.inner), self.take_slot()?);
+        let r = self.inner.defragment(&mut w)?;
+        Ok((r.regions, r.moved))
     }
 }
 
