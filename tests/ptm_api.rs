@@ -411,6 +411,17 @@ fn pmtx(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// The stdout of a run that must have succeeded (else its output is the failure message).
+fn succeeded(out: &std::process::Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 #[test]
 fn bench_ptm_reports_throughput_and_write_amplification() {
     let dir = tempfile::tempdir().unwrap();
@@ -435,12 +446,7 @@ fn bench_ptm_reports_throughput_and_write_amplification() {
         "--json",
         json.to_str().unwrap(),
     ]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = succeeded(&out);
     assert!(
         stdout.contains("ptm-hash-u80") && stdout.contains("WA "),
         "{stdout}"
@@ -475,39 +481,29 @@ fn pmtx_crashtest_drives_archtm_and_reports_an_injected_fault() {
             "--images",
             "120",
         ]);
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{stdout}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let stdout = succeeded(&out);
         assert!(
             stdout.contains("0 violation(s)") && stdout.contains("crash points"),
             "{stdout}"
         );
     }
-    let out = pmtx(&[
-        "crashtest",
-        "--engine",
-        "archtm",
-        "--domain",
-        "eadr",
-        "--inject-fault",
-        "archtm-abort-invalidate",
-        "--images",
-        "400",
-    ]);
+    let eadr_fault = |fault: &str, images: &str| {
+        pmtx(&[
+            "crashtest",
+            "--engine",
+            "archtm",
+            "--domain",
+            "eadr",
+            "--inject-fault",
+            fault,
+            "--images",
+            images,
+        ])
+    };
+    let out = eadr_fault("archtm-abort-invalidate", "400");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("violation(s)"));
-    let out = pmtx(&[
-        "crashtest",
-        "--engine",
-        "archtm",
-        "--domain",
-        "eadr",
-        "--inject-fault",
-        "archtm-copy-flush",
-    ]);
+    let out = eadr_fault("archtm-copy-flush", "10");
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot break archtm under eadr"));
     let out = pmtx(&[
         "crashtest",

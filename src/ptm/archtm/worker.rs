@@ -39,6 +39,22 @@ fn entry(eng: &Inner, h: u64) -> Result<(&Entry, u64, u64), PtmError> {
     Ok((e, id, gen))
 }
 
+/// The entry of `h` and its fields, if the handle's generation is the live one.
+fn live_entry(
+    eng: &Inner,
+    h: u64,
+) -> Result<(&Entry, u64, u64, super::table::EntryView), PtmError> {
+    let (e, id, gen) = entry(eng, h)?;
+    let v = e.view();
+    if v.gen != gen {
+        return Err(invalid(
+            h,
+            "no live object with this handle (freed, or never allocated)",
+        ));
+    }
+    Ok((e, id, gen, v))
+}
+
 fn invalid(h: u64, reason: impl Into<String>) -> PtmError {
     PtmError::InvalidHandle {
         handle: h,
@@ -142,23 +158,14 @@ impl ArchtmWorker {
             .write_bytes(off, &h.encode(off, self.eng.salt));
     }
 
-    /// Alg. 1 APT_TX_WRITE: the offset of this transaction's copy of `h`, made on first use.
-    fn copy_for_write(&mut self, h: u64) -> Result<(u64, u64), PtmError> {
-        let eng = Arc::clone(&self.eng);
-        let (e, id, gen) = entry(&eng, h)?;
-        let v = e.view();
-        if v.gen != gen {
-            return Err(invalid(
-                h,
-                "no live object with this handle (freed, or never allocated)",
-            ));
-        }
-        if v.writer == self.txid {
-            if v.new & TOMB != 0 {
-                return Err(invalid(h, "the object is freed by this transaction"));
-            }
-            return Ok((v.new, v.size));
-        }
+    /// Takes `e`'s write lock (Alg. 1 line 23; no-wait: a held lock is a conflict) and checks
+    /// that the object is still the committed one the handle names.
+    fn lock_committed(
+        &self,
+        e: &Entry,
+        h: u64,
+        gen: u64,
+    ) -> Result<super::table::EntryView, PtmError> {
         if !e.lock(self.txid) {
             return Err(PtmError::Conflict {
                 handle: h,
@@ -173,6 +180,20 @@ impl ArchtmWorker {
                 "no live object with this handle (freed, or never allocated)",
             ));
         }
+        Ok(v)
+    }
+
+    /// Alg. 1 APT_TX_WRITE: the offset of this transaction's copy of `h`, made on first use.
+    fn copy_for_write(&mut self, h: u64) -> Result<(u64, u64), PtmError> {
+        let eng = Arc::clone(&self.eng);
+        let (e, id, gen, v) = live_entry(&eng, h)?;
+        if v.writer == self.txid {
+            if v.new & TOMB != 0 {
+                return Err(invalid(h, "the object is freed by this transaction"));
+            }
+            return Ok((v.new, v.size));
+        }
+        let v = self.lock_committed(e, h, gen)?;
         self.pm_begin();
         let off = match self.eng.alloc_block(self.slot, block_bytes(v.size)) {
             Ok(off) => off,
@@ -379,14 +400,7 @@ impl PtmWorker for ArchtmWorker {
             return Err(invalid(h, "the root object cannot be freed"));
         }
         let eng = Arc::clone(&self.eng);
-        let (e, id, gen) = entry(&eng, h)?;
-        let v = e.view();
-        if v.gen != gen {
-            return Err(invalid(
-                h,
-                "no live object with this handle (freed, or never allocated)",
-            ));
-        }
+        let (e, id, gen, v) = live_entry(&eng, h)?;
         let tomb = Header {
             id: id as u32,
             gen: gen as u32,
@@ -406,20 +420,7 @@ impl PtmWorker for ArchtmWorker {
             e.modify(|e| e.new.store(v.new | TOMB, Ordering::Release));
             return Ok(());
         }
-        if !e.lock(self.txid) {
-            return Err(PtmError::Conflict {
-                handle: h,
-                retries: 0,
-            });
-        }
-        let v = e.view();
-        if v.gen != gen || v.old == 0 {
-            e.writer.store(0, Ordering::Release);
-            return Err(invalid(
-                h,
-                "no live object with this handle (freed, or never allocated)",
-            ));
-        }
+        self.lock_committed(e, h, gen)?;
         self.pm_begin();
         let off = match self.eng.alloc_block(self.slot, BLOCK) {
             Ok(off) => off,
