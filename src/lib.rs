@@ -21,6 +21,7 @@ pub mod db;
 pub mod engine;
 pub mod index;
 pub mod pmem;
+pub mod ptm;
 pub mod workload;
 
 pub use db::{Db, DbConfig};

@@ -49,3 +49,51 @@ fn the_readme_example_runs_and_survives_a_reopen() {
         assert_eq!(db.durability_warning().is_some(), expected_warning);
     }
 }
+
+/// The README's persistent-object example ("Persistent objects"), as written but for the pool
+/// path; run twice, the second run recovers the pool and finds the first run's node.
+fn ptm_readme_example(path: &std::path::Path) -> Result<(u64, u64, u64), pmtx::ptm::PtmError> {
+    use pmtx::ptm::{PPtr, Ptm, PtmConfig};
+
+    pmtx::pobject! {
+        #[derive(Clone, Copy, Debug, Default)]
+        pub struct Node { pub key: u64, pub value: u64, pub next: PPtr<Node> }
+    }
+    pmtx::pobject! {
+        #[derive(Clone, Copy, Debug, Default)]
+        pub struct Root { pub head: PPtr<Node>, pub count: u64 }
+    }
+
+    let config = PtmConfig::temporary().path(path);
+    let ptm = Ptm::<Root>::open_or_create(config)?; // opening runs recovery
+    ptm.run(|tx| {
+        let root = tx.root();
+        let r = tx.read(root)?;
+        let node = tx.alloc(&Node {
+            key: r.count,
+            value: 10 * r.count,
+            next: r.head,
+        })?;
+        tx.write(
+            root,
+            &Root {
+                head: node,
+                count: r.count + 1,
+            },
+        )
+    })?; // durable when run returns; conflicts are retried
+    let newest = ptm.run(|tx| {
+        let r = tx.read(tx.root())?;
+        tx.read(r.head)
+    })?;
+    let count = ptm.run(|tx| tx.read(tx.root()))?.count;
+    Ok((newest.key, newest.value, count))
+}
+
+#[test]
+fn the_readme_ptm_example_runs_and_survives_a_reopen() {
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let path = dir.path().join("list.pool");
+    assert_eq!(ptm_readme_example(&path).unwrap(), (0, 0, 1));
+    assert_eq!(ptm_readme_example(&path).unwrap(), (1, 10, 2));
+}

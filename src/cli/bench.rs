@@ -163,6 +163,8 @@ pub enum BenchCommand {
     TpccNp(super::bench_tpcc::Args),
     /// TATP: the seven telecom transactions.
     Tatp(super::bench_tatp::Args),
+    /// Persistent-object (PTM) micro-benchmarks: ArchTM §6.1's hash table.
+    Ptm(super::bench_ptm::Args),
 }
 
 pub(crate) fn run(cmd: BenchCommand) -> CliResult {
@@ -175,6 +177,7 @@ pub(crate) fn run(cmd: BenchCommand) -> CliResult {
             super::bench_tpcc::run(args)
         }
         BenchCommand::Tatp(args) => super::bench_tatp::run(args),
+        BenchCommand::Ptm(args) => super::bench_ptm::run(args),
     }
 }
 

@@ -13,9 +13,11 @@ use std::path::PathBuf;
 /// Arguments of `pmtx crashtest`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// The engine.
+    /// The engine: a table engine, or archtm (the persistent-object API's crash workload, see
+    /// `crashtest::ptm`; one thread, --txns steps, every PM event with --exhaustive, else
+    /// --images crash points spread over the run).
     #[arg(long, default_value = "falcon")]
-    pub engine: EngineKind,
+    pub engine: CrashEngine,
     /// The persistence domain simulated (adr or eadr).
     #[arg(long, default_value = "adr")]
     pub domain: PersistenceDomain,
@@ -77,7 +79,7 @@ pub struct Args {
     /// Turn on one deliberate engine bug (test-only; see --list-faults; it must be one of the
     /// engine's own faults).
     #[arg(long)]
-    pub inject_fault: Option<InjectedFault>,
+    pub inject_fault: Option<String>,
     /// List the injectable faults (with the engines each applies to) and exit.
     #[arg(long)]
     pub list_faults: bool,
@@ -92,26 +94,56 @@ pub struct Args {
     pub child_txns: usize,
 }
 
+/// The engine a crash test drives.
+#[derive(Clone, Copy, Debug)]
+pub enum CrashEngine {
+    /// A table engine (the `Db` API).
+    Table(EngineKind),
+    /// A persistent-object engine (the `ptm` API).
+    Ptm(crate::ptm::PtmEngineKind),
+}
+
+impl std::str::FromStr for CrashEngine {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if let Ok(k) = s.parse::<crate::ptm::PtmEngineKind>() {
+            return Ok(CrashEngine::Ptm(k));
+        }
+        s.parse::<EngineKind>()
+            .map(CrashEngine::Table)
+            .map_err(|e| format!("{e} (or the persistent-object engine archtm)"))
+    }
+}
+
 pub(crate) fn run(args: Args) -> CliResult {
     if args.list_faults {
-        outln!("{:<20} {:<42} WHAT IT BREAKS", "FAULT", "ENGINES");
+        outln!("{:<24} {:<42} WHAT IT BREAKS", "FAULT", "ENGINES");
         for f in InjectedFault::all() {
             let engines: Vec<&str> = f.engines().iter().map(|e| e.name()).collect();
             outln!(
-                "{:<20} {:<42} {}",
+                "{:<24} {:<42} {}",
                 f.name(),
                 engines.join(","),
                 f.describe()
             );
         }
+        for f in crate::ptm::archtm::ArchtmFault::ALL {
+            outln!("{:<24} {:<42} {}", f.name(), "archtm", f.describe());
+        }
         return Ok(());
     }
     check_counts(&args)?;
+    let engine = match args.engine {
+        CrashEngine::Ptm(_) => return run_ptm(&args),
+        CrashEngine::Table(e) => e,
+    };
+    let inject_fault: Option<InjectedFault> =
+        args.inject_fault.as_deref().map(str::parse).transpose()?;
     if let Some(path) = &args.json {
         super::bench::check_output_path(path, "--json")?;
     }
-    let mut cfg = CrashTestConfig::new(args.engine, args.domain, args.workload);
-    cfg.protocol = args.cc.unwrap_or(args.engine.default_protocol());
+    let mut cfg = CrashTestConfig::new(engine, args.domain, args.workload);
+    cfg.protocol = args.cc.unwrap_or(engine.default_protocol());
     cfg.images = args.images;
     cfg.seed = args.seed;
     cfg.threads = args.threads;
@@ -120,7 +152,7 @@ pub(crate) fn run(args: Args) -> CliResult {
     cfg.event = args.event;
     cfg.images_per_point = args.images_per_point;
     cfg.recovery_crash_every = args.recovery_crash_every;
-    cfg.fault = args.inject_fault;
+    cfg.fault = inject_fault;
     cfg.rounds = args.rounds;
     cfg.window_slot_bytes = args.window_slot_bytes;
     cfg.index = args.index;
@@ -168,6 +200,81 @@ pub(crate) fn run(args: Args) -> CliResult {
         return Err(format!(
             "{} violation(s) in {} images",
             report.total_violations(),
+            report.images
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// `pmtx crashtest --engine archtm`: the persistent-object crash workload (`crashtest::ptm`).
+fn run_ptm(args: &Args) -> CliResult {
+    use crate::crashtest::ptm::{sweep, PtmCrashConfig};
+    use crate::ptm::archtm::ArchtmFault;
+    if args.threads != 1 || args.real_kills.is_some() || args.rounds != 1 {
+        return Err(
+            "--engine archtm crash tests run one thread, under the simulator, one round \
+                    (--threads 1, no --real-kills, --rounds 1)"
+                .into(),
+        );
+    }
+    if !matches!(
+        args.domain,
+        PersistenceDomain::Adr | PersistenceDomain::Eadr
+    ) {
+        return Err(format!(
+            "--domain {}: the simulator models adr and eadr",
+            args.domain
+        )
+        .into());
+    }
+    if let Some(path) = &args.json {
+        super::bench::check_output_path(path, "--json")?;
+    }
+    let mut cfg = PtmCrashConfig::new(args.domain);
+    cfg.fault = args
+        .inject_fault
+        .as_deref()
+        .map(str::parse::<ArchtmFault>)
+        .transpose()?;
+    if let Some(f) = cfg.fault {
+        if f.adr_only() && args.domain == PersistenceDomain::Eadr {
+            return Err(format!(
+                "fault {f} removes a flush or fence of ordinary stores, which eadr does not need: \
+                 it cannot break archtm under eadr; test it under adr"
+            )
+            .into());
+        }
+    }
+    cfg.steps = args.txns as u64;
+    cfg.event = args.event;
+    cfg.images_per_point = args.images_per_point;
+    cfg.stop_at_first = false;
+    if !args.exhaustive && args.event.is_none() {
+        cfg.points = Some(args.images.max(1));
+    }
+    let report = sweep(&cfg)?;
+    outln!(
+        "archtm crash test ({}{}): {} crash points over {} PM events (defragmentation moved {} objects), {} images checked, {} violation(s)",
+        args.domain,
+        cfg.fault.map_or(String::new(), |f| format!(", fault {f}")),
+        report.points,
+        report.events,
+        report.defrag_moved,
+        report.images,
+        report.violations.len()
+    );
+    for v in report.violations.iter().take(10) {
+        outln!("  {v}");
+    }
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .map_err(|e| format!("--json {}: cannot write: {e}", path.display()))?;
+    }
+    if !report.violations.is_empty() {
+        return Err(format!(
+            "{} violation(s) in {} images",
+            report.violations.len(),
             report.images
         )
         .into());

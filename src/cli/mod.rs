@@ -48,6 +48,7 @@ pub(crate) fn warn_durability(db: &crate::db::Db) {
 }
 
 mod bench;
+mod bench_ptm;
 mod bench_tatp;
 mod bench_tpcc;
 pub(crate) mod check;

@@ -16,6 +16,7 @@
 pub mod checks;
 pub mod fault;
 pub mod fuzz;
+pub mod ptm;
 pub mod realkill;
 pub mod tpcc;
 pub mod workload;

@@ -12,12 +12,12 @@
 //! - [`Engine::durable_tid`] tells which commits are durable, for engines whose durability is
 //!   asynchronous (DUDETx): for the others it is the last commit that returned.
 
-mod common;
+pub(crate) mod common;
 pub mod dudetx;
 pub use common::{MAX_HOT_TUPLES, MAX_PARTITIONS};
 pub mod falcon;
 pub mod fir;
-mod meta;
+pub(crate) mod meta;
 pub mod zen;
 
 use crate::catalog::{Catalog, CatalogError, Schema, TableId};

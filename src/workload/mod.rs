@@ -1,6 +1,7 @@
 //! Workloads: key and operation generators and, later, the drivers that run them against an engine.
 
 pub mod bank;
+pub mod ptm_hash;
 pub mod tatp;
 pub mod tpcc;
 pub mod ycsb;

@@ -1,0 +1,382 @@
+//! The crash suite for the persistent-object API (`pmtx crashtest --engine archtm`): a
+//! workload of transfers between account objects, list pushes and pops (alloc and free), object
+//! replacement (the free of a committed object: a tombstone), aborted transactions and online
+//! defragmentation, with garbage collection every few frees, crashed under the simulator before PM events (every one,
+//! or a sample), each crash image recovered and checked: recovery succeeds; the state is the
+//! one after the last acknowledged step or after the step in flight (so every acknowledged
+//! transaction survives and no uncommitted version is visible); no object is live but
+//! unreachable (leaked); the allocator's invariants hold (nothing leaked or owned twice); and
+//! the recovered pool keeps working.
+
+use crate::pmem::{CrashTrigger, PersistenceDomain, SimulatedCrash};
+use crate::ptm::archtm::ArchtmFault;
+use crate::ptm::{PPtr, Ptm, PtmConfig, PtmError};
+
+crate::pobject! {
+    /// A list node.
+    #[derive(Clone, Copy, Debug, Default, PartialEq)]
+    pub struct Node {
+        /// The node's value.
+        pub value: u64,
+        /// The next node.
+        pub next: PPtr<Node>,
+    }
+}
+
+crate::pobject! {
+    /// The workload's root.
+    #[derive(Clone, Copy, Debug, Default, PartialEq)]
+    pub struct Root {
+        /// Eight account objects.
+        pub accounts: [PPtr<u64>; 8],
+        /// The list.
+        pub head: PPtr<Node>,
+        /// Nodes in the list.
+        pub len: u64,
+    }
+}
+
+/// The logical contents the root reaches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct State {
+    /// Account values.
+    pub accounts: Vec<u64>,
+    /// List values, head first.
+    pub list: Vec<u64>,
+}
+
+/// Reads the state and counts the reachable objects (the root included).
+pub fn state_of(ptm: &Ptm<Root>) -> Result<(State, usize), PtmError> {
+    ptm.run(|tx| {
+        let r = tx.read(tx.root())?;
+        let mut accounts = Vec::new();
+        let mut objects = 1;
+        for a in r.accounts {
+            if !a.is_null() {
+                accounts.push(tx.read(a)?);
+                objects += 1;
+            }
+        }
+        let mut list = Vec::new();
+        let mut p = r.head;
+        while !p.is_null() {
+            let n = tx.read(p)?;
+            list.push(n.value);
+            objects += 1;
+            p = n.next;
+            if list.len() as u64 > r.len {
+                return Err(PtmError::Pool(format!(
+                    "the list is longer than its len {}",
+                    r.len
+                )));
+            }
+        }
+        if list.len() as u64 != r.len {
+            return Err(PtmError::Pool(format!(
+                "list of {} nodes, len {}",
+                list.len(),
+                r.len
+            )));
+        }
+        Ok((State { accounts, list }, objects))
+    })
+}
+
+/// A small deterministic generator.
+pub struct Lcg(pub u64);
+
+impl Lcg {
+    /// A number below `n`.
+    pub fn next(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n
+    }
+}
+
+/// Allocates the eight accounts (100 each).
+pub fn setup(ptm: &Ptm<Root>) -> Result<(), PtmError> {
+    ptm.run(|tx| {
+        let mut r = tx.read(tx.root())?;
+        for a in r.accounts.iter_mut() {
+            *a = tx.alloc(&100u64)?;
+        }
+        let root = tx.root();
+        tx.write(root, &r)
+    })
+}
+
+/// A transfer of up to `max` between two random accounts.
+pub fn transfer(ptm: &Ptm<Root>, rng: &mut Lcg, max: u64) -> Result<(), PtmError> {
+    let (a, b, amount) = (rng.next(8) as usize, rng.next(8) as usize, rng.next(max));
+    ptm.run(|tx| {
+        let r = tx.read(tx.root())?;
+        let (x, y) = (tx.read(r.accounts[a])?, tx.read(r.accounts[b])?);
+        if a != b && x >= amount {
+            tx.write(r.accounts[a], &(x - amount))?;
+            tx.write(r.accounts[b], &(y + amount))?;
+        }
+        Ok(())
+    })
+}
+
+/// Step `i` of the workload. Returns whether it committed (step kinds 4 abort on purpose);
+/// adds the objects defragmentation moved to `moved`.
+pub fn step(ptm: &Ptm<Root>, i: u64, rng: &mut Lcg, moved: &mut u64) -> Result<bool, PtmError> {
+    match i % 5 {
+        0 => transfer(ptm, rng, 20).map(|()| true),
+        3 => {
+            if i % 10 == 8 {
+                // Online defragmentation (mock transactions that change no value): crashes
+                // during it must leave the same state.
+                *moved += ptm.defragment()?.1;
+            }
+            transfer(ptm, rng, 20).map(|()| true)
+        }
+        1 => ptm
+            .run(|tx| {
+                let root = tx.root();
+                let r = tx.read(root)?;
+                let n = tx.alloc(&Node {
+                    value: i,
+                    next: r.head,
+                })?;
+                tx.update(root, |r| {
+                    r.head = n;
+                    r.len += 1;
+                })
+            })
+            .map(|()| true),
+        2 => {
+            let pop = rng.next(2) == 0;
+            ptm.run(|tx| {
+                let root = tx.root();
+                let r = tx.read(root)?;
+                if pop && !r.head.is_null() {
+                    let n = tx.read(r.head)?;
+                    tx.free(r.head)?;
+                    tx.update(root, |r| {
+                        r.head = n.next;
+                        r.len -= 1;
+                    })
+                } else {
+                    // Replace an account object: alloc a copy, free the old one.
+                    let k = (i % 8) as usize;
+                    let v = tx.read(r.accounts[k])?;
+                    let fresh = tx.alloc(&v)?;
+                    tx.free(r.accounts[k])?;
+                    tx.update(root, |r| r.accounts[k] = fresh)
+                }
+            })
+            .map(|()| true)
+        }
+        _ => {
+            let k = rng.next(8) as usize;
+            match ptm.run(|tx| {
+                let r = tx.read(tx.root())?;
+                tx.write(r.accounts[k], &1_000_000)?;
+                tx.alloc(&Node::default())?;
+                tx.abort::<()>()
+            }) {
+                Err(PtmError::UserAbort) => Ok(false),
+                Err(e) => Err(e),
+                Ok(()) => Err(PtmError::Pool("an aborted transaction committed".into())),
+            }
+        }
+    }
+}
+
+/// What to crash.
+#[derive(Clone, Debug)]
+pub struct PtmCrashConfig {
+    /// The domain simulated.
+    pub domain: PersistenceDomain,
+    /// A deliberate ordering bug.
+    pub fault: Option<ArchtmFault>,
+    /// Workload steps after setup.
+    pub steps: u64,
+    /// Crash before every `stride`-th PM event of the run (1: every event).
+    pub stride: u64,
+    /// Crash before this event only.
+    pub event: Option<u64>,
+    /// At most this many crash points, spread evenly over the run (overrides `stride`).
+    pub points: Option<u64>,
+    /// Images recovered per crash point.
+    pub images_per_point: usize,
+    /// Stop at the first violation.
+    pub stop_at_first: bool,
+}
+
+impl PtmCrashConfig {
+    /// Every event of a 60-step run, two images per point.
+    pub fn new(domain: PersistenceDomain) -> PtmCrashConfig {
+        PtmCrashConfig {
+            domain,
+            fault: None,
+            steps: 60,
+            stride: 1,
+            event: None,
+            points: None,
+            images_per_point: 2,
+            stop_at_first: true,
+        }
+    }
+
+    fn ptm_config(&self, fault: Option<ArchtmFault>, trigger: Option<CrashTrigger>) -> PtmConfig {
+        let mut c = PtmConfig::temporary()
+            .size(6 << 20)
+            .domain(self.domain)
+            .max_threads(2);
+        c.gc_threshold = 4;
+        c.archtm_fault = fault;
+        c.crash_sim = trigger;
+        c
+    }
+}
+
+/// What a crash sweep found.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct PtmCrashReport {
+    /// Crash points tried.
+    pub points: u64,
+    /// Images recovered and checked.
+    pub images: u64,
+    /// PM events of the whole run (after setup).
+    pub events: u64,
+    /// Objects online defragmentation moved in the run (so crashes hit it).
+    pub defrag_moved: u64,
+    /// Violations (each names the point, image and what broke).
+    pub violations: Vec<String>,
+}
+
+/// Runs the workload to the end: the state after each step (`states[k]`: after k steps) and the
+/// first and last PM event numbers of the steps.
+fn reference(cfg: &PtmCrashConfig) -> Result<(Vec<State>, u64, u64, u64), PtmError> {
+    let ptm = Ptm::<Root>::create(cfg.ptm_config(None, Some(CrashTrigger::Never)))?;
+    setup(&ptm)?;
+    let events = || ptm.engine().pool().crash_sim().map_or(0, |s| s.events());
+    let start = events();
+    let mut rng = Lcg(7);
+    let mut states = vec![state_of(&ptm)?.0];
+    let mut moved = 0;
+    for i in 0..cfg.steps {
+        step(&ptm, i, &mut rng, &mut moved)?;
+        states.push(state_of(&ptm)?.0);
+    }
+    Ok((states, start, events(), moved))
+}
+
+/// Crashes before event `at` and checks the images; returns images checked or a violation.
+fn crash_at(cfg: &PtmCrashConfig, at: u64, states: &[State]) -> Result<u64, String> {
+    let ptm = Ptm::<Root>::create(cfg.ptm_config(cfg.fault, Some(CrashTrigger::AtEvent(at))))
+        .map_err(|e| e.to_string())?;
+    setup(&ptm).map_err(|e| e.to_string())?;
+    let done = std::cell::Cell::new(0usize);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut rng = Lcg(7);
+        let mut moved = 0;
+        for i in 0..cfg.steps {
+            step(&ptm, i, &mut rng, &mut moved)?;
+            done.set(done.get() + 1);
+        }
+        Ok::<(), PtmError>(())
+    }));
+    match r {
+        Err(p) if !SimulatedCrash::is(p.as_ref()) => std::panic::resume_unwind(p),
+        Ok(Err(e))
+            if ptm
+                .engine()
+                .pool()
+                .crash_sim()
+                .is_some_and(|s| !s.has_crashed()) =>
+        {
+            return Err(format!("the workload failed before the crash: {e}"))
+        }
+        _ => {}
+    }
+    let sim = ptm
+        .engine()
+        .pool()
+        .crash_sim()
+        .cloned()
+        .expect("a simulator");
+    let Some(cs) = sim.crash_state() else {
+        return Ok(0); // the run ended before the event
+    };
+    drop(ptm);
+    let acked = done.get();
+    let mut images = 0;
+    for img in cs.images(cfg.images_per_point, at) {
+        images += 1;
+        let ctx = format!(
+            "{} {}: crash before event {at} after {acked} steps, image {:?}",
+            cfg.domain,
+            cfg.fault.map_or("no fault", |f| f.name()),
+            img.prefixes
+        );
+        let ptm = Ptm::<Root>::open_image(&img.bytes, cfg.ptm_config(None, None))
+            .map_err(|e| format!("{ctx}: recovery failed: {e}"))?;
+        let (s, reachable) = state_of(&ptm).map_err(|e| format!("{ctx}: {e}"))?;
+        if s != states[acked] && states.get(acked + 1) != Some(&s) {
+            return Err(format!(
+                "{ctx}: recovered {s:?}, expected {:?} or {:?}",
+                states[acked],
+                states.get(acked + 1)
+            ));
+        }
+        ptm.check_invariants().map_err(|e| format!("{ctx}: {e}"))?;
+        let live = ptm
+            .stats()
+            .iter()
+            .find(|s| s.0 == "live_objects")
+            .map_or(0, |s| s.1) as usize;
+        if live != reachable {
+            return Err(format!(
+                "{ctx}: {live} live objects, {reachable} reachable (leaked)"
+            ));
+        }
+        // The recovered pool keeps working, and its allocator stays sound.
+        let mut rng = Lcg(at);
+        for i in 0..6 {
+            step(&ptm, i, &mut rng, &mut 0).map_err(|e| format!("{ctx}: after recovery: {e}"))?;
+        }
+        ptm.check_invariants()
+            .map_err(|e| format!("{ctx}: after more steps: {e}"))?;
+    }
+    Ok(images)
+}
+
+/// Crashes the workload at every `stride`-th event (or `event`) and checks every image.
+pub fn sweep(cfg: &PtmCrashConfig) -> Result<PtmCrashReport, PtmError> {
+    let (states, start, end, defrag_moved) = reference(cfg)?;
+    let mut report = PtmCrashReport {
+        events: end - start,
+        defrag_moved,
+        ..Default::default()
+    };
+    let points: Vec<u64> = match cfg.event {
+        Some(e) => vec![e],
+        None => {
+            let stride = match cfg.points {
+                Some(n) => (end - start).div_ceil(n.max(1)).max(1),
+                None => cfg.stride.max(1),
+            };
+            (start..end).step_by(stride as usize).collect()
+        }
+    };
+    for at in points {
+        report.points += 1;
+        match crash_at(cfg, at, &states) {
+            Ok(n) => report.images += n,
+            Err(v) => {
+                report.violations.push(v);
+                if cfg.stop_at_first {
+                    break;
+                }
+            }
+        }
+    }
+    Ok(report)
+}

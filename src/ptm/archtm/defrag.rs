@@ -1,0 +1,151 @@
+//! Online defragmentation (§4.5, §5.4 "Defragmentation"): find the 4 KiB regions whose live
+//! objects use less than half of them, and move those objects elsewhere with a "mock" write
+//! transaction (an ordinary transaction that copies each object unchanged, so the move is as
+//! atomic and crash-safe as any update), after which the regions' blocks are collected and the
+//! regions are wholly free.
+//!
+//! Departure: the paper's fragmentation manager is a background thread that examines the
+//! recycle list; here `Ptm::defragment` (or the engine's) runs it on the caller's thread, and
+//! keeps new copies out of the regions it empties by taking their free space out of every
+//! allocation list for the duration of the move (the paper does not say how its migration
+//! avoids landing in the regions it drains).
+
+use super::alloc::merge_into;
+use super::layout::block_bytes;
+use super::Inner;
+use crate::ptm::{PtmError, PtmWorker};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::Ordering;
+
+/// The region size (§6: 4 KB).
+pub const REGION: u64 = 4096;
+/// A region whose live bytes are below this fraction is underutilized (§5.4: f = 50 %).
+pub const UNDERUSED: f64 = 0.5;
+/// Objects moved per mock transaction.
+const BATCH: usize = 64;
+
+/// What a defragmentation pass did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DefragReport {
+    /// Underutilized regions found.
+    pub regions: u64,
+    /// Objects moved.
+    pub moved: u64,
+    /// Objects left in place (a concurrent writer held them).
+    pub skipped: u64,
+}
+
+/// Removes from `list` the parts of its extents inside `regions`; returns them.
+fn split_out(list: &mut Vec<(u64, u64)>, regions: &BTreeSet<u64>) -> Vec<(u64, u64)> {
+    let mut keep = Vec::with_capacity(list.len());
+    let mut taken = Vec::new();
+    for &(off, len) in list.iter() {
+        let mut at = off;
+        while at < off + len {
+            let r = at / REGION;
+            let end = ((r + 1) * REGION).min(off + len);
+            let piece = (at, end - at);
+            if regions.contains(&r) {
+                taken.push(piece);
+            } else {
+                match keep.last_mut() {
+                    Some((o, l)) if *o + *l == at => *l += piece.1,
+                    _ => keep.push(piece),
+                }
+            }
+            at = end;
+        }
+    }
+    *list = keep;
+    taken
+}
+
+impl Inner {
+    /// Live bytes per 4 KiB region (a block spanning regions counts in each for its share).
+    pub(crate) fn region_usage(&self) -> BTreeMap<u64, (u64, Vec<u64>)> {
+        let mut usage: BTreeMap<u64, (u64, Vec<u64>)> = BTreeMap::new();
+        for (id, e) in self.table.iter() {
+            let v = e.view();
+            if v.gen == 0 || v.old == 0 {
+                continue;
+            }
+            let (start, end) = (v.old, v.old + block_bytes(v.size));
+            for r in start / REGION..=(end - 1) / REGION {
+                let lo = start.max(r * REGION);
+                let hi = end.min((r + 1) * REGION);
+                let u = usage.entry(r).or_default();
+                u.0 += hi - lo;
+                u.1.push(v.gen << 32 | id);
+            }
+        }
+        usage
+    }
+
+    /// One defragmentation pass with `worker` (a slot of this engine).
+    pub(crate) fn defragment(&self, worker: &mut dyn PtmWorker) -> Result<DefragReport, PtmError> {
+        // Finish pending collections first, so freed blocks count as free.
+        self.gc();
+        let usage = self.region_usage();
+        let mut regions = BTreeSet::new();
+        let mut objects = BTreeSet::new();
+        for (&r, (used, handles)) in &usage {
+            if (*used as f64) < UNDERUSED * REGION as f64 {
+                // Only regions of small objects: moving a large object empties little.
+                if handles.iter().all(|&h| {
+                    let e = self.table.get(h & 0xffff_ffff).expect("a live id");
+                    block_bytes(e.size.load(Ordering::Acquire)) <= REGION / 2
+                }) {
+                    regions.insert(r);
+                    objects.extend(handles.iter().copied());
+                }
+            }
+        }
+        let mut report = DefragReport {
+            regions: regions.len() as u64,
+            ..Default::default()
+        };
+        if objects.is_empty() {
+            return Ok(report);
+        }
+        // Quarantine the regions' free space: the copies must land elsewhere.
+        let a = &self.alloc;
+        let mut quarantine = Vec::new();
+        for l in &a.lists {
+            quarantine.append(&mut split_out(&mut l.lock(), &regions));
+        }
+        quarantine.append(&mut split_out(&mut a.free.lock(), &regions));
+        quarantine.append(&mut split_out(&mut a.recycle.lock(), &regions));
+        let objects: Vec<u64> = objects.into_iter().filter(|&h| h != self.root).collect();
+        let mut result = Ok(());
+        for batch in objects.chunks(BATCH) {
+            worker.begin();
+            let mut moved = 0;
+            let mut failed = None;
+            for &h in batch {
+                match worker.write(h, 0, &[]) {
+                    Ok(()) => moved += 1,
+                    Err(PtmError::Conflict { .. }) | Err(PtmError::InvalidHandle { .. }) => {
+                        report.skipped += 1
+                    }
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+            if let Some(e) = failed {
+                worker.abort();
+                result = Err(e);
+                break;
+            }
+            if let Err(e) = worker.commit() {
+                result = Err(e);
+                break;
+            }
+            report.moved += moved;
+        }
+        self.gc();
+        merge_into(&mut a.free.lock(), quarantine);
+        result.map(|()| report)
+    }
+}

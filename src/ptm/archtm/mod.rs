@@ -1,0 +1,514 @@
+//! ArchTM (Wu et al., FAST'21): a persistent transactional memory with logless copy-on-write
+//! objects, behind the [`ptm`](crate::ptm) API.
+//!
+//! - **Logless CoW (§4.1, Alg. 1):** the first write of an object in a transaction takes the
+//!   object's write lock, allocates a block, and copies the committed version there, with a
+//!   header annotated with the transaction's id (§4.2); later writes go to that copy. No undo or
+//!   redo log.
+//! - **DRAM metadata (§4.2, §4.3, §5.1):** the object lookup table (new, old, writer = lock) in
+//!   [`table`], per-slot ID lists, and all allocator metadata ([`alloc`]). PM holds only the
+//!   objects, the TxState table and the root handle ([`layout`]).
+//! - **TxState (§5.1):** per thread slot, `txid << 2 | state` in one 8-byte word. BEGIN is made
+//!   durable before the transaction's first copy can reach PM; COMMITTED after all its copies
+//!   are durable. Recovery discards every copy whose txid is in a BEGIN slot.
+//! - **Timestamps:** a global atomic counter in place of rdtscp + ORDO (§5.1): it is monotonic
+//!   and gap-free on any machine; its single cache line costs little at the 1–2 threads this
+//!   machine runs. A txid is `timestamp << 8 | slot` (DESIGN.md); recovery restarts the clock
+//!   above every txid on PM.
+//! - **Snapshot isolation, lock-free reads (§5.3, Alg. 1 APT_TX_READ):** a reader takes the new
+//!   version if its writer committed with a commit id not above the reader's start, else the
+//!   old one. Entries change inside a seqlock so a reader sees their fields consistent without
+//!   taking a lock. Departure: a committing writer is marked COMMITTING in DRAM while it takes
+//!   its commit id, and a reader that sees that waits for the decision; without it a reader that
+//!   began just after the commit id was taken could read the old version that post-commit is
+//!   about to free.
+//! - **Post-commit (Alg. 2):** waits until no transaction that began before the commit id is
+//!   still *executing* (the paper waits for "ongoing" ones; a transaction already in its own
+//!   post-commit reads nothing more, and waiting for it could deadlock two committers), then
+//!   turns the new versions into the old ones and hands the replaced versions to the slot's
+//!   deallocation list. A freed object's transaction writes a *tombstone* version (a header
+//!   with the TOMB flag): the paper does not say how a free survives a crash when the freed
+//!   copy's header is still on PM; the tombstone is the latest version, so recovery drops the
+//!   object, and garbage collection zeroes it only after the copies it deletes.
+//! - **Allocator (§4.4, §5.4):** see [`alloc`]. Garbage collection runs on the committing
+//!   thread when its deallocation list passes a threshold, and when an allocation finds the
+//!   free and recycle lists empty (departure: no separate GC thread; the work is the same and
+//!   needs no thread to stop, or to unwind under the crash simulator).
+//! - **Recovery (§5.5):** `recovery.rs`: TxState → uncommitted txids; a scan of the data pages
+//!   for headers whose check word matches; per object id the version with the largest txid
+//!   that is not uncommitted; everything else is garbage and is zeroed before the TxState
+//!   table is reset.
+//! - **ADR and eADR:** under ADR every ordering step is a flush and a fence; under eADR the
+//!   flushes are skipped and the fences (and ordered stores) remain. Each step has a fault
+//!   ([`ArchtmFault`]) that removes it, for the crash tests.
+//!
+//! - **Online defragmentation (§4.5):** [`defrag`]: 4 KiB regions less than half used are
+//!   emptied by a mock write transaction.
+//!
+//! Not built yet (issue 15): §5.6's incremental lookup-table checkpoint with CHKP-diff, the
+//! regular data path for large objects (every object takes the
+//! locality-aware path, so the largest object is a page less its header).
+
+pub mod alloc;
+pub mod defrag;
+pub mod layout;
+mod recovery;
+pub mod table;
+mod worker;
+
+use crate::alloc::{PageManager, PAGE_SIZE};
+use crate::engine::meta::{self as meta_page, MetaLayout};
+use crate::pmem::{Pool, PoolOptions};
+use crate::ptm::{PtmConfig, PtmEngine, PtmError, PtmWorker};
+use layout::{header, meta};
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use table::{LookupTable, SlotState};
+
+/// The largest object payload (the locality-aware path only: a block within one page).
+pub const MAX_OBJECT: u64 = PAGE_SIZE - header::BYTES;
+
+/// A deliberate ordering bug, for showing that the crash tests catch it. Each names the ordering
+/// step (the fault-injection point) it removes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum ArchtmFault {
+    /// `archtm-begin-persist`: BEGIN is not stored, so a crash reads the copies of a running
+    /// transaction as committed (breaks ADR and eADR).
+    SkipBegin,
+    /// `archtm-copy-flush`: commit does not flush the new copies (ADR).
+    SkipCopyFlush,
+    /// `archtm-copy-fence`: no fence between the copies' flushes and the COMMITTED store (ADR).
+    SkipCopyFence,
+    /// `archtm-commit-persist`: commit returns before COMMITTED is durable (ADR).
+    SkipCommitPersist,
+    /// `archtm-abort-invalidate`: an abort leaves its copies' headers on PM (ADR and eADR).
+    AbortKeepsCopies,
+    /// `archtm-gc-zero-fence`: garbage collection zeroes tombstones without first making the
+    /// zeroed headers of the copies they delete durable (ADR).
+    GcSkipFence,
+}
+
+impl ArchtmFault {
+    /// Every fault.
+    pub const ALL: [ArchtmFault; 6] = [
+        ArchtmFault::SkipBegin,
+        ArchtmFault::SkipCopyFlush,
+        ArchtmFault::SkipCopyFence,
+        ArchtmFault::SkipCommitPersist,
+        ArchtmFault::AbortKeepsCopies,
+        ArchtmFault::GcSkipFence,
+    ];
+
+    /// The fault-injection name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ArchtmFault::SkipBegin => "archtm-begin-persist",
+            ArchtmFault::SkipCopyFlush => "archtm-copy-flush",
+            ArchtmFault::SkipCopyFence => "archtm-copy-fence",
+            ArchtmFault::SkipCommitPersist => "archtm-commit-persist",
+            ArchtmFault::AbortKeepsCopies => "archtm-abort-invalidate",
+            ArchtmFault::GcSkipFence => "archtm-gc-zero-fence",
+        }
+    }
+
+    /// What the fault breaks.
+    pub fn describe(self) -> &'static str {
+        match self {
+            ArchtmFault::SkipBegin => "BEGIN is not stored before the transaction's copies",
+            ArchtmFault::SkipCopyFlush => "commit does not flush the new copies (ADR)",
+            ArchtmFault::SkipCopyFence => {
+                "no fence between the copies' flushes and COMMITTED (ADR)"
+            }
+            ArchtmFault::SkipCommitPersist => "commit returns before COMMITTED is durable (ADR)",
+            ArchtmFault::AbortKeepsCopies => "an abort leaves its copies' headers valid on PM",
+            ArchtmFault::GcSkipFence => "GC zeroes tombstones before the copies they delete (ADR)",
+        }
+    }
+
+    /// Whether the step it removes is only a flush or fence of ordinary stores, which eADR does
+    /// not need (so the fault cannot break ArchTM under eADR).
+    pub fn adr_only(self) -> bool {
+        !matches!(self, ArchtmFault::SkipBegin | ArchtmFault::AbortKeepsCopies)
+    }
+}
+
+impl std::fmt::Display for ArchtmFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for ArchtmFault {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        crate::engine::common::parse_named(s, &ArchtmFault::ALL, ArchtmFault::name, "archtm fault")
+    }
+}
+
+/// The engine's shared state.
+pub(crate) struct Inner {
+    pub(crate) pool: Pool,
+    pub(crate) pages: PageManager,
+    pub(crate) meta: u64,
+    pub(crate) salt: u64,
+    pub(crate) max_threads: usize,
+    pub(crate) table: LookupTable,
+    pub(crate) slots: Vec<SlotState>,
+    pub(crate) free_slots: Mutex<Vec<usize>>,
+    pub(crate) id_lists: Vec<Mutex<Vec<u32>>>,
+    pub(crate) alloc: alloc::Allocator,
+    /// The global timestamp (§5.1).
+    pub(crate) clock: AtomicU64,
+    /// ADR: flush before fence. eADR: fences only.
+    pub(crate) flushing: bool,
+    pub(crate) fault: Option<ArchtmFault>,
+    pub(crate) gc_threshold: usize,
+    pub(crate) root: u64,
+    pub(crate) root_size: usize,
+}
+
+impl Inner {
+    /// The PM TxState word of `slot`.
+    pub(crate) fn txstate_at(&self, slot: usize) -> u64 {
+        self.meta + meta::TXSTATE + slot as u64 * meta::TXSTATE_STRIDE
+    }
+
+    /// Persists `[off, off + len)`: flush (ADR) and fence.
+    pub(crate) fn persist(&self, off: u64, len: u64) {
+        if self.flushing {
+            self.pool.flush(off, len);
+        }
+        self.pool.fence();
+    }
+}
+
+/// The ArchTM engine: create or open a pool, then [`PtmEngine::worker`] per thread.
+pub struct ArchTm {
+    inner: Arc<Inner>,
+}
+
+fn layout_of(fields: &[(u64, u64)]) -> MetaLayout<'_> {
+    MetaLayout {
+        page_kind: layout::kind::META,
+        magic_at: meta::F_MAGIC,
+        magic: meta::MAGIC,
+        catalog_at: meta::CATALOG_AT,
+        catalog_slot_bytes: meta::CATALOG_SLOT_BYTES,
+        fields,
+        crc_at: meta::F_CRC,
+    }
+}
+
+fn pool_options(config: &PtmConfig) -> PoolOptions {
+    let mut o = PoolOptions::new("archtm", config.domain).with_counting(config.counting);
+    if let Some(t) = config.crash_sim {
+        o = o.with_crash_sim(t);
+    }
+    if config.remove_on_drop {
+        o = o.removing_on_drop();
+    }
+    o
+}
+
+impl ArchTm {
+    /// Creates a pool and its root object holding `root`.
+    pub fn create(config: &PtmConfig, root: &[u8]) -> Result<ArchTm, PtmError> {
+        if config.max_threads == 0 || config.max_threads > 255 {
+            return Err(PtmError::Pool(format!(
+                "max_threads must be 1..=255, not {}",
+                config.max_threads
+            )));
+        }
+        if root.len() as u64 > MAX_OBJECT {
+            return Err(PtmError::TooLarge(format!(
+                "a root object of {} bytes is larger than the largest object ({MAX_OBJECT} bytes)",
+                root.len()
+            )));
+        }
+        let opts = pool_options(config);
+        let pool = match &config.path {
+            Some(p) => Pool::create(Some(p), config.size, &opts)?,
+            None => Pool::create_in_memory(config.size, &opts)?,
+        };
+        let salt = u64::from_le_bytes(pool.header().uuid.as_bytes()[..8].try_into().unwrap()) | 1;
+        let fields = [
+            (meta::F_VERSION, meta::VERSION),
+            (meta::F_MAX_THREADS, config.max_threads as u64),
+            (meta::F_SALT, salt),
+            (meta::F_ROOT_SIZE, root.len() as u64),
+            (meta::F_CATALOG_SLOT, meta::CATALOG_SLOT_BYTES),
+        ];
+        let (pages, meta_off) = meta_page::format(&pool, &layout_of(&fields))?;
+        let inner = Inner::new(pool, pages, meta_off, salt, config, root.len());
+        let mut eng = ArchTm {
+            inner: Arc::new(inner),
+        };
+        // The root object is created by an ordinary transaction, then its handle recorded.
+        let h = {
+            let mut w = eng.worker()?;
+            w.begin();
+            let h = w.alloc(root)?;
+            w.commit()?;
+            h
+        };
+        let at = eng.inner.meta + meta::ROOT_HANDLE;
+        eng.inner.pool.write_u64(at, h);
+        eng.inner.persist(at, 8);
+        Arc::get_mut(&mut eng.inner)
+            .expect("no worker outlives creation")
+            .root = h;
+        Ok(eng)
+    }
+
+    /// Opens a pool (file or, with `image`, bytes of a crash image) and recovers it (§5.5).
+    pub fn open(config: &PtmConfig) -> Result<ArchTm, PtmError> {
+        let opts = pool_options(config);
+        let path = config
+            .path
+            .as_ref()
+            .ok_or_else(|| PtmError::Pool("opening a PTM pool needs its path".into()))?;
+        let pool = Pool::open(path, &opts)?;
+        Self::recover(pool, config)
+    }
+
+    /// Opens a pool held in memory (a crash image) and recovers it.
+    pub fn open_image(bytes: &[u8], config: &PtmConfig) -> Result<ArchTm, PtmError> {
+        let pool = Pool::from_image(bytes, &pool_options(config))?;
+        Self::recover(pool, config)
+    }
+
+    fn recover(pool: Pool, config: &PtmConfig) -> Result<ArchTm, PtmError> {
+        let fields = [(meta::F_VERSION, meta::VERSION)];
+        let meta_off = meta_page::open(&pool, &layout_of(&fields), "archtm")?;
+        let word = |f: u64| pool.read_u64(meta_off + f);
+        meta_page::check_catalog_slot(word(meta::F_CATALOG_SLOT), meta::CATALOG_SLOT_BYTES)?;
+        let max_threads = word(meta::F_MAX_THREADS) as usize;
+        if max_threads == 0 || max_threads > 255 {
+            return Err(PtmError::Pool(format!(
+                "the archtm meta page records {max_threads} thread slots (expected 1..=255)"
+            )));
+        }
+        let salt = word(meta::F_SALT);
+        let root_size = word(meta::F_ROOT_SIZE) as usize;
+        let root = pool.read_u64(meta_off + meta::ROOT_HANDLE);
+        if root == 0 {
+            return Err(PtmError::Pool(
+                "the pool's creation did not finish (it has no root object): create it again"
+                    .into(),
+            ));
+        }
+        let pages = PageManager::open(&pool)?;
+        let mut config = config.clone();
+        config.max_threads = max_threads;
+        let mut inner = Inner::new(pool, pages, meta_off, salt, &config, root_size);
+        inner.root = root;
+        recovery::recover(&mut inner)?;
+        Ok(ArchTm {
+            inner: Arc::new(inner),
+        })
+    }
+}
+
+impl Inner {
+    fn new(
+        pool: Pool,
+        pages: PageManager,
+        meta: u64,
+        salt: u64,
+        config: &PtmConfig,
+        root_size: usize,
+    ) -> Inner {
+        let n = config.max_threads;
+        let capacity = (pool.len() / layout::BLOCK).min(u64::from(u32::MAX));
+        let domain = pool.domain();
+        Inner {
+            pages,
+            meta,
+            salt,
+            max_threads: n,
+            table: LookupTable::new(capacity),
+            slots: (0..n).map(|_| SlotState::default()).collect(),
+            free_slots: Mutex::new((0..n).rev().collect()),
+            id_lists: (0..n).map(|_| Mutex::new(Vec::new())).collect(),
+            alloc: alloc::Allocator::new(n),
+            clock: AtomicU64::new(1),
+            flushing: domain.needs_flush(),
+            fault: config.archtm_fault,
+            gc_threshold: config.gc_threshold,
+            root: 0,
+            root_size,
+            pool,
+        }
+    }
+
+    /// Checks the allocator's and the lookup table's invariants: every live object's committed
+    /// version holds a valid header naming it; live blocks, free extents (allocation lists,
+    /// free list, recycle list) and blocks awaiting collection are disjoint and tile the data
+    /// pages exactly (nothing leaked, nothing owned twice). Call it while no transaction runs.
+    pub(crate) fn check_invariants(&self) -> Result<(), String> {
+        let mut extents: Vec<(u64, u64, String)> = Vec::new();
+        for (id, e) in self.table.iter() {
+            let v = e.view();
+            if v.writer != 0 || v.new != 0 {
+                return Err(format!("object {id} is still locked or has a new version"));
+            }
+            if v.gen == 0 {
+                if v.old != 0 {
+                    return Err(format!("free id {id} has a version"));
+                }
+                continue;
+            }
+            let mut b = [0u8; 32];
+            self.pool.read_bytes(v.old, &mut b);
+            let h = layout::Header::decode(&b, v.old, self.salt, MAX_OBJECT)
+                .ok_or_else(|| format!("object {id}'s version at {} has no valid header", v.old))?;
+            if u64::from(h.id) != id || u64::from(h.gen) != v.gen || h.tomb || h.size != v.size {
+                return Err(format!("object {id}'s header at {} names {h:?}", v.old));
+            }
+            extents.push((v.old, layout::block_bytes(v.size), format!("object {id}")));
+        }
+        let a = &self.alloc;
+        for (s, l) in a.lists.iter().enumerate() {
+            extents.extend(
+                l.lock()
+                    .iter()
+                    .map(|&(o, n)| (o, n, format!("slot {s} list"))),
+            );
+        }
+        extents.extend(
+            a.free
+                .lock()
+                .iter()
+                .map(|&(o, n)| (o, n, "free list".into())),
+        );
+        extents.extend(
+            a.recycle
+                .lock()
+                .iter()
+                .map(|&(o, n)| (o, n, "recycle list".into())),
+        );
+        for d in &a.dealloc {
+            extents.extend(
+                d.lock()
+                    .iter()
+                    .map(|b| (b.off, b.len, "deallocation list".into())),
+            );
+        }
+        extents.sort_by_key(|e| e.0);
+        let mut pages = a.pages.lock().clone();
+        pages.sort_unstable();
+        let mut pi = 0;
+        let mut cursor: Option<u64> = None;
+        for (off, len, what) in &extents {
+            let page = off / PAGE_SIZE * PAGE_SIZE;
+            if (off + len - 1) / PAGE_SIZE * PAGE_SIZE != page {
+                return Err(format!("{what} at {off} (+{len}) crosses a page boundary"));
+            }
+            if off % PAGE_SIZE == 0 {
+                if let Some(c) = cursor.filter(|c| c % PAGE_SIZE != 0) {
+                    return Err(format!(
+                        "bytes from {c} to the end of their page belong to nothing (leaked)"
+                    ));
+                }
+                if pages.get(pi) != Some(off) {
+                    return Err(format!(
+                        "{what} at {off}: expected the data page {:?} to start here",
+                        pages.get(pi)
+                    ));
+                }
+                pi += 1;
+            } else {
+                match cursor {
+                    Some(c) if c == *off => {}
+                    Some(c) if c > *off => {
+                        return Err(format!(
+                            "{what} at {off} overlaps what ends at {c} (double-owned)"
+                        ))
+                    }
+                    c => return Err(format!("bytes {c:?}..{off} belong to nothing (leaked)")),
+                }
+            }
+            cursor = Some(off + len);
+        }
+        if cursor.is_some_and(|c| c % PAGE_SIZE != 0) || pi != pages.len() {
+            return Err(format!(
+                "the data pages are not tiled: {pi} of {} covered, last end {cursor:?}",
+                pages.len()
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl ArchTm {
+    fn take_slot(&self) -> Result<usize, PtmError> {
+        self.inner
+            .free_slots
+            .lock()
+            .pop()
+            .ok_or(PtmError::TooManyThreads(self.inner.max_threads))
+    }
+}
+
+impl PtmEngine for ArchTm {
+    fn name(&self) -> &'static str {
+        "archtm"
+    }
+
+    fn worker(&self) -> Result<Box<dyn PtmWorker>, PtmError> {
+        let slot = self.take_slot()?;
+        Ok(Box::new(worker::ArchtmWorker::new(
+            Arc::clone(&self.inner),
+            slot,
+        )))
+    }
+
+    fn root(&self) -> u64 {
+        self.inner.root
+    }
+
+    fn root_size(&self) -> usize {
+        self.inner.root_size
+    }
+
+    fn stats(&self) -> Vec<(&'static str, u64)> {
+        let i = &self.inner;
+        let live = i.table.iter().filter(|(_, e)| e.view().gen != 0).count() as u64;
+        let sum = |l: &[(u64, u64)]| l.iter().map(|e| e.1).sum::<u64>();
+        let free = i.alloc.lists.iter().map(|l| sum(&l.lock())).sum::<u64>()
+            + sum(&i.alloc.free.lock())
+            + sum(&i.alloc.recycle.lock());
+        vec![
+            ("live_objects", live),
+            ("data_pages", i.alloc.pages.lock().len() as u64),
+            ("free_bytes", free),
+            ("used_regions_4k", i.region_usage().len() as u64),
+            ("clock", i.clock.load(Ordering::Relaxed)),
+        ]
+    }
+
+    fn check_invariants(&self) -> Result<(), String> {
+        self.inner.check_invariants()
+    }
+
+    fn pool(&self) -> &Pool {
+        &self.inner.pool
+    }
+
+    fn defragment(&self) -> Result<(u64, u64), PtmError> {
+        let mut w = worker::ArchtmWorker::new(Arc::clone(&self.inner), self.take_slot()?);
+        let r = self.inner.defragment(&mut w)?;
+        Ok((r.regions, r.moved))
+    }
+}
+
+/// The state word of a TxState entry.
+pub(crate) fn txstate_word(txid: u64, st: u64) -> u64 {
+    txid << 2 | st
+}
+
+/// Splits a TxState word.
+pub(crate) fn txstate_split(w: u64) -> (u64, u64) {
+    (w >> 2, w & 3)
+}

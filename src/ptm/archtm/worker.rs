@@ -1,0 +1,556 @@
+//! ArchTM's transaction operations (§5.3, Algorithms 1 and 2) for one thread slot.
+
+use super::alloc::Dealloc;
+use super::layout::{block_bytes, header, state, Header, BLOCK};
+use super::table::{dstate, Entry};
+use super::{txstate_word, ArchtmFault, Inner, MAX_OBJECT};
+use crate::ptm::{PtmError, PtmWorker};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Low bits of `Entry::new` (offsets are 64-byte aligned): the new version is a tombstone
+/// (the transaction frees the object) ...
+const TOMB: u64 = 1;
+/// ... in a block of its own (64 bytes), rather than written over the transaction's own copy.
+const TOMB_OWN_BLOCK: u64 = 2;
+
+/// One thread slot's transactions.
+pub(crate) struct ArchtmWorker {
+    eng: Arc<Inner>,
+    slot: usize,
+    ts: u64,
+    txid: u64,
+    running: bool,
+    pm_begun: bool,
+    /// §5.1's write-set: ids of the objects this transaction locked (each once: an entry whose
+    /// writer is this txid is already in it).
+    write_set: Vec<u64>,
+}
+
+fn entry(eng: &Inner, h: u64) -> Result<(&Entry, u64, u64), PtmError> {
+    let (id, gen) = (h & 0xffff_ffff, h >> 32);
+    if gen == 0 {
+        return Err(invalid(h, "the null handle (or not a handle)"));
+    }
+    let e = eng
+        .table
+        .get(id)
+        .ok_or_else(|| invalid(h, "no object has this id"))?;
+    Ok((e, id, gen))
+}
+
+/// The entry of `h` and its fields, if the handle's generation is the live one.
+fn live_entry(
+    eng: &Inner,
+    h: u64,
+) -> Result<(&Entry, u64, u64, super::table::EntryView), PtmError> {
+    let (e, id, gen) = entry(eng, h)?;
+    let v = e.view();
+    if v.gen != gen {
+        return Err(invalid(
+            h,
+            "no live object with this handle (freed, or never allocated)",
+        ));
+    }
+    Ok((e, id, gen, v))
+}
+
+fn invalid(h: u64, reason: impl Into<String>) -> PtmError {
+    PtmError::InvalidHandle {
+        handle: h,
+        reason: reason.into(),
+    }
+}
+
+impl ArchtmWorker {
+    pub(crate) fn new(eng: Arc<Inner>, slot: usize) -> ArchtmWorker {
+        ArchtmWorker {
+            eng,
+            slot,
+            ts: 0,
+            txid: 0,
+            running: false,
+            pm_begun: false,
+            write_set: Vec::new(),
+        }
+    }
+
+    /// Under the crash simulator, after the simulated power failure, a thread waiting for
+    /// another (which unwound at its next PM event and will never finish) stops too.
+    fn stop_if_crashed(&self) {
+        if let Some(sim) = self.eng.pool.crash_sim() {
+            if let Some(event) = sim.crashed_at() {
+                std::panic::resume_unwind(Box::new(crate::pmem::SimulatedCrash { event }));
+            }
+        }
+    }
+
+    fn entry(&self, h: u64) -> Result<(&Entry, u64, u64), PtmError> {
+        entry(&self.eng, h)
+    }
+
+    /// Alg. 1 APT_TX_READ: the offset and size of the version of `h` this transaction sees
+    /// (lock-free). `Err` if it sees none.
+    fn resolve(&self, h: u64) -> Result<(u64, u64), PtmError> {
+        let (e, _, gen) = self.entry(h)?;
+        loop {
+            let v = e.view();
+            if v.gen != gen {
+                return Err(invalid(
+                    h,
+                    "no live object with this handle (freed, or never allocated)",
+                ));
+            }
+            let off = if v.new == 0 {
+                v.old
+            } else if v.writer == self.txid {
+                v.new
+            } else {
+                let ws = &self.eng.slots[(v.writer & 0xff) as usize];
+                let st = ws.state.load(Ordering::Acquire);
+                if st >> 2 != v.writer >> 8 || st & 3 == dstate::END {
+                    continue; // the writer finished since the view: the entry changed
+                }
+                match st & 3 {
+                    dstate::COMMITTING => {
+                        self.stop_if_crashed();
+                        std::hint::spin_loop();
+                        continue;
+                    }
+                    dstate::COMMITTED if ws.cid.load(Ordering::Acquire) <= self.ts => v.new,
+                    _ => v.old,
+                }
+            };
+            if off == 0 {
+                return Err(invalid(
+                    h,
+                    "the object is not committed in this transaction's snapshot",
+                ));
+            }
+            if off & TOMB != 0 {
+                return Err(invalid(h, "the object is freed"));
+            }
+            return Ok((off, v.size));
+        }
+    }
+
+    /// Makes BEGIN durable before the transaction's first annotated copy can reach PM (§5.3
+    /// APT_TX_BEGIN; done at the first write so read-only transactions write nothing to PM).
+    fn pm_begin(&mut self) {
+        if self.pm_begun {
+            return;
+        }
+        self.pm_begun = true;
+        if self.eng.fault == Some(ArchtmFault::SkipBegin) {
+            return;
+        }
+        let at = self.eng.txstate_at(self.slot);
+        self.eng
+            .pool
+            .write_u64_ordered(at, txstate_word(self.txid, state::BEGIN));
+        // archtm-begin-persist
+        self.eng.persist(at, 8);
+    }
+
+    fn write_header(&self, off: u64, h: &Header) {
+        self.eng
+            .pool
+            .write_bytes(off, &h.encode(off, self.eng.salt));
+    }
+
+    /// Takes `e`'s write lock (Alg. 1 line 23; no-wait: a held lock is a conflict) and checks
+    /// that the object is still the committed one the handle names.
+    fn lock_committed(
+        &self,
+        e: &Entry,
+        h: u64,
+        gen: u64,
+    ) -> Result<super::table::EntryView, PtmError> {
+        if !e.lock(self.txid) {
+            return Err(PtmError::Conflict {
+                handle: h,
+                retries: 0,
+            });
+        }
+        let v = e.view();
+        if v.gen != gen || v.old == 0 {
+            e.writer.store(0, Ordering::Release);
+            return Err(invalid(
+                h,
+                "no live object with this handle (freed, or never allocated)",
+            ));
+        }
+        Ok(v)
+    }
+
+    /// Alg. 1 APT_TX_WRITE: the offset of this transaction's copy of `h`, made on first use.
+    fn copy_for_write(&mut self, h: u64) -> Result<(u64, u64), PtmError> {
+        let eng = Arc::clone(&self.eng);
+        let (e, id, gen, v) = live_entry(&eng, h)?;
+        if v.writer == self.txid {
+            if v.new & TOMB != 0 {
+                return Err(invalid(h, "the object is freed by this transaction"));
+            }
+            return Ok((v.new, v.size));
+        }
+        let v = self.lock_committed(e, h, gen)?;
+        self.pm_begin();
+        let off = match self.eng.alloc_block(self.slot, block_bytes(v.size)) {
+            Ok(off) => off,
+            Err(err) => {
+                e.writer.store(0, Ordering::Release);
+                return Err(err);
+            }
+        };
+        let hdr = Header {
+            id: id as u32,
+            gen: gen as u32,
+            size: v.size,
+            tomb: false,
+            txid: self.txid,
+        };
+        self.write_header(off, &hdr);
+        self.eng
+            .pool
+            .copy(v.old + header::BYTES, off + header::BYTES, v.size);
+        e.modify(|e| e.new.store(off, Ordering::Release));
+        self.write_set.push(id);
+        Ok((off, v.size))
+    }
+
+    /// Alg. 2 APT_TX_POST_COMMIT.
+    fn post_commit(&mut self, cid: u64) {
+        // Wait until no transaction that began before `cid` still executes: none can then
+        // read the versions replaced below.
+        for (i, s) in self.eng.slots.iter().enumerate() {
+            if i == self.slot {
+                continue;
+            }
+            while s.active.load(Ordering::SeqCst) < cid {
+                self.stop_if_crashed();
+                std::hint::spin_loop();
+            }
+        }
+        let mut freed = Vec::new();
+        let mut dealloc = Vec::new();
+        for &id in &self.write_set {
+            let e = self.eng.table.get(id).expect("a locked id");
+            let v = e.view();
+            if v.old != 0 {
+                dealloc.push(Dealloc {
+                    off: v.old,
+                    len: block_bytes(v.size),
+                    tomb: false,
+                });
+            }
+            if v.new & TOMB != 0 {
+                dealloc.push(Dealloc {
+                    off: v.new & !(BLOCK - 1),
+                    len: tomb_len(v.new, v.size),
+                    tomb: true,
+                });
+                e.modify(|e| {
+                    e.old.store(0, Ordering::Release);
+                    e.new.store(0, Ordering::Release);
+                    e.gen.store(0, Ordering::Release);
+                    e.size.store(0, Ordering::Release);
+                    e.writer.store(0, Ordering::Release);
+                });
+                freed.push(id as u32);
+            } else {
+                e.modify(|e| {
+                    e.old.store(v.new, Ordering::Release);
+                    e.new.store(0, Ordering::Release);
+                    e.writer.store(0, Ordering::Release);
+                });
+            }
+        }
+        self.eng.id_lists[self.slot].lock().extend(freed);
+        let pending = {
+            let mut d = self.eng.alloc.dealloc[self.slot].lock();
+            d.extend(dealloc);
+            d.len()
+        };
+        self.end();
+        if pending > self.eng.gc_threshold {
+            self.eng.gc();
+        }
+    }
+
+    fn end(&mut self) {
+        let s = &self.eng.slots[self.slot];
+        s.state.store(self.ts << 2 | dstate::END, Ordering::Release);
+        s.active.store(u64::MAX, Ordering::SeqCst);
+        self.write_set.clear();
+        self.running = false;
+    }
+}
+
+/// Bytes of the block of a tombstone `new` (tagged offset) of an object of `size` bytes.
+fn tomb_len(new: u64, size: u64) -> u64 {
+    if new & TOMB_OWN_BLOCK != 0 {
+        BLOCK
+    } else {
+        block_bytes(size)
+    }
+}
+
+impl PtmWorker for ArchtmWorker {
+    fn begin(&mut self) {
+        if self.running {
+            self.abort();
+        }
+        let s = &self.eng.slots[self.slot];
+        // 0 first: a committer scanning for older transactions waits for one that is taking
+        // its timestamp (it may get one below the commit id).
+        s.active.store(0, Ordering::SeqCst);
+        self.ts = self.eng.clock.fetch_add(1, Ordering::SeqCst);
+        s.active.store(self.ts, Ordering::SeqCst);
+        self.txid = self.ts << 8 | self.slot as u64;
+        s.state
+            .store(self.ts << 2 | dstate::BEGIN, Ordering::Release);
+        self.pm_begun = false;
+        self.write_set.clear();
+        self.running = true;
+    }
+
+    fn read(&mut self, h: u64, offset: usize, dst: &mut [u8]) -> Result<(), PtmError> {
+        let (off, size) = self.resolve(h)?;
+        check_bounds(h, offset, dst.len(), size)?;
+        self.eng
+            .pool
+            .read_bytes(off + header::BYTES + offset as u64, dst);
+        Ok(())
+    }
+
+    fn write(&mut self, h: u64, offset: usize, src: &[u8]) -> Result<(), PtmError> {
+        if let Ok((e, _, gen)) = self.entry(h) {
+            let v = e.view();
+            if v.gen == gen {
+                check_bounds(h, offset, src.len(), v.size)?;
+            }
+        }
+        let (off, size) = self.copy_for_write(h)?;
+        check_bounds(h, offset, src.len(), size)?;
+        if !src.is_empty() {
+            self.eng
+                .pool
+                .write_bytes(off + header::BYTES + offset as u64, src);
+        }
+        Ok(())
+    }
+
+    fn alloc(&mut self, init: &[u8]) -> Result<u64, PtmError> {
+        let size = init.len() as u64;
+        if size > MAX_OBJECT {
+            return Err(PtmError::TooLarge(format!(
+                "an object of {size} bytes is larger than the largest object ({MAX_OBJECT} bytes)"
+            )));
+        }
+        let id = match self.eng.id_lists[self.slot].lock().pop() {
+            Some(id) => u64::from(id),
+            None => self.eng.table.next_id.fetch_add(1, Ordering::AcqRel),
+        };
+        let eng = Arc::clone(&self.eng);
+        let Some(e) = eng.table.get(id) else {
+            return Err(PtmError::PoolFull {
+                bytes: init.len(),
+                detail: format!("all {} object ids are in use", self.eng.table.capacity()),
+            });
+        };
+        if !e.lock(self.txid) {
+            return Err(PtmError::Conflict {
+                handle: id,
+                retries: 0,
+            });
+        }
+        self.pm_begin();
+        let off = match self.eng.alloc_block(self.slot, block_bytes(size)) {
+            Ok(off) => off,
+            Err(err) => {
+                e.writer.store(0, Ordering::Release);
+                self.eng.id_lists[self.slot].lock().push(id as u32);
+                return Err(err);
+            }
+        };
+        // The generation: the low 32 bits of the allocating timestamp (never 0), so a handle
+        // of an earlier life of the id is refused, across restarts too.
+        let gen = (self.ts as u32).max(1);
+        let hdr = Header {
+            id: id as u32,
+            gen,
+            size,
+            tomb: false,
+            txid: self.txid,
+        };
+        self.write_header(off, &hdr);
+        self.eng.pool.write_bytes(off + header::BYTES, init);
+        e.modify(|e| {
+            e.gen.store(u64::from(gen), Ordering::Release);
+            e.size.store(size, Ordering::Release);
+            e.old.store(0, Ordering::Release);
+            e.new.store(off, Ordering::Release);
+        });
+        self.write_set.push(id);
+        Ok(u64::from(gen) << 32 | id)
+    }
+
+    fn free(&mut self, h: u64) -> Result<(), PtmError> {
+        if h == self.eng.root {
+            return Err(invalid(h, "the root object cannot be freed"));
+        }
+        let eng = Arc::clone(&self.eng);
+        let (e, id, gen, v) = live_entry(&eng, h)?;
+        let tomb = Header {
+            id: id as u32,
+            gen: gen as u32,
+            size: 0,
+            tomb: true,
+            txid: self.txid,
+        };
+        if v.writer == self.txid {
+            if v.new & TOMB != 0 {
+                return Err(invalid(
+                    h,
+                    "the object is already freed by this transaction",
+                ));
+            }
+            // The transaction's own copy becomes the tombstone.
+            self.write_header(v.new, &tomb);
+            e.modify(|e| e.new.store(v.new | TOMB, Ordering::Release));
+            return Ok(());
+        }
+        self.lock_committed(e, h, gen)?;
+        self.pm_begin();
+        let off = match self.eng.alloc_block(self.slot, BLOCK) {
+            Ok(off) => off,
+            Err(err) => {
+                e.writer.store(0, Ordering::Release);
+                return Err(err);
+            }
+        };
+        self.write_header(off, &tomb);
+        e.modify(|e| e.new.store(off | TOMB | TOMB_OWN_BLOCK, Ordering::Release));
+        self.write_set.push(id);
+        Ok(())
+    }
+
+    fn size_of(&mut self, h: u64) -> Result<usize, PtmError> {
+        self.resolve(h).map(|(_, size)| size as usize)
+    }
+
+    fn commit(&mut self) -> Result<(), PtmError> {
+        if self.write_set.is_empty() {
+            // Read-only: nothing to persist (Alg. 2 line 2).
+            self.end();
+            return Ok(());
+        }
+        let eng = Arc::clone(&self.eng);
+        if eng.flushing && eng.fault != Some(ArchtmFault::SkipCopyFlush) {
+            // archtm-copy-flush (Alg. 2 line 4)
+            for &id in &self.write_set {
+                let v = eng.table.get(id).expect("a locked id").view();
+                let len = if v.new & TOMB != 0 {
+                    header::BYTES
+                } else {
+                    header::BYTES + v.size
+                };
+                eng.pool.flush(v.new & !(BLOCK - 1), len);
+            }
+        }
+        if eng.fault != Some(ArchtmFault::SkipCopyFence) {
+            // archtm-copy-fence (Alg. 2 line 5): every copy durable before COMMITTED.
+            eng.pool.fence();
+        }
+        let s = &eng.slots[self.slot];
+        s.state
+            .store(self.ts << 2 | dstate::COMMITTING, Ordering::SeqCst);
+        let cid = eng.clock.fetch_add(1, Ordering::SeqCst);
+        let at = eng.txstate_at(self.slot);
+        eng.pool.write_u64(at + 8, cid);
+        eng.pool
+            .write_u64_ordered(at, txstate_word(self.txid, state::COMMITTED));
+        if eng.fault != Some(ArchtmFault::SkipCommitPersist) {
+            // archtm-commit-persist (Alg. 2 lines 7-8): durable before commit returns.
+            eng.persist(at, 16);
+        }
+        s.cid.store(cid, Ordering::Release);
+        s.state
+            .store(self.ts << 2 | dstate::COMMITTED, Ordering::SeqCst);
+        s.active.store(u64::MAX, Ordering::SeqCst);
+        self.post_commit(cid);
+        Ok(())
+    }
+
+    fn abort(&mut self) {
+        if !self.running {
+            return;
+        }
+        let eng = Arc::clone(&self.eng);
+        if !self.write_set.is_empty() {
+            let keep = eng.fault == Some(ArchtmFault::AbortKeepsCopies);
+            let mut blocks = Vec::with_capacity(self.write_set.len());
+            for &id in &self.write_set {
+                let v = eng.table.get(id).expect("a locked id").view();
+                let off = v.new & !(BLOCK - 1);
+                if !keep {
+                    eng.pool.fill(off, 0, header::BYTES);
+                    if eng.flushing {
+                        eng.pool.flush(off, header::BYTES);
+                    }
+                }
+                let len = if v.new & TOMB != 0 {
+                    tomb_len(v.new, v.size)
+                } else {
+                    block_bytes(v.size)
+                };
+                blocks.push((off, len));
+            }
+            if !keep {
+                // archtm-abort-invalidate: the copies are invalid on PM before the slot's
+                // TxState can name another transaction.
+                eng.pool.fence();
+            }
+            for &id in &self.write_set {
+                let e = eng.table.get(id).expect("a locked id");
+                let fresh = e.view().old == 0;
+                e.modify(|e| {
+                    e.new.store(0, Ordering::Release);
+                    if fresh {
+                        e.gen.store(0, Ordering::Release);
+                        e.size.store(0, Ordering::Release);
+                    }
+                    e.writer.store(0, Ordering::Release);
+                });
+                if fresh {
+                    eng.id_lists[self.slot].lock().push(id as u32);
+                }
+            }
+            eng.alloc.give_back(self.slot, blocks);
+        }
+        self.end();
+    }
+}
+
+fn check_bounds(h: u64, offset: usize, len: usize, size: u64) -> Result<(), PtmError> {
+    if offset
+        .checked_add(len)
+        .map_or(true, |end| end as u64 > size)
+    {
+        return Err(PtmError::TooLarge(format!(
+            "bytes {offset}..{} of object {h:#x}, which has {size}",
+            offset.saturating_add(len)
+        )));
+    }
+    Ok(())
+}
+
+impl Drop for ArchtmWorker {
+    fn drop(&mut self) {
+        let crashed = self.eng.pool.crash_sim().is_some_and(|s| s.has_crashed());
+        if self.running && !crashed {
+            self.abort();
+        }
+        self.eng.free_slots.lock().push(self.slot);
+    }
+}

@@ -1,0 +1,559 @@
+//! The persistent-object API (`pmtx::ptm`) on ArchTM: behaviour and errors, a proptest against a
+//! DRAM model, two threads of transfers, and crash tests under the crash simulator (ADR and
+//! eADR) at every PM event of a workload that allocates, updates, frees and collects garbage,
+//! with and without each `archtm-*` fault.
+
+use pmtx::pmem::{CrashTrigger, PersistenceDomain};
+use pmtx::ptm::archtm::ArchtmFault;
+use pmtx::ptm::{PPtr, Ptm, PtmConfig, PtmError};
+use std::collections::HashMap;
+
+use pmtx::crashtest::ptm::{
+    setup, state_of, sweep as sweep_all, transfer, Lcg, Node, PtmCrashConfig, Root,
+};
+
+fn small() -> PtmConfig {
+    PtmConfig::temporary().size(16 << 20)
+}
+
+#[test]
+fn alloc_read_write_free_and_the_root() {
+    let ptm = Ptm::<Root>::create(small()).unwrap();
+    let (a, n) = ptm
+        .run(|tx| {
+            let a = tx.alloc(&41u64)?;
+            let n = tx.alloc(&Node {
+                value: 1,
+                next: PPtr::null(),
+            })?;
+            tx.write(a, &42)?;
+            assert_eq!(tx.read(a)?, 42, "a transaction reads its own writes");
+            let root = tx.root();
+            tx.update(root, |r| {
+                r.accounts[0] = a;
+                r.head = n;
+                r.len = 1;
+            })?;
+            Ok((a, n))
+        })
+        .unwrap();
+    let (v, node, r) = ptm
+        .run(|tx| Ok((tx.read(a)?, tx.read(n)?, tx.read(tx.root())?)))
+        .unwrap();
+    assert_eq!(
+        (v, node.value, r.accounts[0], r.head, r.len),
+        (42, 1, a, n, 1)
+    );
+    // Field access: Node's `next` is at byte 8.
+    ptm.run(|tx| tx.write_at(n, 8, &a.raw())).unwrap();
+    assert_eq!(
+        ptm.run(|tx| tx.read_at::<Node, u64>(n, 8)).unwrap(),
+        a.raw()
+    );
+    ptm.run(|tx| tx.free(a)).unwrap();
+    let err = ptm.run(|tx| tx.read(a)).unwrap_err();
+    assert!(matches!(err, PtmError::InvalidHandle { .. }), "{err}");
+    assert!(err.to_string().contains("freed"), "{err}");
+    assert!(!ptm.run(|tx| tx.is_valid(a)).unwrap());
+    ptm.check_invariants().unwrap();
+}
+
+#[test]
+fn errors_are_typed_and_clear() {
+    let ptm = Ptm::<Root>::create(small()).unwrap();
+    let null: PPtr<u64> = PPtr::null();
+    let e = ptm.run(|tx| tx.read(null)).unwrap_err();
+    assert!(
+        matches!(e, PtmError::InvalidHandle { .. }) && e.to_string().contains("null"),
+        "{e}"
+    );
+    let bogus: PPtr<u64> = PPtr::from_raw(7 << 32 | 123_456);
+    let e = ptm.run(|tx| tx.write(bogus, &1)).unwrap_err();
+    assert!(matches!(e, PtmError::InvalidHandle { .. }), "{e}");
+    // A field past the object's end.
+    let a = ptm.run(|tx| tx.alloc(&1u64)).unwrap();
+    let e = ptm.run(|tx| tx.write_at(a, 4, &0u64)).unwrap_err();
+    assert!(
+        matches!(e, PtmError::TooLarge(_)) && e.to_string().contains("past"),
+        "{e}"
+    );
+    // An object larger than a page.
+    let mut w = ptm.engine().worker().unwrap();
+    w.begin();
+    let e = w.alloc(&vec![0u8; 3 << 20]).unwrap_err();
+    w.abort();
+    drop(w);
+    assert!(
+        matches!(e, PtmError::TooLarge(_)) && e.to_string().contains("largest object"),
+        "{e}"
+    );
+    // The root cannot be freed.
+    let e = ptm
+        .run(|tx| {
+            let r = tx.root();
+            tx.free(r)
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("root object cannot be freed"), "{e}");
+    // A freed handle stays invalid once the id is reused (another generation).
+    ptm.run(|tx| tx.free(a)).unwrap();
+    let b = ptm.run(|tx| tx.alloc(&2u64)).unwrap();
+    assert_ne!(a, b);
+    assert_eq!(
+        a.raw() & 0xffff_ffff,
+        b.raw() & 0xffff_ffff,
+        "the id is reused"
+    );
+    assert!(ptm.run(|tx| tx.read(a)).is_err());
+    assert_eq!(ptm.run(|tx| tx.read(b)).unwrap(), 2);
+    // A user abort discards everything.
+    let e = ptm
+        .run(|tx| {
+            tx.write(b, &99)?;
+            tx.alloc(&5u64)?;
+            tx.abort::<()>()
+        })
+        .unwrap_err();
+    assert_eq!(e, PtmError::UserAbort);
+    assert_eq!(ptm.run(|tx| tx.read(b)).unwrap(), 2);
+    ptm.check_invariants().unwrap();
+}
+
+#[test]
+fn a_full_pool_says_so_and_recovers_after_frees() {
+    let ptm = Ptm::<Root>::create(PtmConfig::temporary().size(8 << 20)).unwrap();
+    let mut handles = Vec::new();
+    let err = loop {
+        match ptm.run(|tx| tx.alloc(&[7u64; 100])) {
+            Ok(h) => handles.push(h),
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(err, PtmError::PoolFull { .. }), "{err}");
+    assert!(
+        err.to_string().contains("persistent memory is full"),
+        "{err}"
+    );
+    assert!(handles.len() > 1000, "{}", handles.len());
+    for h in handles.drain(..) {
+        ptm.run(|tx| tx.free(h)).unwrap();
+    }
+    // The freed space is collected and reused.
+    for _ in 0..1000 {
+        ptm.run(|tx| tx.alloc(&[1u64; 100])).unwrap();
+    }
+    ptm.check_invariants().unwrap();
+}
+
+#[test]
+fn a_conflict_is_retried_and_surfaces_only_past_max_retries() {
+    let mut config = small();
+    config.max_retries = 3;
+    let ptm = Ptm::<Root>::create(config).unwrap();
+    let a = ptm.run(|tx| tx.alloc(&1u64)).unwrap();
+    // Another worker holds a's write lock.
+    let mut w = ptm.engine().worker().unwrap();
+    w.begin();
+    w.write(a.raw(), 0, &5u64.to_le_bytes()).unwrap();
+    let e = ptm.run(|tx| tx.write(a, &2)).unwrap_err();
+    assert_eq!(
+        e,
+        PtmError::Conflict {
+            handle: a.raw(),
+            retries: 3
+        }
+    );
+    assert!(e.to_string().contains("retried 3 times"), "{e}");
+    // Snapshot isolation: the uncommitted write is invisible.
+    assert_eq!(ptm.run(|tx| tx.read(a)).unwrap(), 1);
+    w.commit().unwrap();
+    drop(w);
+    assert_eq!(ptm.run(|tx| tx.read(a)).unwrap(), 5);
+    ptm.run(|tx| tx.write(a, &6)).unwrap();
+    assert_eq!(ptm.run(|tx| tx.read(a)).unwrap(), 6);
+    ptm.check_invariants().unwrap();
+}
+
+#[test]
+fn a_pool_file_reopens_with_its_handles() {
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let path = dir.path().join("ptm.pool");
+    let config = || small().path(&path);
+    let a = {
+        let ptm = Ptm::<Root>::open_or_create(config()).unwrap();
+        ptm.run(|tx| {
+            let a = tx.alloc(&10u64)?;
+            let root = tx.root();
+            tx.update(root, |r| r.accounts[3] = a)?;
+            Ok(a)
+        })
+        .unwrap()
+    };
+    let ptm = Ptm::<Root>::open_or_create(config()).unwrap();
+    let r = ptm.run(|tx| tx.read(tx.root())).unwrap();
+    assert_eq!(r.accounts[3], a);
+    assert_eq!(ptm.run(|tx| tx.read(a)).unwrap(), 10);
+    ptm.run(|tx| tx.write(a, &11)).unwrap();
+    ptm.check_invariants().unwrap();
+    drop(ptm);
+    let e = Ptm::<u64>::open(config()).err().unwrap();
+    assert!(e.to_string().contains("root type"), "{e}");
+}
+
+fn sweep(
+    domain: PersistenceDomain,
+    fault: Option<ArchtmFault>,
+    images: usize,
+) -> Result<u64, String> {
+    let mut cfg = PtmCrashConfig::new(domain);
+    cfg.fault = fault;
+    cfg.images_per_point = images;
+    let r = sweep_all(&cfg).unwrap();
+    match r.violations.first() {
+        Some(v) => Err(v.clone()),
+        None => Ok(r.points),
+    }
+}
+
+#[test]
+fn every_crash_point_recovers_under_adr_and_eadr() {
+    for domain in [PersistenceDomain::Adr, PersistenceDomain::Eadr] {
+        let t = std::time::Instant::now();
+        let points = sweep(domain, None, 2).unwrap_or_else(|e| panic!("{e}"));
+        eprintln!("{domain}: {points} crash points in {:?}", t.elapsed());
+        assert!(points > 300, "{domain}: only {points} crash points");
+    }
+}
+
+#[test]
+fn each_archtm_fault_is_caught() {
+    for fault in ArchtmFault::ALL {
+        let domains: &[PersistenceDomain] = if fault.adr_only() {
+            &[PersistenceDomain::Adr]
+        } else {
+            &[PersistenceDomain::Adr, PersistenceDomain::Eadr]
+        };
+        for &domain in domains {
+            let r = sweep(domain, Some(fault), 8);
+            assert!(
+                r.is_err(),
+                "{fault} under {domain}: no violation found in {r:?} crash points"
+            );
+            eprintln!("{fault} under {domain}: {}", r.unwrap_err());
+        }
+    }
+}
+
+/// An operation of the model test.
+#[derive(Clone, Debug)]
+enum Op {
+    Alloc(u64),
+    Write(usize, u64),
+    Free(usize),
+    Read(usize),
+}
+
+fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+    use proptest::prelude::*;
+    prop_oneof![
+        any::<u64>().prop_map(Op::Alloc),
+        (any::<usize>(), any::<u64>()).prop_map(|(i, v)| Op::Write(i, v)),
+        any::<usize>().prop_map(Op::Free),
+        any::<usize>().prop_map(Op::Read),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(128))]
+
+    /// The API against a DRAM model (a HashMap of objects): transactions of several operations,
+    /// some aborted, some restarts (a clean power-off: the durable image, recovered); every
+    /// read agrees with the model, a freed handle is refused, and the allocator stays sound.
+    #[test]
+    fn the_api_behaves_like_a_hashmap(
+        txs in proptest::collection::vec(
+            (proptest::collection::vec(op(), 1..6), proptest::bool::weighted(0.2), proptest::bool::weighted(0.1)),
+            1..30,
+        ),
+        domain in proptest::prop_oneof![
+            proptest::strategy::Just(PersistenceDomain::Adr),
+            proptest::strategy::Just(PersistenceDomain::Eadr)
+        ],
+    ) {
+        let config = || {
+            let mut c = PtmConfig::temporary().size(6 << 20).domain(domain);
+            c.gc_threshold = 3;
+            c
+        };
+        let with_sim = || { let mut c = config(); c.crash_sim = Some(CrashTrigger::Never); c };
+        let mut ptm = Ptm::<Root>::create(with_sim()).unwrap();
+        let mut model: HashMap<u64, u64> = HashMap::new();
+        let mut freed: Vec<PPtr<u64>> = Vec::new();
+        for (ops, abort, restart) in txs {
+            let mut handles: Vec<u64> = model.keys().copied().collect();
+            handles.sort_unstable();
+            let mut next = model.clone();
+            let mut new_freed = Vec::new();
+            let r = ptm.run(|tx| {
+                next = model.clone();
+                new_freed.clear();
+                let mut hs = handles.clone();
+                for op in &ops {
+                    match *op {
+                        Op::Alloc(v) => {
+                            let p = tx.alloc(&v)?;
+                            next.insert(p.raw(), v);
+                            hs.push(p.raw());
+                        }
+                        Op::Write(i, v) if !hs.is_empty() => {
+                            let h = hs[i % hs.len()];
+                            tx.write(PPtr::<u64>::from_raw(h), &v)?;
+                            next.insert(h, v);
+                        }
+                        Op::Free(i) if !hs.is_empty() => {
+                            let h = hs.remove(i % hs.len());
+                            tx.free(PPtr::<u64>::from_raw(h))?;
+                            next.remove(&h);
+                            new_freed.push(PPtr::<u64>::from_raw(h));
+                        }
+                        Op::Read(i) if !hs.is_empty() => {
+                            let h = hs[i % hs.len()];
+                            assert_eq!(tx.read(PPtr::<u64>::from_raw(h))?, next[&h]);
+                        }
+                        _ => {}
+                    }
+                }
+                if abort { tx.abort() } else { Ok(()) }
+            });
+            match r {
+                Ok(()) => {
+                    model = next.clone();
+                    freed.append(&mut new_freed);
+                }
+                Err(e) => proptest::prop_assert_eq!(e, PtmError::UserAbort),
+            }
+            if restart {
+                ptm.engine().pool().crash_now();
+                let sim = ptm.engine().pool().crash_sim().unwrap().clone();
+                let image = sim.crash_state().unwrap().durable_image();
+                drop(ptm);
+                ptm = Ptm::<Root>::open_image(&image.bytes, with_sim()).unwrap();
+            }
+            for (&h, &v) in &model {
+                proptest::prop_assert_eq!(ptm.run(|tx| tx.read(PPtr::<u64>::from_raw(h))).unwrap(), v);
+            }
+            for &p in &freed {
+                if !model.contains_key(&p.raw()) {
+                    let r = ptm.run(|tx| tx.read(p));
+                    proptest::prop_assert!(
+                        matches!(r, Err(PtmError::InvalidHandle { .. })),
+                        "freed handle {:?} read as {:?}", p, r
+                    );
+                }
+            }
+            ptm.check_invariants().map_err(proptest::test_runner::TestCaseError::fail)?;
+            let live = ptm.stats().iter().find(|s| s.0 == "live_objects").unwrap().1 as usize;
+            proptest::prop_assert_eq!(live, model.len() + 1);
+        }
+    }
+}
+
+#[test]
+fn two_threads_of_transfers_keep_the_total_and_see_consistent_snapshots() {
+    let ptm = Ptm::<Root>::create(small()).unwrap();
+    setup(&ptm).unwrap();
+    let audits = std::sync::atomic::AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for t in 0..2u64 {
+            let (ptm, audits) = (&ptm, &audits);
+            s.spawn(move || {
+                let mut rng = Lcg(t + 1);
+                for i in 0..1500 {
+                    if i % 5 == 0 {
+                        // A read-only audit: its snapshot always sums to the total.
+                        let sum: u64 = ptm
+                            .run(|tx| {
+                                let r = tx.read(tx.root())?;
+                                r.accounts.iter().map(|&a| tx.read(a)).sum()
+                            })
+                            .unwrap();
+                        assert_eq!(sum, 800, "a snapshot saw a partial transfer");
+                        audits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        continue;
+                    }
+                    transfer(ptm, &mut rng, 30).unwrap();
+                    if i % 50 == 0 {
+                        // Churn: allocation and free under concurrency.
+                        let p = ptm
+                            .run(|tx| {
+                                tx.alloc(&Node {
+                                    value: i,
+                                    next: PPtr::null(),
+                                })
+                            })
+                            .unwrap();
+                        ptm.run(|tx| tx.free(p)).unwrap();
+                    }
+                }
+            });
+        }
+    });
+    assert_eq!(audits.load(std::sync::atomic::Ordering::Relaxed), 600);
+    let (s, _) = state_of(&ptm).unwrap();
+    assert_eq!(s.accounts.iter().sum::<u64>(), 800);
+    ptm.check_invariants().unwrap();
+}
+
+fn pmtx(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_pmtx"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// The stdout of a run that must have succeeded (else its output is the failure message).
+fn succeeded(out: &std::process::Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+#[test]
+fn bench_ptm_reports_throughput_and_write_amplification() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("ptm.json");
+    let out = pmtx(&[
+        "bench",
+        "ptm",
+        "--engine",
+        "archtm",
+        "--structure",
+        "hash",
+        "--pairs",
+        "3000",
+        "--update-pct",
+        "5,80",
+        "--threads",
+        "1,2",
+        "--duration",
+        "0.2",
+        "--warmup",
+        "0",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let stdout = succeeded(&out);
+    assert!(
+        stdout.contains("ptm-hash-u80") && stdout.contains("WA "),
+        "{stdout}"
+    );
+    let runs: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(runs.len(), 4);
+    for r in &runs {
+        assert!(r["throughput_tps"].as_f64().unwrap() > 0.0, "{r}");
+        let wa = r["params"]["write_amplification"].as_f64().unwrap();
+        // A 16-byte update copies its node (64-byte block: header and payload) and commits.
+        assert!(wa > 2.0 && wa < 40.0, "{wa}");
+    }
+    let out = pmtx(&["bench", "ptm", "--structure", "tree"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("only 'hash' is built"));
+    let out = pmtx(&["bench", "ptm", "--update-pct", "150"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at most 100"));
+    let out = pmtx(&["bench", "ptm", "--engine", "pmdk"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown PTM engine 'pmdk'"));
+}
+
+#[test]
+fn pmtx_crashtest_drives_archtm_and_reports_an_injected_fault() {
+    for domain in ["adr", "eadr"] {
+        let out = pmtx(&[
+            "crashtest",
+            "--engine",
+            "archtm",
+            "--domain",
+            domain,
+            "--images",
+            "120",
+        ]);
+        let stdout = succeeded(&out);
+        assert!(
+            stdout.contains("0 violation(s)") && stdout.contains("crash points"),
+            "{stdout}"
+        );
+    }
+    let eadr_fault = |fault: &str, images: &str| {
+        pmtx(&[
+            "crashtest",
+            "--engine",
+            "archtm",
+            "--domain",
+            "eadr",
+            "--inject-fault",
+            fault,
+            "--images",
+            images,
+        ])
+    };
+    let out = eadr_fault("archtm-abort-invalidate", "400");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("violation(s)"));
+    let out = eadr_fault("archtm-copy-flush", "10");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot break archtm under eadr"));
+    let out = pmtx(&[
+        "crashtest",
+        "--engine",
+        "archtm",
+        "--inject-fault",
+        "skip-fence",
+    ]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown archtm fault 'skip-fence'"));
+}
+
+#[test]
+fn defragmentation_moves_the_objects_of_underused_regions() {
+    let ptm = Ptm::<Root>::create(small()).unwrap();
+    let handles: Vec<PPtr<u64>> = (0..2048u64)
+        .map(|i| ptm.run(|tx| tx.alloc(&i)).unwrap())
+        .collect();
+    // Free three of every four: every region is a quarter used.
+    let kept: Vec<(u64, PPtr<u64>)> = handles
+        .iter()
+        .enumerate()
+        .filter_map(|(i, &h)| {
+            if i % 4 == 0 {
+                Some((i as u64, h))
+            } else {
+                ptm.run(|tx| tx.free(h)).unwrap();
+                None
+            }
+        })
+        .collect();
+    let stat = |name| ptm.stats().iter().find(|s| s.0 == name).unwrap().1;
+    let before = stat("used_regions_4k");
+    let (regions, moved) = ptm.defragment().unwrap();
+    assert!(
+        regions >= 30 && moved >= 500,
+        "{regions} regions, {moved} moved"
+    );
+    let after = stat("used_regions_4k");
+    assert!(
+        after * 2 < before,
+        "regions in use: {before} before, {after} after"
+    );
+    for &(v, h) in &kept {
+        assert_eq!(
+            ptm.run(|tx| tx.read(h)).unwrap(),
+            v,
+            "the handle survives the move"
+        );
+    }
+    ptm.check_invariants().unwrap();
+    // A second pass finds nothing more to do.
+    assert_eq!(ptm.defragment().unwrap().1, 0);
+}
