@@ -484,7 +484,9 @@ fn a_blind_write_to_a_row_deleted_meanwhile_is_not_acknowledged() {
                     tx.update(t, key, &[(0, Value::U64(99))])?;
                 }
                 if attempts == 1 {
-                    second.run(|tx2| tx2.delete(t, key)).unwrap();
+                    second
+                        .run(|tx2| tx2.delete(t, key))
+                        .unwrap_or_else(|e| panic!("{label}: the concurrent delete: {e}"));
                 }
                 Ok(())
             });

@@ -231,7 +231,7 @@ fn bad_configurations_are_refused_with_a_reason() {
     c.dudetx_group = 0;
     refused(c, "group size");
     let mut c = config(PersistenceDomain::Adr);
-    c.dudetx_log_pages = 0;
+    c.dudetx_log_pages = 5000;
     refused(c, "log ring");
     refused(
         config(PersistenceDomain::Adr).index_placement(pmtx::index::IndexPlacement::Pm),

@@ -108,7 +108,8 @@ pub struct DbConfig {
     pub dudetx_mode: DurabilityMode,
     /// DUDETx: transactions combined into one persisted log record at most (§3.3; default 64).
     pub dudetx_group: usize,
-    /// DUDETx: 2 MiB pages of the PM log ring, for a new pool (default 8).
+    /// DUDETx: 2 MiB pages of the PM log ring, for a new pool; 0 (the default) sizes it from
+    /// the pool: a quarter of its pages, 1 to 8.
     pub dudetx_log_pages: usize,
     /// DUDETx: persist and reproduce in background threads (true, the default) or inline in the
     /// committing thread (the crash simulator's setting).
@@ -150,7 +151,7 @@ impl Default for DbConfig {
             background_recovery: true,
             dudetx_mode: DurabilityMode::Sync,
             dudetx_group: 64,
-            dudetx_log_pages: 8,
+            dudetx_log_pages: 0,
             dudetx_background: true,
             dudetx_fault: None,
         }

@@ -191,7 +191,8 @@ pub struct DudetxConfig {
     pub mode: DurabilityMode,
     /// Transactions combined into one log record at most (§3.3; 1: no combination).
     pub group: usize,
-    /// 2 MiB pages of the log ring (fixed when the pool is formatted).
+    /// 2 MiB pages of the log ring (fixed when the pool is formatted); 0: a quarter of the
+    /// pool's pages, 1 to [`DEFAULT_LOG_PAGES`], so that a small pool keeps room for its heap.
     pub log_pages: usize,
     /// Persist and reproduce in background threads (true) or inline in the committing thread
     /// (false: for the crash simulator).
@@ -200,8 +201,12 @@ pub struct DudetxConfig {
     pub fault: Option<DudetxFault>,
 }
 
+/// The most pages an automatically sized log ring takes ([`DudetxConfig::log_pages`] 0).
+pub const DEFAULT_LOG_PAGES: usize = 8;
+
 impl DudetxConfig {
-    /// Defaults: sync mode, groups of up to 64 transactions, an 8-page (16 MiB) log ring,
+    /// Defaults: sync mode, groups of up to 64 transactions, a log ring sized from the pool
+    /// (up to 8 pages, 16 MiB),
     /// background threads, 16 threads, rows up to 4 KiB.
     pub fn new(protocol: Protocol) -> DudetxConfig {
         DudetxConfig {
@@ -211,7 +216,7 @@ impl DudetxConfig {
             max_row_bytes: 4096,
             mode: DurabilityMode::Sync,
             group: 64,
-            log_pages: 8,
+            log_pages: 0,
             background: true,
             fault: None,
         }
@@ -231,9 +236,9 @@ impl DudetxConfig {
                 self.group
             )));
         }
-        if self.log_pages == 0 || self.log_pages > 4096 {
+        if self.log_pages > 4096 {
             return Err(DbError::Config(format!(
-                "the DUDETx log ring must have 1 to 4096 pages of 2 MiB, not {}",
+                "the DUDETx log ring must have at most 4096 pages of 2 MiB (0: sized from the pool), not {}",
                 self.log_pages
             )));
         }
@@ -297,8 +302,13 @@ fn make_shadow(config: &DudetxConfig, pm_bytes: u64) -> Result<Arc<dyn Engine>, 
 impl DudetxEngine {
     /// Formats a fresh pool for DUDETx.
     pub fn create(pool: Arc<Pool>, config: DudetxConfig) -> Result<Arc<DudetxEngine>, DbError> {
+        let mut config = config;
         config.validate()?;
         crate::engine::common::require_durable_domain(EngineKind::Dudetx, pool.domain())?;
+        if config.log_pages == 0 {
+            let pool_pages = (pool.len() / PAGE_SIZE) as usize;
+            config.log_pages = (pool_pages / 4).clamp(1, DEFAULT_LOG_PAGES);
+        }
         let (pages, meta_page) = crate::engine::meta::format(
             &pool,
             &meta_layout(&[

@@ -99,6 +99,10 @@ impl EngineWorker for DudetxWorker {
         self.inner.prefetch(table, keys);
     }
 
+    fn prefetch_for_overwrite(&mut self, table: TableId, keys: &[u64]) {
+        self.inner.prefetch_for_overwrite(table, keys);
+    }
+
     fn scan(
         &mut self,
         table: TableId,
