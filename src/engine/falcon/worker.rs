@@ -316,10 +316,7 @@ impl FalconWorker {
     /// (`range_streams`; the hot set may change by then, which costs only a miss or a prefetch).
     fn will_stream(&self, tuple: u64, len: usize) -> bool {
         let policy = self.eng.policy;
-        streams(policy, len)
-            || (policy.hinted_flush
-                && len >= STREAM_MIN_BYTES
-                && !(policy.track_hot && self.hot.contains(tuple)))
+        streams(policy, len, !(policy.track_hot && self.hot.contains(tuple)))
     }
 
     fn push_range(&mut self, write: usize, offset: usize, bytes: &[u8]) {
@@ -861,23 +858,24 @@ fn flush_merged(pool: &Pool, spans: &mut [(u64, u64)]) {
 /// ownership the streamed middle saves.
 const STREAM_MIN_BYTES: usize = 256;
 
-/// Whether an applied range of `len` bytes is written with streaming stores: when the policy
-/// flushes every applied line and fences before `write_ts` (ADR, Inp), a streamed range is
-/// durable at that same fence, and its cold destination lines are neither read first (a
-/// blind 1 KB update otherwise fetches 16 lines only to overwrite them) nor left dirty for a
-/// `clflushopt`. Under eADR the lines stay cached (Falcon §4.3 keeps hot tuples in the cache).
-fn streams(policy: super::Policy, len: usize) -> bool {
-    policy.persist_data && len >= STREAM_MIN_BYTES
+/// Whether an applied range of `len` bytes is written with streaming stores: when it is long and
+/// its lines would be flushed anyway, so that its cold destination lines are neither read first
+/// (a blind 1 KB update otherwise fetches 16 lines only to overwrite them) nor left for a
+/// `clflushopt`. That is every range when the policy flushes all applied lines and fences before
+/// `write_ts` (ADR, Inp: durable at that same fence), and under eADR's selective flush a range
+/// of a tuple to be flushed (`flushed`: not hot; Falcon §4.3 keeps hot tuples cached), with one
+/// fence before `write_ts` instead of a `clflushopt` per line after it.
+fn streams(policy: super::Policy, len: usize, flushed: bool) -> bool {
+    len >= STREAM_MIN_BYTES && (policy.persist_data || (policy.hinted_flush && flushed))
 }
 
-/// Whether the commit applies range `r` with streaming stores: as [`streams`] says, or, under
-/// eADR's selective flush, when its tuple is to be flushed (`flush`, by write: not hot) and the
-/// range is long. A streamed cold tuple leaves the cache as a flushed one does (Falcon §4.3), with
-/// one fence before `write_ts` instead of a `clflushopt` per line after it.
+/// [`streams`] for range `r` of a commit whose selective flush covers the writes in `flush`.
 fn range_streams(policy: super::Policy, flush: &[bool], r: &RangeRec) -> bool {
-    let long = r.len as usize >= STREAM_MIN_BYTES;
-    streams(policy, r.len as usize)
-        || (policy.hinted_flush && long && flush.get(r.write as usize) == Some(&true))
+    streams(
+        policy,
+        r.len as usize,
+        flush.get(r.write as usize) == Some(&true),
+    )
 }
 
 /// The most bytes of one tuple [`EngineWorker::prefetch`] asks for: the whole tuple of rows up to
@@ -1408,7 +1406,7 @@ impl EngineWorker for FalconWorker {
             }
             for r in &self.ranges {
                 let w = &self.writes[r.write as usize];
-                if w.kind != WriteKind::Cancelled && !streams(policy, r.len as usize) {
+                if w.kind != WriteKind::Cancelled && !streams(policy, r.len as usize, true) {
                     spans.push((
                         w.tuple + tuple::HEADER + u64::from(r.offset),
                         u64::from(r.len),
