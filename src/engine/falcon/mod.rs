@@ -38,7 +38,7 @@
 //! still in flight). DRAM indexes only, as `outp`. Its pools have their own layout (`wbl`): its
 //! tuple states are not Falcon's.
 //!
-//! Commit (`worker.rs`, Algorithm 1): lock (OCC: at commit; 2PL: during execution), validate, take
+//! Commit (`commit.rs`, Algorithm 1, one function per step): lock (OCC: at commit; 2PL: during execution), validate, take
 //! a commit tid, write the redo entries and the COMMITTED mark to the window slot, apply the
 //! after-images in place, set each tuple's `write_ts` and release its lock, then the selective flush.
 //!
@@ -72,6 +72,7 @@
 //!   slots are then found lazily while transactions run, and the clock restarts above a persisted
 //!   tid lease (`sweep.rs`), where Falcon clears locks from the write sets in its window.
 
+mod commit;
 pub mod layout;
 mod recovery;
 mod sweep;

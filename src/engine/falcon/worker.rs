@@ -1,5 +1,6 @@
 //! A Falcon worker: one thread's transactions (Falcon §5.2, Algorithm 1).
 
+use super::commit::{streams, STREAM_MIN_BYTES};
 use super::layout::{kind, slot, tuple};
 use super::window::{self, EntryKind};
 use super::{FalconEngine, Fault, TableAlloc, TableRt, ThreadState};
@@ -49,18 +50,18 @@ pub(super) struct WriteRec {
 }
 
 /// One after-image range of a write, in program order.
-struct RangeRec {
-    write: u32,
-    offset: u32,
-    len: u32,
-    data: u32,
+pub(super) struct RangeRec {
+    pub(super) write: u32,
+    pub(super) offset: u32,
+    pub(super) len: u32,
+    pub(super) data: u32,
 }
 
 /// The hot-tuple set (Falcon §4.4, "hot tuple tracking"): a small set-associative LRU of recently
 /// flushed tuples. Each tuple maps to one set of `WAYS` entries kept in recency order, so a lookup
 /// and an update cost a few compares whatever the capacity; within a set it is exact LRU (the paper
 /// says "a small LRU cache" without more detail).
-struct HotSet {
+pub(super) struct HotSet {
     sets: Vec<[u64; HotSet::WAYS]>,
 }
 
@@ -82,7 +83,7 @@ impl HotSet {
 
     /// Whether `tuple` is hot; makes it the most recent entry of its set either way (Algorithm 1,
     /// lines 9–11: a tuple not in the set is flushed and cached).
-    fn check_and_touch(&mut self, tuple: u64) -> bool {
+    pub(super) fn check_and_touch(&mut self, tuple: u64) -> bool {
         let h = (tuple >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let mask = self.sets.len() - 1;
         let set = &mut self.sets[(h >> 40) as usize & mask];
@@ -102,9 +103,9 @@ pub(crate) struct FalconWorker {
     pub(super) proto: Protocol,
     pub(super) pool: Arc<Pool>,
     pub(super) thread: usize,
-    state: Option<ThreadState>,
+    pub(super) state: Option<ThreadState>,
     pub(super) tables: Vec<Arc<TableRt>>,
-    in_txn: bool,
+    pub(super) in_txn: bool,
     pub(super) read_only: bool,
     /// OCC: (tuple, version read). TicToc: (tuple, wts read). 2PL: tuples read-locked.
     pub(super) reads: Vec<(u64, u64)>,
@@ -117,8 +118,8 @@ pub(crate) struct FalconWorker {
     write_lookup: common::WriteLookup,
     /// Where this transaction's reads found their keys (an update after a read skips the index).
     recent: common::RecentReads,
-    ranges: Vec<RangeRec>,
-    data: Vec<u8>,
+    pub(super) ranges: Vec<RangeRec>,
+    pub(super) data: Vec<u8>,
     payload: Vec<u8>,
     /// Largest version / write_ts seen: the commit tid must exceed it.
     pub(super) max_seen: u64,
@@ -136,19 +137,21 @@ pub(crate) struct FalconWorker {
     pub(super) retired_end: u64,
     /// MV: (end timestamp, tuple) of versions this thread retired, oldest first (Falcon §5.4).
     pub(super) version_queue: std::collections::VecDeque<(u64, u64)>,
-    hot: HotSet,
+    pub(super) hot: HotSet,
     scratch: Vec<u8>,
     scan_hits: Vec<(u64, u64)>,
-    spans: Vec<(u64, u64)>,
+    pub(super) spans: Vec<(u64, u64)>,
     /// Per write of a committing transaction: whether its lines get the hinted flush.
-    flush_write: Vec<bool>,
+    pub(super) flush_write: Vec<bool>,
+    /// Per write, while a commit builds its flush spans: whether its header is in them.
+    pub(super) span_seen: Vec<bool>,
     /// Secondary entries a commit replaces: (table, index, primary key, old secondary key).
-    secondary_changes: Vec<(TableId, usize, u64, u64)>,
+    pub(super) secondary_changes: Vec<(TableId, usize, u64, u64)>,
     /// A row read back from PM at commit (secondary keys).
-    row_buf: Vec<u8>,
+    pub(super) row_buf: Vec<u8>,
     /// Outp, during a commit: per write, the old version an update supersedes (0: none; the
     /// write's `tuple` is then the new version). Empty outside an Outp commit.
-    superseded: Vec<u64>,
+    pub(super) superseded: Vec<u64>,
 }
 
 impl FalconWorker {
@@ -191,6 +194,7 @@ impl FalconWorker {
             scan_hits: Vec::new(),
             spans: Vec::new(),
             flush_write: Vec::new(),
+            span_seen: Vec::new(),
             secondary_changes: Vec::new(),
             row_buf: Vec::new(),
             superseded: Vec::new(),
@@ -235,7 +239,7 @@ impl FalconWorker {
         }
     }
 
-    fn find_write(&self, table: TableId, key: u64) -> Option<usize> {
+    pub(super) fn find_write(&self, table: TableId, key: u64) -> Option<usize> {
         let writes = &self.writes;
         self.write_lookup.find(writes.len(), table, key, |i| {
             writes[i].table == table && writes[i].key == key
@@ -436,7 +440,7 @@ impl FalconWorker {
     /// range at the new slot, which the log records as an insert, and the old version is logged
     /// and applied as a delete. The new slot is locked until its commit releases it, and the
     /// index is repointed only then (step 7), so an abort here has nothing to undo in the index.
-    fn supersede_updates(&mut self) -> Result<(), TxError> {
+    pub(super) fn supersede_updates(&mut self) -> Result<(), TxError> {
         self.superseded.clear();
         self.superseded.resize(self.writes.len(), 0);
         let mut rows = std::mem::take(&mut self.scratch);
@@ -485,7 +489,7 @@ impl FalconWorker {
     /// covers `tid` (the acknowledgement), then frees the superseded versions and, once their
     /// frees are durable, the tombstones (`wbl.rs`: an older version must never outlive the
     /// tombstone that hides it).
-    fn wbl_finish(&mut self, tid: u64) {
+    pub(super) fn wbl_finish(&mut self, tid: u64) {
         let fault = self.eng.config.fault;
         let eng = self.eng.clone();
         let group = eng.group.as_ref().expect("a WBL engine has a group commit");
@@ -592,7 +596,7 @@ impl FalconWorker {
         st.tables[table as usize].free.push(tuple);
     }
 
-    fn end_txn(&mut self) {
+    pub(super) fn end_txn(&mut self) {
         self.cc_end();
         self.reads.clear();
         self.tictoc_rts.clear();
@@ -611,7 +615,7 @@ impl FalconWorker {
     }
 
     /// Releases every lock and returns unpublished insert slots; used by abort and failed commits.
-    fn rollback(&mut self, published_inserts: usize) {
+    pub(super) fn rollback(&mut self, published_inserts: usize) {
         self.settle_versions(false);
         let mut inserts_seen = 0;
         for i in 0..self.writes.len() {
@@ -657,7 +661,7 @@ impl FalconWorker {
 
     /// Writes the redo entries and the COMMITTED mark to the next window slot (Algorithm 1,
     /// "Before Update" and line 2). Returns the slot offset and whether it spilled.
-    fn log_commit(&mut self, tid: u64) -> Result<(u64, bool), TxError> {
+    pub(super) fn log_commit(&mut self, tid: u64) -> Result<(u64, bool), TxError> {
         self.payload.clear();
         let fault = self.eng.config.fault;
         for r in &self.ranges {
@@ -826,56 +830,6 @@ impl FalconWorker {
         }
         Ok((at, spilled))
     }
-}
-
-/// Flushes the cache lines covering `spans` (absolute offset, length) once each: spans are sorted
-/// and merged when they share or touch a line, so a header and a field in one line cost one clwb.
-fn flush_merged(pool: &Pool, spans: &mut [(u64, u64)]) {
-    use crate::pmem::CACHE_LINE;
-    spans.sort_unstable_by_key(|s| s.0);
-    let mut current: Option<(u64, u64)> = None;
-    for &(start, len) in spans.iter() {
-        let (lo, hi) = (
-            start & !(CACHE_LINE - 1),
-            (start + len).next_multiple_of(CACHE_LINE),
-        );
-        current = match current {
-            Some((clo, chi)) if lo <= chi => Some((clo, chi.max(hi))),
-            Some((clo, chi)) => {
-                pool.flush(clo, chi - clo);
-                Some((lo, hi))
-            }
-            None => Some((lo, hi)),
-        };
-    }
-    if let Some((lo, hi)) = current {
-        pool.flush(lo, hi - lo);
-    }
-}
-
-/// The shortest update range applied with streaming stores ([`Pool::write_bytes_nt`]): below it
-/// the partial lines at both ends (stored normally and flushed) cost more than the read-for-
-/// ownership the streamed middle saves.
-const STREAM_MIN_BYTES: usize = 256;
-
-/// Whether an applied range of `len` bytes is written with streaming stores: when it is long and
-/// its lines would be flushed anyway, so that its cold destination lines are neither read first
-/// (a blind 1 KB update otherwise fetches 16 lines only to overwrite them) nor left for a
-/// `clflushopt`. That is every range when the policy flushes all applied lines and fences before
-/// `write_ts` (ADR, Inp: durable at that same fence), and under eADR's selective flush a range
-/// of a tuple to be flushed (`flushed`: not hot; Falcon §4.3 keeps hot tuples cached), with one
-/// fence before `write_ts` instead of a `clflushopt` per line after it.
-fn streams(policy: super::Policy, len: usize, flushed: bool) -> bool {
-    len >= STREAM_MIN_BYTES && (policy.persist_data || (policy.hinted_flush && flushed))
-}
-
-/// [`streams`] for range `r` of a commit whose selective flush covers the writes in `flush`.
-fn range_streams(policy: super::Policy, flush: &[bool], r: &RangeRec) -> bool {
-    streams(
-        policy,
-        r.len as usize,
-        flush.get(r.write as usize) == Some(&true),
-    )
 }
 
 /// The most bytes of one tuple [`EngineWorker::prefetch`] asks for: the whole tuple of rows up to
@@ -1147,413 +1101,7 @@ impl EngineWorker for FalconWorker {
     }
 
     fn commit(&mut self) -> Result<u64, TxError> {
-        if !self.in_txn {
-            return Ok(0);
-        }
-        let policy = self.eng.policy;
-        let proto = self.proto;
-        // 1. Protocols that lock at commit (OCC, Silo, TicToc, MVOCC, SI): lock the write set in
-        // address order (so no deadlock can form), spinning briefly on each lock.
-        let locks_at_commit = matches!(
-            proto,
-            Protocol::Occ | Protocol::Silo | Protocol::Tictoc | Protocol::Mvocc | Protocol::Si
-        );
-        if locks_at_commit && !self.lock_at_commit() {
-            self.rollback(0);
-            return Err(TxError::Conflict);
-        }
-        // 2. Publish inserts, locked, so readers wait until they are applied.
-        let mut published = 0;
-        for i in 0..self.writes.len() {
-            if self.writes[i].kind != WriteKind::Insert {
-                continue;
-            }
-            let (table, key, t) = (
-                self.writes[i].table,
-                self.writes[i].key,
-                self.writes[i].tuple,
-            );
-            self.word(t).store(LOCK_BIT);
-            self.writes[i].locked = true;
-            let rt = &self.tables[table as usize];
-            let published_now = match rt.index.insert_new(&rt.schema.name, key, t) {
-                Ok(outcome) => outcome,
-                Err(full) => {
-                    // A PM index could not grow: nothing was inserted for this key.
-                    self.rollback(published);
-                    return Err(full);
-                }
-            };
-            if published_now.is_err() {
-                // The key was absent when `insert` checked; a transaction that committed since
-                // has inserted it. That invalidates this transaction's observation of absence,
-                // so it is a conflict (retryable), not a duplicate the caller made: on retry the
-                // transaction sees the new row and decides again (TPC-C New-Order re-reads the
-                // district's next order id and inserts a fresh key).
-                self.rollback(published);
-                return Err(TxError::Conflict);
-            }
-            published += 1;
-        }
-        // The write set is locked; reads are validated next. Without a full fence between the
-        // two, the lock stores may still be in a store buffer while the validation loads run:
-        // two transactions that each read what the other writes both validate (write skew).
-        // Found by the loom model in tests/cc_model.rs.
-        std::sync::atomic::fence(Ordering::SeqCst);
-        let has_writes = self.writes.iter().any(|w| w.kind != WriteKind::Cancelled);
-        // 3. The commit tid (for the MV protocols after retiring the old images, so a snapshot
-        // reader that finds no retired image knows the tid is above its snapshot), then read
-        // validation at that tid (OCC family, TicToc).
-        let tid = if has_writes || proto == Protocol::Tictoc {
-            if has_writes {
-                self.retire_versions();
-            }
-            // WBL: the group commit's c_p may not pass this commit from before its tid is taken
-            // until its data is durable (`wbl.rs`).
-            if let Some(group) = self.eng.group.as_ref().filter(|_| has_writes) {
-                group.enter(self.thread);
-            }
-            let tid = self.commit_tid();
-            if let Some(group) = self.eng.group.as_ref().filter(|_| has_writes) {
-                group.set_tid(self.thread, tid);
-            }
-            self.eng.ensure_lease(tid);
-            if has_writes {
-                self.settle_versions_pending(tid);
-            }
-            tid
-        } else {
-            0
-        };
-        if !self.validate_reads(tid) {
-            self.rollback(published);
-            return Err(TxError::Conflict);
-        }
-        if !has_writes {
-            self.rollback(0);
-            // WBL: what this transaction read must be durable before it returns (the writers
-            // released their locks before the group commit covered them).
-            if let Some(group) = &self.eng.group {
-                group.wait(&self.pool, self.max_seen, || self.eng.clock.now());
-            }
-            return Ok(self.st().last_tid);
-        }
-        // 4. The commit tid is final. Outp: the updates become new versions now that the write
-        // set is locked and validated.
-        if policy.out_of_place {
-            if let Err(e) = self.supersede_updates() {
-                self.rollback(published);
-                return Err(e);
-            }
-        }
-        self.st().last_tid = tid;
-        // 5. Log window: entries and the COMMITTED mark (Algorithm 1, line 2).
-        let logged = if policy.log {
-            match self.log_commit(tid) {
-                Ok(l) => Some(l),
-                Err(e) => {
-                    self.rollback(published);
-                    return Err(e);
-                }
-            }
-        } else {
-            None
-        };
-        // Secondary keys before the update, for rows whose indexed columns change (the old row is
-        // read only for those).
-        let mut secondary_changes = std::mem::take(&mut self.secondary_changes);
-        secondary_changes.clear();
-        let mut old = std::mem::take(&mut self.row_buf);
-        for (i, w) in self.writes.iter().enumerate() {
-            let rt = &self.tables[w.table as usize];
-            if rt.secondary.is_empty()
-                || w.kind == WriteKind::Cancelled
-                || w.kind == WriteKind::Insert
-            {
-                continue;
-            }
-            let mut old_read = false;
-            for si in 0..rt.secondary.len() {
-                let touched = w.kind == WriteKind::Delete
-                    || self
-                        .ranges
-                        .iter()
-                        .filter(|r| r.write as usize == i)
-                        .any(|r| {
-                            rt.schema.secondary[si].columns.iter().any(|&c| {
-                                let (co, cl) =
-                                    (rt.schema.column_offset(c), rt.schema.columns[c].ty.size());
-                                (r.offset as usize) < co + cl && co < (r.offset + r.len) as usize
-                            })
-                        });
-                if touched {
-                    if !old_read {
-                        old.resize(rt.row, 0);
-                        // Outp: the old row is in the superseded version.
-                        let source = match self.superseded.get(i) {
-                            Some(&o) if o != 0 => o,
-                            _ => w.tuple,
-                        };
-                        self.pool.read_bytes(source + tuple::HEADER, &mut old);
-                        old_read = true;
-                    }
-                    secondary_changes.push((w.table, si, w.key, rt.secondary_key(si, &old)));
-                }
-            }
-        }
-        // WBL: the new versions' commit tids are durable before their data, so that no image
-        // shows a reused slot's new key or data under the older, committed tid it held before.
-        if policy.wbl {
-            let mut spans = std::mem::take(&mut self.spans);
-            spans.clear();
-            for (i, w) in self.writes.iter().enumerate() {
-                let moved = self.superseded.get(i).is_some_and(|&o| o != 0);
-                if w.kind == WriteKind::Insert || moved {
-                    self.pool.write_u64(w.tuple + tuple::WRITE_TS, tid);
-                    spans.push((w.tuple + tuple::WRITE_TS, 8));
-                }
-            }
-            flush_merged(&self.pool, &mut spans);
-            self.spans = spans;
-            if self.eng.config.fault != Some(Fault::WblSkipTidFence) {
-                self.pool.fence();
-            }
-        }
-        // Which writes the selective flush covers (Algorithm 1, lines 7–11: a tuple not in the hot
-        // set is flushed and becomes hot), decided before the apply so that their long ranges
-        // can be streamed instead.
-        let mut flush = std::mem::take(&mut self.flush_write);
-        flush.clear();
-        if policy.hinted_flush {
-            for w in &self.writes {
-                let hot = policy.track_hot && self.hot.check_and_touch(w.tuple);
-                flush.push(w.kind != WriteKind::Cancelled && !hot);
-            }
-        }
-        // 6. Apply in place (Algorithm 1, lines 3–4; Outp and WBL: into the new versions). Long
-        // ranges go with streaming stores where their lines would be flushed anyway (`streams`):
-        // durable at a fence like the flushed ones, without first reading the cold lines they
-        // overwrite.
-        let mut streamed_any = false;
-        for r in &self.ranges {
-            let w = &self.writes[r.write as usize];
-            if w.kind == WriteKind::Cancelled {
-                continue;
-            }
-            let d = r.data as usize;
-            let (at, bytes) = (
-                w.tuple + tuple::HEADER + u64::from(r.offset),
-                &self.data[d..d + r.len as usize],
-            );
-            if range_streams(policy, &flush, r) {
-                self.pool.write_bytes_nt(at, bytes);
-                streamed_any = true;
-            } else {
-                self.pool.write_bytes(at, bytes);
-            }
-        }
-        // The KEY and FLAGS of inserted and deleted tuples go with the data, before its fence:
-        // a slot is 16-byte aligned, so its header may straddle two cache lines, and under ADR a
-        // durable `write_ts` (written below) must imply durable flags, or recovery's replay filter
-        // skips an insert whose LIVE flag was lost (found by the crash harness, issue 4).
-        let keep_old_live = self.eng.config.fault == Some(Fault::OutpKeepOldLive);
-        for (i, w) in self.writes.iter().enumerate() {
-            let old = self.superseded.get(i).copied().unwrap_or(0);
-            match w.kind {
-                // WBL: the old version stays the row's value for recovery until the group
-                // commit covers this one (`wbl.rs`); transactions no longer see it.
-                WriteKind::Update | WriteKind::Delete if old != 0 && policy.wbl => {
-                    let state = if w.kind == WriteKind::Delete {
-                        super::wbl::TOMBSTONE
-                    } else {
-                        tuple::LIVE
-                    };
-                    self.pool.write_u64(w.tuple + tuple::KEY, w.key);
-                    self.pool.write_u64(w.tuple + tuple::FLAGS, state);
-                    self.pool
-                        .write_u64(old + tuple::FLAGS, super::wbl::SUPERSEDED);
-                }
-                // Outp: the new version is an insert, the old one a delete.
-                WriteKind::Update if old != 0 => {
-                    self.pool.write_u64(w.tuple + tuple::KEY, w.key);
-                    self.pool.write_u64(w.tuple + tuple::FLAGS, tuple::LIVE);
-                    if !keep_old_live {
-                        self.pool
-                            .write_u64(old + tuple::FLAGS, tuple::LIVE | tuple::DELETED);
-                    }
-                }
-                WriteKind::Insert => {
-                    self.pool.write_u64(w.tuple + tuple::KEY, w.key);
-                    self.pool.write_u64(w.tuple + tuple::FLAGS, tuple::LIVE);
-                }
-                WriteKind::Delete => self
-                    .pool
-                    .write_u64(w.tuple + tuple::FLAGS, tuple::LIVE | tuple::DELETED),
-                WriteKind::Update | WriteKind::Cancelled => {}
-            }
-        }
-        if policy.persist_data {
-            let mut spans = std::mem::take(&mut self.spans);
-            spans.clear();
-            for (i, w) in self.writes.iter().enumerate() {
-                let old = self.superseded.get(i).copied().unwrap_or(0);
-                if matches!(w.kind, WriteKind::Insert | WriteKind::Delete) || old != 0 {
-                    spans.push((w.tuple + tuple::KEY, 16));
-                }
-                if old != 0 {
-                    spans.push((old + tuple::KEY, 16));
-                }
-            }
-            for r in &self.ranges {
-                let w = &self.writes[r.write as usize];
-                if w.kind != WriteKind::Cancelled && !streams(policy, r.len as usize, true) {
-                    spans.push((
-                        w.tuple + tuple::HEADER + u64::from(r.offset),
-                        u64::from(r.len),
-                    ));
-                }
-            }
-            if self.eng.config.fault != Some(Fault::SkipDataFlush) {
-                flush_merged(&self.pool, &mut spans);
-            }
-            self.spans = spans;
-            if self.eng.config.fault != Some(Fault::SkipDataFence) {
-                self.pool.fence();
-            }
-        } else if streamed_any && self.eng.config.fault != Some(Fault::SkipDataFence) {
-            // eADR: streamed stores are ordered and durable only at a fence, and `write_ts`
-            // below must persist after them (the ordering point of step 7).
-            self.pool.fence();
-        }
-        // 7. Headers, write_ts, lock release (line 5); index maintenance.
-        let reuse = self.reuse_stamp(tid);
-        for i in 0..self.writes.len() {
-            let (table, key, t, kind) = (
-                self.writes[i].table,
-                self.writes[i].key,
-                self.writes[i].tuple,
-                self.writes[i].kind,
-            );
-            if kind == WriteKind::Cancelled {
-                continue;
-            }
-            // eADR ordering point: recovery skips replaying an entry whose tid is <= write_ts,
-            // so write_ts must persist after the data, KEY and FLAGS applied above (ADR: after
-            // their flush + fence).
-            self.pool.write_u64_ordered(t + tuple::WRITE_TS, tid);
-            self.release_word(t, Some(tid));
-            if policy.persist_data {
-                self.pool.flush(t, tuple::HEADER);
-            }
-            let rt = &self.tables[table as usize];
-            let superseded = self.superseded.get(i).copied().unwrap_or(0);
-            if superseded != 0 {
-                // Outp: readers of the old version that find it dead follow the index to the
-                // new one, so the index moves before the old version is released (deleted).
-                // Outp's indexes are DRAM ones (`check_placement`), whose upsert cannot fail.
-                if kind == WriteKind::Delete {
-                    rt.index.remove_if(key, superseded);
-                } else {
-                    rt.index
-                        .upsert(&rt.schema.name, key, t)
-                        .expect("a DRAM index upsert does not fail");
-                }
-                // WBL keeps the old version's commit tid: recovery compares versions by it.
-                if !policy.wbl {
-                    self.pool
-                        .write_u64_ordered(superseded + tuple::WRITE_TS, tid);
-                }
-                self.release_word(superseded, Some(tid));
-                if policy.persist_data {
-                    self.pool.flush(superseded, tuple::HEADER);
-                }
-                let st = self.state.as_mut().expect("state present");
-                st.tables[table as usize]
-                    .deleted
-                    .push_back((superseded, reuse));
-            }
-            match kind {
-                WriteKind::Delete => {
-                    rt.deleted_up_to.fetch_max(tid, Ordering::SeqCst);
-                    rt.index.remove_if(key, t);
-                    let st = self.state.as_mut().expect("state present");
-                    if st.tables.len() <= table as usize {
-                        st.tables
-                            .resize_with(table as usize + 1, TableAlloc::default);
-                    }
-                    st.tables[table as usize].deleted.push_back((t, reuse));
-                }
-                WriteKind::Insert if !rt.secondary.is_empty() => {
-                    old.resize(rt.row, 0);
-                    self.pool.read_bytes(t + tuple::HEADER, &mut old);
-                    for (si, sec) in rt.secondary.iter().enumerate() {
-                        sec.insert(rt.secondary_key(si, &old), key);
-                    }
-                }
-                _ => {}
-            }
-        }
-        for &(table, si, key, old_key) in &secondary_changes {
-            let rt = &self.tables[table as usize];
-            rt.secondary[si].remove(old_key, key);
-            if let Some(i) = self.find_write(table, key) {
-                if self.writes[i].kind == WriteKind::Update {
-                    old.resize(rt.row, 0);
-                    self.pool
-                        .read_bytes(self.writes[i].tuple + tuple::HEADER, &mut old);
-                    rt.secondary[si].insert(rt.secondary_key(si, &old), key);
-                }
-            }
-        }
-        self.secondary_changes = secondary_changes;
-        self.row_buf = old;
-        // 8. Selective data flush (lines 7–11): sfence, then clwb the updated lines of tuples that
-        // are not hot. The clwbs complete at a later fence; eADR needs none for correctness. The
-        // sfence only orders the hinted flush, so it is skipped when every tuple is hot.
-        // The header and updated lines of the flushed writes go in one pass over the ranges (a
-        // per-write scan of the ranges would be quadratic in large transactions: TPC-C Delivery
-        // has ~130 writes); streamed ranges are already on their way.
-        if policy.hinted_flush && flush.contains(&true) {
-            let mut spans = std::mem::take(&mut self.spans);
-            spans.clear();
-            for (w, _) in self.writes.iter().zip(&flush).filter(|(_, &f)| f) {
-                spans.push((w.tuple, tuple::HEADER));
-            }
-            for r in self.ranges.iter().filter(|r| flush[r.write as usize]) {
-                if !range_streams(policy, &flush, r) {
-                    let t = self.writes[r.write as usize].tuple;
-                    spans.push((t + tuple::HEADER + u64::from(r.offset), u64::from(r.len)));
-                }
-            }
-            self.pool.fence();
-            flush_merged(&self.pool, &mut spans);
-            self.spans = spans;
-        }
-        self.flush_write = flush;
-        // Read locks go last (strict 2PL).
-        if self.holds_read_locks() {
-            for i in 0..self.reads.len() {
-                crate::cc::lock2pl::read_unlock(&self.word(self.reads[i].0));
-            }
-        }
-        // A spilled redo is closed at once, so the spill chain can be reused by the next one.
-        if let Some((at, true)) = logged {
-            if policy.persist_data {
-                self.pool.fence();
-            }
-            // Ordered: under eADR the slot must stay COMMITTED until the apply and write_ts
-            // stores above have persisted.
-            self.pool.write_u64_ordered(at + slot::STATE, slot::FREE);
-            self.pool.persist(at, 8);
-        }
-        if policy.wbl {
-            self.wbl_finish(tid);
-        }
-        self.eng.last_commit.fetch_max(tid, Ordering::AcqRel);
-        self.settle_versions(true);
-        self.end_txn();
-        self.reclaim_versions();
-        Ok(tid)
+        self.commit_steps()
     }
 
     fn resolve_miss(&mut self, error: TxError) -> TxError {

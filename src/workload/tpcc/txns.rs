@@ -121,6 +121,8 @@ pub fn find_customer(
                 customer::BY_LAST_NAME,
                 &[Value::U64(w), Value::U64(d), Value::Bytes(name)],
             )?;
+            // The candidates' misses overlap (about three customers share a last name).
+            tx.prefetch(t.customer, &keys);
             let mut matching = Vec::with_capacity(keys.len());
             for k in keys {
                 let row = match tx.get(t.customer, k) {
@@ -233,6 +235,17 @@ pub fn new_order(
     input: &NewOrderInput,
 ) -> Result<NewOrderOutput, TxError> {
     let (w, d) = (input.w, input.d);
+    // Every item, stock and the customer row are known from the input: start their misses
+    // together, before the warehouse and district reads, which then overlap them.
+    let items: smallvec::SmallVec<[u64; 15]> = input.lines.iter().map(|l| l.item).collect();
+    let stocks: smallvec::SmallVec<[u64; 15]> = input
+        .lines
+        .iter()
+        .map(|l| keys::stock(l.supply_w, l.item))
+        .collect();
+    tx.prefetch(t.customer, &[keys::customer(w, d, input.c)]);
+    tx.prefetch(t.item, &items);
+    tx.prefetch(t.stock, &stocks);
     let w_tax = tx.get(t.warehouse, keys::warehouse(w))?.i64(warehouse::TAX);
     let dist = tx.get(t.district, keys::district(w, d))?;
     let d_tax = dist.i64(district::TAX);
@@ -267,15 +280,6 @@ pub fn new_order(
         keys::order(w, d, o_id),
         &[Value::U64(o_id), Value::U64(d), Value::U64(w)],
     )?;
-    // Every item and stock row is known now: start their misses together.
-    let items: smallvec::SmallVec<[u64; 15]> = input.lines.iter().map(|l| l.item).collect();
-    let stocks: smallvec::SmallVec<[u64; 15]> = input
-        .lines
-        .iter()
-        .map(|l| keys::stock(l.supply_w, l.item))
-        .collect();
-    tx.prefetch(t.item, &items);
-    tx.prefetch(t.stock, &stocks);
     let mut out = Vec::with_capacity(input.lines.len());
     let mut sum = 0i64;
     for (n, line) in input.lines.iter().enumerate() {
@@ -600,22 +604,32 @@ pub fn delivery(
     input: &DeliveryInput,
 ) -> Result<Vec<Option<u64>>, TxError> {
     let w = input.w;
-    let mut delivered = Vec::with_capacity(DISTRICTS as usize);
+    // Three passes over the districts instead of one district after another, so that each
+    // pass's misses (orders, then customers) overlap across districts: the transaction is the
+    // same, only the order of its accesses differs.
+    // 1. The oldest new order of each district. A few rows, not one: a row deleted by a
+    //    concurrent Delivery is skipped by the scan.
+    let mut oldest = [0u64; DISTRICTS as usize];
     for d in 1..=DISTRICTS {
         let district_key = keys::district(w, d);
-        // A few rows, not one: a row deleted by a concurrent Delivery is skipped by the scan.
-        let oldest = tx
+        oldest[(d - 1) as usize] = tx
             .scan(t.new_order, keys::order(w, d, 0), 4)?
             .into_iter()
             .map(|(k, _)| k)
-            .find(|&k| keys::order_district(k) == district_key);
-        let Some(no_key) = oldest else {
-            delivered.push(None);
+            .find(|&k| keys::order_district(k) == district_key)
+            .unwrap_or(0);
+    }
+    let pending: smallvec::SmallVec<[u64; 10]> =
+        oldest.iter().copied().filter(|&k| k != 0).collect();
+    tx.prefetch(t.order, &pending);
+    // 2. Delete each new order, read its order and set the carrier. A concurrent Delivery that
+    //    deleted the row since the scan read it makes the engine report a (retryable) conflict,
+    //    not NotFound.
+    let mut orders = [(0u64, 0u64, 0usize); DISTRICTS as usize];
+    for ((d, &no_key), order) in (1..=DISTRICTS).zip(&oldest).zip(orders.iter_mut()) {
+        if no_key == 0 {
             continue;
-        };
-        let o_id = keys::order_id(no_key);
-        // A concurrent Delivery that deleted this row since the scan read it makes the engine
-        // report a (retryable) conflict, not NotFound.
+        }
         tx.delete(t.new_order, no_key)?;
         let o = tx.get(t.order, no_key)?;
         tx.update(
@@ -623,7 +637,22 @@ pub fn delivery(
             no_key,
             &[(order::CARRIER_ID, Value::U64(input.carrier))],
         )?;
-        let ol_cnt = o.u64(order::OL_CNT) as usize;
+        *order = (
+            keys::customer(w, d, o.u64(order::C_ID)),
+            keys::order_id(no_key),
+            o.u64(order::OL_CNT) as usize,
+        );
+    }
+    let customers: smallvec::SmallVec<[u64; 10]> =
+        orders.iter().filter(|o| o.0 != 0).map(|o| o.0).collect();
+    tx.prefetch(t.customer, &customers);
+    // 3. Each order's lines get the delivery date; their sum goes to the customer's balance.
+    let mut delivered = Vec::with_capacity(DISTRICTS as usize);
+    for (d, (&no_key, &(ckey, o_id, ol_cnt))) in (1..=DISTRICTS).zip(oldest.iter().zip(&orders)) {
+        if no_key == 0 {
+            delivered.push(None);
+            continue;
+        }
         let mut sum = 0;
         for (k, l) in tx.scan(t.order_line, keys::order_line(w, d, o_id, 0), ol_cnt)? {
             if k >> 4 != no_key {
@@ -636,7 +665,6 @@ pub fn delivery(
                 &[(order_line::DELIVERY_D, Value::U64(input.date))],
             )?;
         }
-        let ckey = keys::customer(w, d, o.u64(order::C_ID));
         let c = tx.get(t.customer, ckey)?;
         tx.update(
             t.customer,
