@@ -15,7 +15,7 @@ use std::time::Duration;
 /// Arguments shared by every `pmtx bench` workload.
 #[derive(clap::Args, Debug, Clone)]
 pub struct CommonArgs {
-    /// Engines to run, comma-separated (falcon, falcon-noflush, falcon-allflush, inp, outp, wbl, volatile, zen, fir, dudetx).
+    /// Engines to run, comma-separated (falcon, falcon-noflush, falcon-allflush, inp, outp, wbl, volatile, zen, fir, dudetx, mmdb).
     #[arg(long, value_delimiter = ',', default_value = "falcon")]
     pub engine: Vec<EngineKind>,
     /// Concurrency-control protocol: no-wait, wait-die, dl-detect, to, occ, silo, tictoc, mvocc,

@@ -1,18 +1,57 @@
-//! A DUDETx worker (§3.1 *perform*): runs the transaction on the DRAM shadow through the shadow
-//! engine's own worker (its concurrency control decides conflicts), keeps the transaction's
-//! write set as after-images, and at commit turns it into the thread-local redo log it hands to
-//! the persist step.
+//! Engines whose tables live in a DRAM shadow and whose durability is a redo log of row
+//! after-images (DUDETx §3.1 *perform*, the MMDB baseline): the shadow is the `volatile` engine
+//! (Falcon with durability off) on an in-memory pool, and [`ShadowWorker`] runs each transaction
+//! through the shadow's own worker (its concurrency control decides conflicts), keeps the write
+//! set as after-images, and at commit hands the encoded redo log (`dudetx::log`) to the engine.
 
-use super::log;
-use super::DudetxEngine;
+use crate::alloc::PAGE_SIZE;
 use crate::catalog::TableId;
-use crate::engine::{EngineWorker, FieldWrite, TxError};
+use crate::cc::{CcOptions, Protocol};
+use crate::engine::dudetx::log;
+use crate::engine::falcon::{FalconConfig, FalconEngine};
+use crate::engine::{DbError, EngineKind, EngineWorker, FieldWrite, TxError};
+use crate::pmem::{PersistenceDomain, Pool, PoolOptions};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// One thread's DUDETx executor.
-pub(crate) struct DudetxWorker {
-    engine: Arc<DudetxEngine>,
+/// What a shadow engine's worker needs from its engine.
+pub(crate) trait ShadowHost: Send + Sync {
+    /// The row size of `table`.
+    fn row_len(&self, table: TableId) -> Result<usize, TxError>;
+    /// Commits the shadow transaction of `inner` whose redo log is `log`; returns its id.
+    fn commit_logged(&self, inner: &mut dyn EngineWorker, log: Vec<u8>) -> Result<u64, TxError>;
+    /// The id a transaction that wrote nothing reports: the last one committed.
+    fn last_committed(&self) -> u64;
+}
+
+/// A fresh DRAM shadow for a PM pool of `pm_bytes`: the volatile engine on an in-memory pool,
+/// with `slots` worker slots. Its size is virtual room (the memory is touched only as rows
+/// arrive): twice the PM pool, plus pages for each worker's own heap and log window.
+pub(crate) fn make_shadow(
+    protocol: Protocol,
+    cc_options: CcOptions,
+    slots: usize,
+    max_row_bytes: usize,
+    pm_bytes: u64,
+) -> Result<Arc<FalconEngine>, DbError> {
+    let size = 2 * pm_bytes + (4 + 8 * slots as u64) * PAGE_SIZE;
+    let pool = Pool::create_in_memory(
+        size,
+        &PoolOptions::new(EngineKind::Volatile.layout(), PersistenceDomain::Volatile)
+            .with_counting(false),
+    )?;
+    let mut c = FalconConfig::new(EngineKind::Volatile, protocol);
+    c.max_threads = slots;
+    c.max_row_bytes = max_row_bytes;
+    c.hot_tuples = 0;
+    c.cc_options = cc_options;
+    c.background_sweep = false;
+    FalconEngine::create(Arc::new(pool), c)
+}
+
+/// One thread's executor on a DRAM shadow.
+pub(crate) struct ShadowWorker<H: ShadowHost> {
+    engine: Arc<H>,
     /// The shadow engine's worker: *perform* (§3.1) runs there.
     inner: Box<dyn EngineWorker>,
     /// The transaction's writes: (table, key) → after-image (`None`: deleted), and their order.
@@ -20,13 +59,13 @@ pub(crate) struct DudetxWorker {
     order: Vec<(TableId, u64)>,
     /// Scratch for a row before an update.
     row: Vec<u8>,
-    /// The thread-local volatile redo log (§3.2), reused across transactions.
+    /// The thread-local volatile redo log (DUDETx §3.2), reused across transactions.
     log: Vec<u8>,
 }
 
-impl DudetxWorker {
-    pub fn new(engine: Arc<DudetxEngine>, inner: Box<dyn EngineWorker>) -> DudetxWorker {
-        DudetxWorker {
+impl<H: ShadowHost> ShadowWorker<H> {
+    pub fn new(engine: Arc<H>, inner: Box<dyn EngineWorker>) -> ShadowWorker<H> {
+        ShadowWorker {
             engine,
             inner,
             writes: HashMap::new(),
@@ -48,7 +87,7 @@ impl DudetxWorker {
     }
 }
 
-impl EngineWorker for DudetxWorker {
+impl<H: ShadowHost + 'static> EngineWorker for ShadowWorker<H> {
     fn begin(&mut self, read_only: bool) {
         self.clear();
         self.inner.begin(read_only);
@@ -127,11 +166,7 @@ impl EngineWorker for DudetxWorker {
     fn commit(&mut self) -> Result<u64, TxError> {
         if self.order.is_empty() {
             self.inner.commit()?;
-            return Ok(self
-                .engine
-                .core
-                .committed
-                .load(std::sync::atomic::Ordering::Acquire));
+            return Ok(self.engine.last_committed());
         }
         self.log.clear();
         for k in &self.order {
@@ -140,7 +175,7 @@ impl EngineWorker for DudetxWorker {
         }
         self.clear();
         let log = std::mem::take(&mut self.log);
-        self.engine.commit(&mut *self.inner, log)
+        self.engine.commit_logged(&mut *self.inner, log)
     }
 
     fn abort(&mut self) {
