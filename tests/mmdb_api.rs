@@ -105,7 +105,8 @@ fn reopen_keeps_committed_data() {
         for k in (0..200u64).step_by(4) {
             db.run(|tx| tx.delete(t, k)).unwrap();
         }
-        db.run(|tx| tx.update(t, 1, &[(0, Value::U64(77))])).unwrap();
+        db.run(|tx| tx.update(t, 1, &[(0, Value::U64(77))]))
+            .unwrap();
         db.engine().durable_tid()
     };
     let db = Db::open(c).unwrap();
@@ -223,7 +224,10 @@ fn a_full_log_ring_takes_a_checkpoint_not_data() {
     let mut c = on_file(PersistenceDomain::Adr, &path);
     c.mmdb_log_pages = 1;
     c.mmdb_checkpoint_ms = 0;
-    let big = Schema::new("big", &[("v", ColumnType::U64), ("b", ColumnType::Bytes(2000))]);
+    let big = Schema::new(
+        "big",
+        &[("v", ColumnType::U64), ("b", ColumnType::Bytes(2000))],
+    );
     {
         let db = Db::create(c.clone()).unwrap();
         let t = db.create_table(big.clone()).unwrap();
@@ -243,7 +247,10 @@ fn a_full_log_ring_takes_a_checkpoint_not_data() {
     let db = Db::open(c).unwrap();
     let t = db.table("big").unwrap();
     assert_eq!(db.recovery_report().unwrap().rows, 300);
-    assert!(fact(&db, "checkpoint_generation") >= 2, "the full ring took checkpoints");
+    assert!(
+        fact(&db, "checkpoint_generation") >= 2,
+        "the full ring took checkpoints"
+    );
     for k in [0u64, 150, 299] {
         let last = (0..4000u64).rev().find(|i| i % 300 == k).unwrap();
         assert_eq!(db.run(|tx| Ok(tx.get(t, k)?.u64(0))).unwrap(), last);

@@ -265,7 +265,10 @@ mod tests {
         let all = InjectedFault::all();
         assert_eq!(
             all.len(),
-            Fault::ALL.len() + ZenFault::ALL.len() + FirFault::ALL.len() + DudetxFault::ALL.len()
+            Fault::ALL.len()
+                + ZenFault::ALL.len()
+                + FirFault::ALL.len()
+                + DudetxFault::ALL.len()
                 + MmdbFault::ALL.len()
         );
         let mut names: Vec<&str> = all.iter().map(|f| f.name()).collect();

@@ -63,7 +63,7 @@ pub const ENGINES: &[EngineKind] = &[
 
 /// MMDB takes a checkpoint after every this many commits under the crash harness (inline mode),
 /// so that crashes hit checkpoints and their truncations, and recoveries start from one.
-pub const MMDB_CRASH_CHECKPOINT_EVERY: u64 = 4;
+pub const MMDB_CRASH_CHECKPOINT_EVERY: u64 = 2;
 
 /// DUDETx's group size under the crash harness (async mode persists every this many commits).
 pub const DUDETX_CRASH_GROUP: usize = 3;

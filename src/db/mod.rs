@@ -16,9 +16,9 @@
 use crate::catalog::{ColumnType, Schema, TableId};
 use crate::cc::Protocol;
 use crate::engine::dudetx::{DudetxConfig, DudetxEngine, DudetxFault, DurabilityMode};
-use crate::engine::mmdb::{MmdbConfig, MmdbEngine, MmdbFault};
 use crate::engine::falcon::{FalconConfig, FalconEngine};
 use crate::engine::fir::{FirConfig, FirEngine, FirFault};
+use crate::engine::mmdb::{MmdbConfig, MmdbEngine, MmdbFault};
 use crate::engine::zen::{ZenConfig, ZenEngine, ZenFault};
 use crate::engine::{
     DbError, Engine, EngineKind, EngineWorker, FieldWrite, RecoveryReport, TxError,

@@ -225,7 +225,13 @@ pub(crate) fn ring_pages(
 }
 
 /// Allocates ring pages `from..to`, numbered in ring order.
-fn allocate(pool: &Pool, pages: &PageManager, kind: u8, from: usize, to: usize) -> Result<(), DbError> {
+fn allocate(
+    pool: &Pool,
+    pages: &PageManager,
+    kind: u8,
+    from: usize,
+    to: usize,
+) -> Result<(), DbError> {
     for i in from..to {
         pages.allocate(
             pool,

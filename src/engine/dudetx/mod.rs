@@ -362,7 +362,6 @@ impl DudetxEngine {
             .drain()
             .map_err(|e| DbError::Tx(TxError::PmFull(e)))
     }
-
 }
 
 impl crate::engine::shadow::ShadowHost for DudetxEngine {
@@ -473,7 +472,9 @@ impl Engine for DudetxEngine {
             return Err(DbError::NoWorkerSlot(self.core.config.max_threads));
         }
         let inner = self.shadow.clone().worker(thread)?;
-        Ok(Box::new(crate::engine::shadow::ShadowWorker::new(self, inner)))
+        Ok(Box::new(crate::engine::shadow::ShadowWorker::new(
+            self, inner,
+        )))
     }
 
     fn recovery_report(&self) -> Option<RecoveryReport> {

@@ -9,9 +9,9 @@
 use super::heap::Heap;
 use super::layout::meta;
 use super::log::{self, Op};
-use crate::engine::wal::{build_record, LogRing};
 use super::{DudetxConfig, DudetxFault, DurabilityMode};
 use crate::alloc::PageManager;
+use crate::engine::wal::{build_record, LogRing};
 use crate::pmem::Pool;
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;

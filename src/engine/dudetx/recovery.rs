@@ -6,11 +6,11 @@
 use super::heap::Heap;
 use super::layout::{kind, meta};
 use super::pipeline::Core;
-use crate::engine::wal::{parse_record, LogRing};
 use super::{make_shadow, meta_layout, DudetxConfig, DudetxEngine};
 use crate::alloc::PageManager;
 use crate::catalog::CatalogStore;
 use crate::engine::common::PhaseClock;
+use crate::engine::wal::{parse_record, LogRing};
 use crate::engine::{DbError, EngineKind, RecoveryReport};
 use crate::pmem::Pool;
 use std::sync::Arc;

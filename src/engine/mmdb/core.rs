@@ -38,7 +38,9 @@ pub(crate) fn unframe(payload: &[u8]) -> Result<(u64, Vec<(u64, &[u8])>), String
         let id = u64::from_le_bytes(rest[..8].try_into().expect("8 bytes"));
         let len = u32::from_le_bytes(rest[8..12].try_into().expect("4 bytes")) as usize;
         if rest.len() < 12 + len {
-            return Err(format!("transaction {id}'s redo of {len} bytes is cut short"));
+            return Err(format!(
+                "transaction {id}'s redo of {len} bytes is cut short"
+            ));
         }
         out.push((id, &rest[12..12 + len]));
         rest = &rest[12 + len..];
@@ -310,8 +312,7 @@ impl Core {
                 self.wake_writer.wait(&mut st);
                 continue;
             }
-            if st.queue.len() < self.config.group && !self.config.group_wait.is_zero() && !st.stop
-            {
+            if st.queue.len() < self.config.group && !self.config.group_wait.is_zero() && !st.stop {
                 // The leader waits a little for followers to join its group.
                 self.wake_writer.wait_for(&mut st, self.config.group_wait);
             }
@@ -358,9 +359,7 @@ impl Core {
                     if st.stop || st.failed.is_some() {
                         return;
                     }
-                    if st.checkpoint_wanted
-                        || (!interval.is_zero() && last.elapsed() >= interval)
-                    {
+                    if st.checkpoint_wanted || (!interval.is_zero() && last.elapsed() >= interval) {
                         break;
                     }
                     let wait = if interval.is_zero() {
@@ -477,7 +476,10 @@ impl Core {
                     for &p in &new_pages {
                         self.pages.free(pool, p);
                     }
-                    format!("no PM for checkpoint {generation} ({} bytes): {e}", snapshot.len())
+                    format!(
+                        "no PM for checkpoint {generation} ({} bytes): {e}",
+                        snapshot.len()
+                    )
                 })?;
             new_pages.push(index);
             let from = (n * PAGE_SIZE) as usize;

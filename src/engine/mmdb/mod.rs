@@ -84,6 +84,7 @@ mod recovery;
 
 pub use self::core::MmdbStats;
 
+use self::core::Core;
 use crate::alloc::PAGE_SIZE;
 use crate::catalog::{Catalog, CatalogStore, Schema, TableId};
 use crate::cc::{CcOptions, Protocol, MAX_THREADS};
@@ -93,7 +94,6 @@ use crate::engine::{DbError, Engine, EngineKind, EngineWorker, RecoveryReport, T
 use crate::pmem::{PersistenceDomain, Pool};
 use layout::{kind, meta};
 use parking_lot::Mutex;
-use self::core::Core;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;

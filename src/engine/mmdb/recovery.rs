@@ -118,7 +118,14 @@ fn apply(w: &mut dyn EngineWorker, ops: &[Op], row_len: &[usize]) -> Result<(), 
             }
         };
         let done = match (&op.row, exists) {
-            (Some(row), true) => w.update(op.table, op.key, &[FieldWrite { offset: 0, bytes: row }]),
+            (Some(row), true) => w.update(
+                op.table,
+                op.key,
+                &[FieldWrite {
+                    offset: 0,
+                    bytes: row,
+                }],
+            ),
             (Some(row), false) => w.insert(op.table, op.key, row),
             (None, true) => w.delete(op.table, op.key),
             (None, false) => Ok(()),
@@ -157,14 +164,8 @@ pub(super) fn open(pool: Arc<Pool>, mut config: MmdbConfig) -> Result<Arc<MmdbEn
     catalog.validate(config.max_row_bytes).map_err(|e| {
         DbError::Corrupt(format!("the catalog does not fit the row size limit: {e}"))
     })?;
-    let ring = crate::engine::wal::ring_pages(
-        &pool,
-        &pages,
-        kind::LOG,
-        config.log_pages,
-        false,
-        "MMDB",
-    )?;
+    let ring =
+        crate::engine::wal::ring_pages(&pool, &pages, kind::LOG, config.log_pages, false, "MMDB")?;
 
     // Phase 1: the checkpoint, into fresh DRAM tables.
     let tables = make_tables(&config, pool.len())?;
@@ -182,10 +183,9 @@ pub(super) fn open(pool: Arc<Pool>, mut config: MmdbConfig) -> Result<Arc<MmdbEn
 
     // Phase 2: the log from the checkpoint's position.
     let epoch = r(meta::EPOCH);
-    let (end, last, records, entries, applied) =
-        replay(&pool, &ring, &loaded, epoch, |ops| {
-            apply(&mut *w, ops, &row_len).map_err(|e| DbError::Corrupt(format!("replaying: {e}")))
-        })?;
+    let (end, last, records, entries, applied) = replay(&pool, &ring, &loaded, epoch, |ops| {
+        apply(&mut *w, ops, &row_len).map_err(|e| DbError::Corrupt(format!("replaying: {e}")))
+    })?;
     drop(w);
     // Later records are written in a new epoch: a record of this one left beyond `end` is
     // never taken for a newer one.
@@ -195,10 +195,20 @@ pub(super) fn open(pool: Arc<Pool>, mut config: MmdbConfig) -> Result<Arc<MmdbEn
 
     report.replayed_entries = entries;
     report.committed_in_log = applied;
-    report.rows = tables.check_structure().map_err(DbError::Corrupt)?.iter().sum();
-    report.facts.push(("checkpoint_generation".into(), loaded.generation));
-    report.facts.push(("checkpoint_covered_id".into(), loaded.covered));
-    report.facts.push(("checkpoint_rows".into(), loaded.ops.len() as u64));
+    report.rows = tables
+        .check_structure()
+        .map_err(DbError::Corrupt)?
+        .iter()
+        .sum();
+    report
+        .facts
+        .push(("checkpoint_generation".into(), loaded.generation));
+    report
+        .facts
+        .push(("checkpoint_covered_id".into(), loaded.covered));
+    report
+        .facts
+        .push(("checkpoint_rows".into(), loaded.ops.len() as u64));
     report.facts.push(("log_records".into(), records));
     report.facts.push(("durable_id".into(), last));
     report.total_ms = report.phases.iter().map(|p| p.1).sum();
@@ -247,7 +257,10 @@ fn replay(
         }
         // Ids ≤ `last` are in the checkpoint (or replayed); the next must follow at once.
         let fresh: Vec<&(u64, &[u8])> = txns.iter().filter(|(id, _)| *id > last).collect();
-        if fresh.iter().enumerate().any(|(i, (id, _))| *id != last + 1 + i as u64)
+        if fresh
+            .iter()
+            .enumerate()
+            .any(|(i, (id, _))| *id != last + 1 + i as u64)
             || txns.windows(2).any(|p| p[1].0 != p[0].0 + 1)
         {
             break;
