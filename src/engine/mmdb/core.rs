@@ -23,8 +23,11 @@ pub(crate) fn frame(out: &mut Vec<u8>, id: u64, log: &[u8]) {
     out.extend_from_slice(log);
 }
 
+/// A record payload split up: its epoch and its transactions' (id, encoded ops).
+pub(crate) type Unframed<'a> = (u64, Vec<(u64, &'a [u8])>);
+
 /// Splits a record payload into its epoch and its transactions' (id, encoded ops).
-pub(crate) fn unframe(payload: &[u8]) -> Result<(u64, Vec<(u64, &[u8])>), String> {
+pub(crate) fn unframe(payload: &[u8]) -> Result<Unframed<'_>, String> {
     if payload.len() < 8 {
         return Err("a log record's payload has no epoch".into());
     }
