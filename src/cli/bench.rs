@@ -95,7 +95,7 @@ pub struct CommonArgs {
     #[arg(long, default_value_t = 64)]
     pub mmdb_group: usize,
     /// MMDB group commit: microseconds the log writer waits for a group to gather.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 0)]
     pub mmdb_group_wait_us: u64,
     /// MMDB: milliseconds between checkpoints (0: only when the log is half full).
     #[arg(long, default_value_t = 1000)]

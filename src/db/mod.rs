@@ -119,7 +119,8 @@ pub struct DbConfig {
     pub dudetx_fault: Option<DudetxFault>,
     /// MMDB group commit: transactions written as one log record at most (default 64).
     pub mmdb_group: usize,
-    /// MMDB group commit: microseconds the log writer waits for a group to gather (default 20).
+    /// MMDB group commit: microseconds the log writer waits for a group to gather (default 0:
+    /// a group is what queued while the previous record was written).
     pub mmdb_group_wait_us: u64,
     /// MMDB: 2 MiB pages of the PM log ring, for a new pool; 0 (the default) sizes it from the
     /// pool: a quarter of its pages, 1 to 8.
@@ -174,7 +175,7 @@ impl Default for DbConfig {
             dudetx_background: true,
             dudetx_fault: None,
             mmdb_group: 64,
-            mmdb_group_wait_us: 20,
+            mmdb_group_wait_us: 0,
             mmdb_log_pages: 0,
             mmdb_checkpoint_ms: 1000,
             mmdb_checkpoint_every: 0,

@@ -5,11 +5,11 @@
 //! set as after-images, and at commit hands the encoded redo log (`dudetx::log`) to the engine.
 
 use crate::alloc::PAGE_SIZE;
-use crate::catalog::TableId;
+use crate::catalog::{Catalog, CatalogStore, Schema, TableId};
 use crate::cc::{CcOptions, Protocol};
 use crate::engine::dudetx::log;
 use crate::engine::falcon::{FalconConfig, FalconEngine};
-use crate::engine::{DbError, EngineKind, EngineWorker, FieldWrite, TxError};
+use crate::engine::{DbError, Engine, EngineKind, EngineWorker, FieldWrite, TxError};
 use crate::pmem::{PersistenceDomain, Pool, PoolOptions};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -47,6 +47,46 @@ pub(crate) fn make_shadow(
     c.cc_options = cc_options;
     c.background_sweep = false;
     FalconEngine::create(Arc::new(pool), c)
+}
+
+/// The row size of `table` in `catalog`.
+pub(crate) fn row_len(catalog: &Catalog, table: TableId) -> Result<usize, TxError> {
+    catalog
+        .tables
+        .get(table as usize)
+        .map(Schema::row_size)
+        .ok_or_else(|| TxError::SchemaMismatch(format!("no table {table}")))
+}
+
+/// Creates a table durably in the catalog at `store` (after `catalog`) and in the DRAM
+/// `shadow`, which must number it alike; returns its id and the new catalog, for the caller to
+/// install. A table asking for a PM index is refused: `why_dram` says why the engine's indexes
+/// are in DRAM.
+pub(crate) fn create_table(
+    catalog: &Catalog,
+    store: &CatalogStore,
+    pool: &Pool,
+    shadow: &dyn Engine,
+    schema: Schema,
+    max_row_bytes: usize,
+    why_dram: &str,
+) -> Result<(TableId, Catalog), DbError> {
+    if schema.index_placement == Some(crate::index::IndexPlacement::Pm) {
+        return Err(DbError::Config(format!(
+            "table '{}': {why_dram}; use --index dram",
+            schema.name
+        )));
+    }
+    let mut next = catalog.clone();
+    let id = next.add(schema.clone(), max_row_bytes)?;
+    store.store(pool, &next)?;
+    let shadow_id = shadow.create_table(schema)?;
+    if shadow_id != id {
+        return Err(DbError::Corrupt(format!(
+            "the DRAM tables numbered table {id} as {shadow_id}"
+        )));
+    }
+    Ok((id, next))
 }
 
 /// One thread's executor on a DRAM shadow.

@@ -366,12 +366,7 @@ impl DudetxEngine {
 
 impl crate::engine::shadow::ShadowHost for DudetxEngine {
     fn row_len(&self, table: TableId) -> Result<usize, TxError> {
-        self.catalog
-            .lock()
-            .tables
-            .get(table as usize)
-            .map(Schema::row_size)
-            .ok_or_else(|| TxError::SchemaMismatch(format!("no table {table}")))
+        crate::engine::shadow::row_len(&self.catalog.lock(), table)
     }
 
     fn last_committed(&self) -> u64 {
@@ -445,23 +440,16 @@ impl Engine for DudetxEngine {
     }
 
     fn create_table(&self, schema: Schema) -> Result<TableId, DbError> {
-        if schema.index_placement == Some(crate::index::IndexPlacement::Pm) {
-            return Err(DbError::Config(format!(
-                "table '{}': engine dudetx keeps its indexes in the DRAM shadow (§3.1); use \
-                 --index dram",
-                schema.name
-            )));
-        }
         let mut catalog = self.catalog.lock();
-        let mut next = catalog.clone();
-        let id = next.add(schema.clone(), self.core.config.max_row_bytes)?;
-        self.catalog_store.store(&self.core.pool, &next)?;
-        let shadow_id = self.shadow.create_table(schema)?;
-        if shadow_id != id {
-            return Err(DbError::Corrupt(format!(
-                "the DRAM shadow numbered table {id} as {shadow_id}"
-            )));
-        }
+        let (id, next) = crate::engine::shadow::create_table(
+            &catalog,
+            &self.catalog_store,
+            &self.core.pool,
+            &*self.shadow,
+            schema,
+            self.core.config.max_row_bytes,
+            "engine dudetx keeps its indexes in the DRAM shadow (§3.1)",
+        )?;
         self.core.heap.lock().sync_tables(&next);
         *catalog = next;
         Ok(id)
