@@ -89,6 +89,49 @@ pub(crate) fn create_table(
     Ok((id, next))
 }
 
+/// A shadow engine's pool as its meta page describes it.
+pub(crate) struct ShadowMeta {
+    /// The meta page's offset.
+    pub meta_page: u64,
+    /// The page manager.
+    pub pages: crate::alloc::PageManager,
+    /// The catalog, checked against the row size limit.
+    pub catalog: Catalog,
+}
+
+/// Opens a shadow engine's meta page (`layout`, `engine` naming it in errors): reads the row
+/// size limit and the log ring's pages at `f_max_row` and `f_log_pages` and hands them to
+/// `configure` (which sets and validates the engine's configuration), checks the catalog slot
+/// size at `f_catalog_slot`, and loads the catalog.
+pub(crate) fn open_meta(
+    pool: &Pool,
+    layout: &crate::engine::meta::MetaLayout<'_>,
+    engine: &str,
+    [f_max_row, f_log_pages, f_catalog_slot]: [u64; 3],
+    configure: impl FnOnce(usize, usize) -> Result<(), DbError>,
+) -> Result<ShadowMeta, DbError> {
+    let meta_page = crate::engine::meta::open(pool, layout, engine)?;
+    let pages = crate::alloc::PageManager::open(pool)?;
+    let r = |f: u64| pool.read_u64(meta_page + f);
+    let max_row_bytes = r(f_max_row) as usize;
+    configure(max_row_bytes, r(f_log_pages) as usize)
+        .map_err(|e| DbError::Corrupt(format!("the {engine} meta page: {e}")))?;
+    crate::engine::meta::check_catalog_slot(r(f_catalog_slot), layout.catalog_slot_bytes)?;
+    let catalog = CatalogStore {
+        base: meta_page + layout.catalog_at,
+        slot_bytes: layout.catalog_slot_bytes,
+    }
+    .load(pool)?;
+    catalog.validate(max_row_bytes).map_err(|e| {
+        DbError::Corrupt(format!("the catalog does not fit the row size limit: {e}"))
+    })?;
+    Ok(ShadowMeta {
+        meta_page,
+        pages,
+        catalog,
+    })
+}
+
 /// One thread's executor on a DRAM shadow.
 pub(crate) struct ShadowWorker<H: ShadowHost> {
     engine: Arc<H>,

@@ -8,7 +8,6 @@ use super::layout::{kind, meta};
 use super::pipeline::Core;
 use super::{make_shadow, meta_layout, DudetxConfig, DudetxEngine};
 use crate::alloc::PageManager;
-use crate::catalog::CatalogStore;
 use crate::engine::common::PhaseClock;
 use crate::engine::wal::{parse_record, LogRing};
 use crate::engine::{DbError, EngineKind, RecoveryReport};
@@ -33,27 +32,22 @@ pub(super) fn open(
     crate::engine::common::require_durable_domain(EngineKind::Dudetx, pool.domain())?;
     let mut timer = PhaseClock::start();
     let mut report = RecoveryReport::default();
-    let meta_page = crate::engine::meta::open(
+    let crate::engine::shadow::ShadowMeta {
+        meta_page,
+        pages,
+        catalog,
+    } = crate::engine::shadow::open_meta(
         &pool,
         &meta_layout(&[(meta::F_VERSION, meta::VERSION)]),
         "DUDETx",
+        [meta::F_MAX_ROW, meta::F_LOG_PAGES, meta::F_CATALOG_SLOT],
+        |max_row, log_pages| {
+            config.max_row_bytes = max_row;
+            config.log_pages = log_pages;
+            config.validate()
+        },
     )?;
-    let pages = PageManager::open(&pool)?;
     let r = |f: u64| pool.read_u64(meta_page + f);
-    config.max_row_bytes = r(meta::F_MAX_ROW) as usize;
-    config.log_pages = r(meta::F_LOG_PAGES) as usize;
-    config
-        .validate()
-        .map_err(|e| DbError::Corrupt(format!("the DUDETx meta page: {e}")))?;
-    crate::engine::meta::check_catalog_slot(r(meta::F_CATALOG_SLOT), meta::CATALOG_SLOT_BYTES)?;
-    let catalog = CatalogStore {
-        base: meta_page + meta::CATALOG_AT,
-        slot_bytes: meta::CATALOG_SLOT_BYTES,
-    }
-    .load(&pool)?;
-    catalog.validate(config.max_row_bytes).map_err(|e| {
-        DbError::Corrupt(format!("the catalog does not fit the row size limit: {e}"))
-    })?;
     let ring = log_ring(&pool, &pages, config.log_pages, false)?;
     let mut heap = Heap::load(&pool, &pages, &catalog)?;
     timer.lap(&mut report, "load heap");

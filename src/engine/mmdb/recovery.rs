@@ -7,7 +7,6 @@ use super::core::{unframe, Checkpointed, Core};
 use super::layout::{checkpoint_tag, desc, kind, meta};
 use super::{make_tables, meta_layout, MmdbConfig, MmdbEngine};
 use crate::alloc::{PageManager, PAGE_SIZE};
-use crate::catalog::CatalogStore;
 use crate::engine::common::PhaseClock;
 use crate::engine::dudetx::log::{decode_ops, Op};
 use crate::engine::wal::{parse_record, LogRing};
@@ -143,27 +142,22 @@ pub(super) fn open(pool: Arc<Pool>, mut config: MmdbConfig) -> Result<Arc<MmdbEn
     crate::engine::common::require_durable_domain(EngineKind::Mmdb, pool.domain())?;
     let mut timer = PhaseClock::start();
     let mut report = RecoveryReport::default();
-    let meta_page = crate::engine::meta::open(
+    let crate::engine::shadow::ShadowMeta {
+        meta_page,
+        pages,
+        catalog,
+    } = crate::engine::shadow::open_meta(
         &pool,
         &meta_layout(&[(meta::F_VERSION, meta::VERSION)]),
         "MMDB",
+        [meta::F_MAX_ROW, meta::F_LOG_PAGES, meta::F_CATALOG_SLOT],
+        |max_row, log_pages| {
+            config.max_row_bytes = max_row;
+            config.log_pages = log_pages;
+            config.validate()
+        },
     )?;
-    let pages = PageManager::open(&pool)?;
     let r = |f: u64| pool.read_u64(meta_page + f);
-    config.max_row_bytes = r(meta::F_MAX_ROW) as usize;
-    config.log_pages = r(meta::F_LOG_PAGES) as usize;
-    config
-        .validate()
-        .map_err(|e| DbError::Corrupt(format!("the MMDB meta page: {e}")))?;
-    crate::engine::meta::check_catalog_slot(r(meta::F_CATALOG_SLOT), meta::CATALOG_SLOT_BYTES)?;
-    let catalog = CatalogStore {
-        base: meta_page + meta::CATALOG_AT,
-        slot_bytes: meta::CATALOG_SLOT_BYTES,
-    }
-    .load(&pool)?;
-    catalog.validate(config.max_row_bytes).map_err(|e| {
-        DbError::Corrupt(format!("the catalog does not fit the row size limit: {e}"))
-    })?;
     let ring =
         crate::engine::wal::ring_pages(&pool, &pages, kind::LOG, config.log_pages, false, "MMDB")?;
 
