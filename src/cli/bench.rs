@@ -15,7 +15,7 @@ use std::time::Duration;
 /// Arguments shared by every `pmtx bench` workload.
 #[derive(clap::Args, Debug, Clone)]
 pub struct CommonArgs {
-    /// Engines to run, comma-separated (falcon, falcon-noflush, falcon-allflush, inp, outp, wbl, volatile, zen, fir, dudetx).
+    /// Engines to run, comma-separated (falcon, falcon-noflush, falcon-allflush, inp, outp, wbl, volatile, zen, fir, dudetx, mmdb).
     #[arg(long, value_delimiter = ',', default_value = "falcon")]
     pub engine: Vec<EngineKind>,
     /// Concurrency-control protocol: no-wait, wait-die, dl-detect, to, occ, silo, tictoc, mvocc,
@@ -91,6 +91,15 @@ pub struct CommonArgs {
     /// DUDETx: transactions combined into one persisted log record at most (§3.3).
     #[arg(long, default_value_t = 64)]
     pub dudetx_group: usize,
+    /// MMDB group commit: transactions written as one log record at most.
+    #[arg(long, default_value_t = 64)]
+    pub mmdb_group: usize,
+    /// MMDB group commit: microseconds the log writer waits for a group to gather.
+    #[arg(long, default_value_t = 0)]
+    pub mmdb_group_wait_us: u64,
+    /// MMDB: milliseconds between checkpoints (0: only when the log is half full).
+    #[arg(long, default_value_t = 1000)]
+    pub mmdb_checkpoint_ms: u64,
 }
 
 /// A parsed `--media-model`.
@@ -204,6 +213,9 @@ impl CommonArgs {
         config.cache_ratio = self.cache_ratio;
         config.dudetx_mode = self.dudetx_mode;
         config.dudetx_group = self.dudetx_group;
+        config.mmdb_group = self.mmdb_group;
+        config.mmdb_group_wait_us = self.mmdb_group_wait_us;
+        config.mmdb_checkpoint_ms = self.mmdb_checkpoint_ms;
         // The --compare-volatile baseline keeps DRAM indexes (check_common refuses an explicit
         // volatile engine with --index pm).
         if engine != EngineKind::Volatile {

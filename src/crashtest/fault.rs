@@ -7,6 +7,7 @@ use crate::db::DbConfig;
 use crate::engine::dudetx::DudetxFault;
 use crate::engine::falcon::Fault;
 use crate::engine::fir::FirFault;
+use crate::engine::mmdb::MmdbFault;
 use crate::engine::zen::ZenFault;
 use crate::engine::EngineKind;
 use crate::pmem::PersistenceDomain;
@@ -24,6 +25,8 @@ pub enum InjectedFault {
     Fir(FirFault),
     /// A DUDETx fault (`DbConfig::dudetx_fault`).
     Dudetx(DudetxFault),
+    /// An MMDB fault (`DbConfig::mmdb_fault`).
+    Mmdb(MmdbFault),
 }
 
 /// The engines Falcon's data-flush faults apply to: every Falcon-code engine, `wbl` (last)
@@ -49,6 +52,7 @@ impl InjectedFault {
             .chain(ZenFault::ALL.into_iter().map(InjectedFault::Zen))
             .chain(FirFault::ALL.into_iter().map(InjectedFault::Fir))
             .chain(DudetxFault::ALL.into_iter().map(InjectedFault::Dudetx))
+            .chain(MmdbFault::ALL.into_iter().map(InjectedFault::Mmdb))
             .collect()
     }
 
@@ -67,6 +71,7 @@ impl InjectedFault {
             InjectedFault::Zen(f) => f.name(),
             InjectedFault::Fir(f) => f.name(),
             InjectedFault::Dudetx(f) => f.name(),
+            InjectedFault::Mmdb(f) => f.name(),
         }
     }
 
@@ -77,6 +82,7 @@ impl InjectedFault {
             InjectedFault::Zen(f) => f.describe(),
             InjectedFault::Fir(f) => f.describe(),
             InjectedFault::Dudetx(f) => f.describe(),
+            InjectedFault::Mmdb(f) => f.describe(),
         }
     }
 
@@ -95,6 +101,7 @@ impl InjectedFault {
             InjectedFault::Zen(_) => &[EngineKind::Zen],
             InjectedFault::Fir(_) => &[EngineKind::Fir],
             InjectedFault::Dudetx(_) => &[EngineKind::Dudetx],
+            InjectedFault::Mmdb(_) => &[EngineKind::Mmdb],
         }
     }
 
@@ -149,6 +156,7 @@ impl InjectedFault {
                 FirFault::SkipTupleFlush | FirFault::SkipTupleFence | FirFault::SkipLcttFlush
             ),
             InjectedFault::Dudetx(f) => f.only_removes_ordinary_flushes(),
+            InjectedFault::Mmdb(f) => f.only_removes_ordinary_flushes(),
         }
     }
 
@@ -188,6 +196,7 @@ impl InjectedFault {
             InjectedFault::Zen(f) => config.zen_fault = Some(f),
             InjectedFault::Fir(f) => config.fir_fault = Some(f),
             InjectedFault::Dudetx(f) => config.dudetx_fault = Some(f),
+            InjectedFault::Mmdb(f) => config.mmdb_fault = Some(f),
         }
     }
 }
@@ -213,6 +222,12 @@ impl From<FirFault> for InjectedFault {
 impl From<DudetxFault> for InjectedFault {
     fn from(f: DudetxFault) -> Self {
         InjectedFault::Dudetx(f)
+    }
+}
+
+impl From<MmdbFault> for InjectedFault {
+    fn from(f: MmdbFault) -> Self {
+        InjectedFault::Mmdb(f)
     }
 }
 
@@ -250,7 +265,11 @@ mod tests {
         let all = InjectedFault::all();
         assert_eq!(
             all.len(),
-            Fault::ALL.len() + ZenFault::ALL.len() + FirFault::ALL.len() + DudetxFault::ALL.len()
+            Fault::ALL.len()
+                + ZenFault::ALL.len()
+                + FirFault::ALL.len()
+                + DudetxFault::ALL.len()
+                + MmdbFault::ALL.len()
         );
         let mut names: Vec<&str> = all.iter().map(|f| f.name()).collect();
         names.sort();

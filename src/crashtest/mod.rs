@@ -58,7 +58,12 @@ pub const ENGINES: &[EngineKind] = &[
     EngineKind::Zen,
     EngineKind::Fir,
     EngineKind::Dudetx,
+    EngineKind::Mmdb,
 ];
+
+/// MMDB takes a checkpoint after every this many commits under the crash harness (inline mode),
+/// so that crashes hit checkpoints and their truncations, and recoveries start from one.
+pub const MMDB_CRASH_CHECKPOINT_EVERY: u64 = 2;
 
 /// DUDETx's group size under the crash harness (async mode persists every this many commits).
 pub const DUDETX_CRASH_GROUP: usize = 3;
@@ -223,6 +228,13 @@ impl CrashTestConfig {
             c.dudetx_mode = self.dudetx_mode;
             c.dudetx_group = DUDETX_CRASH_GROUP;
         }
+        if self.engine == EngineKind::Mmdb {
+            // Log and checkpoint in the threads the simulator drives, a checkpoint every few
+            // commits, and a one-page ring.
+            c.mmdb_background = false;
+            c.mmdb_log_pages = 1;
+            c.mmdb_checkpoint_every = MMDB_CRASH_CHECKPOINT_EVERY;
+        }
         if self.engine == EngineKind::Fir {
             // Checkpoints inside the crash window, at points the run reproduces (a background
             // thread's would land at different events each run).
@@ -237,7 +249,12 @@ impl CrashTestConfig {
     fn pool_size(&self, tables: usize) -> u64 {
         let extra = self.workload.build().extra_pages_per_thread();
         // FIR's index leaf checkpoint: the valid one and the next one being written.
-        let checkpoints = if self.engine == EngineKind::Fir { 2 } else { 0 };
+        let checkpoints = match self.engine {
+            EngineKind::Fir => 2,
+            // The valid checkpoint and the next one being written, plus the log ring.
+            EngineKind::Mmdb => 3,
+            _ => 0,
+        };
         let mut pages = 1 + (self.threads as u64) * (1 + tables as u64 + extra) + 1 + checkpoints;
         if self.index == crate::index::IndexPlacement::Pm {
             // Each table's persistent index: its root page, and one to grow into.
@@ -258,7 +275,7 @@ impl CrashTestConfig {
         if self.index == crate::index::IndexPlacement::Pm
             && matches!(
                 self.engine,
-                EngineKind::Zen | EngineKind::Volatile | EngineKind::Dudetx
+                EngineKind::Zen | EngineKind::Volatile | EngineKind::Dudetx | EngineKind::Mmdb
             )
         {
             return Err(CrashTestError::Unsupported(format!(

@@ -18,6 +18,7 @@ use crate::cc::Protocol;
 use crate::engine::dudetx::{DudetxConfig, DudetxEngine, DudetxFault, DurabilityMode};
 use crate::engine::falcon::{FalconConfig, FalconEngine};
 use crate::engine::fir::{FirConfig, FirEngine, FirFault};
+use crate::engine::mmdb::{MmdbConfig, MmdbEngine, MmdbFault};
 use crate::engine::zen::{ZenConfig, ZenEngine, ZenFault};
 use crate::engine::{
     DbError, Engine, EngineKind, EngineWorker, FieldWrite, RecoveryReport, TxError,
@@ -116,6 +117,25 @@ pub struct DbConfig {
     pub dudetx_background: bool,
     /// DUDETx: a deliberate ordering bug for the crash harness (test-only).
     pub dudetx_fault: Option<DudetxFault>,
+    /// MMDB group commit: transactions written as one log record at most (default 64).
+    pub mmdb_group: usize,
+    /// MMDB group commit: microseconds the log writer waits for a group to gather (default 0:
+    /// a group is what queued while the previous record was written).
+    pub mmdb_group_wait_us: u64,
+    /// MMDB: 2 MiB pages of the PM log ring, for a new pool; 0 (the default) sizes it from the
+    /// pool: a quarter of its pages, 1 to 8.
+    pub mmdb_log_pages: usize,
+    /// MMDB: milliseconds between periodic checkpoints (default 1000; 0: only when the log is
+    /// half full).
+    pub mmdb_checkpoint_ms: u64,
+    /// MMDB inline mode: a checkpoint every this many commits (0, the default: only when the
+    /// log ring is full).
+    pub mmdb_checkpoint_every: u64,
+    /// MMDB: the log writer and the checkpointer run in background threads (true, the default)
+    /// or inline in the committing thread (the crash simulator's setting).
+    pub mmdb_background: bool,
+    /// MMDB: a deliberate ordering bug for the crash harness (test-only).
+    pub mmdb_fault: Option<MmdbFault>,
 }
 
 impl Default for DbConfig {
@@ -154,6 +174,13 @@ impl Default for DbConfig {
             dudetx_log_pages: 0,
             dudetx_background: true,
             dudetx_fault: None,
+            mmdb_group: 64,
+            mmdb_group_wait_us: 0,
+            mmdb_log_pages: 0,
+            mmdb_checkpoint_ms: 1000,
+            mmdb_checkpoint_every: 0,
+            mmdb_background: true,
+            mmdb_fault: None,
         }
     }
 }
@@ -284,6 +311,21 @@ impl DbConfig {
         c.log_pages = self.dudetx_log_pages;
         c.background = self.dudetx_background;
         c.fault = self.dudetx_fault;
+        c
+    }
+
+    fn mmdb(&self) -> MmdbConfig {
+        let mut c = MmdbConfig::new(self.protocol);
+        c.cc_options = self.cc_options;
+        c.max_threads = self.max_threads;
+        c.max_row_bytes = self.max_row_bytes;
+        c.group = self.mmdb_group;
+        c.group_wait = std::time::Duration::from_micros(self.mmdb_group_wait_us);
+        c.log_pages = self.mmdb_log_pages;
+        c.checkpoint_interval = std::time::Duration::from_millis(self.mmdb_checkpoint_ms);
+        c.checkpoint_every = self.mmdb_checkpoint_every;
+        c.background = self.mmdb_background;
+        c.fault = self.mmdb_fault;
         c
     }
 
@@ -532,6 +574,21 @@ impl Db {
                 DudetxEngine::create(pool, dudetx)?
             } else {
                 DudetxEngine::open(pool, dudetx)?
+            });
+        }
+        if config.engine == EngineKind::Mmdb {
+            if config.index_placement == crate::index::IndexPlacement::Pm {
+                return Err(DbError::Config(
+                    "engine mmdb keeps its indexes in DRAM (Zen §2.2): use --index dram, or \
+                     falcon for persistent indexes"
+                        .into(),
+                ));
+            }
+            let mmdb = config.mmdb();
+            return Ok(if create {
+                MmdbEngine::create(pool, mmdb)?
+            } else {
+                MmdbEngine::open(pool, mmdb)?
             });
         }
         if config.engine == EngineKind::Zen {

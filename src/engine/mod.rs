@@ -18,6 +18,9 @@ pub use common::{MAX_HOT_TUPLES, MAX_PARTITIONS};
 pub mod falcon;
 pub mod fir;
 pub(crate) mod meta;
+pub mod mmdb;
+pub(crate) mod shadow;
+pub mod wal;
 pub mod zen;
 
 use crate::catalog::{Catalog, CatalogError, Schema, TableId};
@@ -53,11 +56,14 @@ pub enum EngineKind {
     /// DUDETx (2017): transactions perform on a DRAM shadow, a redo log is persisted and
     /// reproduced onto the PM heap in the background.
     Dudetx,
+    /// A main-memory database (Zen §4's MMDB baseline): tuples and indexes in DRAM, a
+    /// group-committed redo log and periodic checkpoints on PM.
+    Mmdb,
 }
 
 impl EngineKind {
     /// Every engine, in CLI order.
-    pub const ALL: [EngineKind; 10] = [
+    pub const ALL: [EngineKind; 11] = [
         EngineKind::Falcon,
         EngineKind::FalconNoflush,
         EngineKind::FalconAllflush,
@@ -68,6 +74,7 @@ impl EngineKind {
         EngineKind::Zen,
         EngineKind::Fir,
         EngineKind::Dudetx,
+        EngineKind::Mmdb,
     ];
 
     /// The command-line name.
@@ -83,6 +90,7 @@ impl EngineKind {
             EngineKind::Zen => "zen",
             EngineKind::Fir => "fir",
             EngineKind::Dudetx => "dudetx",
+            EngineKind::Mmdb => "mmdb",
         }
     }
 
@@ -101,6 +109,7 @@ impl EngineKind {
             EngineKind::Zen => "zen",
             EngineKind::Fir => "fir",
             EngineKind::Dudetx => "dudetx",
+            EngineKind::Mmdb => "mmdb",
         }
     }
 
@@ -113,6 +122,7 @@ impl EngineKind {
             "wbl" => Some(EngineKind::Wbl),
             "volatile" => Some(EngineKind::Volatile),
             "dudetx" => Some(EngineKind::Dudetx),
+            "mmdb" => Some(EngineKind::Mmdb),
             _ => None,
         }
     }
@@ -151,7 +161,7 @@ impl std::fmt::Display for EngineKind {
 
 /// The error of parsing an unknown engine name.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("unknown engine '{0}' (expected one of: falcon, falcon-noflush, falcon-allflush, inp, outp, wbl, volatile, zen, fir, dudetx)")]
+#[error("unknown engine '{0}' (expected one of: falcon, falcon-noflush, falcon-allflush, inp, outp, wbl, volatile, zen, fir, dudetx, mmdb)")]
 pub struct UnknownEngine(pub String);
 
 impl std::str::FromStr for EngineKind {
@@ -318,8 +328,8 @@ pub trait Engine: Send + Sync {
     fn finish_background(&self) -> Option<BackgroundWork> {
         None
     }
-    /// Takes a checkpoint of the indexes now, for engines that keep one (FIR's index leaf
-    /// checkpoint, §4.3); `None` for the others.
+    /// Takes a checkpoint now, for engines that keep one (FIR's index leaf checkpoint, §4.3;
+    /// MMDB's snapshot of the tables); `None` for the others.
     fn checkpoint(&self) -> Option<Result<fir::CheckpointStats, DbError>> {
         None
     }

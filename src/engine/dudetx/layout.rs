@@ -60,24 +60,6 @@ pub mod meta {
     pub const HEAD_POS: u64 = DURABLE + 128;
 }
 
-/// Log record header fields.
-pub mod record {
-    /// Stored length | flags.
-    pub const LEN: usize = 0;
-    /// First transaction id.
-    pub const FIRST: usize = 8;
-    /// Last transaction id.
-    pub const LAST: usize = 16;
-    /// Raw length | CRC.
-    pub const RAW_CRC: usize = 24;
-    /// The record's logical position.
-    pub const POS: usize = 32;
-    /// Header bytes.
-    pub const HEADER: usize = 40;
-    /// Flag: the payload is LZ4-compressed.
-    pub const LZ4: u32 = 1;
-}
-
 /// Heap slot fields.
 pub mod slot {
     /// The key.

@@ -90,17 +90,6 @@ pub fn combine(logs: &[&[u8]]) -> Result<Vec<u8>, String> {
     Ok(out)
 }
 
-/// Compresses an encoded log with LZ4 (§3.3); `None` when that would not make it smaller.
-pub fn compress(raw: &[u8]) -> Option<Vec<u8>> {
-    let packed = lz4_flex::block::compress(raw);
-    (packed.len() < raw.len()).then_some(packed)
-}
-
-/// Decompresses what [`compress`] made, whose raw length is `raw_len`.
-pub fn decompress(packed: &[u8], raw_len: usize) -> Result<Vec<u8>, String> {
-    lz4_flex::block::decompress(packed, raw_len).map_err(|e| format!("lz4: {e}"))
-}
-
 /// Applies `ops` in order to a map of rows (the reference semantics of a log).
 pub fn apply_to_map(map: &mut BTreeMap<(TableId, u64), Vec<u8>>, ops: &[Op]) {
     for op in ops {
@@ -158,9 +147,9 @@ mod tests {
                 raw_total += slices.iter().map(|s| s.len()).sum::<usize>();
                 let raw = combine(&slices).unwrap();
                 combined_total += raw.len();
-                let stored = compress(&raw);
+                let stored = crate::engine::wal::lz4_compress(&raw);
                 let back = match &stored {
-                    Some(packed) => decompress(packed, raw.len()).unwrap(),
+                    Some(packed) => crate::engine::wal::lz4_decompress(packed, raw.len()).unwrap(),
                     None => raw.clone(),
                 };
                 prop_assert_eq!(&back, &raw);

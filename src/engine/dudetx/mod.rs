@@ -70,16 +70,14 @@ pub mod layout;
 pub mod log;
 mod pipeline;
 mod recovery;
-mod worker;
 
 pub use pipeline::LogStats;
 
-use crate::alloc::{PageManager, PageTag, PAGE_SIZE};
+use crate::alloc::PAGE_SIZE;
 use crate::catalog::{Catalog, CatalogStore, Schema, TableId};
 use crate::cc::{CcOptions, Protocol, MAX_THREADS};
-use crate::engine::falcon::{FalconConfig, FalconEngine};
 use crate::engine::{DbError, Engine, EngineKind, EngineWorker, RecoveryReport, TxError};
-use crate::pmem::{PersistenceDomain, Pool, PoolOptions};
+use crate::pmem::{PersistenceDomain, Pool};
 use layout::{kind, meta};
 use parking_lot::Mutex;
 use pipeline::Core;
@@ -277,26 +275,17 @@ fn meta_layout(fields: &[(u64, u64)]) -> crate::engine::meta::MetaLayout<'_> {
     }
 }
 
-/// A fresh DRAM shadow for a PM pool of `pm_bytes` (§3.1): the volatile engine on an in-memory
-/// pool, with one worker slot more than the engine's for loading and checking. Its size is
-/// virtual room (the memory is touched only as rows arrive): twice the PM pool, plus pages for
-/// each worker's own heap and log window.
+/// A fresh DRAM shadow (§3.1), with one worker slot more than the engine's for loading and
+/// checking.
 fn make_shadow(config: &DudetxConfig, pm_bytes: u64) -> Result<Arc<dyn Engine>, DbError> {
-    let slots = config.max_threads + 1;
-    let size = 2 * pm_bytes + (4 + 8 * slots as u64) * PAGE_SIZE;
-    let pool = Pool::create_in_memory(
-        size,
-        &PoolOptions::new(EngineKind::Volatile.layout(), PersistenceDomain::Volatile)
-            .with_counting(false),
+    let shadow: Arc<dyn Engine> = crate::engine::shadow::make_shadow(
+        config.protocol,
+        config.cc_options,
+        config.max_threads + 1,
+        config.max_row_bytes,
+        pm_bytes,
     )?;
-    let mut c = FalconConfig::new(EngineKind::Volatile, config.protocol);
-    c.max_threads = slots;
-    c.max_row_bytes = config.max_row_bytes;
-    c.hot_tuples = 0;
-    c.cc_options = config.cc_options;
-    c.background_sweep = false;
-    let engine: Arc<dyn Engine> = FalconEngine::create(Arc::new(pool), c)?;
-    Ok(engine)
+    Ok(shadow)
 }
 
 impl DudetxEngine {
@@ -357,16 +346,6 @@ impl DudetxEngine {
         }))
     }
 
-    /// The row size of `table`.
-    pub(crate) fn row_len(&self, table: TableId) -> Result<usize, TxError> {
-        self.catalog
-            .lock()
-            .tables
-            .get(table as usize)
-            .map(Schema::row_size)
-            .ok_or_else(|| TxError::SchemaMismatch(format!("no table {table}")))
-    }
-
     /// What log combination and compression did so far (§3.3).
     pub fn log_stats(&self) -> LogStats {
         self.core.stats()
@@ -383,15 +362,21 @@ impl DudetxEngine {
             .drain()
             .map_err(|e| DbError::Tx(TxError::PmFull(e)))
     }
+}
+
+impl crate::engine::shadow::ShadowHost for DudetxEngine {
+    fn row_len(&self, table: TableId) -> Result<usize, TxError> {
+        crate::engine::shadow::row_len(&self.catalog.lock(), table)
+    }
+
+    fn last_committed(&self) -> u64 {
+        self.core.committed.load(Ordering::Acquire)
+    }
 
     /// Commits the shadow transaction of `inner` with redo log `log` (§3.2): under the commit
     /// lock the shadow commit, the next id and the log's place in the queue; then, in sync mode,
     /// the wait until the id is durable.
-    pub(crate) fn commit(
-        &self,
-        inner: &mut dyn EngineWorker,
-        log: Vec<u8>,
-    ) -> Result<u64, TxError> {
+    fn commit_logged(&self, inner: &mut dyn EngineWorker, log: Vec<u8>) -> Result<u64, TxError> {
         if let Some(why) = self.core.state.lock().failed.clone() {
             inner.abort();
             return Err(TxError::PmFull(why));
@@ -455,23 +440,16 @@ impl Engine for DudetxEngine {
     }
 
     fn create_table(&self, schema: Schema) -> Result<TableId, DbError> {
-        if schema.index_placement == Some(crate::index::IndexPlacement::Pm) {
-            return Err(DbError::Config(format!(
-                "table '{}': engine dudetx keeps its indexes in the DRAM shadow (§3.1); use \
-                 --index dram",
-                schema.name
-            )));
-        }
         let mut catalog = self.catalog.lock();
-        let mut next = catalog.clone();
-        let id = next.add(schema.clone(), self.core.config.max_row_bytes)?;
-        self.catalog_store.store(&self.core.pool, &next)?;
-        let shadow_id = self.shadow.create_table(schema)?;
-        if shadow_id != id {
-            return Err(DbError::Corrupt(format!(
-                "the DRAM shadow numbered table {id} as {shadow_id}"
-            )));
-        }
+        let (id, next) = crate::engine::shadow::create_table(
+            &catalog,
+            &self.catalog_store,
+            &self.core.pool,
+            &*self.shadow,
+            schema,
+            self.core.config.max_row_bytes,
+            "engine dudetx keeps its indexes in the DRAM shadow (§3.1)",
+        )?;
         self.core.heap.lock().sync_tables(&next);
         *catalog = next;
         Ok(id)
@@ -482,7 +460,9 @@ impl Engine for DudetxEngine {
             return Err(DbError::NoWorkerSlot(self.core.config.max_threads));
         }
         let inner = self.shadow.clone().worker(thread)?;
-        Ok(Box::new(worker::DudetxWorker::new(self, inner)))
+        Ok(Box::new(crate::engine::shadow::ShadowWorker::new(
+            self, inner,
+        )))
     }
 
     fn recovery_report(&self) -> Option<RecoveryReport> {
@@ -504,24 +484,4 @@ impl Engine for DudetxEngine {
         recovery::compare_heap_with_shadow(self, &counts)?;
         Ok(counts)
     }
-}
-
-/// Allocates the log ring's pages, numbered in ring order.
-fn allocate_log_pages(
-    pool: &Pool,
-    pages: &PageManager,
-    from: usize,
-    to: usize,
-) -> Result<(), DbError> {
-    for i in from..to {
-        pages.allocate(
-            pool,
-            PageTag {
-                kind: kind::LOG,
-                owner: 0,
-                value: i as u64,
-            },
-        )?;
-    }
-    Ok(())
 }

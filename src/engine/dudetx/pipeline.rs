@@ -7,150 +7,16 @@
 //! thread.
 
 use super::heap::Heap;
-use super::layout::{meta, record};
+use super::layout::meta;
 use super::log::{self, Op};
 use super::{DudetxConfig, DudetxFault, DurabilityMode};
-use crate::alloc::{PageManager, PAGE_SIZE};
+use crate::alloc::PageManager;
+use crate::engine::wal::{build_record, LogRing};
 use crate::pmem::Pool;
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-
-/// The log ring: pages in ring order; logical position p is byte p % capacity.
-pub(crate) struct LogRing {
-    /// Page offsets, by number in the ring.
-    pub pages: Vec<u64>,
-}
-
-impl LogRing {
-    /// Bytes the ring holds.
-    pub fn capacity(&self) -> u64 {
-        self.pages.len() as u64 * PAGE_SIZE
-    }
-
-    /// The pieces `[pos, pos + len)` occupies: (pool offset, offset in the range, length).
-    fn pieces(&self, pos: u64, len: u64) -> Vec<(u64, usize, u64)> {
-        let mut out = Vec::new();
-        let mut done = 0;
-        while done < len {
-            let at = (pos + done) % self.capacity();
-            let in_page = at % PAGE_SIZE;
-            let n = (PAGE_SIZE - in_page).min(len - done);
-            out.push((
-                self.pages[(at / PAGE_SIZE) as usize] + in_page,
-                done as usize,
-                n,
-            ));
-            done += n;
-        }
-        out
-    }
-
-    /// Writes `bytes` at logical position `pos`.
-    pub fn write(&self, pool: &Pool, pos: u64, bytes: &[u8]) {
-        for (off, from, n) in self.pieces(pos, bytes.len() as u64) {
-            pool.write_bytes(off, &bytes[from..from + n as usize]);
-        }
-    }
-
-    /// Writes back `[pos, pos + len)` (no fence).
-    pub fn flush(&self, pool: &Pool, pos: u64, len: u64) {
-        for (off, _, n) in self.pieces(pos, len) {
-            pool.flush(off, n);
-        }
-    }
-
-    /// Reads `len` bytes at logical position `pos`.
-    pub fn read(&self, pool: &Pool, pos: u64, len: u64) -> Vec<u8> {
-        let mut out = vec![0u8; len as usize];
-        for (off, from, n) in self.pieces(pos, len) {
-            pool.read_bytes(off, &mut out[from..from + n as usize]);
-        }
-        out
-    }
-}
-
-/// A record as the ring holds it, built from a group's combined log.
-pub(crate) fn build_record(first: u64, last: u64, pos: u64, raw: &[u8]) -> Vec<u8> {
-    let (payload, flags) = match log::compress(raw) {
-        Some(packed) => (packed, record::LZ4),
-        None => (raw.to_vec(), 0),
-    };
-    let total = (record::HEADER + payload.len()).div_ceil(8) * 8;
-    let mut rec = vec![0u8; total];
-    let put = |rec: &mut [u8], at: usize, v: u64| rec[at..at + 8].copy_from_slice(&v.to_le_bytes());
-    put(
-        &mut rec,
-        record::LEN,
-        payload.len() as u64 | u64::from(flags) << 32,
-    );
-    put(&mut rec, record::FIRST, first);
-    put(&mut rec, record::LAST, last);
-    put(&mut rec, record::RAW_CRC, raw.len() as u64);
-    put(&mut rec, record::POS, pos);
-    rec[record::HEADER..record::HEADER + payload.len()].copy_from_slice(&payload);
-    let crc = record_crc(&rec);
-    put(
-        &mut rec,
-        record::RAW_CRC,
-        raw.len() as u64 | u64::from(crc) << 32,
-    );
-    rec
-}
-
-/// CRC-32 of a record with its CRC half-word taken as zero.
-fn record_crc(rec: &[u8]) -> u32 {
-    let mut h = crc32fast::Hasher::new();
-    h.update(&rec[..record::RAW_CRC + 4]);
-    h.update(&[0u8; 4]);
-    h.update(&rec[record::RAW_CRC + 8..]);
-    h.finalize()
-}
-
-/// A record read back from the ring.
-pub(crate) struct ParsedRecord {
-    pub first: u64,
-    pub last: u64,
-    /// Bytes it takes in the ring.
-    pub len: u64,
-    pub ops: Vec<Op>,
-}
-
-/// The intact record written at logical position `pos`, if there is one (a torn, stale or
-/// never-written one is `None`).
-pub(crate) fn parse_record(ring: &LogRing, pool: &Pool, pos: u64) -> Option<ParsedRecord> {
-    let header = ring.read(pool, pos, record::HEADER as u64);
-    let word = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().expect("8 bytes"));
-    if word(record::POS) != pos {
-        return None;
-    }
-    let stored = word(record::LEN) & 0xFFFF_FFFF;
-    let flags = (word(record::LEN) >> 32) as u32;
-    let raw_len = word(record::RAW_CRC) & 0xFFFF_FFFF;
-    let crc = (word(record::RAW_CRC) >> 32) as u32;
-    let total = (record::HEADER as u64 + stored).div_ceil(8) * 8;
-    if total > ring.capacity() || raw_len > ring.capacity() * 256 {
-        return None;
-    }
-    let rec = ring.read(pool, pos, total);
-    if record_crc(&rec) != crc {
-        return None;
-    }
-    let payload = &rec[record::HEADER..record::HEADER + stored as usize];
-    let raw = if flags & record::LZ4 != 0 {
-        log::decompress(payload, raw_len as usize).ok()?
-    } else {
-        payload.to_vec()
-    };
-    let ops = log::decode_ops(&raw).ok()?;
-    Some(ParsedRecord {
-        first: word(record::FIRST),
-        last: word(record::LAST),
-        len: total,
-        ops,
-    })
-}
 
 /// A record persisted but not yet reproduced.
 struct Persisted {
@@ -365,7 +231,7 @@ impl Core {
     /// One persist step in the calling thread.
     fn persist_inline(&self, st: &mut State) -> Result<(), String> {
         let (first, last, raw) = self.next_group(st)?;
-        let rec = build_record(first, last, st.tail, &raw);
+        let rec = build_record(first, last, st.tail, &raw, true);
         if st.tail + rec.len() as u64 - st.head > self.ring.capacity() {
             self.reproduce_inline(st)?;
         }
@@ -468,7 +334,7 @@ impl Core {
                     break;
                 }
             };
-            let rec = build_record(first, last, st.tail, &raw);
+            let rec = build_record(first, last, st.tail, &raw, true);
             while st.tail + rec.len() as u64 - st.head > self.ring.capacity() && st.failed.is_none()
             {
                 self.wake_reproduce.notify_one();
@@ -551,61 +417,5 @@ impl Core {
         st.stop = true;
         self.wake_persist.notify_all();
         self.wake_reproduce.notify_all();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::pmem::{PersistenceDomain, PoolOptions};
-
-    fn ring() -> (Pool, LogRing) {
-        let pool = Pool::create_in_memory(
-            8 * PAGE_SIZE,
-            &PoolOptions::new("dudetx", PersistenceDomain::Adr).with_counting(false),
-        )
-        .unwrap();
-        // Two pages out of order in the pool: positions must map through the ring's page list.
-        let ring = LogRing {
-            pages: vec![5 * PAGE_SIZE, 2 * PAGE_SIZE],
-        };
-        (pool, ring)
-    }
-
-    fn raw(n: u8) -> Vec<u8> {
-        let mut out = Vec::new();
-        log::encode_op(&mut out, 0, u64::from(n), Some(&[n; 100]));
-        log::encode_op(&mut out, 1, 9, None);
-        out
-    }
-
-    #[test]
-    fn a_record_reads_back_across_pages_and_the_wrap() {
-        let (pool, ring) = ring();
-        // Straddles the end of the first page, and the end of the ring (back to its start).
-        for pos in [PAGE_SIZE - 24, 2 * PAGE_SIZE - 40, 3 * PAGE_SIZE + 64] {
-            let rec = build_record(7, 9, pos, &raw(3));
-            ring.write(&pool, pos, &rec);
-            let back = parse_record(&ring, &pool, pos).expect("intact");
-            assert_eq!((back.first, back.last, back.len), (7, 9, rec.len() as u64));
-            assert_eq!(back.ops, log::decode_ops(&raw(3)).unwrap());
-        }
-    }
-
-    #[test]
-    fn torn_and_stale_records_are_not_taken() {
-        let (pool, ring) = ring();
-        let rec = build_record(1, 1, 128, &raw(1));
-        ring.write(&pool, 128, &rec);
-        // The same bytes one lap later are a stale record of another position.
-        assert!(parse_record(&ring, &pool, 128 + ring.capacity()).is_none());
-        // A torn payload byte fails the CRC.
-        let mut torn = rec.clone();
-        let last = torn.len() - 9;
-        torn[last] ^= 0xFF;
-        ring.write(&pool, 128, &torn);
-        assert!(parse_record(&ring, &pool, 128).is_none());
-        // Never written.
-        assert!(parse_record(&ring, &pool, 4096).is_none());
     }
 }

@@ -5,51 +5,23 @@
 
 use super::heap::Heap;
 use super::layout::{kind, meta};
-use super::pipeline::{parse_record, Core, LogRing};
-use super::{allocate_log_pages, make_shadow, meta_layout, DudetxConfig, DudetxEngine};
+use super::pipeline::Core;
+use super::{make_shadow, meta_layout, DudetxConfig, DudetxEngine};
 use crate::alloc::PageManager;
-use crate::catalog::CatalogStore;
 use crate::engine::common::PhaseClock;
+use crate::engine::wal::{parse_record, LogRing};
 use crate::engine::{DbError, EngineKind, RecoveryReport};
 use crate::pmem::Pool;
 use std::sync::Arc;
 
-/// The log ring's pages; `create` allocates them. A pool whose formatting a crash interrupted
-/// (the ring incomplete while the log was never used) gets the missing pages.
+/// The log ring's pages (`wal::ring_pages`); `create` allocates them.
 pub(super) fn log_ring(
     pool: &Pool,
     pages: &PageManager,
     count: usize,
     create: bool,
 ) -> Result<LogRing, DbError> {
-    if create {
-        allocate_log_pages(pool, pages, 0, count)?;
-    }
-    let mut found: Vec<(u64, u64)> = pages
-        .allocated(pool)?
-        .into_iter()
-        .filter(|(_, t)| t.kind == kind::LOG)
-        .map(|(i, t)| (t.value, pages.page_offset(i)))
-        .collect();
-    found.sort_unstable();
-    if found.iter().enumerate().any(|(i, (n, _))| *n != i as u64) {
-        return Err(DbError::Corrupt(
-            "the DUDETx log ring's pages are not numbered 0, 1, 2, ...".into(),
-        ));
-    }
-    if found.len() < count {
-        allocate_log_pages(pool, pages, found.len(), count)?;
-        return log_ring(pool, pages, count, false);
-    }
-    if found.len() > count {
-        return Err(DbError::Corrupt(format!(
-            "the DUDETx log ring has {} pages, the meta page says {count}",
-            found.len()
-        )));
-    }
-    Ok(LogRing {
-        pages: found.into_iter().map(|(_, off)| off).collect(),
-    })
+    crate::engine::wal::ring_pages(pool, pages, kind::LOG, count, create, "DUDETx")
 }
 
 /// Opens and recovers a DUDETx pool.
@@ -60,27 +32,22 @@ pub(super) fn open(
     crate::engine::common::require_durable_domain(EngineKind::Dudetx, pool.domain())?;
     let mut timer = PhaseClock::start();
     let mut report = RecoveryReport::default();
-    let meta_page = crate::engine::meta::open(
+    let crate::engine::shadow::ShadowMeta {
+        meta_page,
+        pages,
+        catalog,
+    } = crate::engine::shadow::open_meta(
         &pool,
         &meta_layout(&[(meta::F_VERSION, meta::VERSION)]),
         "DUDETx",
+        [meta::F_MAX_ROW, meta::F_LOG_PAGES, meta::F_CATALOG_SLOT],
+        |max_row, log_pages| {
+            config.max_row_bytes = max_row;
+            config.log_pages = log_pages;
+            config.validate()
+        },
     )?;
-    let pages = PageManager::open(&pool)?;
     let r = |f: u64| pool.read_u64(meta_page + f);
-    config.max_row_bytes = r(meta::F_MAX_ROW) as usize;
-    config.log_pages = r(meta::F_LOG_PAGES) as usize;
-    config
-        .validate()
-        .map_err(|e| DbError::Corrupt(format!("the DUDETx meta page: {e}")))?;
-    crate::engine::meta::check_catalog_slot(r(meta::F_CATALOG_SLOT), meta::CATALOG_SLOT_BYTES)?;
-    let catalog = CatalogStore {
-        base: meta_page + meta::CATALOG_AT,
-        slot_bytes: meta::CATALOG_SLOT_BYTES,
-    }
-    .load(&pool)?;
-    catalog.validate(config.max_row_bytes).map_err(|e| {
-        DbError::Corrupt(format!("the catalog does not fit the row size limit: {e}"))
-    })?;
     let ring = log_ring(&pool, &pages, config.log_pages, false)?;
     let mut heap = Heap::load(&pool, &pages, &catalog)?;
     timer.lap(&mut report, "load heap");
@@ -97,6 +64,9 @@ pub(super) fn open(
     let mut prev_last = head_seq;
     let (mut records, mut entries) = (0u64, 0u64);
     while let Some(rec) = parse_record(&ring, &pool, pos) {
+        let Ok(ops) = super::log::decode_ops(&rec.raw) else {
+            break;
+        };
         let continues = if records == 0 {
             rec.first <= head_seq + 1
         } else {
@@ -105,7 +75,7 @@ pub(super) fn open(
         if !continues || rec.last > durable || rec.last < rec.first {
             break;
         }
-        for op in &rec.ops {
+        for op in &ops {
             heap.apply(&pool, &pages, op, None).map_err(|e| {
                 DbError::Corrupt(format!(
                     "replaying log record {}..{}: {e}",
@@ -113,7 +83,7 @@ pub(super) fn open(
                 ))
             })?;
         }
-        entries += rec.ops.len() as u64;
+        entries += ops.len() as u64;
         records += 1;
         prev_last = rec.last;
         pos += rec.len;

@@ -429,6 +429,25 @@ pub struct FalconEngine {
 }
 
 impl FalconEngine {
+    /// Visits every committed row of table `table` as `(key, row bytes)`, in no particular
+    /// order. Not a snapshot by itself: a caller that needs one holds off commits meanwhile
+    /// (MMDB's checkpoint does, under its commit lock). A row whose slot is not `LIVE` (an
+    /// uncommitted insert, a committed delete) is skipped.
+    pub(crate) fn for_each_committed_row(&self, table: TableId, mut f: impl FnMut(u64, &[u8])) {
+        let Some(t) = self.tables.read().get(table as usize).cloned() else {
+            return;
+        };
+        let mut row = vec![0u8; t.row];
+        t.index.for_each(|key, slot| {
+            if self.pool.read_u64(slot + tuple::FLAGS) == tuple::LIVE
+                && self.pool.read_u64(slot + tuple::KEY) == key
+            {
+                self.pool.read_bytes(slot + tuple::HEADER, &mut row);
+                f(key, &row);
+            }
+        });
+    }
+
     /// Refuses a protocol the variant does not run (Outp: the multi-version ones).
     fn check_protocol(config: &FalconConfig) -> Result<(), DbError> {
         if !config.kind.supports(config.protocol) {

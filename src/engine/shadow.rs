@@ -1,0 +1,272 @@
+//! Engines whose tables live in a DRAM shadow and whose durability is a redo log of row
+//! after-images (DUDETx §3.1 *perform*, the MMDB baseline): the shadow is the `volatile` engine
+//! (Falcon with durability off) on an in-memory pool, and [`ShadowWorker`] runs each transaction
+//! through the shadow's own worker (its concurrency control decides conflicts), keeps the write
+//! set as after-images, and at commit hands the encoded redo log (`dudetx::log`) to the engine.
+
+use crate::alloc::PAGE_SIZE;
+use crate::catalog::{Catalog, CatalogStore, Schema, TableId};
+use crate::cc::{CcOptions, Protocol};
+use crate::engine::dudetx::log;
+use crate::engine::falcon::{FalconConfig, FalconEngine};
+use crate::engine::{DbError, Engine, EngineKind, EngineWorker, FieldWrite, TxError};
+use crate::pmem::{PersistenceDomain, Pool, PoolOptions};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// What a shadow engine's worker needs from its engine.
+pub(crate) trait ShadowHost: Send + Sync {
+    /// The row size of `table`.
+    fn row_len(&self, table: TableId) -> Result<usize, TxError>;
+    /// Commits the shadow transaction of `inner` whose redo log is `log`; returns its id.
+    fn commit_logged(&self, inner: &mut dyn EngineWorker, log: Vec<u8>) -> Result<u64, TxError>;
+    /// The id a transaction that wrote nothing reports: the last one committed.
+    fn last_committed(&self) -> u64;
+}
+
+/// A fresh DRAM shadow for a PM pool of `pm_bytes`: the volatile engine on an in-memory pool,
+/// with `slots` worker slots. Its size is virtual room (the memory is touched only as rows
+/// arrive): twice the PM pool, plus pages for each worker's own heap and log window.
+pub(crate) fn make_shadow(
+    protocol: Protocol,
+    cc_options: CcOptions,
+    slots: usize,
+    max_row_bytes: usize,
+    pm_bytes: u64,
+) -> Result<Arc<FalconEngine>, DbError> {
+    let size = 2 * pm_bytes + (4 + 8 * slots as u64) * PAGE_SIZE;
+    let pool = Pool::create_in_memory(
+        size,
+        &PoolOptions::new(EngineKind::Volatile.layout(), PersistenceDomain::Volatile)
+            .with_counting(false),
+    )?;
+    let mut c = FalconConfig::new(EngineKind::Volatile, protocol);
+    c.max_threads = slots;
+    c.max_row_bytes = max_row_bytes;
+    c.hot_tuples = 0;
+    c.cc_options = cc_options;
+    c.background_sweep = false;
+    FalconEngine::create(Arc::new(pool), c)
+}
+
+/// The row size of `table` in `catalog`.
+pub(crate) fn row_len(catalog: &Catalog, table: TableId) -> Result<usize, TxError> {
+    catalog
+        .tables
+        .get(table as usize)
+        .map(Schema::row_size)
+        .ok_or_else(|| TxError::SchemaMismatch(format!("no table {table}")))
+}
+
+/// Creates a table durably in the catalog at `store` (after `catalog`) and in the DRAM
+/// `shadow`, which must number it alike; returns its id and the new catalog, for the caller to
+/// install. A table asking for a PM index is refused: `why_dram` says why the engine's indexes
+/// are in DRAM.
+pub(crate) fn create_table(
+    catalog: &Catalog,
+    store: &CatalogStore,
+    pool: &Pool,
+    shadow: &dyn Engine,
+    schema: Schema,
+    max_row_bytes: usize,
+    why_dram: &str,
+) -> Result<(TableId, Catalog), DbError> {
+    if schema.index_placement == Some(crate::index::IndexPlacement::Pm) {
+        return Err(DbError::Config(format!(
+            "table '{}': {why_dram}; use --index dram",
+            schema.name
+        )));
+    }
+    let mut next = catalog.clone();
+    let id = next.add(schema.clone(), max_row_bytes)?;
+    store.store(pool, &next)?;
+    let shadow_id = shadow.create_table(schema)?;
+    if shadow_id != id {
+        return Err(DbError::Corrupt(format!(
+            "the DRAM tables numbered table {id} as {shadow_id}"
+        )));
+    }
+    Ok((id, next))
+}
+
+/// A shadow engine's pool as its meta page describes it.
+pub(crate) struct ShadowMeta {
+    /// The meta page's offset.
+    pub meta_page: u64,
+    /// The page manager.
+    pub pages: crate::alloc::PageManager,
+    /// The catalog, checked against the row size limit.
+    pub catalog: Catalog,
+}
+
+/// Opens a shadow engine's meta page (`layout`, `engine` naming it in errors): reads the row
+/// size limit and the log ring's pages at `f_max_row` and `f_log_pages` and hands them to
+/// `configure` (which sets and validates the engine's configuration), checks the catalog slot
+/// size at `f_catalog_slot`, and loads the catalog.
+pub(crate) fn open_meta(
+    pool: &Pool,
+    layout: &crate::engine::meta::MetaLayout<'_>,
+    engine: &str,
+    [f_max_row, f_log_pages, f_catalog_slot]: [u64; 3],
+    configure: impl FnOnce(usize, usize) -> Result<(), DbError>,
+) -> Result<ShadowMeta, DbError> {
+    let meta_page = crate::engine::meta::open(pool, layout, engine)?;
+    let pages = crate::alloc::PageManager::open(pool)?;
+    let r = |f: u64| pool.read_u64(meta_page + f);
+    let max_row_bytes = r(f_max_row) as usize;
+    configure(max_row_bytes, r(f_log_pages) as usize)
+        .map_err(|e| DbError::Corrupt(format!("the {engine} meta page: {e}")))?;
+    crate::engine::meta::check_catalog_slot(r(f_catalog_slot), layout.catalog_slot_bytes)?;
+    let catalog = CatalogStore {
+        base: meta_page + layout.catalog_at,
+        slot_bytes: layout.catalog_slot_bytes,
+    }
+    .load(pool)?;
+    catalog.validate(max_row_bytes).map_err(|e| {
+        DbError::Corrupt(format!("the catalog does not fit the row size limit: {e}"))
+    })?;
+    Ok(ShadowMeta {
+        meta_page,
+        pages,
+        catalog,
+    })
+}
+
+/// One thread's executor on a DRAM shadow.
+pub(crate) struct ShadowWorker<H: ShadowHost> {
+    engine: Arc<H>,
+    /// The shadow engine's worker: *perform* (§3.1) runs there.
+    inner: Box<dyn EngineWorker>,
+    /// The transaction's writes: (table, key) → after-image (`None`: deleted), and their order.
+    writes: HashMap<(TableId, u64), Option<Vec<u8>>>,
+    order: Vec<(TableId, u64)>,
+    /// Scratch for a row before an update.
+    row: Vec<u8>,
+    /// The thread-local volatile redo log (DUDETx §3.2), reused across transactions.
+    log: Vec<u8>,
+}
+
+impl<H: ShadowHost> ShadowWorker<H> {
+    pub fn new(engine: Arc<H>, inner: Box<dyn EngineWorker>) -> ShadowWorker<H> {
+        ShadowWorker {
+            engine,
+            inner,
+            writes: HashMap::new(),
+            order: Vec::new(),
+            row: Vec::new(),
+            log: Vec::new(),
+        }
+    }
+
+    fn note(&mut self, table: TableId, key: u64, row: Option<Vec<u8>>) {
+        if self.writes.insert((table, key), row).is_none() {
+            self.order.push((table, key));
+        }
+    }
+
+    fn clear(&mut self) {
+        self.writes.clear();
+        self.order.clear();
+    }
+}
+
+impl<H: ShadowHost + 'static> EngineWorker for ShadowWorker<H> {
+    fn begin(&mut self, read_only: bool) {
+        self.clear();
+        self.inner.begin(read_only);
+    }
+
+    fn read(&mut self, table: TableId, key: u64, out: &mut [u8]) -> Result<(), TxError> {
+        self.inner.read(table, key, out)
+    }
+
+    fn update(
+        &mut self,
+        table: TableId,
+        key: u64,
+        writes: &[FieldWrite<'_>],
+    ) -> Result<(), TxError> {
+        // The after-image: the row as this transaction sees it (read through the shadow's
+        // protocol, so the read is validated like any other), with the writes applied.
+        let mut row = match self.writes.get(&(table, key)) {
+            Some(Some(r)) => r.clone(),
+            _ => {
+                let len = self.engine.row_len(table)?;
+                self.row.resize(len, 0);
+                self.inner.read(table, key, &mut self.row)?;
+                self.row.clone()
+            }
+        };
+        self.inner.update(table, key, writes)?;
+        for w in writes {
+            row[w.offset..w.offset + w.bytes.len()].copy_from_slice(w.bytes);
+        }
+        self.note(table, key, Some(row));
+        Ok(())
+    }
+
+    fn insert(&mut self, table: TableId, key: u64, row: &[u8]) -> Result<(), TxError> {
+        self.inner.insert(table, key, row)?;
+        self.note(table, key, Some(row.to_vec()));
+        Ok(())
+    }
+
+    fn delete(&mut self, table: TableId, key: u64) -> Result<(), TxError> {
+        self.inner.delete(table, key)?;
+        self.note(table, key, None);
+        Ok(())
+    }
+
+    fn prefetch(&mut self, table: TableId, keys: &[u64]) {
+        self.inner.prefetch(table, keys);
+    }
+
+    fn prefetch_for_overwrite(&mut self, table: TableId, keys: &[u64]) {
+        self.inner.prefetch_for_overwrite(table, keys);
+    }
+
+    fn scan(
+        &mut self,
+        table: TableId,
+        from: u64,
+        reverse: bool,
+        limit: usize,
+        f: &mut dyn FnMut(u64, &[u8]) -> bool,
+    ) -> Result<(), TxError> {
+        self.inner.scan(table, from, reverse, limit, f)
+    }
+
+    fn lookup_secondary(
+        &mut self,
+        table: TableId,
+        index: usize,
+        secondary: u64,
+        out: &mut Vec<u64>,
+    ) -> Result<(), TxError> {
+        self.inner.lookup_secondary(table, index, secondary, out)
+    }
+
+    fn commit(&mut self) -> Result<u64, TxError> {
+        if self.order.is_empty() {
+            self.inner.commit()?;
+            return Ok(self.engine.last_committed());
+        }
+        self.log.clear();
+        for k in &self.order {
+            let row = &self.writes[k];
+            log::encode_op(&mut self.log, k.0, k.1, row.as_deref());
+        }
+        self.clear();
+        let log = std::mem::take(&mut self.log);
+        self.engine.commit_logged(&mut *self.inner, log)
+    }
+
+    fn abort(&mut self) {
+        self.clear();
+        self.inner.abort();
+    }
+
+    fn resolve_miss(&mut self, error: TxError) -> TxError {
+        self.inner.resolve_miss(error)
+    }
+}

@@ -1,0 +1,303 @@
+//! A redo log on PM shared by the engines that keep one (DUDETx §3.2, MMDB): a ring of 2 MiB
+//! pages addressed by a logical position that only grows, holding CRC'd records.
+//!
+//! ```text
+//! A record, 8-aligned, at logical position p (byte p % capacity of the ring):
+//!   0 stored length (u32) | flags (u32, bit 0: LZ4)   8 first id   16 last id
+//!   24 raw length (u32) | CRC-32 (u32) of the header (with this CRC as 0) and the payload
+//!   32 the record's own logical position (a stale record of an earlier lap of the ring has
+//!      another one)   40.. payload (the engine's encoded redo), padded to 8
+//! ```
+//!
+//! A record is taken back only when its position word names the place it is read from and its
+//! CRC matches: a torn record (a crash in the middle of its write-back under ADR), a stale one
+//! (an earlier lap) and never-written space all read as "no record", which is where a recovery's
+//! replay stops.
+
+use crate::alloc::{PageManager, PageTag, PAGE_SIZE};
+use crate::engine::DbError;
+use crate::pmem::Pool;
+
+/// Log record header fields.
+pub mod record {
+    /// Stored length | flags.
+    pub const LEN: usize = 0;
+    /// First transaction id.
+    pub const FIRST: usize = 8;
+    /// Last transaction id.
+    pub const LAST: usize = 16;
+    /// Raw length | CRC.
+    pub const RAW_CRC: usize = 24;
+    /// The record's logical position.
+    pub const POS: usize = 32;
+    /// Header bytes.
+    pub const HEADER: usize = 40;
+    /// Flag: the payload is LZ4-compressed.
+    pub const LZ4: u32 = 1;
+}
+
+/// Compresses a payload with LZ4; `None` when that would not make it smaller.
+pub fn lz4_compress(raw: &[u8]) -> Option<Vec<u8>> {
+    let packed = lz4_flex::block::compress(raw);
+    (packed.len() < raw.len()).then_some(packed)
+}
+
+/// Decompresses what [`lz4_compress`] made, whose raw length is `raw_len`.
+pub fn lz4_decompress(packed: &[u8], raw_len: usize) -> Result<Vec<u8>, String> {
+    lz4_flex::block::decompress(packed, raw_len).map_err(|e| format!("lz4: {e}"))
+}
+
+/// The log ring: pages in ring order; logical position p is byte p % capacity.
+pub(crate) struct LogRing {
+    /// Page offsets, by number in the ring.
+    pub pages: Vec<u64>,
+}
+
+impl LogRing {
+    /// Bytes the ring holds.
+    pub fn capacity(&self) -> u64 {
+        self.pages.len() as u64 * PAGE_SIZE
+    }
+
+    /// The pieces `[pos, pos + len)` occupies: (pool offset, offset in the range, length).
+    fn pieces(&self, pos: u64, len: u64) -> Vec<(u64, usize, u64)> {
+        let mut out = Vec::new();
+        let mut done = 0;
+        while done < len {
+            let at = (pos + done) % self.capacity();
+            let in_page = at % PAGE_SIZE;
+            let n = (PAGE_SIZE - in_page).min(len - done);
+            out.push((
+                self.pages[(at / PAGE_SIZE) as usize] + in_page,
+                done as usize,
+                n,
+            ));
+            done += n;
+        }
+        out
+    }
+
+    /// Writes `bytes` at logical position `pos`.
+    pub fn write(&self, pool: &Pool, pos: u64, bytes: &[u8]) {
+        for (off, from, n) in self.pieces(pos, bytes.len() as u64) {
+            pool.write_bytes(off, &bytes[from..from + n as usize]);
+        }
+    }
+
+    /// Writes back `[pos, pos + len)` (no fence).
+    pub fn flush(&self, pool: &Pool, pos: u64, len: u64) {
+        for (off, _, n) in self.pieces(pos, len) {
+            pool.flush(off, n);
+        }
+    }
+
+    /// Reads `len` bytes at logical position `pos`.
+    pub fn read(&self, pool: &Pool, pos: u64, len: u64) -> Vec<u8> {
+        let mut out = vec![0u8; len as usize];
+        for (off, from, n) in self.pieces(pos, len) {
+            pool.read_bytes(off, &mut out[from..from + n as usize]);
+        }
+        out
+    }
+}
+
+/// A record as the ring holds it, built from a group's combined log.
+pub(crate) fn build_record(first: u64, last: u64, pos: u64, raw: &[u8], compress: bool) -> Vec<u8> {
+    let packed = if compress { lz4_compress(raw) } else { None };
+    let (payload, flags) = match packed {
+        Some(packed) => (packed, record::LZ4),
+        None => (raw.to_vec(), 0),
+    };
+    let total = (record::HEADER + payload.len()).div_ceil(8) * 8;
+    let mut rec = vec![0u8; total];
+    let put = |rec: &mut [u8], at: usize, v: u64| rec[at..at + 8].copy_from_slice(&v.to_le_bytes());
+    put(
+        &mut rec,
+        record::LEN,
+        payload.len() as u64 | u64::from(flags) << 32,
+    );
+    put(&mut rec, record::FIRST, first);
+    put(&mut rec, record::LAST, last);
+    put(&mut rec, record::RAW_CRC, raw.len() as u64);
+    put(&mut rec, record::POS, pos);
+    rec[record::HEADER..record::HEADER + payload.len()].copy_from_slice(&payload);
+    let crc = record_crc(&rec);
+    put(
+        &mut rec,
+        record::RAW_CRC,
+        raw.len() as u64 | u64::from(crc) << 32,
+    );
+    rec
+}
+
+/// CRC-32 of a record with its CRC half-word taken as zero.
+fn record_crc(rec: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&rec[..record::RAW_CRC + 4]);
+    h.update(&[0u8; 4]);
+    h.update(&rec[record::RAW_CRC + 8..]);
+    h.finalize()
+}
+
+/// A record read back from the ring.
+pub(crate) struct ParsedRecord {
+    pub first: u64,
+    pub last: u64,
+    /// Bytes it takes in the ring.
+    pub len: u64,
+    /// The payload, decompressed.
+    pub raw: Vec<u8>,
+}
+
+/// The intact record written at logical position `pos`, if there is one (a torn, stale or
+/// never-written one is `None`).
+pub(crate) fn parse_record(ring: &LogRing, pool: &Pool, pos: u64) -> Option<ParsedRecord> {
+    let header = ring.read(pool, pos, record::HEADER as u64);
+    let word = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().expect("8 bytes"));
+    if word(record::POS) != pos {
+        return None;
+    }
+    let stored = word(record::LEN) & 0xFFFF_FFFF;
+    let flags = (word(record::LEN) >> 32) as u32;
+    let raw_len = word(record::RAW_CRC) & 0xFFFF_FFFF;
+    let crc = (word(record::RAW_CRC) >> 32) as u32;
+    let total = (record::HEADER as u64 + stored).div_ceil(8) * 8;
+    if total > ring.capacity() || raw_len > ring.capacity() * 256 {
+        return None;
+    }
+    let rec = ring.read(pool, pos, total);
+    if record_crc(&rec) != crc {
+        return None;
+    }
+    let payload = &rec[record::HEADER..record::HEADER + stored as usize];
+    let raw = if flags & record::LZ4 != 0 {
+        lz4_decompress(payload, raw_len as usize).ok()?
+    } else {
+        payload.to_vec()
+    };
+    Some(ParsedRecord {
+        first: word(record::FIRST),
+        last: word(record::LAST),
+        len: total,
+        raw,
+    })
+}
+
+/// The log ring's pages, tagged `(kind, owner 0, value = number in the ring)`; `create`
+/// allocates them. A pool whose formatting a crash interrupted (the ring incomplete while the log
+/// was never used) gets the missing pages. `engine` names the engine in errors.
+pub(crate) fn ring_pages(
+    pool: &Pool,
+    pages: &PageManager,
+    kind: u8,
+    count: usize,
+    create: bool,
+    engine: &str,
+) -> Result<LogRing, DbError> {
+    if create {
+        allocate(pool, pages, kind, 0, count)?;
+    }
+    let mut found: Vec<(u64, u64)> = pages
+        .allocated(pool)?
+        .into_iter()
+        .filter(|(_, t)| t.kind == kind)
+        .map(|(i, t)| (t.value, pages.page_offset(i)))
+        .collect();
+    found.sort_unstable();
+    if found.iter().enumerate().any(|(i, (n, _))| *n != i as u64) {
+        return Err(DbError::Corrupt(format!(
+            "the {engine} log ring's pages are not numbered 0, 1, 2, ..."
+        )));
+    }
+    if found.len() < count {
+        allocate(pool, pages, kind, found.len(), count)?;
+        return ring_pages(pool, pages, kind, count, false, engine);
+    }
+    if found.len() > count {
+        return Err(DbError::Corrupt(format!(
+            "the {engine} log ring has {} pages, the meta page says {count}",
+            found.len()
+        )));
+    }
+    Ok(LogRing {
+        pages: found.into_iter().map(|(_, off)| off).collect(),
+    })
+}
+
+/// Allocates ring pages `from..to`, numbered in ring order.
+fn allocate(
+    pool: &Pool,
+    pages: &PageManager,
+    kind: u8,
+    from: usize,
+    to: usize,
+) -> Result<(), DbError> {
+    for i in from..to {
+        pages.allocate(
+            pool,
+            PageTag {
+                kind,
+                owner: 0,
+                value: i as u64,
+            },
+        )?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::dudetx::log;
+    use crate::pmem::{PersistenceDomain, PoolOptions};
+
+    fn ring() -> (Pool, LogRing) {
+        let pool = Pool::create_in_memory(
+            8 * PAGE_SIZE,
+            &PoolOptions::new("dudetx", PersistenceDomain::Adr).with_counting(false),
+        )
+        .unwrap();
+        // Two pages out of order in the pool: positions must map through the ring's page list.
+        let ring = LogRing {
+            pages: vec![5 * PAGE_SIZE, 2 * PAGE_SIZE],
+        };
+        (pool, ring)
+    }
+
+    fn raw(n: u8) -> Vec<u8> {
+        let mut out = Vec::new();
+        log::encode_op(&mut out, 0, u64::from(n), Some(&[n; 100]));
+        log::encode_op(&mut out, 1, 9, None);
+        out
+    }
+
+    #[test]
+    fn a_record_reads_back_across_pages_and_the_wrap() {
+        let (pool, ring) = ring();
+        // Straddles the end of the first page, and the end of the ring (back to its start).
+        for pos in [PAGE_SIZE - 24, 2 * PAGE_SIZE - 40, 3 * PAGE_SIZE + 64] {
+            let rec = build_record(7, 9, pos, &raw(3), true);
+            ring.write(&pool, pos, &rec);
+            let back = parse_record(&ring, &pool, pos).expect("intact");
+            assert_eq!((back.first, back.last, back.len), (7, 9, rec.len() as u64));
+            assert_eq!(back.raw, raw(3));
+        }
+    }
+
+    #[test]
+    fn torn_and_stale_records_are_not_taken() {
+        let (pool, ring) = ring();
+        let rec = build_record(1, 1, 128, &raw(1), true);
+        ring.write(&pool, 128, &rec);
+        // The same bytes one lap later are a stale record of another position.
+        assert!(parse_record(&ring, &pool, 128 + ring.capacity()).is_none());
+        // A torn payload byte fails the CRC.
+        let mut torn = rec.clone();
+        let last = torn.len() - 9;
+        torn[last] ^= 0xFF;
+        ring.write(&pool, 128, &torn);
+        assert!(parse_record(&ring, &pool, 128).is_none());
+        // Never written.
+        assert!(parse_record(&ring, &pool, 4096).is_none());
+    }
+}
