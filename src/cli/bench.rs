@@ -98,7 +98,7 @@ pub struct CommonArgs {
     #[arg(long, default_value_t = 0)]
     pub mmdb_group_wait_us: u64,
     /// MMDB: milliseconds between checkpoints (0: only when the log is half full).
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 10_000)]
     pub mmdb_checkpoint_ms: u64,
 }
 

@@ -125,7 +125,7 @@ pub struct DbConfig {
     /// MMDB: 2 MiB pages of the PM log ring, for a new pool; 0 (the default) sizes it from the
     /// pool: a quarter of its pages, 1 to 8.
     pub mmdb_log_pages: usize,
-    /// MMDB: milliseconds between periodic checkpoints (default 1000; 0: only when the log is
+    /// MMDB: milliseconds between periodic checkpoints (default 10,000; 0: only when the log is
     /// half full).
     pub mmdb_checkpoint_ms: u64,
     /// MMDB inline mode: a checkpoint every this many commits (0, the default: only when the
@@ -177,7 +177,7 @@ impl Default for DbConfig {
             mmdb_group: 64,
             mmdb_group_wait_us: 0,
             mmdb_log_pages: 0,
-            mmdb_checkpoint_ms: 1000,
+            mmdb_checkpoint_ms: 10_000,
             mmdb_checkpoint_every: 0,
             mmdb_background: true,
             mmdb_fault: None,
