@@ -269,8 +269,13 @@ fn fir_tpcc_threads_chains_and_its_eadr_fault() {
         assert_eq!(r.total_violations(), 0, "{}", r.render());
         assert_eq!(r.deepest_round, 4, "{}", r.render());
     }
-    // A checkpoint generation named before its pages exist breaks eADR too.
-    for fault in [FirFault::LcttFirst, FirFault::CheckpointGenFirst] {
+    // A checkpoint generation named before its pages exist, or pages freed before the new
+    // directory is named, break eADR too.
+    for fault in [
+        FirFault::LcttFirst,
+        FirFault::CheckpointGenFirst,
+        FirFault::CheckpointFreeFirst,
+    ] {
         let mut c = small(EngineKind::Fir, Eadr, WorkloadKind::Bank);
         c.images = 200;
         c.threads = 2;

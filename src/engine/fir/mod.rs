@@ -100,6 +100,7 @@
 //!   each run of the simulator); real kills run the background checkpointer every 20 ms.
 
 mod checkpoint;
+pub mod cost;
 pub mod layout;
 mod recovery;
 pub mod storage;
@@ -119,6 +120,7 @@ use std::sync::{Arc, OnceLock};
 use storage::{Region, Tile};
 
 pub use checkpoint::CheckpointStats;
+pub use cost::{CheckpointKind, CheckpointMode, CostModel};
 
 /// Why FIR refuses persistent indexes: its design keeps the index in DRAM and makes recovery fast
 /// with leaf checkpoints instead (§4.3).
@@ -147,17 +149,25 @@ pub enum FirFault {
     /// A checkpoint's CT is the clock alone, ignoring running transactions (§4.3.2): a
     /// transaction below CT that commits after the scan is neither in the checkpoint nor redone.
     CheckpointCtIgnoresRunning,
+    /// A checkpoint frees the pages it replaces before its directory is named: a crash in
+    /// between leaves the valid directory naming freed pages.
+    CheckpointFreeFirst,
+    /// A checkpoint's directory slot is not written back before the generation word names it
+    /// (ADR).
+    CheckpointSkipDirectoryFlush,
 }
 
 impl FirFault {
     /// Every fault.
-    pub const ALL: [FirFault; 6] = [
+    pub const ALL: [FirFault; 8] = [
         FirFault::SkipTupleFlush,
         FirFault::SkipTupleFence,
         FirFault::LcttFirst,
         FirFault::SkipLcttFlush,
         FirFault::CheckpointGenFirst,
         FirFault::CheckpointCtIgnoresRunning,
+        FirFault::CheckpointFreeFirst,
+        FirFault::CheckpointSkipDirectoryFlush,
     ];
 
     /// The command-line name (unique over every engine's faults).
@@ -169,6 +179,8 @@ impl FirFault {
             FirFault::SkipLcttFlush => "fir-skip-lctt-flush",
             FirFault::CheckpointGenFirst => "fir-checkpoint-gen-first",
             FirFault::CheckpointCtIgnoresRunning => "fir-checkpoint-ct-ignores-running",
+            FirFault::CheckpointFreeFirst => "fir-checkpoint-free-first",
+            FirFault::CheckpointSkipDirectoryFlush => "fir-checkpoint-skip-directory-flush",
         }
     }
 
@@ -184,6 +196,12 @@ impl FirFault {
             }
             FirFault::CheckpointCtIgnoresRunning => {
                 "a checkpoint's CT ignores the transactions running during it"
+            }
+            FirFault::CheckpointFreeFirst => {
+                "a checkpoint frees the pages it replaces before it is named valid"
+            }
+            FirFault::CheckpointSkipDirectoryFlush => {
+                "a checkpoint's directory is not written back before it is named valid"
             }
         }
     }
@@ -218,6 +236,10 @@ pub struct FirConfig {
     /// A committing worker takes a checkpoint after every this many commits of the engine
     /// (deterministic, for the crash-consistency suite; `None`: never).
     pub checkpoint_every_commits: Option<u64>,
+    /// Full, incremental, or chosen by the time cost model (§4.3.3; the default).
+    pub checkpoint_mode: CheckpointMode,
+    /// The constants of the time cost model.
+    pub cost_model: CostModel,
 }
 
 impl FirConfig {
@@ -230,6 +252,8 @@ impl FirConfig {
             fault: None,
             checkpoint_interval: Some(std::time::Duration::from_secs(1)),
             checkpoint_every_commits: None,
+            checkpoint_mode: CheckpointMode::CostModel,
+            cost_model: CostModel::default(),
         }
     }
 }
@@ -314,10 +338,16 @@ pub struct FirEngine {
     report: Option<RecoveryReport>,
     /// One checkpoint at a time.
     checkpoint_lock: Mutex<()>,
-    /// The pages of the valid checkpoint (freed when the next one is in place).
-    pub(crate) ckpt_pages: Mutex<Vec<u64>>,
+    /// The valid checkpoint's directory (its pages are freed when the next one is in place).
+    pub(crate) ckpt: Mutex<checkpoint::CkptDir>,
     /// Pool offset of the meta page's checkpoint generation word.
     pub(crate) ckpt_gen_at: u64,
+    /// Pool offset of the two checkpoint directory slots.
+    pub(crate) dir_base: u64,
+    /// The update-time marks of Algorithm 2 (MarkNode).
+    pub(crate) marks: checkpoint::LeafMarks,
+    /// The next checkpoint must be full (a failed one lost its drained marks).
+    pub(crate) need_full: std::sync::atomic::AtomicBool,
     checkpoints: AtomicU64,
     /// Checkpoints that could not be taken (a full pool) or a checkpointer that did not start.
     pub(crate) checkpoint_failures: AtomicU64,
@@ -344,6 +374,7 @@ impl FirEngine {
                 "max_row_bytes must be between 1 byte and a 2 MiB page".into(),
             ));
         }
+        config.cost_model.validate().map_err(DbError::Config)?;
         if config.checkpoint_interval.is_some_and(|d| d.is_zero())
             || config.checkpoint_every_commits == Some(0)
         {
@@ -482,8 +513,11 @@ impl FirEngine {
             last_commit: AtomicU64::new(0),
             report: None,
             checkpoint_lock: Mutex::new(()),
-            ckpt_pages: Mutex::new(Vec::new()),
+            ckpt: Mutex::new(checkpoint::CkptDir::default()),
             ckpt_gen_at: meta_page + meta::CKPT_GEN,
+            dir_base: meta_page + meta::DIR_AT,
+            marks: checkpoint::LeafMarks::new(),
+            need_full: std::sync::atomic::AtomicBool::new(false),
             checkpoints: AtomicU64::new(0),
             checkpoint_failures: AtomicU64::new(0),
             commits: AtomicU64::new(0),
