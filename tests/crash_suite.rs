@@ -457,6 +457,11 @@ fn every_injected_fault_is_caught_under_adr() {
         let mut c = small(engine, Adr, WorkloadKind::Bank);
         c.images = 400;
         c.fault = Some(fault);
+        if fault == FirFault::CheckpointFreeFirst.into() {
+            // Its window (the free before the switch) is a few events of a checkpoint taken
+            // every five commits: crash before every event.
+            c.exhaustive = true;
+        }
         let r = crashtest::run(&c).unwrap();
         assert!(
             r.total_violations() > 0,

@@ -14,8 +14,10 @@
 //! | §4.2.1 Algorithm 1 `Persist` | `worker::FirWorker::persist` |
 //! | §4.2.1 abort resets the regions' empty-slot positions | `worker::FirWorker::abort` |
 //! | §4.3 index leaf checkpoint (full), CT, §4.3.2 consistency, the checkpoint thread | `checkpoint.rs`, `FirEngine::start_checkpointer` |
+//! | §4.3.1 Algorithm 2: MarkNode, GetIncrement, FlushChpt, MergeAndPersist | `checkpoint::LeafMarks::mark`, `FirEngine::{get_increment, merge_and_write}` |
+//! | §4.3.3 time cost model (eqs. 1–4) | `cost.rs` |
 //! | §4.4.1 undo/redo: committed = txnId ≤ LCTT of the region's thread, from CT on | `recovery.rs` (binary search per region) |
-//! | §4.4.2 index rebuild from the checkpoint | `recovery::load_checkpoint` |
+//! | §4.4.2 index rebuild from the checkpoint, in parallel | `recovery::load_checkpoint` (one thread per core over the pages) |
 //!
 //! A transaction runs on one worker thread, which is bound to one region of every table (its
 //! thread slot). A write takes the newest version's latch, checks MVTO's rules (the newest
@@ -72,11 +74,22 @@
 //! - **Algorithm 1 per run of contiguous slots**: the contents of a transaction's consecutive
 //!   slots of one region are copied together and their lines flushed once each (`clwb`; `sfence`
 //!   per line, as written), so a line shared by two new tuples is not written back twice.
-//! - **Checkpoints are full ones only** (§4.3): every table's index leaves, written to fresh
-//!   pages and made valid by one 8-byte generation word; the incremental checkpoint of
-//!   Algorithm 2 (update-time marks on the nodes of the DRAM index) and the time cost model of
-//!   §4.3.3 that chooses between the two are not built yet. A checkpoint also records the txnId
-//!   of each entry, so that recovery can order it against the versions it redoes.
+//! - **Incremental checkpoints keep their marks in FIR's own leaf map** (Algorithm 2): pmtx's
+//!   `PrimaryIndex` is shared with other engines, so MarkNode marks a FIR-side *leaf* (64
+//!   consecutive keys of a table: the paper's `t_access` and a bitmap of the written keys) rather
+//!   than the index's nodes; the map holds only the leaves marked since the previous checkpoint,
+//!   which is the paper's skip of every subtree whose `t_access < t_p`. A worker marks after
+//!   installing its versions (the paper: on the access path during the write), so that draining the
+//!   marks after CT cannot miss a transaction below CT. MergeAndPersist is page-level
+//!   copy-on-write: the checkpoint is a directory of pages of sorted entries, and only the pages
+//!   whose key range holds a marked key are read, merged and rewritten. Each entry also records
+//!   its version's txnId, so that recovery can order it against the versions it redoes.
+//! - **The time cost model** (`cost.rs`) uses equations 1, 3 and 4 with the node count of an
+//!   `M`-ary tree, `(M^(h+1) − 1)/(M − 1)` (the paper omits the `/(M − 1)`), and `α` = the share
+//!   of the index no marked key falls in, measured from the marks; the paper's equation 2 (a
+//!   Gini–Simpson index over sampled records) grows as writes spread out, the opposite of what its
+//!   equation 3 needs, so it is only reported (`CheckpointStats::gini_simpson`). The constants are
+//!   configurable (`FirConfig::cost_model`), not measured at start.
 //! - **CT is not the checkpoint's start time but the oldest running txnId** (or the clock + 1):
 //!   §4.3.2 resolves uncommitted versions by walking to the last committed one, which leaves out
 //!   a transaction running during the scan whose txnId is below the start time and that commits
@@ -95,8 +108,8 @@
 //!   at commit (in one run), so a long transaction blocks nothing but its own thread.
 //! - **No garbage collection yet** (§4.5): superseded versions stay in their blocks, marked in
 //!   the update_map; a pool that fills up refuses commits with `PmFull`.
-//! - **Checkpoints in the crash suite** are taken by the committing worker every
-//!   `checkpoint_every_commits` commits (a background thread's would land at other PM events in
+//! - **Checkpoints in the crash suite** (incremental ones, after the first full one) are taken
+//!   by the committing worker every `checkpoint_every_commits` commits (a background thread's would land at other PM events in
 //!   each run of the simulator); real kills run the background checkpointer every 20 ms.
 
 mod checkpoint;
