@@ -111,9 +111,20 @@ pub(crate) struct Leaf {
     pub writes: u64,
 }
 
+/// One shard of the leaf map: (table, leaf number) → mark.
+type LeafShard = HashMap<(TableId, u64), Leaf>;
+
+/// What writing a checkpoint's pages gave: the new directory's pages, the previous pages it
+/// replaces (freed after the switch) and the pages written (freed if the checkpoint fails).
+struct Written {
+    pages: Vec<CkptPage>,
+    replaced: Vec<u64>,
+    fresh: Vec<u64>,
+}
+
 /// FIR's leaf map of update-time marks (see the module documentation).
 pub(crate) struct LeafMarks {
-    shards: Box<[Mutex<HashMap<(TableId, u64), Leaf>>]>,
+    shards: Box<[Mutex<LeafShard>]>,
 }
 
 impl LeafMarks {
@@ -238,7 +249,11 @@ impl FirEngine {
                 self.merge_and_write(&dir, &inc, generation)
             }
         };
-        let (pages, replaced, fresh) = match written {
+        let Written {
+            pages,
+            replaced,
+            fresh,
+        } = match written {
             Ok(w) => w,
             Err(e) => {
                 // The drained marks are gone: the next checkpoint must be full.
@@ -285,11 +300,7 @@ impl FirEngine {
 
     /// A full checkpoint's pages: every table's entries, sorted. Returns the new directory's
     /// pages, the pages it replaces and the pages written.
-    fn write_full(
-        &self,
-        tables: &[Arc<TableRt>],
-        generation: u64,
-    ) -> Result<(Vec<CkptPage>, Vec<u64>, Vec<u64>), DbError> {
+    fn write_full(&self, tables: &[Arc<TableRt>], generation: u64) -> Result<Written, DbError> {
         let mut entries: Vec<Entry> = Vec::new();
         let mut keys = Vec::new();
         for (table, t) in tables.iter().enumerate() {
@@ -305,7 +316,11 @@ impl FirEngine {
         let pages = self.write_pages(generation, &entries)?;
         let fresh = pages.iter().map(|p| p.page).collect();
         let replaced = self.ckpt.lock().pages.iter().map(|p| p.page).collect();
-        Ok((pages, replaced, fresh))
+        Ok(Written {
+            pages,
+            replaced,
+            fresh,
+        })
     }
 
     /// GetIncrement: the newest committed version of every marked key, or a deletion entry.
@@ -340,7 +355,7 @@ impl FirEngine {
         dir: &CkptDir,
         inc: &[Entry],
         generation: u64,
-    ) -> Result<(Vec<CkptPage>, Vec<u64>, Vec<u64>), DbError> {
+    ) -> Result<Written, DbError> {
         let mut out = Vec::with_capacity(dir.pages.len());
         let mut replaced = Vec::new();
         let mut fresh: Vec<u64> = Vec::new();
@@ -375,7 +390,11 @@ impl FirEngine {
                 }
             }
         }
-        Ok((out, replaced, fresh))
+        Ok(Written {
+            pages: out,
+            replaced,
+            fresh,
+        })
     }
 
     /// Reads the `n` entries of checkpoint page `page` into `out`.
