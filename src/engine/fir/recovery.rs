@@ -206,12 +206,7 @@ fn load_checkpoint(
             .chunks(per_worker)
             .map(|chunk| s.spawn(move || load_pages(engine, tables, lctt, generation, chunk)))
             .collect();
-        handles
-            .into_iter()
-            // A load thread stopped by a simulated crash unwinds the caller with its payload.
-            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect::<Result<Vec<_>, _>>()
-            .map(|v| v.into_iter().flatten().collect())
+        crate::engine::common::join_parts(handles)
     })?;
     let total: u64 = loaded.iter().map(|p| p.entries).sum();
     if total != entries || loaded.windows(2).any(|w| w[0].first >= w[1].first) {
@@ -384,12 +379,7 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            // A scan thread stopped by a simulated crash unwinds the caller with its payload.
-            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect::<Result<Vec<_>, _>>()
-            .map(|v| v.into_iter().flatten().collect())
+        crate::engine::common::join_parts(handles)
     })?;
     let undone: u64 = scans.iter().map(|s| s.undone).sum();
     let skipped: u64 = scans.iter().map(|s| s.skipped).sum();
