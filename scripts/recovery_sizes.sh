@@ -31,7 +31,9 @@ for records in $sizes; do
         index=${config##*:}
         pool="$dir/pmtx-recovery-$e-$index-$records.pool"
         rm -f "$pool"
-        "$pmtx" bench ycsb --engine "$e" --index "$index" --records "$records" --threads 2 \
+        cc=occ
+        [ "$e" = fir ] && cc=mvto # FIR runs MVTO only (§4.2.1)
+        "$pmtx" bench ycsb --engine "$e" --cc "$cc" --index "$index" --records "$records" --threads 2 \
             --duration 600 --warmup 0 --ops-per-txn 16 --pool "$pool" >/dev/null 2>&1 &
         bench=$!
         sleep "$kill_after"
