@@ -317,6 +317,50 @@ fn incremental_checkpoints_rewrite_only_the_pages_written_into() {
     }
 }
 
+/// §4.3.3: the cost model takes an incremental checkpoint when the writes since the last one
+/// cover a small share of the index, and a full one when they cover all of it (α = 0), and its
+/// decision follows equation 4's threshold.
+#[test]
+fn the_cost_model_chooses_by_the_share_of_the_index_written() {
+    let dir = common::pool_dir();
+    let mut cfg = config(PersistenceDomain::Adr).path(dir.path().join("fir.pool"));
+    cfg.fir_checkpoint_interval_ms = None;
+    assert_eq!(cfg.fir_checkpoint_mode, CheckpointMode::CostModel);
+    let db = Db::create(cfg).unwrap();
+    let t = db
+        .create_table(Schema::new("kv", &[("v", ColumnType::U64)]))
+        .unwrap();
+    const N: u64 = 2000;
+    db.run(|tx| (0..N).try_for_each(|k| tx.insert(t, k, &[Value::U64(k)])))
+        .unwrap();
+    assert_eq!(
+        fir_checkpoint(&db).kind,
+        CheckpointKind::Full,
+        "the first one"
+    );
+    let model = pmtx::engine::fir::CostModel::default();
+    for (written, kind) in [
+        (10u64, CheckpointKind::Incremental),
+        (N, CheckpointKind::Full),
+        (N / 2, CheckpointKind::Incremental),
+    ] {
+        db.run(|tx| (0..written).try_for_each(|k| tx.update(t, k, &[(0, Value::U64(1))])))
+            .unwrap();
+        let s = fir_checkpoint(&db);
+        assert_eq!(s.marked_keys, written);
+        assert!((s.alpha - (1.0 - written as f64 / N as f64)).abs() < 1e-9);
+        assert_eq!(s.threshold, model.threshold(N));
+        assert_eq!(s.kind, model.choose(N, s.alpha));
+        assert_eq!(
+            s.kind, kind,
+            "{written} keys written: α {} threshold {}",
+            s.alpha, s.threshold
+        );
+        assert_eq!(s.entries, N);
+    }
+    assert_eq!(db.check_structure().unwrap(), vec![N]);
+}
+
 fn fir_checkpoint(db: &Db) -> pmtx::engine::fir::CheckpointStats {
     db.checkpoint().expect("a FIR database").unwrap()
 }

@@ -234,7 +234,8 @@ impl FirEngine {
         let alpha = cost::skew(marked, n);
         let model = &self.config.cost_model;
         let dir = self.ckpt.lock().clone();
-        let forced_full = dir.generation == 0 || self.need_full.swap(false, Ordering::SeqCst);
+        let lost_marks = self.need_full.swap(false, Ordering::SeqCst);
+        let forced_full = dir.generation == 0 || lost_marks;
         let kind = match mode {
             _ if forced_full => CheckpointKind::Full,
             CheckpointMode::Full => CheckpointKind::Full,
