@@ -458,9 +458,11 @@ fn every_injected_fault_is_caught_under_adr() {
         c.images = 400;
         c.fault = Some(fault);
         if fault == FirFault::CheckpointFreeFirst.into() {
-            // Its window (the free before the switch) is a few events of a checkpoint taken
-            // every five commits: crash before every event.
+            // Its window (the free before the switch) is a few events of a checkpoint that
+            // replaces one (the third of a run, every five commits): crash before every event of
+            // a run long enough to have it.
             c.exhaustive = true;
+            c.txns_per_thread = 16;
         }
         let r = crashtest::run(&c).unwrap();
         assert!(
