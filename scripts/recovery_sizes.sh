@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Recovery time after a real kill mid-run (issue 17; docs/ARCHITECTURE.md "Recovery"), for pools
-# of about 0.5, 1, 2 and 4 GiB: falcon with PM indexes, falcon with DRAM indexes, zen. Each pool
+# of about 0.5, 1, 2 and 4 GiB: falcon with PM indexes, falcon with DRAM indexes, zen, fir (its
+# background checkpointer on, every second by default: recovery loads the last index leaf
+# checkpoint and redoes what was written after it). Each pool
 # is written by 2 threads (YCSB load, then 16-op YCSB-A) and the bench is SIGKILLed a few seconds
 # into the run (after the load for these sizes on the reference machine; a kill that lands in the
 # load is still a kill mid-write). `pmtx recover` then recovers it ROUNDS times (the first is the
@@ -9,12 +11,12 @@
 # sweep of PM-index tables finished. Pools go to /dev/shm and are removed afterwards.
 #
 #   scripts/recovery_sizes.sh [CONFIGS] [RECORDS...]
-#     CONFIGS: space-separated ENGINE:INDEX (default "falcon:pm falcon:dram zen:dram")
+#     CONFIGS: space-separated ENGINE:INDEX (default "falcon:pm falcon:dram zen:dram fir:dram")
 #     RECORDS: default 250000 500000 1000000 2000000 (pools of about 0.5, 1, 2 and 4 GiB)
 #     ROUNDS (env): recoveries per pool, default 3
 set -euo pipefail
 cd "$(dirname "$0")/.."
-configs=${1:-"falcon:pm falcon:dram zen:dram"}
+configs=${1:-"falcon:pm falcon:dram zen:dram fir:dram"}
 shift || true
 sizes=${*:-"250000 500000 1000000 2000000"}
 rounds=${ROUNDS:-3}
@@ -29,7 +31,9 @@ for records in $sizes; do
         index=${config##*:}
         pool="$dir/pmtx-recovery-$e-$index-$records.pool"
         rm -f "$pool"
-        "$pmtx" bench ycsb --engine "$e" --index "$index" --records "$records" --threads 2 \
+        cc=occ
+        [ "$e" = fir ] && cc=mvto # FIR runs MVTO only (§4.2.1)
+        "$pmtx" bench ycsb --engine "$e" --cc "$cc" --index "$index" --records "$records" --threads 2 \
             --duration 600 --warmup 0 --ops-per-txn 16 --pool "$pool" >/dev/null 2>&1 &
         bench=$!
         sleep "$kill_after"
@@ -39,7 +43,8 @@ for records in $sizes; do
         for run in $(seq 1 "$rounds"); do
             out=$("$pmtx" recover "$pool" --engine "$e" 2>/dev/null)
             ready=$(echo "$out" | grep -E "^ *total" | tr -s " " | cut -d" " -f6 || true)
-            phases=$(echo "$out" | grep -E "^  (catalog|index recovery|replay|heap scan)" \
+            phases=$(echo "$out" \
+                | grep -E "^  (catalog|index recovery|replay|heap scan|page table|checkpoint load|undo/redo scan|redo|secondary indexes)" \
                 | tr -s " " | sed 's/^ //' | paste -sd ";" - || true)
             background=$(echo "$out" | grep -E "background work pending" | tr -s " " | cut -d" " -f6 || true)
             echo "$e index=$index records=$records pool=${size}MiB run $run: ready ${ready} ms; background done ${background:-none} ms; $phases"

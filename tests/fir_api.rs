@@ -5,6 +5,7 @@
 use pmtx::catalog::{ColumnType, Schema};
 use pmtx::cc::Protocol;
 use pmtx::db::{Db, DbConfig, Value};
+use pmtx::engine::fir::{CheckpointKind, CheckpointMode};
 use pmtx::engine::{DbError, EngineKind, FieldWrite, TxError};
 use pmtx::pmem::PersistenceDomain;
 
@@ -229,6 +230,137 @@ fn recovery_redoes_only_what_was_written_after_the_checkpoint() {
     assert_eq!(db.check_structure().unwrap(), vec![1000]);
 }
 
+/// Algorithm 2: an incremental checkpoint rewrites only the checkpoint pages whose key range
+/// holds a key written since the previous one (the others are named again), and recovery from
+/// full + increments (with inserts, updates and deletes in them) gives the database back.
+#[test]
+fn incremental_checkpoints_rewrite_only_the_pages_written_into() {
+    let dir = common::pool_dir();
+    let path = dir.path().join("fir.pool");
+    let mut cfg = config(PersistenceDomain::Adr)
+        .path(&path)
+        .pool_size(96 << 20);
+    cfg.fir_checkpoint_interval_ms = None;
+    cfg.fir_checkpoint_mode = CheckpointMode::Incremental;
+    const N: u64 = 100_000; // two checkpoint pages (65,534 entries each)
+    let t;
+    {
+        let db = Db::create(cfg.clone()).unwrap();
+        t = db
+            .create_table(Schema::new("kv", &[("v", ColumnType::U64)]).ordered())
+            .unwrap();
+        for chunk in (0..N).collect::<Vec<_>>().chunks(5000) {
+            db.run(|tx| {
+                chunk
+                    .iter()
+                    .try_for_each(|&k| tx.insert(t, k, &[Value::U64(k)]))
+            })
+            .unwrap();
+        }
+        let full = fir_checkpoint(&db);
+        assert_eq!(
+            (full.kind, full.entries, full.pages),
+            (CheckpointKind::Full, N, 2)
+        );
+        // Writes into the first page's range only.
+        db.run(|tx| (0..10u64).try_for_each(|k| tx.update(t, k, &[(0, Value::U64(7))])))
+            .unwrap();
+        db.run(|tx| tx.delete(t, 20)).unwrap();
+        let inc = fir_checkpoint(&db);
+        assert_eq!(inc.kind, CheckpointKind::Incremental);
+        assert_eq!((inc.entries, inc.pages, inc.pages_written), (N - 1, 2, 1));
+        assert_eq!(inc.marked_keys, 11);
+        // Then into the second page's: an insert past the end, a delete.
+        db.run(|tx| tx.insert(t, N + 5, &[Value::U64(1)])).unwrap();
+        db.run(|tx| tx.delete(t, N - 1)).unwrap();
+        let inc = fir_checkpoint(&db);
+        assert_eq!((inc.entries, inc.pages, inc.pages_written), (N - 1, 2, 1));
+        // Nothing written: nothing rewritten.
+        let idle = fir_checkpoint(&db);
+        assert_eq!(
+            (idle.entries, idle.pages_written, idle.marked_keys),
+            (N - 1, 0, 0)
+        );
+        // After the last checkpoint: redone by recovery.
+        db.run(|tx| tx.update(t, 30, &[(0, Value::U64(9))]))
+            .unwrap();
+    }
+    for reopen in 0..2 {
+        let db = Db::open(cfg.clone()).unwrap();
+        assert_eq!(
+            db.check_structure().unwrap(),
+            vec![N - 1],
+            "reopen {reopen}"
+        );
+        let rows = db.run(|tx| tx.scan(t, 0, usize::MAX)).unwrap();
+        assert_eq!(rows.len() as u64, N - 1);
+        for (k, r) in &rows {
+            let expected = match *k {
+                0..10 => 7,
+                30 => 9,
+                k if k == N + 5 => 1,
+                k => k,
+            };
+            assert_eq!(r.u64(0), expected, "key {k}");
+        }
+        assert!(rows.iter().all(|(k, _)| *k != 20 && *k != N - 1));
+        if reopen == 0 {
+            assert_eq!(fact(&db, "entries from the checkpoint"), N - 1);
+            assert_eq!(fact(&db, "versions redone (txnId >= CT)"), 1);
+            // What recovery redid is marked for the next increment.
+            let inc = fir_checkpoint(&db);
+            assert_eq!(
+                (inc.kind, inc.marked_keys, inc.pages_written),
+                (CheckpointKind::Incremental, 1, 1)
+            );
+        }
+    }
+}
+
+/// §4.3.3: the cost model takes an incremental checkpoint when the writes since the last one
+/// cover a small share of the index, and a full one when they cover all of it (α = 0), and its
+/// decision follows equation 4's threshold.
+#[test]
+fn the_cost_model_chooses_by_the_share_of_the_index_written() {
+    let dir = common::pool_dir();
+    let mut cfg = config(PersistenceDomain::Adr).path(dir.path().join("fir.pool"));
+    cfg.fir_checkpoint_interval_ms = None;
+    assert_eq!(cfg.fir_checkpoint_mode, CheckpointMode::CostModel);
+    let db = Db::create(cfg).unwrap();
+    let t = db
+        .create_table(Schema::new("kv", &[("v", ColumnType::U64)]))
+        .unwrap();
+    const N: u64 = 2000;
+    db.run(|tx| (0..N).try_for_each(|k| tx.insert(t, k, &[Value::U64(k)])))
+        .unwrap();
+    assert_eq!(
+        fir_checkpoint(&db).kind,
+        CheckpointKind::Full,
+        "the first one"
+    );
+    let model = pmtx::engine::fir::CostModel::default();
+    for (written, kind) in [
+        (10u64, CheckpointKind::Incremental),
+        (N, CheckpointKind::Full),
+        (N / 2, CheckpointKind::Incremental),
+    ] {
+        db.run(|tx| (0..written).try_for_each(|k| tx.update(t, k, &[(0, Value::U64(1))])))
+            .unwrap();
+        let s = fir_checkpoint(&db);
+        assert_eq!(s.marked_keys, written);
+        assert!((s.alpha - (1.0 - written as f64 / N as f64)).abs() < 1e-9);
+        assert_eq!(s.threshold, model.threshold(N));
+        assert_eq!(s.kind, model.choose(N, s.alpha));
+        assert_eq!(
+            s.kind, kind,
+            "{written} keys written: α {} threshold {}",
+            s.alpha, s.threshold
+        );
+        assert_eq!(s.entries, N);
+    }
+    assert_eq!(db.check_structure().unwrap(), vec![N]);
+}
+
 fn fir_checkpoint(db: &Db) -> pmtx::engine::fir::CheckpointStats {
     db.checkpoint().expect("a FIR database").unwrap()
 }
@@ -237,10 +369,17 @@ fn fir_checkpoint(db: &Db) -> pmtx::engine::fir::CheckpointStats {
 /// recovered from the last one (plus what was written after it) keeps the bank total.
 #[test]
 fn checkpoints_taken_while_transactions_run_are_consistent() {
+    for mode in CheckpointMode::ALL {
+        checkpoints_while_transactions_run(mode);
+    }
+}
+
+fn checkpoints_while_transactions_run(mode: CheckpointMode) {
     let dir = common::pool_dir();
     let path = dir.path().join("fir.pool");
     let mut cfg = config(PersistenceDomain::Eadr).path(&path);
     cfg.fir_checkpoint_interval_ms = None;
+    cfg.fir_checkpoint_mode = mode;
     const ACCOUNTS: u64 = 64;
     let t;
     {

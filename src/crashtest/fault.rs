@@ -153,7 +153,10 @@ impl InjectedFault {
             // checkpoint faults break the order of stores or the logic, not a flush.
             InjectedFault::Fir(f) => matches!(
                 f,
-                FirFault::SkipTupleFlush | FirFault::SkipTupleFence | FirFault::SkipLcttFlush
+                FirFault::SkipTupleFlush
+                    | FirFault::SkipTupleFence
+                    | FirFault::SkipLcttFlush
+                    | FirFault::CheckpointSkipDirectoryFlush
             ),
             InjectedFault::Dudetx(f) => f.only_removes_ordinary_flushes(),
             InjectedFault::Mmdb(f) => f.only_removes_ordinary_flushes(),

@@ -240,6 +240,9 @@ impl CrashTestConfig {
             // thread's would land at different events each run).
             c.fir_checkpoint_interval_ms = None;
             c.fir_checkpoint_every_commits = Some(FIR_CRASH_CHECKPOINT_EVERY);
+            // Incremental ones after the first full one: the crashes land in both kinds, and
+            // recoveries load merged pages.
+            c.fir_checkpoint_mode = crate::engine::fir::CheckpointMode::Incremental;
         }
         c
     }

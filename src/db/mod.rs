@@ -85,6 +85,8 @@ pub struct DbConfig {
     /// FIR: a committing worker takes a checkpoint after every this many commits (deterministic,
     /// for the crash suite; default `None`).
     pub fir_checkpoint_every_commits: Option<u64>,
+    /// FIR: full, incremental, or chosen by the time cost model (§4.3.3; the default).
+    pub fir_checkpoint_mode: crate::engine::fir::CheckpointMode,
     /// [`Db::open`] takes the engine design from the pool header: when `engine` is of another
     /// design (layout) than the pool's, the pool's design is used (true, the default) or the
     /// open is refused (false: the caller insisted on an engine).
@@ -163,6 +165,7 @@ impl Default for DbConfig {
             fir_fault: None,
             fir_checkpoint_interval_ms: Some(1000),
             fir_checkpoint_every_commits: None,
+            fir_checkpoint_mode: crate::engine::fir::CheckpointMode::CostModel,
             engine_from_pool: true,
             allow_domain_change: false,
             media: None,
@@ -298,6 +301,7 @@ impl DbConfig {
             .fir_checkpoint_interval_ms
             .map(std::time::Duration::from_millis);
         c.checkpoint_every_commits = self.fir_checkpoint_every_commits;
+        c.checkpoint_mode = self.fir_checkpoint_mode;
         c
     }
 

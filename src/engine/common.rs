@@ -505,6 +505,20 @@ pub(crate) fn pm_full(what: std::fmt::Arguments<'_>, e: crate::alloc::AllocError
     }
 }
 
+/// Joins scoped recovery threads that each return a part of the result, in order, and flattens
+/// the parts. A thread stopped by a simulated crash (or by a bug) unwinds the caller with its own
+/// payload: `expect` would turn the simulator's crash into a real panic (found by the
+/// crash-consistency suite when it crashes recovery itself).
+pub(crate) fn join_parts<T, E>(
+    handles: Vec<std::thread::ScopedJoinHandle<'_, Result<Vec<T>, E>>>,
+) -> Result<Vec<T>, E> {
+    handles
+        .into_iter()
+        .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+        .collect::<Result<Vec<_>, _>>()
+        .map(|v| v.into_iter().flatten().collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

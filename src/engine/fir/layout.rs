@@ -9,6 +9,7 @@
 //!           (eight threads share a 64-byte line, so one write-back carries up to eight commit
 //!           signals: §4.2.1's group commit)
 //!   1 MiB + 4 KiB: the generation of the valid index leaf checkpoint (0: none)
+//!   1 MiB + 8 KiB: two checkpoint directory slots of 64 KiB (generation g uses slot g % 2)
 //! block pages (kind BLOCK, owner = the thread whose region the page belongs to,
 //! value = table id << 20 | sequence number of the page in the region):
 //!   fixed-size tuple_content slots, 16-byte aligned, appended in commit-time order:
@@ -26,35 +27,53 @@ pub mod kind {
     pub const META: u8 = 1;
     /// A block of tuple contents; owner = region (thread), value = table << 20 | sequence.
     pub const BLOCK: u8 = 2;
-    /// A page of an index leaf checkpoint; value = the page's number within the checkpoint.
+    /// A page of an index leaf checkpoint (the directory in the meta page orders them).
     pub const CHECKPOINT: u8 = 3;
 }
 
-/// Index leaf checkpoint pages (§4.1 "Index Checkpoint", §4.3): a header, then entries.
+/// Index leaf checkpoints (§4.1 "Index Checkpoint", §4.3): pages of entries sorted by
+/// (table, key), each page a contiguous run, and a directory naming the pages in order.
 ///
 /// ```text
-///   0 generation (the meta page's CKPT_GEN word names the valid one)   8 page number
-///   16 CT: every transaction with a smaller txnId had ended when the checkpoint read the index
-///   24 entries in the whole checkpoint   32 pages in the whole checkpoint
+/// checkpoint page (kind CHECKPOINT, value = 0):
+///   0 the generation that wrote it   8 entries in this page
 ///   64.. entries of 32 bytes: table, key, txnId, logical address of the version
+/// directory slot (two in the meta page, at DIR_AT + (generation % 2) * DIR_SLOT_BYTES):
+///   0 generation   8 CT: every transaction with a smaller txnId had ended when the checkpoint
+///   read the index   16 entries in the whole checkpoint   24 pages   32 kind (0 full,
+///   1 incremental)   64.. the pages' indices, in key order
 /// ```
+///
+/// An incremental checkpoint (Algorithm 2's MergeAndPersist) rewrites only the pages whose key
+/// range holds a marked key and names the others again: a page can belong to several
+/// generations, which is why the directory, not the page, carries CT.
 pub mod checkpoint {
-    /// Generation field.
+    /// The generation that wrote the page.
     pub const GEN: u64 = 0;
-    /// Page number field.
-    pub const SEQ: u64 = 8;
-    /// CT field.
-    pub const CT: u64 = 16;
-    /// Total entries field.
-    pub const ENTRIES: u64 = 24;
-    /// Total pages field.
-    pub const PAGES: u64 = 32;
+    /// Entries in the page.
+    pub const COUNT: u64 = 8;
     /// Where the entries start in a page.
     pub const FIRST_ENTRY: u64 = 64;
     /// Bytes per entry.
     pub const ENTRY: u64 = 32;
     /// Entries per page.
     pub const PER_PAGE: u64 = (crate::alloc::PAGE_SIZE - FIRST_ENTRY) / ENTRY;
+    /// Directory: generation field.
+    pub const DIR_GEN: u64 = 0;
+    /// Directory: CT field.
+    pub const DIR_CT: u64 = 8;
+    /// Directory: total entries field.
+    pub const DIR_ENTRIES: u64 = 16;
+    /// Directory: page count field.
+    pub const DIR_PAGES: u64 = 24;
+    /// Directory: kind field (0 full, 1 incremental).
+    pub const DIR_KIND: u64 = 32;
+    /// Directory: where the page indices start.
+    pub const DIR_FIRST: u64 = 64;
+    /// Bytes per directory slot.
+    pub const DIR_SLOT_BYTES: u64 = 64 * 1024;
+    /// Most pages a checkpoint has (about 16 GiB of entries).
+    pub const MAX_PAGES: u64 = (DIR_SLOT_BYTES - DIR_FIRST) / 8;
 }
 
 /// Bits of a block page's tag value that number the page within its region.
@@ -65,7 +84,7 @@ pub mod meta {
     /// Magic of the meta page.
     pub const MAGIC: u64 = u64::from_le_bytes(*b"PMTXFIR1");
     /// Layout version.
-    pub const VERSION: u64 = 1;
+    pub const VERSION: u64 = 2;
     /// Magic field.
     pub const F_MAGIC: u64 = 0;
     /// Version field.
@@ -86,6 +105,8 @@ pub mod meta {
     pub const LCTT_AT: u64 = 1 << 20;
     /// The generation of the valid index leaf checkpoint (0: none), after the LCTT's 256 words.
     pub const CKPT_GEN: u64 = LCTT_AT + 4096;
+    /// The two checkpoint directory slots (`checkpoint::DIR_*`), after the generation word.
+    pub const DIR_AT: u64 = LCTT_AT + 8192;
 }
 
 /// tuple_content fields and helpers.

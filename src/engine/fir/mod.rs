@@ -14,8 +14,10 @@
 //! | §4.2.1 Algorithm 1 `Persist` | `worker::FirWorker::persist` |
 //! | §4.2.1 abort resets the regions' empty-slot positions | `worker::FirWorker::abort` |
 //! | §4.3 index leaf checkpoint (full), CT, §4.3.2 consistency, the checkpoint thread | `checkpoint.rs`, `FirEngine::start_checkpointer` |
+//! | §4.3.1 Algorithm 2: MarkNode, GetIncrement, FlushChpt, MergeAndPersist | `checkpoint::LeafMarks::mark`, `FirEngine::{get_increment, merge_and_write}` |
+//! | §4.3.3 time cost model (eqs. 1–4) | `cost.rs` |
 //! | §4.4.1 undo/redo: committed = txnId ≤ LCTT of the region's thread, from CT on | `recovery.rs` (binary search per region) |
-//! | §4.4.2 index rebuild from the checkpoint | `recovery::load_checkpoint` |
+//! | §4.4.2 index rebuild from the checkpoint, in parallel | `recovery::load_checkpoint` (one thread per core over the pages) |
 //!
 //! A transaction runs on one worker thread, which is bound to one region of every table (its
 //! thread slot). A write takes the newest version's latch, checks MVTO's rules (the newest
@@ -72,11 +74,22 @@
 //! - **Algorithm 1 per run of contiguous slots**: the contents of a transaction's consecutive
 //!   slots of one region are copied together and their lines flushed once each (`clwb`; `sfence`
 //!   per line, as written), so a line shared by two new tuples is not written back twice.
-//! - **Checkpoints are full ones only** (§4.3): every table's index leaves, written to fresh
-//!   pages and made valid by one 8-byte generation word; the incremental checkpoint of
-//!   Algorithm 2 (update-time marks on the nodes of the DRAM index) and the time cost model of
-//!   §4.3.3 that chooses between the two are not built yet. A checkpoint also records the txnId
-//!   of each entry, so that recovery can order it against the versions it redoes.
+//! - **Incremental checkpoints keep their marks in FIR's own leaf map** (Algorithm 2): pmtx's
+//!   `PrimaryIndex` is shared with other engines, so MarkNode marks a FIR-side *leaf* (64
+//!   consecutive keys of a table: the paper's `t_access` and a bitmap of the written keys) rather
+//!   than the index's nodes; the map holds only the leaves marked since the previous checkpoint,
+//!   which is the paper's skip of every subtree whose `t_access < t_p`. A worker marks after
+//!   installing its versions (the paper: on the access path during the write), so that draining the
+//!   marks after CT cannot miss a transaction below CT. MergeAndPersist is page-level
+//!   copy-on-write: the checkpoint is a directory of pages of sorted entries, and only the pages
+//!   whose key range holds a marked key are read, merged and rewritten. Each entry also records
+//!   its version's txnId, so that recovery can order it against the versions it redoes.
+//! - **The time cost model** (`cost.rs`) uses equations 1, 3 and 4 with the node count of an
+//!   `M`-ary tree, `(M^(h+1) − 1)/(M − 1)` (the paper omits the `/(M − 1)`), and `α` = the share
+//!   of the index no marked key falls in, measured from the marks; the paper's equation 2 (a
+//!   Gini–Simpson index over sampled records) grows as writes spread out, the opposite of what its
+//!   equation 3 needs, so it is only reported (`CheckpointStats::gini_simpson`). The constants are
+//!   configurable (`FirConfig::cost_model`), not measured at start.
 //! - **CT is not the checkpoint's start time but the oldest running txnId** (or the clock + 1):
 //!   §4.3.2 resolves uncommitted versions by walking to the last committed one, which leaves out
 //!   a transaction running during the scan whose txnId is below the start time and that commits
@@ -95,11 +108,12 @@
 //!   at commit (in one run), so a long transaction blocks nothing but its own thread.
 //! - **No garbage collection yet** (§4.5): superseded versions stay in their blocks, marked in
 //!   the update_map; a pool that fills up refuses commits with `PmFull`.
-//! - **Checkpoints in the crash suite** are taken by the committing worker every
-//!   `checkpoint_every_commits` commits (a background thread's would land at other PM events in
+//! - **Checkpoints in the crash suite** (incremental ones, after the first full one) are taken
+//!   by the committing worker every `checkpoint_every_commits` commits (a background thread's would land at other PM events in
 //!   each run of the simulator); real kills run the background checkpointer every 20 ms.
 
 mod checkpoint;
+pub mod cost;
 pub mod layout;
 mod recovery;
 pub mod storage;
@@ -119,6 +133,7 @@ use std::sync::{Arc, OnceLock};
 use storage::{Region, Tile};
 
 pub use checkpoint::CheckpointStats;
+pub use cost::{CheckpointKind, CheckpointMode, CostModel};
 
 /// Why FIR refuses persistent indexes: its design keeps the index in DRAM and makes recovery fast
 /// with leaf checkpoints instead (§4.3).
@@ -147,17 +162,25 @@ pub enum FirFault {
     /// A checkpoint's CT is the clock alone, ignoring running transactions (§4.3.2): a
     /// transaction below CT that commits after the scan is neither in the checkpoint nor redone.
     CheckpointCtIgnoresRunning,
+    /// A checkpoint frees the pages it replaces before its directory is named: a crash in
+    /// between leaves the valid directory naming freed pages.
+    CheckpointFreeFirst,
+    /// A checkpoint's directory slot is not written back before the generation word names it
+    /// (ADR).
+    CheckpointSkipDirectoryFlush,
 }
 
 impl FirFault {
     /// Every fault.
-    pub const ALL: [FirFault; 6] = [
+    pub const ALL: [FirFault; 8] = [
         FirFault::SkipTupleFlush,
         FirFault::SkipTupleFence,
         FirFault::LcttFirst,
         FirFault::SkipLcttFlush,
         FirFault::CheckpointGenFirst,
         FirFault::CheckpointCtIgnoresRunning,
+        FirFault::CheckpointFreeFirst,
+        FirFault::CheckpointSkipDirectoryFlush,
     ];
 
     /// The command-line name (unique over every engine's faults).
@@ -169,6 +192,8 @@ impl FirFault {
             FirFault::SkipLcttFlush => "fir-skip-lctt-flush",
             FirFault::CheckpointGenFirst => "fir-checkpoint-gen-first",
             FirFault::CheckpointCtIgnoresRunning => "fir-checkpoint-ct-ignores-running",
+            FirFault::CheckpointFreeFirst => "fir-checkpoint-free-first",
+            FirFault::CheckpointSkipDirectoryFlush => "fir-checkpoint-skip-directory-flush",
         }
     }
 
@@ -184,6 +209,12 @@ impl FirFault {
             }
             FirFault::CheckpointCtIgnoresRunning => {
                 "a checkpoint's CT ignores the transactions running during it"
+            }
+            FirFault::CheckpointFreeFirst => {
+                "a checkpoint frees the pages it replaces before it is named valid"
+            }
+            FirFault::CheckpointSkipDirectoryFlush => {
+                "a checkpoint's directory is not written back before it is named valid"
             }
         }
     }
@@ -218,6 +249,10 @@ pub struct FirConfig {
     /// A committing worker takes a checkpoint after every this many commits of the engine
     /// (deterministic, for the crash-consistency suite; `None`: never).
     pub checkpoint_every_commits: Option<u64>,
+    /// Full, incremental, or chosen by the time cost model (§4.3.3; the default).
+    pub checkpoint_mode: CheckpointMode,
+    /// The constants of the time cost model.
+    pub cost_model: CostModel,
 }
 
 impl FirConfig {
@@ -230,6 +265,8 @@ impl FirConfig {
             fault: None,
             checkpoint_interval: Some(std::time::Duration::from_secs(1)),
             checkpoint_every_commits: None,
+            checkpoint_mode: CheckpointMode::CostModel,
+            cost_model: CostModel::default(),
         }
     }
 }
@@ -314,10 +351,16 @@ pub struct FirEngine {
     report: Option<RecoveryReport>,
     /// One checkpoint at a time.
     checkpoint_lock: Mutex<()>,
-    /// The pages of the valid checkpoint (freed when the next one is in place).
-    pub(crate) ckpt_pages: Mutex<Vec<u64>>,
+    /// The valid checkpoint's directory (its pages are freed when the next one is in place).
+    pub(crate) ckpt: Mutex<checkpoint::CkptDir>,
     /// Pool offset of the meta page's checkpoint generation word.
     pub(crate) ckpt_gen_at: u64,
+    /// Pool offset of the two checkpoint directory slots.
+    pub(crate) dir_base: u64,
+    /// The update-time marks of Algorithm 2 (MarkNode).
+    pub(crate) marks: checkpoint::LeafMarks,
+    /// The next checkpoint must be full (a failed one lost its drained marks).
+    pub(crate) need_full: std::sync::atomic::AtomicBool,
     checkpoints: AtomicU64,
     /// Checkpoints that could not be taken (a full pool) or a checkpointer that did not start.
     pub(crate) checkpoint_failures: AtomicU64,
@@ -344,6 +387,7 @@ impl FirEngine {
                 "max_row_bytes must be between 1 byte and a 2 MiB page".into(),
             ));
         }
+        config.cost_model.validate().map_err(DbError::Config)?;
         if config.checkpoint_interval.is_some_and(|d| d.is_zero())
             || config.checkpoint_every_commits == Some(0)
         {
@@ -482,8 +526,11 @@ impl FirEngine {
             last_commit: AtomicU64::new(0),
             report: None,
             checkpoint_lock: Mutex::new(()),
-            ckpt_pages: Mutex::new(Vec::new()),
+            ckpt: Mutex::new(checkpoint::CkptDir::default()),
             ckpt_gen_at: meta_page + meta::CKPT_GEN,
+            dir_base: meta_page + meta::DIR_AT,
+            marks: checkpoint::LeafMarks::new(),
+            need_full: std::sync::atomic::AtomicBool::new(false),
             checkpoints: AtomicU64::new(0),
             checkpoint_failures: AtomicU64::new(0),
             commits: AtomicU64::new(0),

@@ -13,6 +13,7 @@
 //! binary search (regions are time-ordered): O(m) in the versions written since, plus the
 //! checkpoint itself. Without one, CT is 0 and every region is read from its start.
 
+use super::checkpoint::{CkptDir, CkptPage};
 use super::layout::{checkpoint as ck, kind, tuple};
 use super::storage::{self, slots_per_block, state, Region, NONE};
 use super::{FirEngine, TableRt, ThreadState};
@@ -148,72 +149,112 @@ fn install_header(engine: &FirEngine, addr: u64, key: u64, txn: u64) {
     h.state.store(state::COMMITTED, Ordering::Release);
 }
 
-/// The valid checkpoint's pages and CT; frees the checkpoint pages of other generations.
+/// Loads the valid index leaf checkpoint (§4.4.2) into the indexes, its pages spread over
+/// `workers` threads (the pages hold disjoint key ranges, so the threads never meet on a key),
+/// and frees the checkpoint pages its directory does not name (a checkpoint a crash interrupted,
+/// or pages a newer one replaced and had not freed yet). Returns the directory and CT.
 fn load_checkpoint(
     engine: &FirEngine,
     tables: &[Arc<TableRt>],
     lctt: &[u64],
     checkpoint_pages: &[u64],
-) -> Result<(u64, u64, Vec<u64>), DbError> {
+    workers: usize,
+) -> Result<(CkptDir, u64), DbError> {
     let pool = &engine.pool;
     let generation = pool.read_u64(engine.ckpt_gen_at);
-    let mut valid: Vec<(u64, u64)> = Vec::new();
-    let mut stale = Vec::new();
-    for &page in checkpoint_pages {
-        let at = engine.pages.page_offset(page);
-        if generation != 0 && pool.read_u64(at + ck::GEN) == generation {
-            valid.push((pool.read_u64(at + ck::SEQ), page));
-        } else {
-            stale.push(page);
+    let mut listed: Vec<u64> = Vec::new();
+    let (mut ct, mut entries) = (0, 0);
+    if generation != 0 {
+        let at = engine.dir_at(generation);
+        let r = |f: u64| pool.read_u64(at + f);
+        let (slot_gen, count) = (r(ck::DIR_GEN), r(ck::DIR_PAGES));
+        (ct, entries) = (r(ck::DIR_CT), r(ck::DIR_ENTRIES));
+        if slot_gen != generation || count > ck::MAX_PAGES || ct >= TID_LIMIT {
+            return Err(corrupt(format!(
+                "the meta page names index checkpoint {generation}, but its directory holds generation {slot_gen}, {count} pages, CT {ct}"
+            )));
+        }
+        let mut buf = vec![0u8; 8 * count as usize];
+        pool.read_bytes(at + ck::DIR_FIRST, &mut buf);
+        listed = buf
+            .chunks_exact(8)
+            .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
+            .collect();
+        let mut sorted = listed.clone();
+        sorted.sort_unstable();
+        for (i, &p) in listed.iter().enumerate() {
+            if checkpoint_pages.binary_search(&p).is_err() || sorted.binary_search(&p).is_err() {
+                return Err(corrupt(format!(
+                    "index checkpoint {generation} names page {p} (number {i}), which is not an allocated checkpoint page"
+                )));
+            }
+        }
+        if sorted.windows(2).any(|w| w[0] == w[1]) {
+            return Err(corrupt(format!(
+                "index checkpoint {generation} names a page twice"
+            )));
         }
     }
-    // A checkpoint the crash interrupted, or an old one not yet freed: nothing names it.
-    for page in stale {
-        engine.pages.free(pool, page);
+    for &page in checkpoint_pages {
+        if !listed.contains(&page) {
+            engine.pages.free(pool, page);
+        }
     }
-    if generation == 0 {
-        return Ok((0, 0, Vec::new()));
-    }
-    valid.sort_unstable();
-    let first = valid.first().map(|&(_, p)| engine.pages.page_offset(p));
-    let Some(first) = first else {
+    let per_worker = listed.len().div_ceil(workers.max(1)).max(1);
+    let loaded: Vec<CkptPage> = std::thread::scope(|s| {
+        let handles: Vec<_> = listed
+            .chunks(per_worker)
+            .map(|chunk| s.spawn(move || load_pages(engine, tables, lctt, generation, chunk)))
+            .collect();
+        crate::engine::common::join_parts(handles)
+    })?;
+    let total: u64 = loaded.iter().map(|p| p.entries).sum();
+    if total != entries || loaded.windows(2).any(|w| w[0].first >= w[1].first) {
         return Err(corrupt(format!(
-            "the meta page names index checkpoint {generation}, but none of its pages exists"
-        )));
-    };
-    let (ct, entries, page_count) = (
-        pool.read_u64(first + ck::CT),
-        pool.read_u64(first + ck::ENTRIES),
-        pool.read_u64(first + ck::PAGES),
-    );
-    if valid.len() as u64 != page_count
-        || valid
-            .iter()
-            .enumerate()
-            .any(|(i, &(seq, _))| seq != i as u64)
-        || entries > page_count * ck::PER_PAGE
-        || ct >= TID_LIMIT
-    {
-        return Err(corrupt(format!(
-            "index checkpoint {generation} is damaged: {} pages found of {page_count}, {entries} entries, CT {ct}",
-            valid.len()
+            "index checkpoint {generation} holds {total} entries in pages out of key order or not the {entries} its directory says"
         )));
     }
-    let mut buf = Vec::new();
-    let mut left = entries;
-    for &(_, page) in &valid {
-        let n = left.min(ck::PER_PAGE);
-        left -= n;
-        buf.resize((n * ck::ENTRY) as usize, 0);
-        pool.read_bytes(engine.pages.page_offset(page) + ck::FIRST_ENTRY, &mut buf);
-        for e in buf.chunks_exact(ck::ENTRY as usize) {
-            let word = |i: usize| u64::from_le_bytes(e[i * 8..i * 8 + 8].try_into().unwrap());
-            let (table, key, txn, addr) = (word(0), word(1), word(2), word(3));
+    Ok((
+        CkptDir {
+            generation,
+            pages: loaded,
+        },
+        ct,
+    ))
+}
+
+/// Loads checkpoint `pages` (one thread's share): checks and installs every entry.
+fn load_pages(
+    engine: &FirEngine,
+    tables: &[Arc<TableRt>],
+    lctt: &[u64],
+    generation: u64,
+    pages: &[u64],
+) -> Result<Vec<CkptPage>, DbError> {
+    let pool = &engine.pool;
+    let mut out = Vec::with_capacity(pages.len());
+    let mut entries = Vec::new();
+    for &page in pages {
+        let at = engine.pages.page_offset(page);
+        let (wrote, n) = (pool.read_u64(at + ck::GEN), pool.read_u64(at + ck::COUNT));
+        if wrote == 0 || wrote > generation || n == 0 || n > ck::PER_PAGE {
+            return Err(corrupt(format!(
+                "page {page} of index checkpoint {generation} is damaged: written by generation {wrote}, {n} entries"
+            )));
+        }
+        entries.clear();
+        engine.read_page(page, n, &mut entries);
+        let mut prev: Option<(u64, u64)> = None;
+        for &[table, key, txn, addr] in &entries {
             let bad = |why: &str| {
                 corrupt(format!(
                     "index checkpoint {generation}: entry (table {table}, key {key}, txnId {txn}, address {addr:#x}) {why}"
                 ))
             };
+            if prev.is_some_and(|p| p >= (table, key)) {
+                return Err(bad("is out of key order"));
+            }
+            prev = Some((table, key));
             let Some(t) = tables.get(table as usize) else {
                 return Err(bad("names no table"));
             };
@@ -234,8 +275,13 @@ fn load_checkpoint(
                 return Err(bad("repeats a key"));
             }
         }
+        out.push(CkptPage {
+            page,
+            first: (entries[0][0], entries[0][1]),
+            entries: n,
+        });
     }
-    Ok((generation, ct, valid.into_iter().map(|(_, p)| p).collect()))
+    Ok(out)
 }
 
 /// Runs recovery (§4.4): loads the index leaf checkpoint, redoes the committed versions written
@@ -262,7 +308,7 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
 
     // The page table: blocks per region, in region order; checkpoint pages.
     let mut regions: HashMap<(usize, TableId), Vec<(u64, u64)>> = HashMap::new();
-    let mut checkpoint_pages = Vec::new();
+    let mut checkpoint_pages: Vec<u64> = Vec::new();
     for (index, tag) in engine.pages.allocated(&pool)? {
         let owner = tag.owner as usize;
         let table = (tag.value >> super::layout::SEQ_BITS) as usize;
@@ -304,16 +350,17 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
     }
     phase.lap(&mut report, "page table");
 
-    // The index leaf checkpoint (§4.4.2).
-    let (generation, ct, pages) = load_checkpoint(engine, &tables, &lctt, &checkpoint_pages)?;
+    // The index leaf checkpoint (§4.4.2), its pages loaded in parallel.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    checkpoint_pages.sort_unstable();
+    let (dir, ct) = load_checkpoint(engine, &tables, &lctt, &checkpoint_pages, cores)?;
+    let (generation, checkpoint_page_count) = (dir.generation, dir.pages.len() as u64);
     let from_checkpoint: u64 = tables.iter().map(|t| t.index.len() as u64).sum();
-    *engine.ckpt_pages.lock() = pages;
+    *engine.ckpt.lock() = dir;
     phase.lap(&mut report, "checkpoint load");
 
     // Undo/redo (§4.4.1): the regions from CT on, spread over the available cores.
-    let workers = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(region_list.len().max(1));
+    let workers = cores.min(region_list.len().max(1));
     let scans: Vec<RegionScan> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..workers)
             .map(|w| {
@@ -332,12 +379,7 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            // A scan thread stopped by a simulated crash unwinds the caller with its payload.
-            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect::<Result<Vec<_>, _>>()
-            .map(|v| v.into_iter().flatten().collect())
+        crate::engine::common::join_parts(handles)
     })?;
     let undone: u64 = scans.iter().map(|s| s.undone).sum();
     let skipped: u64 = scans.iter().map(|s| s.skipped).sum();
@@ -377,6 +419,8 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
     let mut tombstones = 0u64;
     for (txn, table, key, addr, tomb) in redo {
         max_txn = max_txn.max(txn);
+        // The next incremental checkpoint merges what recovery redid into the loaded one.
+        engine.marks.mark(table, key, txn);
         let t = &tables[table as usize];
         let current = t.index.get(key);
         if let Some(cur) = current {
@@ -454,6 +498,8 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
         ("regions".into(), region_list.len() as u64),
         ("checkpoint generation".into(), generation),
         ("checkpoint CT".into(), ct),
+        ("checkpoint pages".into(), checkpoint_page_count),
+        ("recovery threads".into(), cores as u64),
         ("entries from the checkpoint".into(), from_checkpoint),
         ("versions before CT skipped".into(), skipped),
         ("versions redone (txnId >= CT)".into(), redone),

@@ -446,6 +446,9 @@ impl FirWorker {
             } else {
                 h.unlatch(state::COMMITTED);
             }
+            // MarkNode (Algorithm 2), after the version is installed: a checkpoint whose CT is
+            // above this txnId drains the mark after it and so reads the installed state.
+            self.eng.marks.mark(w.table, w.key, self.ts);
         }
         self.old_row = old_row;
     }

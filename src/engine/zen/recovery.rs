@@ -224,14 +224,7 @@ pub(super) fn recover(engine: &mut ZenEngine) -> Result<(RecoveryReport, u64), D
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            // A scan thread stopped by a simulated crash (or by a bug) unwinds the caller with
-            // its own payload: `expect` would turn the simulator's crash into a real panic
-            // (found by the crash-consistency suite when it crashes recovery itself).
-            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect::<Result<Vec<_>, _>>()
-            .map(|v| v.into_iter().flatten().collect())
+        crate::engine::common::join_parts(handles)
     })?;
     let mut states: Vec<ThreadState> = (0..threads).map(|_| ThreadState::default()).collect();
     for st in states.iter_mut() {
