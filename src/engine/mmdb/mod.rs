@@ -388,6 +388,8 @@ impl MmdbEngine {
             entries: done.rows,
             pages: done.pages,
             ms: done.ms,
+            // A full snapshot every time: the incremental fields stay at their defaults.
+            ..Default::default()
         })
     }
 }
