@@ -19,6 +19,7 @@ pub mod cli;
 pub mod crashtest;
 pub mod db;
 pub mod engine;
+pub mod peers;
 pub mod index;
 pub mod pmem;
 pub mod ptm;
