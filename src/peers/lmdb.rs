@@ -50,7 +50,9 @@ impl LmdbStore {
         let map = capacity
             .saturating_mul(per_record)
             .saturating_mul(4)
-            .saturating_add(64 << 20);
+            .saturating_add(64 << 20)
+            // LMDB wants a multiple of the page size.
+            .next_multiple_of(1 << 20);
         let map = usize::try_from(map).map_err(|_| PeerError::Config("LMDB map too large".into()))?;
         let flags = match kind {
             PeerKind::LmdbWritemap => EnvFlags::WRITE_MAP,
@@ -96,7 +98,7 @@ impl LmdbStore {
 }
 
 enum Txn<'e> {
-    Read(RoTxn<'e>),
+    Read(RoTxn<'e, heed::WithTls>),
     Write(RwTxn<'e>),
 }
 

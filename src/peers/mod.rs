@@ -127,7 +127,7 @@ impl PeerKind {
 
     /// Creates an empty store at `path` (a directory for LMDB, a pool file for PMDK; it must
     /// not exist) for up to `capacity` records of `row_len` bytes.
-    #[cfg_attr(not(feature = "pmdk"), allow(unused_variables))]
+    #[cfg_attr(not(any(feature = "lmdb", feature = "pmdk")), allow(unused_variables))]
     pub fn create(
         self,
         path: &Path,
