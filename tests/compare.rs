@@ -119,12 +119,14 @@ mod peers {
                 writers += u32::from(!d.run_one().unwrap());
             }
             assert!(writers > 150, "{peer}: {writers} of 200 16-op transactions wrote");
-            // A known write, to read back after the reopen.
+            // A known write (a whole field, as an update writes it), read back after the reopen.
+            let mut field = vec![0u8; workload.field_len];
+            field[..8].copy_from_slice(&42u64.to_le_bytes());
             let mut a = Access::default();
             a.add(build_key(3), true);
             a.seal();
             store
-                .run(&a, &mut |tx| tx.write(build_key(3), 100, &42u64.to_le_bytes()))
+                .run(&a, &mut |tx| tx.write(build_key(3), workload.field_len, &field))
                 .unwrap();
             drop(store);
             let store = peer.open(&path.0, records, row_len).unwrap();
@@ -136,7 +138,7 @@ mod peers {
             a.add(build_key(3), false);
             a.seal();
             store.run(&a, &mut |tx| tx.read(build_key(3), &mut row)).unwrap();
-            assert_eq!(&row[100..108], &42u64.to_le_bytes(), "{peer}");
+            assert_eq!(&row[workload.field_len..2 * workload.field_len], &field[..], "{peer}");
             // A transaction whose body fails leaves nothing.
             a.clear();
             a.add(build_key(4), true);
@@ -152,7 +154,10 @@ mod peers {
             a.clear();
             a.add(build_key(records + 5), false);
             a.seal();
-            assert!(store.run(&a, &mut |_| Ok(())).is_err(), "{peer}");
+            let e = store
+                .run(&a, &mut |tx| tx.read(build_key(records + 5), &mut row))
+                .unwrap_err();
+            assert!(matches!(e, peers::PeerError::Missing(_)), "{peer}: {e}");
         }
     }
 
