@@ -23,12 +23,22 @@ fn compare_help_names_every_peer_and_how_to_build_it() {
     let o = pmtx(&["compare", "--help"]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
-    for peer in ["lmdb", "lmdb-writemap", "lmdb-nosync", "lmdb-mapasync", "pmdk", "rocksdb"] {
+    for peer in [
+        "lmdb",
+        "lmdb-writemap",
+        "lmdb-nosync",
+        "lmdb-mapasync",
+        "pmdk",
+        "rocksdb",
+    ] {
         assert!(out.contains(peer), "--help does not name {peer}:\n{out}");
     }
     assert!(out.contains("scripts/peers.sh"), "{out}");
     assert!(out.contains("one write transaction at a time"), "{out}");
-    for (peer, built) in [("lmdb", cfg!(feature = "lmdb")), ("pmdk", cfg!(feature = "pmdk"))] {
+    for (peer, built) in [
+        ("lmdb", cfg!(feature = "lmdb")),
+        ("pmdk", cfg!(feature = "pmdk")),
+    ] {
         let line = out
             .lines()
             .find(|l| l.trim_start().starts_with(&format!("{peer} ")))
@@ -43,13 +53,24 @@ fn compare_help_names_every_peer_and_how_to_build_it() {
 
 #[test]
 fn a_peer_not_built_is_refused_with_the_feature_to_build() {
-    for (peer, built) in [("lmdb", cfg!(feature = "lmdb")), ("pmdk", cfg!(feature = "pmdk"))] {
+    for (peer, built) in [
+        ("lmdb", cfg!(feature = "lmdb")),
+        ("pmdk", cfg!(feature = "pmdk")),
+    ] {
         if built {
             continue;
         }
         let o = pmtx(&[
-            "compare", "ycsb", "--peers", peer, "--records", "100", "--duration", "0.1",
-            "--warmup", "0",
+            "compare",
+            "ycsb",
+            "--peers",
+            peer,
+            "--records",
+            "100",
+            "--duration",
+            "0.1",
+            "--warmup",
+            "0",
         ]);
         let (_, err) = text(&o);
         assert_eq!(o.status.code(), Some(1), "{err}");
@@ -67,7 +88,10 @@ fn an_unknown_peer_is_refused_with_the_list() {
     let o = pmtx(&["compare", "bank", "--peers", "rocksdb"]);
     let (_, err) = text(&o);
     assert_eq!(o.status.code(), Some(2), "{err}");
-    assert!(err.contains("unknown peer 'rocksdb'") && err.contains("pmdk"), "{err}");
+    assert!(
+        err.contains("unknown peer 'rocksdb'") && err.contains("pmdk"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -76,7 +100,14 @@ fn a_workload_with_inserts_is_refused_for_the_peers() {
         return;
     }
     let o = pmtx(&[
-        "compare", "ycsb", "--workload", "d", "--records", "100", "--duration", "0.1",
+        "compare",
+        "ycsb",
+        "--workload",
+        "d",
+        "--records",
+        "100",
+        "--duration",
+        "0.1",
     ]);
     let (_, err) = text(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");
@@ -118,7 +149,10 @@ mod peers {
             for _ in 0..200 {
                 writers += u32::from(!d.run_one().unwrap());
             }
-            assert!(writers > 150, "{peer}: {writers} of 200 16-op transactions wrote");
+            assert!(
+                writers > 150,
+                "{peer}: {writers} of 200 16-op transactions wrote"
+            );
             // A known write (a whole field, as an update writes it), read back after the reopen.
             let mut field = vec![0u8; workload.field_len];
             field[..8].copy_from_slice(&42u64.to_le_bytes());
@@ -126,7 +160,9 @@ mod peers {
             a.add(build_key(3), true);
             a.seal();
             store
-                .run(&a, &mut |tx| tx.write(build_key(3), workload.field_len, &field))
+                .run(&a, &mut |tx| {
+                    tx.write(build_key(3), workload.field_len, &field)
+                })
                 .unwrap();
             drop(store);
             let store = peer.open(&path.0, records, row_len).unwrap();
@@ -137,8 +173,14 @@ mod peers {
             a.clear();
             a.add(build_key(3), false);
             a.seal();
-            store.run(&a, &mut |tx| tx.read(build_key(3), &mut row)).unwrap();
-            assert_eq!(&row[workload.field_len..2 * workload.field_len], &field[..], "{peer}");
+            store
+                .run(&a, &mut |tx| tx.read(build_key(3), &mut row))
+                .unwrap();
+            assert_eq!(
+                &row[workload.field_len..2 * workload.field_len],
+                &field[..],
+                "{peer}"
+            );
             // A transaction whose body fails leaves nothing.
             a.clear();
             a.add(build_key(4), true);
@@ -148,7 +190,9 @@ mod peers {
                 Err(peers::PeerError::Config("user abort".into()))
             });
             assert!(e.is_err());
-            store.run(&a, &mut |tx| tx.read(build_key(4), &mut row)).unwrap();
+            store
+                .run(&a, &mut |tx| tx.read(build_key(4), &mut row))
+                .unwrap();
             assert_ne!(&row[..8], &[0xee; 8], "{peer}: an aborted write stayed");
             // Unknown keys are errors, not panics.
             a.clear();
@@ -201,9 +245,26 @@ mod peers {
         let peers: Vec<&str> = built().iter().map(|p| p.name()).collect();
         let peer_list = peers.join(",");
         let o = pmtx(&[
-            "compare", "ycsb", "--engine", "falcon", "--domain", "adr", "--records", "2000",
-            "--ops-per-txn", "16", "--threads", "1,2", "--duration", "0.3", "--warmup", "0",
-            "--peers", &peer_list, "--json", json.to_str().unwrap(),
+            "compare",
+            "ycsb",
+            "--engine",
+            "falcon",
+            "--domain",
+            "adr",
+            "--records",
+            "2000",
+            "--ops-per-txn",
+            "16",
+            "--threads",
+            "1,2",
+            "--duration",
+            "0.3",
+            "--warmup",
+            "0",
+            "--peers",
+            &peer_list,
+            "--json",
+            json.to_str().unwrap(),
         ]);
         let (out, err) = text(&o);
         assert!(o.status.success(), "{out}\n{err}");
@@ -224,8 +285,18 @@ mod peers {
             }
         }
         let o = pmtx(&[
-            "compare", "bank", "--accounts", "200", "--duration", "0.2", "--warmup", "0",
-            "--threads", "2", "--peers", &peer_list,
+            "compare",
+            "bank",
+            "--accounts",
+            "200",
+            "--duration",
+            "0.2",
+            "--warmup",
+            "0",
+            "--threads",
+            "2",
+            "--peers",
+            &peer_list,
         ]);
         let (out, err) = text(&o);
         assert!(o.status.success(), "{out}\n{err}");

@@ -387,7 +387,8 @@ pub(crate) fn bank_engine_run(
             i128::from(args.accounts) * i128::from(crate::workload::bank::INITIAL_BALANCE)
         );
     }
-    let params = serde_json::json!({ "accounts": args.accounts, "pool_bytes": pool_size, "round": round });
+    let params =
+        serde_json::json!({ "accounts": args.accounts, "pool_bytes": pool_size, "round": round });
     let domain = common.domain_of(engine);
     Ok(RunReport::new(
         engine.name(),

@@ -58,10 +58,12 @@ impl PeerArgs {
                 .filter(|p| p.built() && p.durable())
                 .collect();
             if built.is_empty() {
-                return Err("no peer is built into this pmtx: rebuild with `cargo build \
+                return Err(
+                    "no peer is built into this pmtx: rebuild with `cargo build \
                             --release --features lmdb,pmdk` (scripts/peers.sh installs what \
                             the pmdk feature needs and does it)"
-                    .into());
+                        .into(),
+                );
             }
             return Ok(built);
         }
@@ -87,7 +89,10 @@ pub fn peers_help() -> String {
             if p.built() {
                 "built in".to_string()
             } else {
-                format!("not built: cargo build --release --features {}", p.feature())
+                format!(
+                    "not built: cargo build --release --features {}",
+                    p.feature()
+                )
             }
         ));
     }
@@ -135,7 +140,9 @@ fn run_ycsb(args: CompareYcsbArgs) -> CliResult {
                 },
                 &|store| {
                     let updated = peers::check_ycsb(store, workload, ycsb.records)?;
-                    Ok(format!("{updated} records updated, every field loaded or updated"))
+                    Ok(format!(
+                        "{updated} records updated, every field loaded or updated"
+                    ))
                 },
             )?;
             reports.push(peer_report(
@@ -194,10 +201,7 @@ fn run_bank(args: CompareBankArgs) -> CliResult {
     finish(&bank.common, &peers, &mut reports)
 }
 
-type Factory<'a> = dyn for<'s> Fn(
-        &'s dyn PeerStore,
-        usize,
-    ) -> Result<Box<dyn TxnDriver + 's>, peers::PeerError>
+type Factory<'a> = dyn for<'s> Fn(&'s dyn PeerStore, usize) -> Result<Box<dyn TxnDriver + 's>, peers::PeerError>
     + Sync
     + 'a;
 
@@ -221,9 +225,8 @@ fn run_peer(
     let outcome = (|| -> Result<BenchResult, Box<dyn std::error::Error>> {
         let store = peer.create(&path, records, row_len)?;
         load(&*store)?;
-        let result = crate::bench::run(common.bench_config(threads, kinds), |t| {
-            driver(&*store, t)
-        })?;
+        let result =
+            crate::bench::run(common.bench_config(threads, kinds), |t| driver(&*store, t))?;
         drop(store);
         let store = peer.open(&path, records, row_len)?;
         let stored = store.len()?;

@@ -39,9 +39,8 @@ impl LmdbStore {
         create: bool,
     ) -> Result<Self, PeerError> {
         if create {
-            std::fs::create_dir(dir).map_err(|e| {
-                PeerError::Config(format!("{}: cannot create: {e}", dir.display()))
-            })?;
+            std::fs::create_dir(dir)
+                .map_err(|e| PeerError::Config(format!("{}: cannot create: {e}", dir.display())))?;
         }
         // Leaf pages hold records of up to ~2 KiB two or more to a page; larger ones take
         // overflow pages. Four times the data leaves room for the pages a copy-on-write commit
@@ -53,7 +52,8 @@ impl LmdbStore {
             .saturating_add(64 << 20)
             // LMDB wants a multiple of the page size.
             .next_multiple_of(1 << 20);
-        let map = usize::try_from(map).map_err(|_| PeerError::Config("LMDB map too large".into()))?;
+        let map =
+            usize::try_from(map).map_err(|_| PeerError::Config("LMDB map too large".into()))?;
         let flags = match kind {
             PeerKind::LmdbWritemap => EnvFlags::WRITE_MAP,
             PeerKind::LmdbNosync => EnvFlags::NO_SYNC,
@@ -142,7 +142,11 @@ impl PeerTx for LmdbTx<'_> {
                     "key {key:#x} written in a transaction that declared it read-only"
                 )));
             };
-            let cur = self.db.get(w, &key).map_err(err)?.ok_or(PeerError::Missing(key))?;
+            let cur = self
+                .db
+                .get(w, &key)
+                .map_err(err)?
+                .ok_or(PeerError::Missing(key))?;
             if offset + bytes.len() > cur.len() {
                 return Err(PeerError::Config(format!(
                     "write of {} bytes at {offset} past a {}-byte record",

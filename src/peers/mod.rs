@@ -136,7 +136,9 @@ impl PeerKind {
     ) -> Result<Box<dyn PeerStore>, PeerError> {
         self.check_built()?;
         if row_len == 0 {
-            return Err(PeerError::Config("records must have at least 1 byte".into()));
+            return Err(PeerError::Config(
+                "records must have at least 1 byte".into(),
+            ));
         }
         if path.exists() {
             return Err(PeerError::Config(format!(
@@ -152,11 +154,7 @@ impl PeerKind {
             | PeerKind::LmdbWritemap
             | PeerKind::LmdbNosync
             | PeerKind::LmdbMapasync => Ok(Box::new(lmdb::LmdbStore::open(
-                self,
-                path,
-                capacity,
-                row_len,
-                true,
+                self, path, capacity, row_len, true,
             )?)),
             #[allow(unreachable_patterns)]
             _ => Err(self.not_built()),
@@ -353,7 +351,11 @@ const LOAD_BATCH: u64 = 256;
 
 /// Loads YCSB records `0..records` (the rows the pmtx loader writes,
 /// [`crate::workload::ycsb::driver::initial_row`]).
-pub fn load_ycsb(store: &dyn PeerStore, workload: &Workload, records: u64) -> Result<(), PeerError> {
+pub fn load_ycsb(
+    store: &dyn PeerStore,
+    workload: &Workload,
+    records: u64,
+) -> Result<(), PeerError> {
     let row_len = workload.field_count as usize * workload.field_len;
     load_rows(store, records, row_len, &|r, row| {
         crate::workload::ycsb::driver::initial_row(workload, r, row);
@@ -482,9 +484,7 @@ impl<'s> PeerYcsbDriver<'s> {
                         }
                     }
                     Op::Insert { .. } | Op::Scan { .. } => {
-                        return Err(PeerError::Config(
-                            "peers run no inserts or scans".into(),
-                        ))
+                        return Err(PeerError::Config("peers run no inserts or scans".into()))
                     }
                 }
             }
@@ -645,7 +645,9 @@ pub fn check_ycsb(store: &dyn PeerStore, workload: &Workload, records: u64) -> R
             }
             let rest = &got[8.min(got.len())..];
             if rest.iter().any(|&b| b != 0) || got[..8.min(got.len())].iter().all(|&b| b == 0) {
-                return Err(format!("record {r} field {f}: neither loaded nor updated bytes"));
+                return Err(format!(
+                    "record {r} field {f}: neither loaded nor updated bytes"
+                ));
             }
             changed = true;
         }
@@ -683,7 +685,11 @@ mod tests {
     fn a_peer_not_built_names_its_feature() {
         for p in PeerKind::ALL.into_iter().filter(|p| !p.built()) {
             let e = p.create(&p.scratch_path(), 10, 8).err().expect("not built");
-            assert!(e.to_string().contains(&format!("--features {}", p.feature())), "{e}");
+            assert!(
+                e.to_string()
+                    .contains(&format!("--features {}", p.feature())),
+                "{e}"
+            );
         }
     }
 }

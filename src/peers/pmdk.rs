@@ -126,9 +126,8 @@ impl PmdkStore {
         let pool_size = array + array / 8 + (64 << 20);
         let cpath = c_path(path)?;
         // SAFETY: both strings are NUL-terminated and live across the call.
-        let pop = unsafe {
-            pmemobj_create(cpath.as_ptr(), LAYOUT.as_ptr(), pool_size as usize, 0o600)
-        };
+        let pop =
+            unsafe { pmemobj_create(cpath.as_ptr(), LAYOUT.as_ptr(), pool_size as usize, 0o600) };
         if pop.is_null() {
             return Err(last_error(&format!("pmemobj_create {}", path.display())));
         }
@@ -183,10 +182,21 @@ impl PmdkStore {
         Self::from_root(pop, root, row_len)
     }
 
-    fn from_root(pop: *mut PmemObjPool, root: *mut Root, row_len: usize) -> Result<Self, PeerError> {
+    fn from_root(
+        pop: *mut PmemObjPool,
+        root: *mut Root,
+        row_len: usize,
+    ) -> Result<Self, PeerError> {
         // SAFETY: root points to the root object (null checked below before use of fields).
         let (capacity, stored_len, slots_oid) = if root.is_null() {
-            (0, 0, PmemOid { pool_uuid_lo: 0, off: 0 })
+            (
+                0,
+                0,
+                PmemOid {
+                    pool_uuid_lo: 0,
+                    off: 0,
+                },
+            )
         } else {
             unsafe { ((*root).capacity, (*root).row_len, (*root).slots) }
         };
@@ -458,6 +468,8 @@ impl PeerStore for PmdkStore {
     }
 
     fn len(&self) -> Result<u64, PeerError> {
-        Ok((0..self.capacity).filter(|&i| self.header(i).1 != 0).count() as u64)
+        Ok((0..self.capacity)
+            .filter(|&i| self.header(i).1 != 0)
+            .count() as u64)
     }
 }
