@@ -18,6 +18,22 @@ fn text(o: &Output) -> (String, String) {
     )
 }
 
+/// `pmtx compare ycsb` on 100 records for 0.1 s, with `extra` arguments.
+fn tiny_ycsb(extra: &[&str]) -> Output {
+    let mut args = vec![
+        "compare",
+        "ycsb",
+        "--records",
+        "100",
+        "--duration",
+        "0.1",
+        "--warmup",
+        "0",
+    ];
+    args.extend_from_slice(extra);
+    pmtx(&args)
+}
+
 #[test]
 fn compare_help_names_every_peer_and_how_to_build_it() {
     let o = pmtx(&["compare", "--help"]);
@@ -60,18 +76,7 @@ fn a_peer_not_built_is_refused_with_the_feature_to_build() {
         if built {
             continue;
         }
-        let o = pmtx(&[
-            "compare",
-            "ycsb",
-            "--peers",
-            peer,
-            "--records",
-            "100",
-            "--duration",
-            "0.1",
-            "--warmup",
-            "0",
-        ]);
+        let o = tiny_ycsb(&["--peers", peer]);
         let (_, err) = text(&o);
         assert_eq!(o.status.code(), Some(1), "{err}");
         assert!(
@@ -99,16 +104,7 @@ fn a_workload_with_inserts_is_refused_for_the_peers() {
     if !cfg!(any(feature = "lmdb", feature = "pmdk")) {
         return;
     }
-    let o = pmtx(&[
-        "compare",
-        "ycsb",
-        "--workload",
-        "d",
-        "--records",
-        "100",
-        "--duration",
-        "0.1",
-    ]);
+    let o = tiny_ycsb(&["--workload", "d"]);
     let (_, err) = text(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("inserts or scans"), "{err}");

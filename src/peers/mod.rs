@@ -127,7 +127,6 @@ impl PeerKind {
 
     /// Creates an empty store at `path` (a directory for LMDB, a pool file for PMDK; it must
     /// not exist) for up to `capacity` records of `row_len` bytes.
-    #[cfg_attr(not(any(feature = "lmdb", feature = "pmdk")), allow(unused_variables))]
     pub fn create(
         self,
         path: &Path,
@@ -146,24 +145,11 @@ impl PeerKind {
                 path.display()
             )));
         }
-        match self {
-            #[cfg(feature = "pmdk")]
-            PeerKind::Pmdk => Ok(Box::new(pmdk::PmdkStore::create(path, capacity, row_len)?)),
-            #[cfg(feature = "lmdb")]
-            PeerKind::Lmdb
-            | PeerKind::LmdbWritemap
-            | PeerKind::LmdbNosync
-            | PeerKind::LmdbMapasync => Ok(Box::new(lmdb::LmdbStore::open(
-                self, path, capacity, row_len, true,
-            )?)),
-            #[allow(unreachable_patterns)]
-            _ => Err(self.not_built()),
-        }
+        self.store(path, capacity, row_len, true)
     }
 
     /// Opens the store a [`PeerKind::create`] made at `path` (after a close or a crash), with
     /// the `capacity` and `row_len` it was created with.
-    #[cfg_attr(not(any(feature = "lmdb", feature = "pmdk")), allow(unused_variables))]
     pub fn open(
         self,
         path: &Path,
@@ -177,7 +163,23 @@ impl PeerKind {
                 path.display()
             )));
         }
+        self.store(path, capacity, row_len, false)
+    }
+
+    /// Creates (`create`) or opens the store at `path`.
+    #[cfg_attr(not(any(feature = "lmdb", feature = "pmdk")), allow(unused_variables))]
+    fn store(
+        self,
+        path: &Path,
+        capacity: u64,
+        row_len: usize,
+        create: bool,
+    ) -> Result<Box<dyn PeerStore>, PeerError> {
         match self {
+            #[cfg(feature = "pmdk")]
+            PeerKind::Pmdk if create => {
+                Ok(Box::new(pmdk::PmdkStore::create(path, capacity, row_len)?))
+            }
             #[cfg(feature = "pmdk")]
             PeerKind::Pmdk => Ok(Box::new(pmdk::PmdkStore::open(path, row_len)?)),
             #[cfg(feature = "lmdb")]
@@ -185,7 +187,7 @@ impl PeerKind {
             | PeerKind::LmdbWritemap
             | PeerKind::LmdbNosync
             | PeerKind::LmdbMapasync => Ok(Box::new(lmdb::LmdbStore::open(
-                self, path, capacity, row_len, false,
+                self, path, capacity, row_len, create,
             )?)),
             #[allow(unreachable_patterns)]
             _ => Err(self.not_built()),
