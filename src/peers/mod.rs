@@ -127,54 +127,40 @@ impl PeerKind {
 
     /// Creates an empty store at `path` (a directory for LMDB, a pool file for PMDK; it must
     /// not exist) for up to `capacity` records of `row_len` bytes.
-    pub fn create(
-        self,
-        path: &Path,
-        capacity: u64,
-        row_len: usize,
-    ) -> Result<Box<dyn PeerStore>, PeerError> {
+    pub fn create(self, path: &Path, capacity: u64, row_len: usize) -> StoreResult {
+        self.store(path, capacity, row_len, true)
+    }
+
+    /// Opens the store a [`PeerKind::create`] made at `path` (after a close or a crash), with
+    /// the `capacity` and `row_len` it was created with.
+    pub fn open(self, path: &Path, capacity: u64, row_len: usize) -> StoreResult {
+        self.store(path, capacity, row_len, false)
+    }
+
+    /// Creates (`create`) or opens the store at `path`.
+    #[cfg_attr(not(any(feature = "lmdb", feature = "pmdk")), allow(unused_variables))]
+    fn store(self, path: &Path, capacity: u64, row_len: usize, create: bool) -> StoreResult {
         self.check_built()?;
         if row_len == 0 {
             return Err(PeerError::Config(
                 "records must have at least 1 byte".into(),
             ));
         }
-        if path.exists() {
-            return Err(PeerError::Config(format!(
-                "{}: exists; a peer is created fresh",
-                path.display()
-            )));
+        match (create, path.exists()) {
+            (true, true) => {
+                return Err(PeerError::Config(format!(
+                    "{}: exists; a peer is created fresh",
+                    path.display()
+                )))
+            }
+            (false, false) => {
+                return Err(PeerError::Config(format!(
+                    "{}: does not exist",
+                    path.display()
+                )))
+            }
+            _ => {}
         }
-        self.store(path, capacity, row_len, true)
-    }
-
-    /// Opens the store a [`PeerKind::create`] made at `path` (after a close or a crash), with
-    /// the `capacity` and `row_len` it was created with.
-    pub fn open(
-        self,
-        path: &Path,
-        capacity: u64,
-        row_len: usize,
-    ) -> Result<Box<dyn PeerStore>, PeerError> {
-        self.check_built()?;
-        if !path.exists() {
-            return Err(PeerError::Config(format!(
-                "{}: does not exist",
-                path.display()
-            )));
-        }
-        self.store(path, capacity, row_len, false)
-    }
-
-    /// Creates (`create`) or opens the store at `path`.
-    #[cfg_attr(not(any(feature = "lmdb", feature = "pmdk")), allow(unused_variables))]
-    fn store(
-        self,
-        path: &Path,
-        capacity: u64,
-        row_len: usize,
-        create: bool,
-    ) -> Result<Box<dyn PeerStore>, PeerError> {
         match self {
             #[cfg(feature = "pmdk")]
             PeerKind::Pmdk if create => {
@@ -243,6 +229,9 @@ impl std::str::FromStr for PeerKind {
             })
     }
 }
+
+/// A store opened by [`PeerKind::create`] or [`PeerKind::open`].
+pub type StoreResult = Result<Box<dyn PeerStore>, PeerError>;
 
 /// A peer's error.
 #[derive(Debug, thiserror::Error)]
