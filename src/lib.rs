@@ -20,6 +20,7 @@ pub mod crashtest;
 pub mod db;
 pub mod engine;
 pub mod index;
+pub mod peers;
 pub mod pmem;
 pub mod ptm;
 pub mod workload;

@@ -32,6 +32,10 @@ pub struct RunReport {
     /// `result.throughput_tps / volatile_throughput_tps` (0 when the baseline is 0).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ratio_to_volatile: Option<f64>,
+    /// `result.throughput_tps` over each peer's throughput in the same round and thread count
+    /// (`pmtx compare`), by peer name; empty (and absent from the JSON) otherwise.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub ratio_to_peers: std::collections::BTreeMap<String, f64>,
     /// Points `(latency in µs, fraction of outcomes at or below it)` of the run's latency CDF
     /// ([`RUN_CDF_POINTS`] of them, none when nothing was recorded): see
     /// [`BenchResult::latency_cdf`]. Serialised as `[[µs, fraction], ...]`.
@@ -59,6 +63,7 @@ impl RunReport {
             result,
             volatile_throughput_tps: None,
             ratio_to_volatile: None,
+            ratio_to_peers: Default::default(),
             latency_cdf_us,
             params,
         }
@@ -118,6 +123,12 @@ pub fn print_table(reports: &[RunReport], out: &mut impl Write) -> io::Result<()
     if with_volatile {
         headers.push("×volatile");
     }
+    let peers: std::collections::BTreeSet<&str> = reports
+        .iter()
+        .flat_map(|r| r.ratio_to_peers.keys().map(String::as_str))
+        .collect();
+    let peer_headers: Vec<String> = peers.iter().map(|p| format!("×{p}")).collect();
+    headers.extend(peer_headers.iter().map(String::as_str));
     let rows: Vec<Vec<String>> = reports
         .iter()
         .map(|r| {
@@ -146,6 +157,12 @@ pub fn print_table(reports: &[RunReport], out: &mut impl Write) -> io::Result<()
             if with_volatile {
                 row.push(match r.ratio_to_volatile {
                     Some(ratio) => format!("{ratio:.3}"),
+                    None => "-".to_string(),
+                });
+            }
+            for p in &peers {
+                row.push(match r.ratio_to_peers.get(*p) {
+                    Some(ratio) => format!("{ratio:.2}"),
                     None => "-".to_string(),
                 });
             }

@@ -345,7 +345,18 @@ pub(crate) fn finish(common: &CommonArgs, reports: &mut [RunReport]) -> CliResul
 
 fn run_bank(args: BankArgs) -> CliResult {
     let common = args.common.clone();
-    check_common(&common)?;
+    let pool_size = bank_pool_size(&args)?;
+    let mut reports = Vec::new();
+    for (round, threads, engine) in common.plan() {
+        reports.push(bank_engine_run(&args, pool_size, round, threads, engine)?);
+    }
+    finish(&common, &mut reports)
+}
+
+/// Checks `pmtx bench bank`'s arguments and returns the pool size of its runs.
+pub(crate) fn bank_pool_size(args: &BankArgs) -> Result<u64, Box<dyn std::error::Error>> {
+    let common = &args.common;
+    check_common(common)?;
     if args.accounts < 2 || args.accounts > crate::workload::bank::MAX_ACCOUNTS {
         return Err(format!(
             "--accounts must be between 2 and {}",
@@ -354,42 +365,51 @@ fn run_bank(args: BankArgs) -> CliResult {
         .into());
     }
     let max_threads = common.threads.iter().copied().max().unwrap_or(1) + 1;
-    let pool_size = pool_size_for(
+    Ok(pool_size_for(
         &format!("--accounts {}", args.accounts),
         args.accounts
             .checked_mul(64 * 2)
             .and_then(|b| b.checked_add((32 + 8 * max_threads as u64) * crate::alloc::PAGE_SIZE)),
-    )?;
-    let mut reports = Vec::new();
-    for (round, threads, engine) in common.plan() {
-        let db = Db::create(common.db_config(engine, threads, pool_size))?;
-        super::warn_durability(&db);
-        let table = crate::workload::bank::load(&db, args.accounts)?;
-        let result = bench::run(common.bench_config(threads, &["transfer"]), |t| {
-            crate::workload::bank::BankDriver::new(&db, table, args.accounts, 0xba4c + t as u64)
-                .map(|d| Box::new(d) as Box<dyn bench::TxnDriver>)
-        })?;
-        if args.check {
-            crate::workload::bank::check(&db, args.accounts)
-                .map_err(|e| format!("bank invariant violated: {e}"))?;
-            eprintln!(
-                "{engine}, {threads} thr: bank check passed ({} accounts, total balance {}, none negative)",
-                args.accounts,
-                i128::from(args.accounts) * i128::from(crate::workload::bank::INITIAL_BALANCE)
-            );
-        }
-        let params = serde_json::json!({ "accounts": args.accounts, "pool_bytes": pool_size, "round": round });
-        let domain = common.domain_of(engine);
-        reports.push(RunReport::new(
-            engine.name(),
-            common.cc.name(),
-            domain.name(),
-            "bank",
-            result,
-            params,
-        ));
+    )?)
+}
+
+/// One bank run of a pmtx engine: a fresh pool, the accounts loaded, transfers measured, the
+/// invariant checked with `--check`. `pmtx compare bank` calls it too.
+pub(crate) fn bank_engine_run(
+    args: &BankArgs,
+    pool_size: u64,
+    round: usize,
+    threads: usize,
+    engine: EngineKind,
+) -> Result<RunReport, Box<dyn std::error::Error>> {
+    let common = &args.common;
+    let db = Db::create(common.db_config(engine, threads, pool_size))?;
+    super::warn_durability(&db);
+    let table = crate::workload::bank::load(&db, args.accounts)?;
+    let result = bench::run(common.bench_config(threads, &["transfer"]), |t| {
+        crate::workload::bank::BankDriver::new(&db, table, args.accounts, 0xba4c + t as u64)
+            .map(|d| Box::new(d) as Box<dyn bench::TxnDriver>)
+    })?;
+    if args.check {
+        crate::workload::bank::check(&db, args.accounts)
+            .map_err(|e| format!("bank invariant violated: {e}"))?;
+        eprintln!(
+            "{engine}, {threads} thr: bank check passed ({} accounts, total balance {}, none negative)",
+            args.accounts,
+            i128::from(args.accounts) * i128::from(crate::workload::bank::INITIAL_BALANCE)
+        );
     }
-    finish(&common, &mut reports)
+    let params =
+        serde_json::json!({ "accounts": args.accounts, "pool_bytes": pool_size, "round": round });
+    let domain = common.domain_of(engine);
+    Ok(RunReport::new(
+        engine.name(),
+        common.cc.name(),
+        domain.name(),
+        "bank",
+        result,
+        params,
+    ))
 }
 
 fn workload_of(args: &YcsbArgs) -> Result<Workload, Box<dyn std::error::Error>> {
@@ -423,9 +443,27 @@ fn peak_rss_bytes() -> Option<u64> {
 }
 
 fn run_ycsb(args: YcsbArgs) -> CliResult {
-    let common = args.common.clone();
-    check_common(&common)?;
-    let workload = workload_of(&args)?;
+    let plan = ycsb_plan(&args)?;
+    let mut reports: Vec<RunReport> = Vec::new();
+    for (round, threads, engine) in args.common.plan() {
+        reports.push(ycsb_engine_run(&args, &plan, round, threads, engine)?);
+    }
+    finish(&args.common, &mut reports)
+}
+
+/// What every run of one `pmtx bench ycsb` (or `pmtx compare ycsb`) invocation shares.
+pub(crate) struct YcsbPlan {
+    /// The workload, with the command line's record shape and mix.
+    pub workload: Workload,
+    /// Pool size of each run.
+    pub pool_size: u64,
+}
+
+/// Checks `pmtx bench ycsb`'s arguments and sizes the pools.
+pub(crate) fn ycsb_plan(args: &YcsbArgs) -> Result<YcsbPlan, Box<dyn std::error::Error>> {
+    let common = &args.common;
+    check_common(common)?;
+    let workload = workload_of(args)?;
     let row = workload.field_count as u64 * workload.field_len as u64;
     let slot = crate::engine::falcon::layout::tuple::slot_size(row as usize);
     // Room for the records, YCSB-D/E inserts, per-thread pages and windows.
@@ -441,66 +479,89 @@ fn run_ycsb(args: YcsbArgs) -> CliResult {
             .map(|b| b / 2)
             .and_then(|b| b.checked_add((64 + 8 * max_threads as u64) * crate::alloc::PAGE_SIZE)),
     )?;
-    let mut reports: Vec<RunReport> = Vec::new();
-    for (round, threads, engine) in common.plan() {
-        let mut config = common.db_config(engine, threads, pool_size);
-        config.max_row_bytes = config.max_row_bytes.max(row as usize);
-        let dram_before = rss_anon_bytes();
-        let db = Db::create(config)?;
-        super::warn_durability(&db);
-        let table = db.create_table(driver::schema(&workload))?;
-        let bar = bench::loading_bar(args.records, &format!("loading {engine}"));
-        let loaded = AtomicU64::new(0);
-        driver::load(&db, table, &workload, args.records, 2, &|n| {
-            bar.set_position(loaded.fetch_add(n, Ordering::Relaxed) + n);
-        })?;
-        bar.finish_and_clear();
-        let dram_after_load = rss_anon_bytes();
-        let inserts = Arc::new(AcknowledgedCounter::new(args.records));
-        let result = bench::run(common.bench_config(threads, &driver::TXN_KINDS), |t| {
-            driver::YcsbDriver::new(
-                &db,
-                table,
-                &workload,
-                args.records,
-                inserts.clone(),
-                0x5eed + t as u64,
-            )
-            .map(|d| Box::new(d) as Box<dyn bench::TxnDriver>)
-        })?;
-        let dram_per_record = match (dram_before, dram_after_load) {
-            (Some(b), Some(a)) if engine != EngineKind::Volatile => {
-                Some(a.saturating_sub(b) as f64 / args.records as f64)
-            }
-            _ => None,
-        };
-        let params = serde_json::json!({
-            "records": args.records,
-            "theta": args.theta,
-            "ops_per_txn": workload.ops_per_txn,
-            "field_count": workload.field_count,
-            "field_len": workload.field_len,
-            "write_all_fields": workload.write_all_fields,
-            "hot_tuples": common.hot_tuples,
-            "window_slot_bytes": common.window_slot_bytes,
-            "index": common.index.as_str(),
-            "pool_bytes": pool_size,
-            "dram_bytes_per_record_after_load": dram_per_record,
-            "peak_rss_bytes": peak_rss_bytes(),
-            "round": round,
-        });
-        let domain = common.domain_of(engine);
-        let name = format!("ycsb-{}", workload.name);
-        reports.push(RunReport::new(
-            engine.name(),
-            common.cc.name(),
-            domain.name(),
-            name,
-            result,
-            params,
-        ));
+    Ok(YcsbPlan {
+        workload,
+        pool_size,
+    })
+}
+
+/// The JSON `params` of a YCSB run (pmtx engine or peer).
+pub(crate) fn ycsb_params(args: &YcsbArgs, workload: &Workload, round: usize) -> serde_json::Value {
+    serde_json::json!({
+        "records": args.records,
+        "theta": args.theta,
+        "ops_per_txn": workload.ops_per_txn,
+        "field_count": workload.field_count,
+        "field_len": workload.field_len,
+        "write_all_fields": workload.write_all_fields,
+        "round": round,
+    })
+}
+
+/// One YCSB run of a pmtx engine: a fresh pool, the records loaded, the workload measured.
+/// `pmtx compare ycsb` calls it too.
+pub(crate) fn ycsb_engine_run(
+    args: &YcsbArgs,
+    plan: &YcsbPlan,
+    round: usize,
+    threads: usize,
+    engine: EngineKind,
+) -> Result<RunReport, Box<dyn std::error::Error>> {
+    let common = &args.common;
+    let (workload, pool_size) = (&plan.workload, plan.pool_size);
+    let row = workload.field_count as usize * workload.field_len;
+    let mut config = common.db_config(engine, threads, pool_size);
+    config.max_row_bytes = config.max_row_bytes.max(row);
+    let dram_before = rss_anon_bytes();
+    let db = Db::create(config)?;
+    super::warn_durability(&db);
+    let table = db.create_table(driver::schema(workload))?;
+    let bar = bench::loading_bar(args.records, &format!("loading {engine}"));
+    let loaded = AtomicU64::new(0);
+    driver::load(&db, table, workload, args.records, 2, &|n| {
+        bar.set_position(loaded.fetch_add(n, Ordering::Relaxed) + n);
+    })?;
+    bar.finish_and_clear();
+    let dram_after_load = rss_anon_bytes();
+    let inserts = Arc::new(AcknowledgedCounter::new(args.records));
+    let result = bench::run(common.bench_config(threads, &driver::TXN_KINDS), |t| {
+        driver::YcsbDriver::new(
+            &db,
+            table,
+            workload,
+            args.records,
+            inserts.clone(),
+            0x5eed + t as u64,
+        )
+        .map(|d| Box::new(d) as Box<dyn bench::TxnDriver>)
+    })?;
+    let dram_per_record = match (dram_before, dram_after_load) {
+        (Some(b), Some(a)) if engine != EngineKind::Volatile => {
+            Some(a.saturating_sub(b) as f64 / args.records as f64)
+        }
+        _ => None,
+    };
+    let mut params = ycsb_params(args, workload, round);
+    let extra = serde_json::json!({
+        "hot_tuples": common.hot_tuples,
+        "window_slot_bytes": common.window_slot_bytes,
+        "index": common.index.as_str(),
+        "pool_bytes": pool_size,
+        "dram_bytes_per_record_after_load": dram_per_record,
+        "peak_rss_bytes": peak_rss_bytes(),
+    });
+    if let (Some(p), serde_json::Value::Object(extra)) = (params.as_object_mut(), extra) {
+        p.extend(extra);
     }
-    finish(&common, &mut reports)
+    let domain = common.domain_of(engine);
+    Ok(RunReport::new(
+        engine.name(),
+        common.cc.name(),
+        domain.name(),
+        format!("ycsb-{}", workload.name),
+        result,
+        params,
+    ))
 }
 
 pub(crate) fn check_common(common: &CommonArgs) -> CliResult {

@@ -52,6 +52,7 @@ mod bench_ptm;
 mod bench_tatp;
 mod bench_tpcc;
 pub(crate) mod check;
+mod compare;
 mod crashtest;
 mod demo;
 mod inspect;
@@ -90,6 +91,10 @@ pub enum Command {
     Demo(demo::DemoArgs),
     /// Crash-consistency suite: crash a workload at PM events, recover each image, check it.
     Crashtest(crashtest::Args),
+    /// Run a workload on pmtx engines and on peers (LMDB, PMDK) in one invocation: the same
+    /// keys, records and threads; `pmtx bench`'s table and JSON with a ratio to each peer.
+    #[command(subcommand, after_help = compare::peers_help())]
+    Compare(compare::CompareCommand),
     /// Plot the JSON results of `pmtx bench` runs as PNG figures.
     Plot(plot::Args),
     /// Run a small version of a paper's headline experiment with the PM media model and NVM
@@ -108,6 +113,7 @@ pub fn main() -> ExitCode {
         Command::Bench(cmd) => bench::run(cmd),
         Command::Recover(args) => recover::run(args),
         Command::Crashtest(args) => crashtest::run(args),
+        Command::Compare(cmd) => compare::run(cmd),
         Command::Plot(args) => plot::run(args),
         Command::Reproduce(args) => reproduce::run(args),
     };

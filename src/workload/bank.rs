@@ -97,6 +97,15 @@ pub fn check(db: &Db, accounts: u64) -> Result<(), String> {
     Ok(())
 }
 
+/// A transfer's accounts and amount: two different accounts, uniform, and 1 to 100. `pmtx
+/// compare` draws the peers' transfers from it too, so both run the same workload.
+pub fn choose_transfer(rng: &mut StdRng, accounts: u64) -> (u64, u64, i64) {
+    let from = rng.gen_range(0..accounts);
+    let to = (from + rng.gen_range(1..accounts.max(2))) % accounts;
+    let amount = rng.gen_range(1..=100i64);
+    (from, to, amount)
+}
+
 /// One transfer: moves a random amount between two distinct random accounts, if the payer has it.
 pub fn transfer(
     worker: &mut Worker<'_>,
@@ -104,9 +113,7 @@ pub fn transfer(
     accounts: u64,
     rng: &mut StdRng,
 ) -> Result<u32, DbError> {
-    let from = rng.gen_range(0..accounts);
-    let to = (from + rng.gen_range(1..accounts.max(2))) % accounts;
-    let amount = rng.gen_range(1..=100i64);
+    let (from, to, amount) = choose_transfer(rng, accounts);
     let outcome = worker.run_counted(false, |tx| {
         let a = tx.get(table, from)?;
         let b = tx.get(table, to)?;
