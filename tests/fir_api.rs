@@ -42,6 +42,33 @@ fn only_mvto_is_accepted() {
     assert_eq!(EngineKind::Fir.default_protocol(), Protocol::Mvto);
 }
 
+/// A create the engine refuses leaves no pool file behind, so the same path works once the
+/// configuration is corrected (before, `pmtx bench --engine fir --pool P` without `--cc mvto`
+/// left an unformatted file that `pmtx recover` called "never formatted").
+#[test]
+fn a_refused_create_leaves_no_pool_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fir.pool");
+    let at_path = || {
+        DbConfig::default()
+            .path(&path)
+            .engine(EngineKind::Fir)
+            .domain(PersistenceDomain::Eadr)
+            .pool_size(32 << 20)
+            .max_threads(4)
+    };
+    let refused = Db::create(at_path().protocol(Protocol::Occ));
+    assert!(
+        matches!(refused, Err(DbError::UnsupportedProtocol { .. })),
+        "{:?}",
+        refused.err()
+    );
+    assert!(!path.exists(), "a refused create left {}", path.display());
+    let db = Db::create(at_path().protocol(Protocol::Mvto)).unwrap();
+    drop(db);
+    assert!(path.exists());
+}
+
 /// MVTO (§4.2.1): a transaction that began before a committed update still reads the old
 /// version through the chain of tuple headers, and cannot then overwrite the newer version.
 #[test]

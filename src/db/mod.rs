@@ -436,7 +436,19 @@ impl Db {
         if config.domain.is_none() {
             config.domain = Some(platform::detect_domain(config.path.as_deref()).domain);
         }
-        let engine = Self::make_engine(&config, None, true)?;
+        // A pool file this call creates is removed again if the engine refuses it, so a failed
+        // create leaves nothing behind (an unformatted file would later read as "never
+        // formatted", and a retry with a corrected configuration as "the file exists").
+        let created_here = config.path.as_deref().is_some_and(|p| !p.exists());
+        let engine = match Self::make_engine(&config, None, true) {
+            Ok(engine) => engine,
+            Err(e) => {
+                if let Some(path) = config.path.as_deref().filter(|_| created_here) {
+                    let _ = std::fs::remove_file(path);
+                }
+                return Err(e);
+            }
+        };
         Ok(Self::assemble(engine, config))
     }
 
