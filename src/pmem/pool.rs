@@ -715,6 +715,15 @@ impl Pool {
         self.sim.as_ref()
     }
 
+    /// After a simulated crash, unwinds this thread as its next PM event would (no-op before the
+    /// crash and without a simulator). For waits on DRAM state that a thread which unwound at the
+    /// crash may hold forever (a latch): the waiter reaches no PM event to unwind at otherwise.
+    pub fn unwind_if_crashed(&self) {
+        if let Some(sim) = self.sim.as_ref().filter(|s| s.has_crashed()) {
+            sim.after_crash();
+        }
+    }
+
     /// Fails power now in the attached simulator (no-op without one). Later events are not recorded.
     pub fn crash_now(&self) {
         if let Some(sim) = &self.sim {

@@ -515,7 +515,7 @@ impl FirEngine {
         loop {
             let head = t.index.get(key)?;
             let h = self.header(head);
-            let s = h.latch();
+            let s = h.latch(&self.pool);
             if t.index.get(key) != Some(head) {
                 h.unlatch(s);
                 continue;

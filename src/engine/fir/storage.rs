@@ -72,9 +72,10 @@ pub struct Header {
 }
 
 impl Header {
-    /// Takes the latch; returns the state bits.
+    /// Takes the latch; returns the state bits. While it waits, a simulated crash of `pool`
+    /// unwinds this thread: the holder may have unwound at the crash and never release it.
     #[inline]
-    pub fn latch(&self) -> u64 {
+    pub fn latch(&self, pool: &crate::pmem::Pool) -> u64 {
         let mut spins = 0u32;
         loop {
             let s = self.state.load(Ordering::Relaxed);
@@ -91,8 +92,9 @@ impl Header {
             {
                 return s;
             }
-            spins += 1;
+            spins = spins.wrapping_add(1);
             if spins % 64 == 0 {
+                pool.unwind_if_crashed();
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();

@@ -123,7 +123,7 @@ impl FirWorker {
                 return Ok(None);
             };
             let h = self.eng.header(head);
-            let s = h.latch();
+            let s = h.latch(&self.pool);
             if t.index.get(key) != Some(head) {
                 h.unlatch(s);
                 continue;
@@ -215,7 +215,7 @@ impl FirWorker {
     /// Writes a pending header for a new version of `key` at `addr` (begin_ts = txnId).
     fn init_pending(&self, addr: u64, key: u64, prev: u64) {
         let h = self.eng.header(addr);
-        h.latch();
+        h.latch(&self.pool);
         h.begin.store(self.ts, Ordering::Relaxed);
         h.end.store(u64::MAX, Ordering::Relaxed);
         h.read.store(self.ts, Ordering::Relaxed);
@@ -257,7 +257,7 @@ impl FirWorker {
                 return Err(Self::not_found(table, key));
             };
             let h = eng.header(head);
-            let s = h.latch();
+            let s = h.latch(&self.pool);
             if t.index.get(key) != Some(head) {
                 h.unlatch(s);
                 continue;
@@ -435,7 +435,7 @@ impl FirWorker {
                     .mark_obsolete(storage::offset_of(w.prev));
             }
             let h = self.eng.header(w.addr);
-            h.latch();
+            h.latch(&self.pool);
             if w.kind == WriteKind::Delete {
                 h.unlatch(state::COMMITTED | state::TOMBSTONE);
                 t.deleted_up_to.fetch_max(self.ts, Ordering::AcqRel);
@@ -569,13 +569,13 @@ impl EngineWorker for FirWorker {
             };
             // Give the slot back: it must stay the region's next empty slot (no holes).
             let h = self.eng.header(addr);
-            h.latch();
+            h.latch(&self.pool);
             h.unlatch(0);
             let st = self.state.as_mut().expect("the worker holds its state");
             let r = &mut st.regions[table as usize];
             (r.current, r.next) = before.unwrap_or((0, 0));
             let eh = self.eng.header(existing);
-            let s = eh.latch();
+            let s = eh.latch(&self.pool);
             if t.index.get(key) != Some(existing) {
                 eh.unlatch(s);
                 continue;
@@ -678,7 +678,7 @@ impl EngineWorker for FirWorker {
         for w in self.writes.iter().rev() {
             let t = &self.tables[w.table as usize];
             let h = self.eng.header(w.addr);
-            h.latch();
+            h.latch(&self.pool);
             if w.prev != NONE {
                 t.index.replace_if(w.key, w.addr, w.prev);
             } else {
