@@ -183,6 +183,29 @@ pub(crate) fn parse_record(ring: &LogRing, pool: &Pool, pos: u64) -> Option<Pars
     })
 }
 
+/// The most 2 MiB pages a log ring may have.
+pub(crate) const MAX_RING_PAGES: usize = 4096;
+
+/// Refuses a configured ring size above [`MAX_RING_PAGES`]; `engine` names the engine.
+pub(crate) fn check_ring_pages(requested: usize, engine: &str) -> Result<(), DbError> {
+    if requested > MAX_RING_PAGES {
+        return Err(DbError::Config(format!(
+            "the {engine} log ring must have at most {MAX_RING_PAGES} pages of 2 MiB (0: sized from the pool), not {requested}"
+        )));
+    }
+    Ok(())
+}
+
+/// The ring's pages: `requested`, or for 0 a quarter of the pool's pages, 1 to `auto_max`, so
+/// that a small pool keeps room for what else it holds.
+pub(crate) fn ring_size(pool: &Pool, requested: usize, auto_max: usize) -> usize {
+    if requested != 0 {
+        return requested;
+    }
+    let pool_pages = (pool.len() / crate::alloc::PAGE_SIZE) as usize;
+    (pool_pages / 4).clamp(1, auto_max)
+}
+
 /// The log ring's pages, tagged `(kind, owner 0, value = number in the ring)`; `create`
 /// allocates them. A pool whose formatting a crash interrupted (the ring incomplete while the log
 /// was never used) gets the missing pages. `engine` names the engine in errors.

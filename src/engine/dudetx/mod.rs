@@ -234,12 +234,7 @@ impl DudetxConfig {
                 self.group
             )));
         }
-        if self.log_pages > 4096 {
-            return Err(DbError::Config(format!(
-                "the DUDETx log ring must have at most 4096 pages of 2 MiB (0: sized from the pool), not {}",
-                self.log_pages
-            )));
-        }
+        crate::engine::wal::check_ring_pages(self.log_pages, "DUDETx")?;
         if self.max_row_bytes == 0 || layout::slot::size(self.max_row_bytes) > PAGE_SIZE {
             return Err(DbError::Config(
                 "max_row_bytes must be between 1 byte and a 2 MiB page".into(),
@@ -294,10 +289,8 @@ impl DudetxEngine {
         let mut config = config;
         config.validate()?;
         crate::engine::common::require_durable_domain(EngineKind::Dudetx, pool.domain())?;
-        if config.log_pages == 0 {
-            let pool_pages = (pool.len() / PAGE_SIZE) as usize;
-            config.log_pages = (pool_pages / 4).clamp(1, DEFAULT_LOG_PAGES);
-        }
+        config.log_pages =
+            crate::engine::wal::ring_size(&pool, config.log_pages, DEFAULT_LOG_PAGES);
         let (pages, meta_page) = crate::engine::meta::format(
             &pool,
             &meta_layout(&[

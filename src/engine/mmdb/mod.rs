@@ -244,12 +244,7 @@ impl MmdbConfig {
                 self.group_wait
             )));
         }
-        if self.log_pages > 4096 {
-            return Err(DbError::Config(format!(
-                "the MMDB log ring must have at most 4096 pages of 2 MiB (0: sized from the pool), not {}",
-                self.log_pages
-            )));
-        }
+        crate::engine::wal::check_ring_pages(self.log_pages, "MMDB")?;
         if self.max_row_bytes == 0 || self.max_row_bytes as u64 > PAGE_SIZE / 4 {
             return Err(DbError::Config(
                 "max_row_bytes must be between 1 byte and a quarter of a 2 MiB page".into(),
@@ -304,10 +299,8 @@ impl MmdbEngine {
                 protocol: config.protocol,
             });
         }
-        if config.log_pages == 0 {
-            let pool_pages = (pool.len() / PAGE_SIZE) as usize;
-            config.log_pages = (pool_pages / 4).clamp(1, DEFAULT_LOG_PAGES);
-        }
+        config.log_pages =
+            crate::engine::wal::ring_size(&pool, config.log_pages, DEFAULT_LOG_PAGES);
         let (pages, meta_page) = crate::engine::meta::format(
             &pool,
             &meta_layout(&[
