@@ -1538,3 +1538,20 @@ proptest! {
         run_model_case(EADR, &ops, &picks)?;
     }
 }
+
+/// A thread waiting on DRAM state (FIR's header latch) unwinds at a simulated crash through
+/// `unwind_if_crashed`, as its next PM event would: the holder may have unwound at the crash and
+/// never release it. Before the crash, and without a simulator, it returns.
+#[test]
+fn unwind_if_crashed_unwinds_only_after_the_crash() {
+    let pool = pool(ADR);
+    assert!(catch(|| pool.unwind_if_crashed()).is_ok());
+    pool.crash_now();
+    let event = pool.crash_sim().unwrap().crashed_at().unwrap();
+    assert_eq!(
+        catch(|| pool.unwind_if_crashed()).unwrap_err(),
+        SimulatedCrash { event }
+    );
+    let plain = Pool::create_in_memory(SIZE, &opts(ADR)).unwrap();
+    assert!(catch(|| plain.unwind_if_crashed()).is_ok());
+}
