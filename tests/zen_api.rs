@@ -619,3 +619,160 @@ fn an_insert_that_saw_a_rolled_back_insert_is_a_conflict_not_a_duplicate() {
         );
     }
 }
+
+/// A table of `N` rows of eight equal `u64` words (so a torn or garbage row shows), small enough
+/// next to the tiny Met-Cache of [`config`] that most rows are not cached.
+fn overwrite_table(db: &Db) -> pmtx::catalog::TableId {
+    let t = db
+        .create_table(Schema::new("words", &[("w", ColumnType::Bytes(64))]))
+        .unwrap();
+    // Small transactions, so that each claims entries the cache can evict: the first rows are
+    // no longer cached at the end (one transaction of all the inserts would pin them all and
+    // grow the cache to hold them).
+    for chunk in 0..OVERWRITE_ROWS / 10 {
+        db.run(|tx| {
+            (chunk * 10..chunk * 10 + 10).try_for_each(|k| tx.insert_bytes(t, k, &row_of(k)))
+        })
+        .unwrap();
+    }
+    t
+}
+
+const OVERWRITE_ROWS: u64 = 2000;
+
+fn row_of(value: u64) -> [u8; 64] {
+    let mut row = [0u8; 64];
+    for w in row.chunks_exact_mut(8) {
+        w.copy_from_slice(&value.to_le_bytes());
+    }
+    row
+}
+
+fn value_of(row: &[u8]) -> u64 {
+    let first = u64::from_le_bytes(row[..8].try_into().unwrap());
+    for w in row.chunks_exact(8) {
+        assert_eq!(
+            u64::from_le_bytes(w.try_into().unwrap()),
+            first,
+            "a torn row"
+        );
+    }
+    first
+}
+
+/// The blind-overwrite path (a whole-row update of an uncached row claims its entry only at
+/// commit, without loading the row): a commit that fails after claiming it (a read validated
+/// after another worker changed it) must leave the old row in the entry, not the unloaded one.
+#[test]
+fn a_failed_blind_overwrite_leaves_the_old_row() {
+    for protocol in [Protocol::Occ, Protocol::Silo] {
+        let db = Db::create(config(protocol, PersistenceDomain::Adr)).unwrap();
+        let t = overwrite_table(&db);
+        let (mut w1, mut w2) = (db.worker().unwrap(), db.worker().unwrap());
+        // Key 1 was inserted first, so the later inserts evicted it from the tiny cache.
+        let (hot, blind) = (OVERWRITE_ROWS - 1, 1);
+        let mut attempts = 0;
+        w1.run(|tx| {
+            attempts += 1;
+            if attempts == 2 {
+                // The first attempt's commit failed after claiming `blind`'s entry.
+                let mut row = [0u8; 64];
+                tx.read_into(t, blind, &mut row)?;
+                assert_eq!(value_of(&row), blind, "{protocol}: the rolled-back row");
+            }
+            let mut row = [0u8; 64];
+            tx.read_into(t, hot, &mut row)?;
+            tx.update_bytes(
+                t,
+                blind,
+                &[pmtx::engine::FieldWrite {
+                    offset: 0,
+                    bytes: &row_of(7_000),
+                }],
+            )?;
+            if attempts == 1 {
+                // Another worker changes the row this transaction read: its validation fails.
+                w2.run(|tx2| {
+                    tx2.update_bytes(
+                        t,
+                        hot,
+                        &[pmtx::engine::FieldWrite {
+                            offset: 0,
+                            bytes: &row_of(9_000),
+                        }],
+                    )
+                })
+                .unwrap();
+            }
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(
+            attempts, 2,
+            "{protocol}: the first commit must fail validation"
+        );
+        let mut row = [0u8; 64];
+        db.run(|tx| tx.read_into(t, blind, &mut row)).unwrap();
+        assert_eq!(value_of(&row), 7_000, "{protocol}");
+    }
+}
+
+/// Writers overwrite whole rows blindly while readers read them, all through a Met-Cache far
+/// smaller than the table: no reader sees an entry claimed for an overwrite before its row is
+/// stored (a torn or foreign row), and every row ends with a value some writer wrote last.
+#[test]
+fn blind_overwrites_through_a_tiny_cache_never_show_an_unloaded_row() {
+    const OPS: u64 = 8;
+    for protocol in [Protocol::Occ, Protocol::Silo] {
+        let db = Db::create(config(protocol, PersistenceDomain::Eadr)).unwrap();
+        let t = overwrite_table(&db);
+        std::thread::scope(|s| {
+            for thread in 0..3u64 {
+                let db = &db;
+                s.spawn(move || {
+                    let mut w = db.worker().unwrap();
+                    let mut x = thread + 11;
+                    let mut row = [0u8; 64];
+                    for i in 0..2000u64 {
+                        w.run(|tx| {
+                            for op in 0..OPS {
+                                x = x
+                                    .wrapping_mul(6364136223846793005)
+                                    .wrapping_add(1442695040888963407);
+                                let key = (x >> 33) % OVERWRITE_ROWS;
+                                if thread == 0 {
+                                    // Readers see a row's loaded value or a writer's.
+                                    tx.read_into(t, key, &mut row)?;
+                                    let seen = value_of(&row);
+                                    assert!(
+                                        seen == key || seen >= 1_000_000,
+                                        "{protocol}: key {key} shows {seen}"
+                                    );
+                                } else {
+                                    let value = 1_000_000 * thread + i * OPS + op;
+                                    tx.update_bytes(
+                                        t,
+                                        key,
+                                        &[pmtx::engine::FieldWrite {
+                                            offset: 0,
+                                            bytes: &row_of(value),
+                                        }],
+                                    )?;
+                                }
+                            }
+                            Ok(())
+                        })
+                        .unwrap();
+                    }
+                });
+            }
+        });
+        let mut row = [0u8; 64];
+        for k in 0..OVERWRITE_ROWS {
+            db.run(|tx| tx.read_into(t, k, &mut row)).unwrap();
+            let v = value_of(&row);
+            assert!(v == k || v >= 1_000_000, "{protocol}: key {k} holds {v}");
+        }
+        assert_eq!(db.check_structure().unwrap(), vec![OVERWRITE_ROWS]);
+    }
+}

@@ -159,7 +159,7 @@ impl FalconWorker {
         if policy.wbl {
             self.wbl_finish(tid);
         }
-        self.eng.last_commit.fetch_max(tid, Ordering::AcqRel);
+        self.eng.last_commit.note(self.thread, tid);
         self.settle_versions(true);
         self.end_txn();
         self.reclaim_versions();

@@ -415,7 +415,7 @@ pub struct FalconEngine {
     /// Per thread: start timestamp of its running transaction, or `u64::MAX`.
     pub(crate) active: Box<[CachePadded<AtomicU64>]>,
     pub(crate) threads: Box<[Mutex<Option<ThreadState>>]>,
-    pub(crate) last_commit: AtomicU64,
+    pub(crate) last_commit: crate::engine::common::LastCommits,
     /// The protocols' shared context (waits-for, partitions, epoch, DRAM versions).
     pub(crate) cc: CcShared,
     report: Option<RecoveryReport>,
@@ -645,7 +645,7 @@ impl FalconEngine {
                 .map(|_| CachePadded::new(AtomicU64::new(u64::MAX)))
                 .collect(),
             threads,
-            last_commit: AtomicU64::new(0),
+            last_commit: crate::engine::common::LastCommits::new(config.max_threads),
             cc: CcShared::new(config.max_threads, config.cc_options),
             report,
             pages,
@@ -764,7 +764,7 @@ impl Engine for FalconEngine {
     }
 
     fn durable_tid(&self) -> u64 {
-        self.last_commit.load(Ordering::Acquire)
+        self.last_commit.max()
     }
 
     fn check_structure(&self) -> Result<Vec<u64>, String> {

@@ -311,7 +311,7 @@ pub struct ZenEngine {
     /// Per region: free slots handed over by other threads (table, slot).
     pub(crate) inbox: Box<[Mutex<FreedSlots>]>,
     pub(crate) threads: Box<[Mutex<Option<ThreadState>>]>,
-    pub(crate) last_commit: AtomicU64,
+    pub(crate) last_commit: crate::engine::common::LastCommits,
     pub(crate) txns: AtomicU64,
     /// Workers alive: the cache budget is split over the regions of threads that process
     /// transactions (§3.2), not over every configured slot.
@@ -459,7 +459,7 @@ impl ZenEngine {
             threads: (0..n)
                 .map(|_| Mutex::new(Some(ThreadState::default())))
                 .collect(),
-            last_commit: AtomicU64::new(0),
+            last_commit: crate::engine::common::LastCommits::new(n),
             txns: AtomicU64::new(0),
             workers: std::sync::atomic::AtomicUsize::new(0),
             exclusive: std::sync::atomic::AtomicUsize::new(0),
@@ -608,7 +608,7 @@ impl Engine for ZenEngine {
     }
 
     fn durable_tid(&self) -> u64 {
-        self.last_commit.load(Ordering::Acquire)
+        self.last_commit.max()
     }
 
     fn check_structure(&self) -> Result<Vec<u64>, String> {
