@@ -276,9 +276,9 @@ impl ZenWorker {
     /// region on a miss (§3.3.1, Perform: evict a CLOCK victim, build the entry, enhance it with
     /// the protocol's CC-Meta, point the index at it).
     fn locate(&mut self, table: TableId, key: u64) -> Result<u64, TxError> {
-        let t = &self.tables[table as usize];
         self.accesses[table as usize] += 1;
         for _ in 0..LOCATE_ATTEMPTS {
+            let t = &self.tables[table as usize];
             let v = t.index.get(key).ok_or(TxError::NotFound { table, key })?;
             if is_cache_ref(v) {
                 if t.cache.pin(v, key) {
@@ -292,16 +292,8 @@ impl ZenWorker {
             // A miss: start loading the NVM-tuple (header and row) while a victim is claimed
             // (the CLOCK scan and the victim's index update miss in the cache too).
             self.pool.prefetch(v, t.slot);
-            let st = self.state.as_mut().expect("state present");
-            let hand = &mut Self::alloc_state(st, table).hand;
-            let mut overflowed = false;
-            let r = t
-                .cache
-                .claim(self.thread, hand, &t.index, &mut overflowed)
-                .map_err(|_| exhausted(t))?;
-            if overflowed {
-                self.eng.request_exclusive();
-            }
+            let r = self.claim_entry(table)?;
+            let t = &self.tables[table as usize];
             // The victim's row lines are about to be overwritten: start fetching them while the
             // NVM-tuple is read.
             t.cache.entry(r).prefetch_row();
@@ -336,6 +328,23 @@ impl ZenWorker {
             t.cache.unpin(r);
         }
         Err(TxError::Conflict)
+    }
+
+    /// An entry of this thread's region of `table`'s Met-Cache to fill, from the CLOCK (§3.2);
+    /// asks for the exclusive mode when the region had to grow past its capacity.
+    fn claim_entry(&mut self, table: TableId) -> Result<u64, TxError> {
+        let t = &self.tables[table as usize];
+        let st = self.state.as_mut().expect("state present");
+        let hand = &mut Self::alloc_state(st, table).hand;
+        let mut overflowed = false;
+        let r = t
+            .cache
+            .claim(self.thread, hand, &t.index, &mut overflowed)
+            .map_err(|_| exhausted(t))?;
+        if overflowed {
+            self.eng.request_exclusive();
+        }
+        Ok(r)
     }
 
     /// [`locate`](Self::locate), but first the entry this transaction's read of `key` found, if
@@ -668,16 +677,8 @@ impl ZenWorker {
                 std::hint::spin_loop();
                 continue;
             }
-            let st = self.state.as_mut().expect("state present");
-            let hand = &mut Self::alloc_state(st, table).hand;
-            let mut overflowed = false;
-            let r = t
-                .cache
-                .claim(self.thread, hand, &t.index, &mut overflowed)
-                .map_err(|_| exhausted(t))?;
-            if overflowed {
-                self.eng.request_exclusive();
-            }
+            let r = self.claim_entry(table)?;
+            let t = &self.tables[table as usize];
             let e = t.cache.entry(r);
             // Commit stores the new row here after Persist: start fetching its lines now.
             e.prefetch_row();
@@ -733,17 +734,8 @@ impl ZenWorker {
         if !needs_entry {
             return Ok(());
         }
+        let r = self.claim_entry(table)?;
         let t = &self.tables[table as usize];
-        let st = self.state.as_mut().expect("state present");
-        let hand = &mut Self::alloc_state(st, table).hand;
-        let mut overflowed = false;
-        let r = t
-            .cache
-            .claim(thread, hand, &t.index, &mut overflowed)
-            .map_err(|_| exhausted(t))?;
-        if overflowed {
-            self.eng.request_exclusive();
-        }
         self.writes[i].target = r;
         if kind == WriteKind::Insert {
             let e = t.cache.entry(r);
