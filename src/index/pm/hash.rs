@@ -1372,10 +1372,45 @@ mod tests {
         (Arc::new(pool), Arc::new(pm))
     }
 
+    /// A `TINY` index (many segments soon) in a pool of `pages` pages, holding `k → k` for
+    /// every `k < keys`.
+    fn tiny_with_keys(pages: u64, keys: u64) -> (Arc<Pool>, Arc<PageManager>, PmHashIndex) {
+        let (pool, pm) = setup(pages, PersistenceDomain::Adr);
+        let index = PmHashIndex::create_with(pool.clone(), pm.clone(), TAG, TINY).unwrap();
+        for k in 0..keys {
+            index.insert_new(k, k).unwrap().unwrap();
+        }
+        (pool, pm, index)
+    }
+
     fn contents(index: &PmHashIndex) -> HashMap<u64, u64> {
         let mut seen = HashMap::new();
         index.for_each(|k, v| assert!(seen.insert(k, v).is_none(), "key {k} visited twice"));
         seen
+    }
+
+    /// Recovery takes every segment's state from its page's segment table: it reads nothing of
+    /// the segments themselves (the index spans several pages, each with its table), and each
+    /// segment slot's state sits where `state_at` says.
+    #[test]
+    fn recovery_reads_the_segment_tables_not_the_segments() {
+        let (pool, pages, index) = tiny_with_keys(6, 6_000);
+        let index_pages = (index.pm_bytes() / PAGE_SIZE) as usize;
+        assert!(index_pages >= 2, "the index spans {index_pages} pages");
+        let (root, segments) = (index.root(), index.segments());
+        let offsets: Vec<u64> = index.dir.load().unique().map(|s| s.offset).collect();
+        drop(index);
+        for &offset in &offsets {
+            assert_eq!(offset % SEGMENT_BYTES, 0);
+            assert_ne!(offset % PAGE_SIZE, 0, "slot 0 of a page holds its table");
+            assert!(decode_state(pool.read_u64(state_at(offset))).is_some());
+            // Bucket 0's first word (the old home of the state word) is not read any more.
+            pool.write_u64(offset, u64::MAX);
+        }
+        let (index, stats) = PmHashIndex::recover(pool, pages, root).unwrap();
+        assert_eq!((stats.pages, stats.segments), (index_pages, segments));
+        assert_eq!(index.len(), 6_000);
+        assert!((0..6_000u64).all(|k| index.get(k) == Some(k)));
     }
 
     #[test]
@@ -1490,11 +1525,7 @@ mod tests {
     /// writes nothing.
     #[test]
     fn a_corrupt_root_or_segment_header_is_refused() {
-        let (pool, pages) = setup(2, PersistenceDomain::Adr);
-        let index = PmHashIndex::create_with(pool.clone(), pages.clone(), TAG, TINY).unwrap();
-        for k in 0..200u64 {
-            index.insert_new(k, k).unwrap().unwrap();
-        }
+        let (pool, pages, index) = tiny_with_keys(2, 200);
         let root = index.root();
         let some_segment = index.dir.load().segments[0].offset;
         drop(index);
