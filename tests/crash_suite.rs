@@ -69,6 +69,31 @@ fn clean_pm(engine: EngineKind, domain: PersistenceDomain) {
     assert!(images >= 2000, "{engine} {domain} pm: only {images} images");
 }
 
+/// Issue 17: the persistent ordered index under crash images (Falcon, `--index pm`): YCSB
+/// records under an ordered primary index, insert-heavy (four keys per insert), with deletes;
+/// the 40-record load overfills a 32-entry leaf, so leaf splits, inserts and removals all meet
+/// crash points. ≥ 2000 images per domain, with crashed recoveries.
+fn clean_pm_ordered(domain: PersistenceDomain) {
+    let mut c = small(EngineKind::Falcon, domain, WorkloadKind::YcsbOrdered);
+    c.index = pmtx::index::IndexPlacement::Pm;
+    c.images = 2000;
+    c.seed = 31;
+    let r = crashtest::run(&c).unwrap();
+    assert_eq!(r.total_violations(), 0, "{}", r.render());
+    assert!(r.recovery_crashes > 0, "{}", r.render());
+    assert!(r.images >= 2000, "{domain}: only {} images", r.images);
+}
+
+#[test]
+fn falcon_pm_ordered_index_adr() {
+    clean_pm_ordered(Adr);
+}
+
+#[test]
+fn falcon_pm_ordered_index_eadr() {
+    clean_pm_ordered(Eadr);
+}
+
 #[test]
 fn falcon_pm_index_adr() {
     clean_pm(EngineKind::Falcon, Adr);

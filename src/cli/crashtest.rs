@@ -21,8 +21,9 @@ pub struct Args {
     /// The persistence domain simulated (adr or eadr).
     #[arg(long, default_value = "adr")]
     pub domain: PersistenceDomain,
-    /// The workload: bank, ycsb, tpcc (a tiny TPC-C loaded before the crash window) or grow
-    /// (4000-byte rows until the heap needs more than one page per thread).
+    /// The workload: bank, ycsb, tpcc (a tiny TPC-C loaded before the crash window), grow
+    /// (4000-byte rows until the heap needs more than one page per thread) or ycsb-ordered
+    /// (ycsb under an ordered primary index, insert-heavy: with `--index pm`, PM leaf splits).
     #[arg(long, default_value = "bank")]
     pub workload: WorkloadKind,
     /// The concurrency-control protocol (default: the engine's, occ; mvto for fir).

@@ -530,15 +530,20 @@ pub enum WorkloadKind {
     /// Inserts of 4000-byte rows in batches, updates and deletes, until the table needs more than
     /// one 2 MiB heap page per thread: crash-tests heap growth.
     Grow,
+    /// YCSB's records under an *ordered* primary index, insert-heavy (batches of four keys)
+    /// with deletes: with `--index pm` (issue 17) the persistent ordered index's leaf inserts,
+    /// removals and splits (the load alone overfills the first leaf) meet the crash images.
+    YcsbOrdered,
 }
 
 impl WorkloadKind {
     /// Every workload.
-    pub const ALL: [WorkloadKind; 4] = [
+    pub const ALL: [WorkloadKind; 5] = [
         WorkloadKind::Bank,
         WorkloadKind::Ycsb,
         WorkloadKind::Tpcc,
         WorkloadKind::Grow,
+        WorkloadKind::YcsbOrdered,
     ];
 
     /// The command-line name.
@@ -548,6 +553,7 @@ impl WorkloadKind {
             WorkloadKind::Ycsb => "ycsb",
             WorkloadKind::Tpcc => "tpcc",
             WorkloadKind::Grow => "grow",
+            WorkloadKind::YcsbOrdered => "ycsb-ordered",
         }
     }
 
@@ -555,7 +561,15 @@ impl WorkloadKind {
     pub fn build(self) -> Box<dyn CrashWorkload> {
         match self {
             WorkloadKind::Bank => Box::new(BankCrash { accounts: 8 }),
-            WorkloadKind::Ycsb => Box::new(YcsbCrash { records: 16 }),
+            WorkloadKind::Ycsb => Box::new(YcsbCrash {
+                records: 16,
+                ordered: false,
+            }),
+            // 40 records: more than a PM ordered leaf holds (32), so the load splits.
+            WorkloadKind::YcsbOrdered => Box::new(YcsbCrash {
+                records: 40,
+                ordered: true,
+            }),
             WorkloadKind::Tpcc => {
                 Box::new(super::tpcc::TpccCrash::new(super::tpcc::crash_config()))
             }
@@ -577,7 +591,11 @@ impl std::str::FromStr for WorkloadKind {
             .into_iter()
             .find(|w| w.name() == s)
             .ok_or_else(|| {
-                format!("unknown crash workload '{s}' (expected one of: bank, ycsb, tpcc, grow)")
+                let names: Vec<&str> = WorkloadKind::ALL.iter().map(|w| w.name()).collect();
+                format!(
+                    "unknown crash workload '{s}' (expected one of: {})",
+                    names.join(", ")
+                )
             })
     }
 }
@@ -669,6 +687,8 @@ impl CrashWorkload for BankCrash {
 pub struct YcsbCrash {
     /// Records loaded.
     pub records: u64,
+    /// An ordered primary index and insert-heavy steps ([`WorkloadKind::YcsbOrdered`]).
+    pub ordered: bool,
 }
 
 const YCSB_FIELDS: usize = 4;
@@ -714,7 +734,11 @@ fn ycsb_verify(key: u64, row: &[u8]) -> Result<(), String> {
 
 impl CrashWorkload for YcsbCrash {
     fn name(&self) -> &'static str {
-        "ycsb"
+        if self.ordered {
+            "ycsb-ordered"
+        } else {
+            "ycsb"
+        }
     }
 
     fn schemas(&self) -> Vec<Schema> {
@@ -728,7 +752,11 @@ impl CrashWorkload for YcsbCrash {
             .collect();
         columns.push(("crc".into(), ColumnType::U64));
         let refs: Vec<(&str, ColumnType)> = columns.iter().map(|(n, t)| (n.as_str(), *t)).collect();
-        vec![Schema::new("ycsb_crash", &refs)]
+        let mut schema = Schema::new("ycsb_crash", &refs);
+        if self.ordered {
+            schema.primary_index = crate::index::PrimaryIndexKind::Ordered;
+        }
+        vec![schema]
     }
 
     fn load(&self, ctx: &mut TxCtx<'_, '_>) -> Result<(), DbError> {
@@ -748,10 +776,17 @@ impl CrashWorkload for YcsbCrash {
         let op = rng.gen_range(0..100u32);
         let records = self.records;
         let pick = |rng: &mut StdRng| ycsb::build_key(rng.gen_range(0..records));
-        if op < 30 {
+        // Percent thresholds of reads, read-modify-writes and inserts (the rest deletes); the
+        // ordered variant inserts and deletes more, to split leaves within a short run.
+        let (reads, rmws, inserts) = if self.ordered {
+            (20, 45, 85)
+        } else {
+            (30, 80, 92)
+        };
+        if op < reads {
             let key = pick(rng);
             ctx.run(|tx| tx.get(0, key).map(|_| ()))?;
-        } else if op < 80 {
+        } else if op < rmws {
             // Read-modify-write of two records: one field each gets a new version.
             let (k1, k2) = (pick(rng), pick(rng));
             let (f1, f2) = (rng.gen_range(0..YCSB_FIELDS), rng.gen_range(0..YCSB_FIELDS));
@@ -766,7 +801,25 @@ impl CrashWorkload for YcsbCrash {
                 }
                 Ok(())
             })?;
-        } else if op < 92 || ctx.own_keys.is_empty() {
+        } else if self.ordered && (op < inserts || ctx.own_keys.is_empty()) {
+            // Four keys per transaction: a thread's keys follow each other, so they land in
+            // the leaf that also holds the next thread's first keys (splits that move entries)
+            // or at the end of the index (appends).
+            let first = ctx.next_key;
+            ctx.next_key += 4;
+            let rows: Vec<(u64, Vec<u8>)> = (first..first + 4)
+                .map(|key| {
+                    let v: [u64; YCSB_FIELDS] = std::array::from_fn(|_| rng.gen_range(0..1000));
+                    (key, ycsb_row(key, &v))
+                })
+                .collect();
+            if ctx.run(|tx| {
+                rows.iter()
+                    .try_for_each(|(key, row)| tx.insert(0, *key, row))
+            })? {
+                ctx.own_keys.extend(first..first + 4);
+            }
+        } else if op < inserts || ctx.own_keys.is_empty() {
             let key = ctx.next_key;
             ctx.next_key += 1;
             let v: [u64; YCSB_FIELDS] = std::array::from_fn(|_| rng.gen_range(0..1000));

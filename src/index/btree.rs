@@ -733,6 +733,51 @@ impl<const W: usize> BTree<W> {
         }
     }
 
+    /// The entry with the largest key `<= key`, read consistently, copying nothing else (the
+    /// PM ordered index's inner-map lookup: one per point operation, so no batch copy as in
+    /// [`read_leaf`](Self::read_leaf)).
+    pub(super) fn floor(&self, key: [u64; W]) -> Option<([u64; W], u64)> {
+        let mut from = key;
+        'restart: loop {
+            let Some((_, mut node, mut v)) = self.read_root() else {
+                continue;
+            };
+            // The tightest separator at or below the path: the leaf holds keys `>= low`.
+            let mut low = None;
+            loop {
+                let meta = node.meta.load(Ordering::Relaxed);
+                let count = key_count(meta);
+                if is_leaf(meta) {
+                    let (pos, found) = node.lower_bound(count, from);
+                    let end = pos + usize::from(found);
+                    let hit = (end > 0).then(|| (node.key(end - 1), node.slot(end - 1)));
+                    if !node.validate(v) {
+                        continue 'restart;
+                    }
+                    if hit.is_some() {
+                        return hit;
+                    }
+                    // Nothing at or below `from` here: the answer is in a leaf to the left.
+                    match low.and_then(predecessor) {
+                        Some(k) => {
+                            from = k;
+                            continue 'restart;
+                        }
+                        None => return None,
+                    }
+                }
+                let child = node.child_index(count, from);
+                if child > 0 {
+                    low = Some(node.key(child - 1));
+                }
+                match self.descend(node, v, child) {
+                    Some((_, next, nv)) => (node, v) = (next, nv),
+                    None => continue 'restart,
+                }
+            }
+        }
+    }
+
     /// Copies the entries of the leaf covering `from` that are `>= from` (ascending) or `<= from`
     /// (descending) into `out`, consistently, and returns the key where the next leaf in that
     /// direction starts (`None` at the end of the tree).

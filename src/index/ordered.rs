@@ -508,6 +508,11 @@ mod tests {
                         let expected: Vec<_> =
                             model.range(..=k).rev().take(limit).map(|(&k, &a)| (k, a)).collect();
                         prop_assert_eq!(seen, expected);
+                        // The PM ordered index's inner-map lookup.
+                        prop_assert_eq!(
+                            index.tree.floor([k]),
+                            model.range(..=k).next_back().map(|(&k, &a)| ([k], a))
+                        );
                     }
                 }
             }

@@ -119,10 +119,16 @@ impl TableIndex {
         forward!(self.get(key))
     }
 
-    /// Starts loading what a lookup of `key` will read.
+    /// Starts loading what a lookup of `key` will read: the bucket of a hash index. Not for an
+    /// ordered index, DRAM or PM: finding its leaf is a whole inner-node descent, which the
+    /// lookup that follows repeats (the DRAM ordered index does nothing here for that reason).
     #[inline]
     pub fn prefetch(&self, key: u64) {
-        forward!(self.prefetch(key))
+        match self {
+            TableIndex::Dram(index) => index.prefetch(key),
+            TableIndex::PmHash(index) => index.prefetch(key),
+            TableIndex::PmOrdered(_) => {}
+        }
     }
 
     /// Inserts `key → addr` only if `key` is absent (`Ok(Ok(()))`), else returns the address

@@ -6,15 +6,15 @@
 //! # Layout
 //!
 //! The index owns 2 MiB pages of the [`PageManager`], all tagged with the [`PageTag`] the caller
-//! gives at creation (recovery finds them by that tag). A page is 128 *segment slots* of 16 KiB;
-//! slot 0 of the first page holds the *root* (magic, version, hash seed, tag, geometry, a check,
-//! and the recovery epoch), and [`PmHashIndex::root`] is its offset. A segment slot is 64
-//! buckets of 256 bytes:
+//! gives at creation (recovery finds them by that tag). A page is 128 *segment slots* of 16 KiB.
+//! Slot 0 of every page holds no segment but the page's *segment table*: from byte 1024, one
+//! *state word* per segment slot of the page (a magic, a state `PENDING`/`LIVE`/`LIVE_DIRTY`,
+//! the local depth `d` and the pattern: the top `d` bits of the hashes the segment holds; zero:
+//! a free slot). Slot 0 of the first page also holds, before its table, the *root* (magic,
+//! version, hash seed, tag, geometry, a check, and the recovery epoch), and
+//! [`PmHashIndex::root`] is its offset. A segment slot is 64 buckets of 256 bytes:
 //!
-//! - bucket 0 is the *segment header*: word 0 is the segment's state word (a magic, a state
-//!   `PENDING`/`LIVE`/`LIVE_DIRTY`, the local depth `d` and the pattern: the top `d` bits of the
-//!   hashes it holds), word 1 the parent segment of a `PENDING` one; an all-zero word 0 is a free
-//!   slot;
+//! - bucket 0 is the *segment header*: word 1 is the parent segment of a `PENDING` one;
 //! - then `buckets_per_segment` (≤ 59) normal buckets and `stash_buckets` (≤ 4) stash buckets.
 //!
 //! A bucket is four cache lines: word 0 `meta` (bits 0–13: the allocation bitmap of its 14
@@ -53,7 +53,8 @@
 //!   flush, fence. An aligned 8-byte store is never torn: old or new survives.
 //! - **split** of segment `S` (depth `d`, pattern `p`) into `S` (`d+1`, `2p`) and a new `N`
 //!   (`d+1`, `2p+1`), under `S`'s writer lock: (1) write `N`: its buckets hold the entries of
-//!   `S` whose hash bit `63-d` is set, its header `PENDING` with parent `S`; flush it all, fence.
+//!   `S` whose hash bit `63-d` is set, its parent word `S`, then its state word `PENDING`;
+//!   flush it all, fence.
 //!   (2) *Commit*: `S`'s state word becomes `LIVE_DIRTY (d+1, 2p)`; flush, fence. (3) `N`'s
 //!   becomes `LIVE`; flush, fence. (4) Clean `S`: clear the bits of the entries it no longer
 //!   covers and recompute its overflow bits; flush, fence. (5) `S` becomes `LIVE`; flush, fence.
@@ -69,7 +70,9 @@
 //! # Recovery is instant (O(segments), not O(keys))
 //!
 //! [`PmHashIndex::recover`] validates the root, bumps the persisted *epoch*, lists the index's
-//! pages from the page table, reads one header word per segment slot, resolves the few
+//! pages from the page table, reads each page's segment table (1 KiB, contiguous: one 4 KiB
+//! OS page of the mapping per 2 MiB of index, where reading a header word per segment touched
+//! 128), resolves the few
 //! `PENDING`/`LIVE_DIRTY` segments an interrupted split leaves (at most one per writer thread),
 //! and rebuilds the directory in DRAM from the live segments' depths and patterns (checking that
 //! they tile the hash space exactly). Bucket versions are left as they are: a version word
@@ -81,11 +84,13 @@
 //!
 //! # Departures from Dash
 //!
-//! - The directory is in DRAM, rebuilt at recovery from the segment headers (O(segments)),
-//!   rather than persisted: a split then persists two header words instead of directory
-//!   entries, directory doubling needs no crash protocol, and a lookup's directory access is a
-//!   DRAM hit. Dash persists the directory and recovers in O(1) plus lazy work; ours reads one
-//!   word per 16 KiB of index (about 0.1 ms per GiB of index).
+//! - The directory is in DRAM, rebuilt at recovery from the segment tables (O(segments), 8
+//!   contiguous bytes per segment), rather than persisted: a split then persists two state
+//!   words instead of directory entries, directory doubling needs no crash protocol, and a
+//!   lookup's directory access is a DRAM hit. Dash persists the directory and recovers in O(1)
+//!   plus lazy work; ours reads 1 KiB per 2 MiB page of index (the compact table is what makes
+//!   it cheap: the state words used to sit in the segment headers, one per 16 KiB, and each read
+//!   touched a page of the mapping: 2.5 ms at a 4 GiB pool).
 //! - Keys go to their home bucket or the stash, without Dash's balanced insert into the
 //!   neighbour bucket and displacement: a lookup reads one bucket instead of two. The stash
 //!   absorbs the imbalance (about 88% load at split with the default geometry), and overflow
@@ -134,9 +139,12 @@ const PAIRS: u64 = 32;
 const SLOT_BITS: u64 = (1 << SLOTS) - 1;
 const OVERFLOW: u64 = 1 << 15;
 
-// Segment header words.
-const SEG_STATE: u64 = 0;
+// Segment header words. A segment's state word is not in its header but in its page's segment
+// table (`state_at`), so that recovery reads one compact table per page, not one line per 16 KiB.
 const SEG_PARENT: u64 = 8;
+/// The segment table: in slot 0 of every page (which holds no segment), one state word per
+/// segment slot of the page, at this byte offset (the root's words come first in the root page).
+const TABLE: u64 = 1024;
 const SEG_MAGIC: u64 = 0x5347;
 const PENDING: u64 = 1;
 const LIVE: u64 = 2;
@@ -144,7 +152,9 @@ const LIVE_DIRTY: u64 = 3;
 
 // Root words.
 const ROOT_MAGIC: u64 = u64::from_le_bytes(*b"PMHASH\0\x01");
-const ROOT_VERSION: u64 = 1;
+/// Version 2: segment state words in per-page segment tables (version 1 had them in the
+/// segment headers).
+const ROOT_VERSION: u64 = 2;
 const R_MAGIC: u64 = 0;
 const R_VERSION: u64 = 8;
 const R_SEED: u64 = 16;
@@ -288,6 +298,13 @@ fn line_of(off: u64) -> u64 {
     off & !(CACHE_LINE - 1)
 }
 
+/// Where the state word of the segment slot at `offset` lives: its page's segment table.
+#[inline]
+fn state_at(offset: u64) -> u64 {
+    let page = offset & !(PAGE_SIZE - 1);
+    page + TABLE + 8 * ((offset - page) / SEGMENT_BYTES)
+}
+
 /// A segment's DRAM handle.
 struct Segment {
     /// Its slot's offset in the pool.
@@ -414,12 +431,9 @@ impl PmHashIndex {
             // A fresh page is all zero: empty buckets, versions of epoch 0 (stale, so unlocked).
             let offset = root + SEGMENT_BYTES * (1 + pattern);
             pool.write_u64(
-                offset + SEG_STATE,
+                state_at(offset),
                 state_word(LIVE, opts.initial_depth, pattern),
             );
-            if flush {
-                pool.flush(offset, 8);
-            }
             segments.push(Arc::new(Segment::new(
                 offset,
                 opts.initial_depth,
@@ -447,6 +461,7 @@ impl PmHashIndex {
         // The magic last: a crash before it leaves no index, never a half-made one.
         if flush {
             pool.flush(root, 64);
+            pool.flush(state_at(root), 8 * SEGMENTS_PER_PAGE);
             pool.fence();
         }
         pool.write_u64_ordered(root + R_MAGIC, ROOT_MAGIC);
@@ -538,7 +553,7 @@ impl PmHashIndex {
             .map(|(index, _)| pages.page_offset(index))
             .collect();
 
-        // One header word per segment slot.
+        // One state word per segment slot, from each page's table (16 lines per 2 MiB page).
         let mut stats = PmHashRecoveryStats {
             pages: mine.len(),
             ..PmHashRecoveryStats::default()
@@ -547,12 +562,9 @@ impl PmHashIndex {
         let mut live: Vec<(u64, u64)> = Vec::new(); // (offset, state word)
         let mut pending: Vec<(u64, u64, u64)> = Vec::new(); // (offset, state word, parent)
         for &page in &mine {
-            for slot in 0..SEGMENTS_PER_PAGE {
+            for slot in 1..SEGMENTS_PER_PAGE {
                 let offset = page + slot * SEGMENT_BYTES;
-                if offset == root {
-                    continue;
-                }
-                let state = pool.read_u64(offset + SEG_STATE);
+                let state = pool.read_u64(state_at(offset));
                 if state == 0 {
                     free.push(offset);
                     continue;
@@ -614,20 +626,20 @@ impl PmHashIndex {
         };
         let pool = &*index.pool;
         for &(offset, state) in &promote {
-            pool.write_u64_ordered(offset + SEG_STATE, state);
-            pool.persist(offset + SEG_STATE, 8);
+            pool.write_u64_ordered(state_at(offset), state);
+            pool.persist(state_at(offset), 8);
         }
         for &offset in &discard {
-            pool.write_u64_ordered(offset + SEG_STATE, 0);
-            pool.persist(offset + SEG_STATE, 8);
+            pool.write_u64_ordered(state_at(offset), 0);
+            pool.persist(state_at(offset), 8);
             free.push(offset);
         }
         // Stale copies left in a split segment.
         for &(offset, state) in &dirty {
             let (_, depth, pattern) = decode_state(state).expect("validated above");
             index.clean(offset, shape(depth, pattern));
-            pool.write_u64_ordered(offset + SEG_STATE, state_word(LIVE, depth, pattern));
-            pool.persist(offset + SEG_STATE, 8);
+            pool.write_u64_ordered(state_at(offset), state_word(LIVE, depth, pattern));
+            pool.persist(state_at(offset), 8);
         }
         stats.splits_completed = promote.len();
         stats.splits_discarded = discard.len();
@@ -1004,12 +1016,13 @@ impl PmHashIndex {
             .pages
             .page_offset(self.pages.allocate(&self.pool, self.tag)?);
         self.page_count.fetch_add(1, Ordering::Relaxed);
+        // Slot 0 holds the page's segment table (all zero in a new page: every slot free).
         free.extend(
-            (1..SEGMENTS_PER_PAGE)
+            (2..SEGMENTS_PER_PAGE)
                 .rev()
                 .map(|slot| page + slot * SEGMENT_BYTES),
         );
-        Ok(page)
+        Ok(page + SEGMENT_BYTES)
     }
 
     /// Splits `segment` in two (under its writer lock); see the module documentation for the
@@ -1058,29 +1071,33 @@ impl PmHashIndex {
             pool.write_u64(self.bucket(new_offset, b) + META, metas[b as usize]);
         }
         pool.write_u64(new_offset + SEG_PARENT, segment.offset);
-        pool.write_u64(
-            new_offset + SEG_STATE,
+        // The parent word before the PENDING state that makes recovery read it (eADR: in
+        // this order; ADR: both flushed before the fence below, and PENDING with any parent
+        // is harmless: only a parent that is the committed sibling keeps the segment).
+        pool.write_u64_ordered(
+            state_at(new_offset),
             state_word(PENDING, depth + 1, pattern << 1 | 1),
         );
         self.flush(
             new_offset,
             BUCKET_BYTES * (1 + u64::from(self.all_buckets())),
         );
+        self.flush(state_at(new_offset), 8);
         self.fence_if_flushing();
         // (2) Commit: the old segment now covers half the hashes, and the new one is its
         // sibling, so recovery keeps it.
         pool.write_u64_ordered(
-            segment.offset + SEG_STATE,
+            state_at(segment.offset),
             state_word(LIVE_DIRTY, depth + 1, pattern << 1),
         );
-        self.flush(segment.offset, 8);
+        self.flush(state_at(segment.offset), 8);
         self.fence_if_flushing();
         // (3) The new segment is live on its own (before the old one may split again).
         pool.write_u64_ordered(
-            new_offset + SEG_STATE,
+            state_at(new_offset),
             state_word(LIVE, depth + 1, pattern << 1 | 1),
         );
-        self.flush(new_offset, 8);
+        self.flush(state_at(new_offset), 8);
         self.fence_if_flushing();
         // DRAM: the new shape and directory, under the split seqlock.
         let sibling = Arc::new(Segment::new(
@@ -1098,10 +1115,10 @@ impl PmHashIndex {
         // (4) Clear the stale copies; (5) the old segment is clean.
         self.clean(segment.offset, stay);
         pool.write_u64_ordered(
-            segment.offset + SEG_STATE,
+            state_at(segment.offset),
             state_word(LIVE, depth + 1, pattern << 1),
         );
-        self.flush(segment.offset, 8);
+        self.flush(state_at(segment.offset), 8);
         self.fence_if_flushing();
         Ok(())
     }
@@ -1355,10 +1372,45 @@ mod tests {
         (Arc::new(pool), Arc::new(pm))
     }
 
+    /// A `TINY` index (many segments soon) in a pool of `pages` pages, holding `k → k` for
+    /// every `k < keys`.
+    fn tiny_with_keys(pages: u64, keys: u64) -> (Arc<Pool>, Arc<PageManager>, PmHashIndex) {
+        let (pool, pm) = setup(pages, PersistenceDomain::Adr);
+        let index = PmHashIndex::create_with(pool.clone(), pm.clone(), TAG, TINY).unwrap();
+        for k in 0..keys {
+            index.insert_new(k, k).unwrap().unwrap();
+        }
+        (pool, pm, index)
+    }
+
     fn contents(index: &PmHashIndex) -> HashMap<u64, u64> {
         let mut seen = HashMap::new();
         index.for_each(|k, v| assert!(seen.insert(k, v).is_none(), "key {k} visited twice"));
         seen
+    }
+
+    /// Recovery takes every segment's state from its page's segment table: it reads nothing of
+    /// the segments themselves (the index spans several pages, each with its table), and each
+    /// segment slot's state sits where `state_at` says.
+    #[test]
+    fn recovery_reads_the_segment_tables_not_the_segments() {
+        let (pool, pages, index) = tiny_with_keys(6, 6_000);
+        let index_pages = (index.pm_bytes() / PAGE_SIZE) as usize;
+        assert!(index_pages >= 2, "the index spans {index_pages} pages");
+        let (root, segments) = (index.root(), index.segments());
+        let offsets: Vec<u64> = index.dir.load().unique().map(|s| s.offset).collect();
+        drop(index);
+        for &offset in &offsets {
+            assert_eq!(offset % SEGMENT_BYTES, 0);
+            assert_ne!(offset % PAGE_SIZE, 0, "slot 0 of a page holds its table");
+            assert!(decode_state(pool.read_u64(state_at(offset))).is_some());
+            // Bucket 0's first word (the old home of the state word) is not read any more.
+            pool.write_u64(offset, u64::MAX);
+        }
+        let (index, stats) = PmHashIndex::recover(pool, pages, root).unwrap();
+        assert_eq!((stats.pages, stats.segments), (index_pages, segments));
+        assert_eq!(index.len(), 6_000);
+        assert!((0..6_000u64).all(|k| index.get(k) == Some(k)));
     }
 
     #[test]
@@ -1473,11 +1525,7 @@ mod tests {
     /// writes nothing.
     #[test]
     fn a_corrupt_root_or_segment_header_is_refused() {
-        let (pool, pages) = setup(2, PersistenceDomain::Adr);
-        let index = PmHashIndex::create_with(pool.clone(), pages.clone(), TAG, TINY).unwrap();
-        for k in 0..200u64 {
-            index.insert_new(k, k).unwrap().unwrap();
-        }
+        let (pool, pages, index) = tiny_with_keys(2, 200);
         let root = index.root();
         let some_segment = index.dir.load().segments[0].offset;
         drop(index);
@@ -1511,6 +1559,7 @@ mod tests {
             "refusals write nothing"
         );
         // A segment header that is not one, or that overlaps another.
+        let some_segment = state_at(some_segment);
         let good = pool.read_u64(some_segment);
         for bad in [
             1,
@@ -1522,7 +1571,7 @@ mod tests {
             refused(some_segment, root, "segment header");
         }
         // A segment slot claiming a range another covers.
-        let free_slot = root + SEGMENT_BYTES * (SEGMENTS_PER_PAGE - 1);
+        let free_slot = state_at(root + SEGMENT_BYTES * (SEGMENTS_PER_PAGE - 1));
         pool.write_u64(some_segment, good);
         pool.write_u64(free_slot, good);
         assert!(refused(free_slot, root, "overlap").contains("cover"));

@@ -5,7 +5,6 @@
 //!
 //! The design is documented on [`PmOrderedIndex`].
 
-use std::cell::RefCell;
 use std::fmt;
 use std::ops::{Bound, RangeBounds};
 use std::sync::atomic::{fence, AtomicI64, AtomicU64, Ordering};
@@ -186,11 +185,6 @@ enum Op {
     Upsert(u64),
     Remove(Option<u64>),
     Replace { expected: u64, new: u64 },
-}
-
-thread_local! {
-    /// The inner-map entries a floor lookup copies (reused: no allocation per lookup).
-    static FLOOR: RefCell<Vec<([u64; 1], u64)>> = RefCell::new(Vec::with_capacity(32));
 }
 
 /// A persistent, concurrent ordered map from an 8-byte key to an 8-byte value (a tuple address),
@@ -611,20 +605,9 @@ impl PmOrderedIndex {
     /// The leaf with the largest `low` at or below `key` in the inner map: the leaf covering
     /// `key`, or one to its left if a split has not reached the map yet.
     fn locate(&self, key: u64) -> u64 {
-        FLOOR.with(|buf| {
-            let mut buf = buf.borrow_mut();
-            let mut from = [key];
-            loop {
-                let next = self.inner.read_leaf(from, true, &mut buf);
-                if let Some(&(_, leaf)) = buf.first() {
-                    return leaf;
-                }
-                match next {
-                    Some(k) => from = k,
-                    None => return self.first_leaf,
-                }
-            }
-        })
+        self.inner
+            .floor([key])
+            .map_or(self.first_leaf, |(_, leaf)| leaf)
     }
 
     /// Runs `read(leaf)` on the leaf covering `key`, starting at `start` (or the inner map's
