@@ -560,3 +560,38 @@ fn gc_keeps_an_update_only_workload_in_a_small_pool() {
         other => panic!("without GC the run should fill the pool, got {other:?}"),
     }
 }
+
+/// The crash suite's GC geometry (blocks of 10 slots, a round every 4 commits) frees blocks:
+/// 400 transfers between 8 accounts write 800 versions, 80 blocks of 2 MiB pages without GC, in a
+/// pool of 11 pages. So the crash runs (`crash_suite::fir_crashes_during_gc`) do crash in GC.
+#[test]
+fn gc_frees_blocks_in_the_crash_suites_geometry() {
+    for domain in [PersistenceDomain::Adr, PersistenceDomain::Eadr] {
+        let mut cfg = config(domain).pool_size(24 << 20);
+        cfg.fir_checkpoint_interval_ms = None;
+        cfg.fir_block_slots = Some(pmtx::crashtest::FIR_CRASH_BLOCK_SLOTS);
+        cfg.fir_gc_every_commits = Some(pmtx::crashtest::FIR_CRASH_GC_EVERY);
+        let db = Db::create(cfg).unwrap();
+        let t = db
+            .create_table(Schema::new("acct", &[("b", ColumnType::I64)]).ordered())
+            .unwrap();
+        db.run(|tx| (0..8u64).try_for_each(|k| tx.insert(t, k, &[Value::I64(100)])))
+            .unwrap();
+        for i in 0..400u64 {
+            let (from, to) = (i % 8, (i * 3 + 1) % 8);
+            if from == to {
+                continue;
+            }
+            db.run(|tx| {
+                let a = tx.get(t, from)?.i64(0);
+                let b = tx.get(t, to)?.i64(0);
+                tx.update(t, from, &[(0, Value::I64(a - 1))])?;
+                tx.update(t, to, &[(0, Value::I64(b + 1))])
+            })
+            .unwrap_or_else(|e| panic!("{domain}: transfer {i}: {e}"));
+        }
+        let rows = db.run(|tx| tx.scan(t, 0, usize::MAX)).unwrap();
+        assert_eq!(rows.iter().map(|(_, r)| r.i64(0)).sum::<i64>(), 800);
+        assert_eq!(db.check_structure().unwrap(), vec![8]);
+    }
+}

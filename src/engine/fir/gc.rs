@@ -38,6 +38,8 @@ impl FirEngine {
     /// Frees `blocks` (page index, tag word) crash-safely: listed in the free record (durable),
     /// zeroed and released, then the record cleared.
     pub(crate) fn free_blocks(&self, blocks: &[(u64, u64)]) {
+        // One free record: workers free one after another.
+        let _one = self.gc_free_lock.lock();
         let record = self.config.fault != Some(FirFault::GcSkipFreeRecord);
         for chunk in blocks.chunks(meta::GC_MAX as usize) {
             if record {

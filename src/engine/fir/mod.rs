@@ -421,6 +421,8 @@ pub struct FirEngine {
     pub(crate) gc_at: u64,
     /// Garbage collection counters.
     pub(crate) gc: GcCounters,
+    /// One GC free at a time (there is one free record).
+    pub(crate) gc_free_lock: Mutex<()>,
 }
 
 /// What garbage collection (§4.5) has done since the engine started.
@@ -638,6 +640,7 @@ impl FirEngine {
             block_slots: config.block_slots.unwrap_or(0),
             gc_at: meta_page + meta::GC_AT,
             gc: GcCounters::default(),
+            gc_free_lock: Mutex::new(()),
             pages,
             config,
             pool,

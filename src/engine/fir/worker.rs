@@ -190,14 +190,18 @@ impl FirWorker {
             r.next = 0;
         }
         if r.current == r.blocks.len() {
-            let tag = FirEngine::block_tag(thread, table, r.next_seq).map_err(|e| {
-                (r.current, r.next) = before;
-                TxError::PmFull(e)
-            })?;
             // A page GC freed keeps the tile of its previous use; one of another table or slot
-            // size cannot serve: hold it and take another (at most a few), then give them back.
+            // size cannot serve: hold it and take another (at most a few), then give them back
+            // (before anything is written to the one taken, so a crash in between leaves only
+            // empty blocks at the region's end). Each try has its own sequence number: page tags
+            // never repeat.
             let mut unsuitable = Vec::new();
             let got = loop {
+                let tag = match FirEngine::block_tag(thread, table, r.next_seq) {
+                    Ok(tag) => tag,
+                    Err(e) => break Err(TxError::PmFull(e)),
+                };
+                r.next_seq += 1;
                 match self.eng.pages.allocate(&self.pool, tag) {
                     Ok(b) if self.eng.tile(b, table, t.slot).is_some() => break Ok(b),
                     Ok(b) if unsuitable.len() < 8 => unsuitable.push(b),
@@ -229,7 +233,6 @@ impl FirWorker {
                 }
             };
             r.blocks.push(block);
-            r.next_seq += 1;
         }
         let addr = storage::logical(thread, r.blocks[r.current], r.next);
         r.next += 1;
