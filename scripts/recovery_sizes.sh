@@ -14,12 +14,16 @@
 #     CONFIGS: space-separated ENGINE:INDEX (default "falcon:pm falcon:dram zen:dram fir:dram")
 #     RECORDS: default 250000 500000 1000000 2000000 (pools of about 0.5, 1, 2 and 4 GiB)
 #     ROUNDS (env): recoveries per pool, default 3
+#     MODE (env): kill (default: SIGKILL mid-run, the paper's unplanned crash) or clean (the bench
+#       runs for the same time and shuts down cleanly)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 configs=${1:-"falcon:pm falcon:dram zen:dram fir:dram"}
 shift || true
 sizes=${*:-"250000 500000 1000000 2000000"}
 rounds=${ROUNDS:-3}
+mode=${MODE:-kill}
+case "$mode" in kill | clean) ;; *) echo "MODE must be kill or clean, not $mode" >&2; exit 2 ;; esac
 cargo build --release --quiet
 pmtx=target/release/pmtx
 dir=${PMTX_POOL_DIR:-/dev/shm}
@@ -33,21 +37,27 @@ for records in $sizes; do
         rm -f "$pool"
         cc=occ
         [ "$e" = fir ] && cc=mvto # FIR runs MVTO only (§4.2.1)
-        "$pmtx" bench ycsb --engine "$e" --cc "$cc" --index "$index" --records "$records" --threads 2 \
-            --duration 600 --warmup 0 --ops-per-txn 16 --pool "$pool" >/dev/null 2>&1 &
-        bench=$!
-        sleep "$kill_after"
-        kill -KILL "$bench" 2>/dev/null || true
-        wait "$bench" 2>/dev/null || true
+        if [ "$mode" = clean ]; then
+            # The load, then YCSB-A until about the time a kill would land; a clean shutdown.
+            "$pmtx" bench ycsb --engine "$e" --cc "$cc" --index "$index" --records "$records" \
+                --threads 2 --duration 2 --warmup 0 --ops-per-txn 16 --pool "$pool" >/dev/null 2>&1
+        else
+            "$pmtx" bench ycsb --engine "$e" --cc "$cc" --index "$index" --records "$records" \
+                --threads 2 --duration 600 --warmup 0 --ops-per-txn 16 --pool "$pool" >/dev/null 2>&1 &
+            bench=$!
+            sleep "$kill_after"
+            kill -KILL "$bench" 2>/dev/null || true
+            wait "$bench" 2>/dev/null || true
+        fi
         size=$(du -m --apparent-size "$pool" | cut -f1)
         for run in $(seq 1 "$rounds"); do
             out=$("$pmtx" recover "$pool" --engine "$e" 2>/dev/null)
             ready=$(echo "$out" | grep -E "^ *total" | tr -s " " | cut -d" " -f6 || true)
             phases=$(echo "$out" \
-                | grep -E "^  (catalog|index recovery|replay|heap scan|page table|checkpoint load|undo/redo scan|redo|secondary indexes)" \
+                | grep -E "^  (catalog|index recovery|replay|heap scan|page table|checkpoint load|undo/redo scan|redo|update_map|secondary indexes)" \
                 | tr -s " " | sed 's/^ //' | paste -sd ";" - || true)
             background=$(echo "$out" | grep -E "background work pending" | tr -s " " | cut -d" " -f6 || true)
-            echo "$e index=$index records=$records pool=${size}MiB run $run: ready ${ready} ms; background done ${background:-none} ms; $phases"
+            echo "$e index=$index records=$records pool=${size}MiB $mode run $run: ready ${ready} ms; background done ${background:-none} ms; $phases"
         done
         rm -f "$pool"
     done

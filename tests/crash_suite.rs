@@ -385,6 +385,43 @@ fn fir_tpcc_threads_chains_and_its_eadr_fault() {
     );
 }
 
+/// FIR's garbage collection (§4.5) under crashes: the crash runs use blocks of 10 slots and a GC
+/// round every 4 commits of a worker (`crashtest::FIR_CRASH_BLOCK_SLOTS`, `FIR_CRASH_GC_EVERY`),
+/// so bank and YCSB runs fill blocks, move their live versions out (stage 1), take the checkpoint
+/// and free them (stage 2): crashes land in both stages, under both domains, with two threads and
+/// in chains of crashes (recovery rebuilds the update_map and GC collects again). Freeing blocks
+/// before a checkpoint covers them, or without the free record, is caught.
+#[test]
+fn fir_crashes_during_gc() {
+    for (domain, seed) in [(Adr, 81), (Eadr, 82)] {
+        let mut c = small(EngineKind::Fir, domain, WorkloadKind::Bank);
+        c.txns_per_thread = 16;
+        c.threads = 2;
+        c.images = 200;
+        c.seed = seed;
+        let r = crashtest::run(&c).unwrap();
+        assert_eq!(r.total_violations(), 0, "{}", r.render());
+        let mut c = small(EngineKind::Fir, domain, WorkloadKind::Ycsb);
+        c.rounds = 4;
+        c.txns_per_thread = 12;
+        c.images = 24;
+        c.seed = seed + 10;
+        let r = crashtest::run(&c).unwrap();
+        assert_eq!(r.total_violations(), 0, "{}", r.render());
+        assert_eq!(r.deepest_round, 4, "{}", r.render());
+    }
+    for fault in [FirFault::GcFreeBeforeCheckpoint, FirFault::GcSkipFreeRecord] {
+        for domain in [Adr, Eadr] {
+            let mut c = small(EngineKind::Fir, domain, WorkloadKind::Bank);
+            c.txns_per_thread = 24;
+            c.images = 300;
+            c.fault = Some(fault.into());
+            let r = crashtest::run(&c).unwrap();
+            assert!(r.total_violations() > 0, "{fault} {domain}: {}", r.render());
+        }
+    }
+}
+
 /// Zen runs every protocol (§3.3.2); each one, with two threads crashing at global events (the
 /// CC-Meta words live in DRAM, so a thread spinning on a crashed thread's lock must stop too).
 #[test]
@@ -553,6 +590,12 @@ fn every_injected_fault_is_caught_under_adr() {
             // a run long enough to have it.
             c.exhaustive = true;
             c.txns_per_thread = 16;
+        }
+        if fault == FirFault::GcFreeBeforeCheckpoint.into()
+            || fault == FirFault::GcSkipFreeRecord.into()
+        {
+            // GC needs blocks mostly obsolete: a run long enough to fill and supersede some.
+            c.txns_per_thread = 24;
         }
         // A fault whose window is a few PM events (wbl-skip-tid-fence: 1 image of 400 with seed
         // 1) may slip through one seed's sample of crash points; it must not slip through three.

@@ -498,3 +498,100 @@ fn a_transaction_running_during_a_checkpoint_survives_recovery() {
         assert_eq!(v == 20, fault.is_none(), "fault {fault:?}: value {v}");
     }
 }
+
+/// §4.5: GC keeps space bounded. Rounds of updates over a fixed key set write about ten times
+/// the pool; every few commits a round moves the live versions out of mostly obsolete blocks,
+/// takes a checkpoint and frees them, so the fixed-size pool never fills. Without GC the same
+/// run fills it (the test can fail). A reopen recovers the last values from the checkpoint GC
+/// took plus what was written after it.
+#[test]
+fn gc_keeps_an_update_only_workload_in_a_small_pool() {
+    const KEYS: u64 = 1000;
+    const ROUNDS: u64 = 300;
+    let schema = || {
+        Schema::new(
+            "kv",
+            &[("v", ColumnType::U64), ("pad", ColumnType::Bytes(1000))],
+        )
+    };
+    let run = |cfg: DbConfig| -> Result<(), DbError> {
+        let db = Db::create(cfg)?;
+        let t = db.create_table(schema().ordered())?;
+        for chunk in (0..KEYS).collect::<Vec<_>>().chunks(100) {
+            db.run(|tx| {
+                chunk
+                    .iter()
+                    .try_for_each(|&k| tx.insert(t, k, &[Value::U64(0), Value::Bytes(&[7; 1000])]))
+            })?;
+        }
+        for round in 1..=ROUNDS {
+            let first = (round * 100) % KEYS;
+            db.run(|tx| {
+                (first..first + 100).try_for_each(|k| tx.update(t, k, &[(0, Value::U64(round))]))
+            })?;
+        }
+        Ok(())
+    };
+    let dir = common::pool_dir();
+    let path = dir.path().join("fir-gc.pool");
+    let mut cfg = config(PersistenceDomain::Adr)
+        .path(&path)
+        .pool_size(24 << 20);
+    cfg.fir_checkpoint_interval_ms = None;
+    cfg.fir_gc_every_commits = Some(4);
+    run(cfg.clone()).expect("GC keeps the pool from filling");
+    let db = Db::open(cfg.clone()).unwrap();
+    let rows = db.run(|tx| tx.scan(0, 0, usize::MAX)).unwrap();
+    assert_eq!(rows.len() as u64, KEYS);
+    for (k, r) in &rows {
+        // The last round that wrote key k (rounds write 100 keys from (round * 100) % KEYS).
+        let last = (1..=ROUNDS)
+            .rev()
+            .find(|r| (r * 100) % KEYS == k / 100 * 100)
+            .unwrap();
+        assert_eq!(r.u64(0), last, "key {k}");
+    }
+    assert_eq!(db.check_structure().unwrap(), vec![KEYS]);
+    drop(db);
+    let _ = std::fs::remove_file(&path);
+    cfg.fir_gc_every_commits = None;
+    match run(cfg) {
+        Err(DbError::Tx(TxError::PmFull(_))) => {}
+        other => panic!("without GC the run should fill the pool, got {other:?}"),
+    }
+}
+
+/// The crash suite's GC geometry (blocks of 10 slots, a round every 4 commits) frees blocks:
+/// 400 transfers between 8 accounts write 800 versions, 80 blocks of 2 MiB pages without GC, in a
+/// pool of 11 pages. So the crash runs (`crash_suite::fir_crashes_during_gc`) do crash in GC.
+#[test]
+fn gc_frees_blocks_in_the_crash_suites_geometry() {
+    for domain in [PersistenceDomain::Adr, PersistenceDomain::Eadr] {
+        let mut cfg = config(domain).pool_size(24 << 20);
+        cfg.fir_checkpoint_interval_ms = None;
+        cfg.fir_block_slots = Some(pmtx::crashtest::FIR_CRASH_BLOCK_SLOTS);
+        cfg.fir_gc_every_commits = Some(pmtx::crashtest::FIR_CRASH_GC_EVERY);
+        let db = Db::create(cfg).unwrap();
+        let t = db
+            .create_table(Schema::new("acct", &[("b", ColumnType::I64)]).ordered())
+            .unwrap();
+        db.run(|tx| (0..8u64).try_for_each(|k| tx.insert(t, k, &[Value::I64(100)])))
+            .unwrap();
+        for i in 0..400u64 {
+            let (from, to) = (i % 8, (i * 3 + 1) % 8);
+            if from == to {
+                continue;
+            }
+            db.run(|tx| {
+                let a = tx.get(t, from)?.i64(0);
+                let b = tx.get(t, to)?.i64(0);
+                tx.update(t, from, &[(0, Value::I64(a - 1))])?;
+                tx.update(t, to, &[(0, Value::I64(b + 1))])
+            })
+            .unwrap_or_else(|e| panic!("{domain}: transfer {i}: {e}"));
+        }
+        let rows = db.run(|tx| tx.scan(t, 0, usize::MAX)).unwrap();
+        assert_eq!(rows.iter().map(|(_, r)| r.i64(0)).sum::<i64>(), 800);
+        assert_eq!(db.check_structure().unwrap(), vec![8]);
+    }
+}

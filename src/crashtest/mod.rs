@@ -44,6 +44,13 @@ use workload::{CrashWorkload, Observed, Oracle, OracleEvent, Recorder, TxCtx, Wo
 /// FIR takes an index leaf checkpoint after every this many commits under the crash harness, so
 /// that crashes hit checkpoints and recoveries start from one.
 pub const FIR_CRASH_CHECKPOINT_EVERY: u64 = 5;
+/// FIR's slots per block in crash runs (a 2 MiB page holds far more: small blocks make short
+/// runs fill blocks and collect them).
+pub const FIR_CRASH_BLOCK_SLOTS: u64 = 10;
+/// A FIR worker's GC round every this many of its commits in crash runs.
+pub const FIR_CRASH_GC_EVERY: u64 = 4;
+/// Extra pages per thread for FIR's small blocks in crash runs.
+pub const FIR_CRASH_GC_SPARE_BLOCKS: u64 = 6;
 
 /// Engines the suite covers. Adding an engine is one entry here (and, if it is not crash-safe
 /// under some domain, one arm in [`supported`]; the protocols it runs come from
@@ -243,6 +250,13 @@ impl CrashTestConfig {
             // Incremental ones after the first full one: the crashes land in both kinds, and
             // recoveries load merged pages.
             c.fir_checkpoint_mode = crate::engine::fir::CheckpointMode::Incremental;
+            // Small blocks and a GC round every few commits of a worker: the runs fill blocks,
+            // empty them and free them, so crashes land during both stages of GC (§4.5).
+            // (Bank and YCSB only: TPC-C's and grow's loads would take a page per few rows.)
+            if matches!(self.workload, WorkloadKind::Bank | WorkloadKind::Ycsb) {
+                c.fir_block_slots = Some(FIR_CRASH_BLOCK_SLOTS);
+            }
+            c.fir_gc_every_commits = Some(FIR_CRASH_GC_EVERY);
         }
         c
     }
@@ -253,7 +267,9 @@ impl CrashTestConfig {
         let extra = self.workload.build().extra_pages_per_thread();
         // FIR's index leaf checkpoint: the valid one and the next one being written.
         let checkpoints = match self.engine {
-            EngineKind::Fir => 2,
+            // Plus blocks of FIR_CRASH_BLOCK_SLOTS slots per thread: the ones GC has not freed
+            // yet (it waits for a checkpoint) and the ones being filled.
+            EngineKind::Fir => 2 + FIR_CRASH_GC_SPARE_BLOCKS * self.threads as u64,
             // The valid checkpoint and the next one being written, plus the log ring.
             EngineKind::Mmdb => 3,
             _ => 0,

@@ -87,6 +87,12 @@ pub struct DbConfig {
     pub fir_checkpoint_every_commits: Option<u64>,
     /// FIR: full, incremental, or chosen by the time cost model (§4.3.3; the default).
     pub fir_checkpoint_mode: crate::engine::fir::CheckpointMode,
+    /// FIR: a worker runs a garbage collection round after every this many of its commits
+    /// (§4.5; `None`: never; default 1,024).
+    pub fir_gc_every_commits: Option<u64>,
+    /// FIR: slots per block below what fits in a page (test-only: short crash runs collect
+    /// blocks; `None`: as many as fit).
+    pub fir_block_slots: Option<u64>,
     /// [`Db::open`] takes the engine design from the pool header: when `engine` is of another
     /// design (layout) than the pool's, the pool's design is used (true, the default) or the
     /// open is refused (false: the caller insisted on an engine).
@@ -165,6 +171,8 @@ impl Default for DbConfig {
             fir_fault: None,
             fir_checkpoint_interval_ms: Some(1000),
             fir_checkpoint_every_commits: None,
+            fir_gc_every_commits: Some(crate::engine::fir::DEFAULT_GC_EVERY_COMMITS),
+            fir_block_slots: None,
             fir_checkpoint_mode: crate::engine::fir::CheckpointMode::CostModel,
             engine_from_pool: true,
             allow_domain_change: false,
@@ -302,6 +310,8 @@ impl DbConfig {
             .map(std::time::Duration::from_millis);
         c.checkpoint_every_commits = self.fir_checkpoint_every_commits;
         c.checkpoint_mode = self.fir_checkpoint_mode;
+        c.gc_every_commits = self.fir_gc_every_commits;
+        c.block_slots = self.fir_block_slots;
         c
     }
 

@@ -100,6 +100,8 @@ pub(crate) struct CkptPage {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct CkptDir {
     pub generation: u64,
+    /// Its CT (GC frees a block once CT is past every version in it, §4.5).
+    pub ct: u64,
     pub pages: Vec<CkptPage>,
 }
 
@@ -506,7 +508,11 @@ impl FirEngine {
                 self.pages.free(&self.pool, p);
             }
         }
-        *self.ckpt.lock() = CkptDir { generation, pages };
+        *self.ckpt.lock() = CkptDir {
+            generation,
+            ct,
+            pages,
+        };
     }
 
     /// The newest committed version of `key` and its txnId; `None` if the key has none or it is

@@ -4,12 +4,16 @@
 //! ```text
 //! meta page (kind META, found from the pool root):
 //!   0 magic "PMTXFIR1"   8 version   16 max_threads   24 max_row_bytes   32 catalog slot bytes
-//!   40 CRC-32 of bytes 0..4096   4096.. catalog slots A and B
+//!   40 CRC-32 of bytes 0..4096   48 slots per block (0: as many as fit, up to 65,536)
+//!   4096.. catalog slots A and B
 //!   1 MiB.. LCTT: one 8-byte word per thread slot, the txnId of its last committed transaction
 //!           (eight threads share a 64-byte line, so one write-back carries up to eight commit
 //!           signals: §4.2.1's group commit)
 //!   1 MiB + 4 KiB: the generation of the valid index leaf checkpoint (0: none)
 //!   1 MiB + 8 KiB: two checkpoint directory slots of 64 KiB (generation g uses slot g % 2)
+//!   1 MiB + 256 KiB: the GC free record (§4.5): 0 count, 8.. (page, page tag word) pairs of
+//!           blocks being freed; recovery finishes freeing the listed pages that still carry
+//!           their tag
 //! block pages (kind BLOCK, owner = the thread whose region the page belongs to,
 //! value = table id << 20 | sequence number of the page in the region):
 //!   fixed-size tuple_content slots, 16-byte aligned, appended in commit-time order:
@@ -83,8 +87,8 @@ pub const SEQ_BITS: u32 = 20;
 pub mod meta {
     /// Magic of the meta page.
     pub const MAGIC: u64 = u64::from_le_bytes(*b"PMTXFIR1");
-    /// Layout version.
-    pub const VERSION: u64 = 2;
+    /// Layout version (3: the GC free record and the slots-per-block field).
+    pub const VERSION: u64 = 3;
     /// Magic field.
     pub const F_MAGIC: u64 = 0;
     /// Version field.
@@ -97,6 +101,8 @@ pub mod meta {
     pub const F_CATALOG_SLOT: u64 = 32;
     /// CRC-32 of the meta page's first 4 KiB (see `engine::meta`).
     pub const F_CRC: u64 = 40;
+    /// Slots per block field (0: as many as fit in the page, at most 65,536).
+    pub const F_BLOCK_SLOTS: u64 = 48;
     /// Where the catalog slots start within the meta page.
     pub const CATALOG_AT: u64 = 4096;
     /// Bytes per catalog slot.
@@ -107,6 +113,10 @@ pub mod meta {
     pub const CKPT_GEN: u64 = LCTT_AT + 4096;
     /// The two checkpoint directory slots (`checkpoint::DIR_*`), after the generation word.
     pub const DIR_AT: u64 = LCTT_AT + 8192;
+    /// The GC free record (§4.5): a count word, then (page index, tag word) pairs.
+    pub const GC_AT: u64 = LCTT_AT + (256 << 10);
+    /// Most blocks one GC free record lists.
+    pub const GC_MAX: u64 = 4096;
 }
 
 /// tuple_content fields and helpers.

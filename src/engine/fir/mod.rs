@@ -18,6 +18,7 @@
 //! | §4.3.3 time cost model (eqs. 1–4) | `cost.rs` |
 //! | §4.4.1 undo/redo: committed = txnId ≤ LCTT of the region's thread, from CT on | `recovery.rs` (binary search per region) |
 //! | §4.4.2 index rebuild from the checkpoint, in parallel | `recovery::load_checkpoint` (one thread per core over the pages) |
+//! | §4.5 GC: gc_array, redistribution, checkpoint, free | `worker::FirWorker::collect_garbage`, `gc.rs` (free record) |
 //!
 //! A transaction runs on one worker thread, which is bound to one region of every table (its
 //! thread slot). A write takes the newest version's latch, checks MVTO's rules (the newest
@@ -106,14 +107,26 @@
 //!   reading the live rows).
 //! - **Long transactions (§4.2.2)** need no region of their own here: a region is written only
 //!   at commit (in one run), so a long transaction blocks nothing but its own thread.
-//! - **No garbage collection yet** (§4.5): superseded versions stay in their blocks, marked in
-//!   the update_map; a pool that fills up refuses commits with `PmFull`.
+//! - **Garbage collection** (§4.5, `gc.rs`) is run by each worker over its own regions (every
+//!   `gc_every_commits` of its commits), not by a GC thread over every region: a region's block
+//!   list belongs to its worker, so no lock guards it. Redistribution copies a live version by
+//!   superseding it in an MVTO transaction of that worker (the copy gets a new txnId and lands in
+//!   the worker's region), where the paper copies into a `gc_region`: recovery then needs no rule
+//!   for copies (the newest committed version of a key wins). The paper's `gc_array` / recycle
+//!   queue is found when a round runs (full blocks at least `gc_threshold` obsolete). A block is
+//!   freed after the checkpoint that follows (the paper's second stage), once that checkpoint's
+//!   CT and every running transaction are past the end of stage 1; the free is made crash-safe
+//!   by a free record in the meta page that recovery finishes. After a crash, recovery rebuilds
+//!   the update_map from the index and the next round collects again. A page GC freed keeps its
+//!   DRAM tile; a block allocation that gets a page last used by another table or slot size
+//!   takes another page (a few tries, then `PmFull`).
 //! - **Checkpoints in the crash suite** (incremental ones, after the first full one) are taken
 //!   by the committing worker every `checkpoint_every_commits` commits (a background thread's would land at other PM events in
 //!   each run of the simulator); real kills run the background checkpointer every 20 ms.
 
 mod checkpoint;
 pub mod cost;
+mod gc;
 pub mod layout;
 mod recovery;
 pub mod storage;
@@ -168,11 +181,17 @@ pub enum FirFault {
     /// A checkpoint's directory slot is not written back before the generation word names it
     /// (ADR).
     CheckpointSkipDirectoryFlush,
+    /// GC frees the blocks it emptied right after redistributing their live versions, without
+    /// waiting for an index checkpoint that no longer names them (§4.5's second stage).
+    GcFreeBeforeCheckpoint,
+    /// GC frees blocks without first listing them in the meta page's free record: a crash
+    /// while a block is being zeroed leaves a half-empty block in the middle of a region.
+    GcSkipFreeRecord,
 }
 
 impl FirFault {
     /// Every fault.
-    pub const ALL: [FirFault; 8] = [
+    pub const ALL: [FirFault; 10] = [
         FirFault::SkipTupleFlush,
         FirFault::SkipTupleFence,
         FirFault::LcttFirst,
@@ -181,6 +200,8 @@ impl FirFault {
         FirFault::CheckpointCtIgnoresRunning,
         FirFault::CheckpointFreeFirst,
         FirFault::CheckpointSkipDirectoryFlush,
+        FirFault::GcFreeBeforeCheckpoint,
+        FirFault::GcSkipFreeRecord,
     ];
 
     /// The command-line name (unique over every engine's faults).
@@ -194,6 +215,8 @@ impl FirFault {
             FirFault::CheckpointCtIgnoresRunning => "fir-checkpoint-ct-ignores-running",
             FirFault::CheckpointFreeFirst => "fir-checkpoint-free-first",
             FirFault::CheckpointSkipDirectoryFlush => "fir-checkpoint-skip-directory-flush",
+            FirFault::GcFreeBeforeCheckpoint => "fir-gc-free-before-checkpoint",
+            FirFault::GcSkipFreeRecord => "fir-gc-skip-free-record",
         }
     }
 
@@ -215,6 +238,12 @@ impl FirFault {
             }
             FirFault::CheckpointSkipDirectoryFlush => {
                 "a checkpoint's directory is not written back before it is named valid"
+            }
+            FirFault::GcFreeBeforeCheckpoint => {
+                "GC frees emptied blocks before a checkpoint stops naming their versions"
+            }
+            FirFault::GcSkipFreeRecord => {
+                "GC frees blocks without recording them for recovery to finish"
             }
         }
     }
@@ -253,6 +282,15 @@ pub struct FirConfig {
     pub checkpoint_mode: CheckpointMode,
     /// The constants of the time cost model.
     pub cost_model: CostModel,
+    /// A worker runs a garbage collection round over its own regions after every this many of
+    /// its commits (§4.5; `None`: never).
+    pub gc_every_commits: Option<u64>,
+    /// GC collects a full block once at least this share of its versions is obsolete (§4.5:
+    /// 90 %).
+    pub gc_threshold: f64,
+    /// Slots per block, fewer than fit in a 2 MiB page (test-only: makes short crash-test runs
+    /// fill and collect blocks; `None`: as many as fit). Recorded in the pool when it is made.
+    pub block_slots: Option<u64>,
 }
 
 impl FirConfig {
@@ -267,9 +305,15 @@ impl FirConfig {
             checkpoint_every_commits: None,
             checkpoint_mode: CheckpointMode::CostModel,
             cost_model: CostModel::default(),
+            gc_every_commits: Some(DEFAULT_GC_EVERY_COMMITS),
+            gc_threshold: 0.9,
+            block_slots: None,
         }
     }
 }
+
+/// A worker's GC round runs after every this many of its commits, by default.
+pub const DEFAULT_GC_EVERY_COMMITS: u64 = 1024;
 
 /// Protocols FIR runs: MVTO, the paper's (§4.2.1; the module documentation says why only it).
 pub const SUPPORTED_PROTOCOLS: [Protocol; 1] = [Protocol::Mvto];
@@ -325,6 +369,11 @@ impl TableRt {
 #[derive(Default)]
 pub(crate) struct ThreadState {
     pub regions: Vec<Region>,
+    /// The slot's commits, for `gc_every_commits`.
+    pub commits: u64,
+    /// Blocks emptied by GC's stage 1, waiting for stage 2 (§4.5): (table, block, the clock
+    /// when they became wholly obsolete).
+    pub gc_waiting: Vec<(TableId, u64, u64)>,
 }
 
 /// The FIR engine, shared by its workers.
@@ -366,6 +415,39 @@ pub struct FirEngine {
     pub(crate) checkpoint_failures: AtomicU64,
     /// Commits, for `checkpoint_every_commits`.
     pub(crate) commits: AtomicU64,
+    /// Slots per block (the meta page's field; 0: as many as fit).
+    pub(crate) block_slots: u64,
+    /// Pool offset of the GC free record.
+    pub(crate) gc_at: u64,
+    /// Garbage collection counters.
+    pub(crate) gc: GcCounters,
+    /// One GC free at a time (there is one free record).
+    pub(crate) gc_free_lock: Mutex<()>,
+}
+
+/// What garbage collection (§4.5) has done since the engine started.
+#[derive(Debug, Default)]
+pub(crate) struct GcCounters {
+    pub rounds: AtomicU64,
+    pub moved: AtomicU64,
+    pub freed: AtomicU64,
+    pub failures: AtomicU64,
+    pub finished_at_recovery: AtomicU64,
+}
+
+/// What garbage collection (§4.5) has done since the engine started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct GcStats {
+    /// GC rounds that found blocks to collect.
+    pub rounds: u64,
+    /// Live versions copied out of collected blocks (redistribution, stage 1).
+    pub versions_moved: u64,
+    /// Blocks freed (stage 2, after a checkpoint).
+    pub blocks_freed: u64,
+    /// Rounds that gave up (a conflict with a running transaction, or a full pool).
+    pub failures: u64,
+    /// Blocks whose freeing a crash interrupted, finished by recovery.
+    pub finished_at_recovery: u64,
 }
 
 impl FirEngine {
@@ -388,6 +470,22 @@ impl FirEngine {
             ));
         }
         config.cost_model.validate().map_err(DbError::Config)?;
+        if !(config.gc_threshold > 0.0 && config.gc_threshold <= 1.0)
+            || config.gc_every_commits == Some(0)
+        {
+            return Err(DbError::Config(
+                "the FIR GC threshold must be in (0, 1] and its interval positive (or none)".into(),
+            ));
+        }
+        if config
+            .block_slots
+            .is_some_and(|n| !(2..=storage::MAX_SLOTS).contains(&n))
+        {
+            return Err(DbError::Config(format!(
+                "FIR blocks hold 2 to {} slots",
+                storage::MAX_SLOTS
+            )));
+        }
         if config.checkpoint_interval.is_some_and(|d| d.is_zero())
             || config.checkpoint_every_commits == Some(0)
         {
@@ -409,6 +507,7 @@ impl FirEngine {
                 (meta::F_MAX_THREADS, config.max_threads as u64),
                 (meta::F_MAX_ROW, config.max_row_bytes as u64),
                 (meta::F_CATALOG_SLOT, meta::CATALOG_SLOT_BYTES),
+                (meta::F_BLOCK_SLOTS, config.block_slots.unwrap_or(0)),
             ]),
         )?;
         let engine = Arc::new(Self::assemble(
@@ -471,6 +570,10 @@ impl FirEngine {
         }
         config.max_threads = formatted_threads;
         config.max_row_bytes = r(meta::F_MAX_ROW) as usize;
+        config.block_slots = match r(meta::F_BLOCK_SLOTS) {
+            0 => None,
+            n => Some(n),
+        };
         Self::validate(&config)?;
         crate::engine::meta::check_catalog_slot(r(meta::F_CATALOG_SLOT), meta::CATALOG_SLOT_BYTES)?;
         let catalog_store = CatalogStore {
@@ -534,16 +637,55 @@ impl FirEngine {
             checkpoints: AtomicU64::new(0),
             checkpoint_failures: AtomicU64::new(0),
             commits: AtomicU64::new(0),
+            block_slots: config.block_slots.unwrap_or(0),
+            gc_at: meta_page + meta::GC_AT,
+            gc: GcCounters::default(),
+            gc_free_lock: Mutex::new(()),
             pages,
             config,
             pool,
         }
     }
 
-    /// The tile of block `block` (made on first use for `table`).
-    pub(crate) fn tile(&self, block: u64, table: TableId, slot_bytes: u64) -> &Tile {
-        self.tiles[block as usize]
-            .get_or_init(|| Box::new(Tile::new(table, self.pages.page_offset(block), slot_bytes)))
+    /// Slots of a block of `slot_bytes`-byte tuple contents.
+    #[inline]
+    pub(crate) fn slots(&self, slot_bytes: u64) -> u64 {
+        storage::slots_per_block(slot_bytes, self.block_slots)
+    }
+
+    /// The tile of block `block` (made on first use for `table`); `None` if the page had a tile
+    /// of another table or slot size before GC freed it (tiles live as long as the engine).
+    pub(crate) fn tile(&self, block: u64, table: TableId, slot_bytes: u64) -> Option<&Tile> {
+        let mut fresh = false;
+        let tile = self.tiles[block as usize].get_or_init(|| {
+            fresh = true;
+            Box::new(Tile::new(
+                table,
+                self.pages.page_offset(block),
+                slot_bytes,
+                self.slots(slot_bytes),
+            ))
+        });
+        if fresh {
+            return Some(tile);
+        }
+        if tile.table != table || tile.slot_bytes != slot_bytes {
+            return None;
+        }
+        tile.reset();
+        Some(tile)
+    }
+
+    /// What garbage collection has done since the engine started.
+    pub fn gc_stats(&self) -> GcStats {
+        let g = &self.gc;
+        GcStats {
+            rounds: g.rounds.load(Ordering::Relaxed),
+            versions_moved: g.moved.load(Ordering::Relaxed),
+            blocks_freed: g.freed.load(Ordering::Relaxed),
+            failures: g.failures.load(Ordering::Relaxed),
+            finished_at_recovery: g.finished_at_recovery.load(Ordering::Relaxed),
+        }
     }
 
     /// The tile of an existing block (one that holds a version some header or index names).

@@ -15,7 +15,7 @@
 
 use super::checkpoint::{CkptDir, CkptPage};
 use super::layout::{checkpoint as ck, kind, tuple};
-use super::storage::{self, slots_per_block, state, Region, NONE};
+use super::storage::{self, state, Region, NONE};
 use super::{FirEngine, TableRt, ThreadState};
 use crate::alloc::PageManager;
 use crate::catalog::TableId;
@@ -69,9 +69,8 @@ fn scan_region(
     (thread, table): (usize, TableId),
     blocks: &[u64],
     (lctt, ct): (u64, u64),
-    slot: u64,
+    (slot, per): (u64, u64),
 ) -> Result<RegionScan, DbError> {
-    let per = slots_per_block(slot);
     let total = blocks.len() as u64 * per;
     let mut out = RegionScan {
         thread,
@@ -217,6 +216,7 @@ fn load_checkpoint(
     Ok((
         CkptDir {
             generation,
+            ct,
             pages: loaded,
         },
         ct,
@@ -306,6 +306,9 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
         )));
     }
 
+    // A GC free a crash interrupted (§4.5) is finished first: its blocks are not read.
+    let gc_finished = engine.finish_interrupted_free()?;
+
     // The page table: blocks per region, in region order; checkpoint pages.
     let mut regions: HashMap<(usize, TableId), Vec<(u64, u64)>> = HashMap::new();
     let mut checkpoint_pages: Vec<u64> = Vec::new();
@@ -328,17 +331,18 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
             }
         }
     }
+    // A region's blocks in sequence order (GC leaves gaps: §4.5 frees whole blocks).
     let mut region_list: Vec<((usize, TableId), Vec<u64>)> = Vec::new();
+    let mut next_seq: HashMap<(usize, TableId), usize> = HashMap::new();
     for (region, mut blocks) in regions {
         blocks.sort_unstable();
-        for (i, &(seq, index)) in blocks.iter().enumerate() {
-            if seq != i as u64 {
-                return Err(corrupt(format!(
-                    "block {index} of table {}, thread {} is number {seq} of its region, expected {i}",
-                    region.1, region.0
-                )));
-            }
+        if let Some(w) = blocks.windows(2).find(|w| w[0].0 == w[1].0) {
+            return Err(corrupt(format!(
+                "blocks {} and {} of table {}, thread {} both are number {} of their region",
+                w[0].1, w[1].1, region.1, region.0, w[0].0
+            )));
         }
+        next_seq.insert(region, blocks.last().map_or(0, |b| b.0 as usize + 1));
         region_list.push((region, blocks.into_iter().map(|(_, i)| i).collect()));
     }
     region_list.sort_unstable_by_key(|r| r.0);
@@ -361,6 +365,7 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
 
     // Undo/redo (§4.4.1): the regions from CT on, spread over the available cores.
     let workers = cores.min(region_list.len().max(1));
+    let block_slots = engine.block_slots;
     let scans: Vec<RegionScan> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..workers)
             .map(|w| {
@@ -373,7 +378,8 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
                         .map(|&((thread, table), ref blocks)| {
                             let slot = tables[table as usize].slot;
                             let bounds = (lctt[thread], ct);
-                            scan_region(pool, pages, (thread, table), blocks, bounds, slot)
+                            let geometry = (slot, storage::slots_per_block(slot, block_slots));
+                            scan_region(pool, pages, (thread, table), blocks, bounds, geometry)
                         })
                         .collect::<Result<Vec<_>, _>>()
                 })
@@ -402,6 +408,7 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
             .1;
         st.regions[scan.table as usize] = Region {
             blocks: blocks.clone(),
+            next_seq: next_seq[&(scan.thread, scan.table)],
             current: scan.position.0,
             next: scan.position.1,
         };
@@ -462,6 +469,32 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
     }
     phase.lap(&mut report, "redo");
 
+    // The update_map (§4.5's input), rebuilt: every used slot is obsolete but the ones the
+    // index names (versions before CT included, so GC finds blocks emptied before the crash).
+    for scan in &scans {
+        let blocks = &region_list
+            .iter()
+            .find(|r| r.0 == (scan.thread, scan.table))
+            .expect("every scan is of a listed region")
+            .1;
+        let per = engine.slots(tables[scan.table as usize].slot);
+        for (b, &block) in blocks.iter().enumerate() {
+            let used = match b.cmp(&scan.position.0) {
+                std::cmp::Ordering::Less => per,
+                std::cmp::Ordering::Equal => scan.position.1,
+                std::cmp::Ordering::Greater => 0,
+            };
+            engine
+                .tile_of(storage::logical(scan.thread, block, 0))
+                .mark_all_obsolete(used);
+        }
+    }
+    for t in &tables {
+        t.index
+            .for_each(|_, addr| engine.tile_of(addr).mark_live(storage::offset_of(addr)));
+    }
+    phase.lap(&mut report, "update_map");
+
     // Secondary indexes, from the rows the primary indexes name.
     let mut rows = 0u64;
     let mut row = Vec::new();
@@ -506,6 +539,7 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
         ("uncommitted versions undone".into(), undone),
         ("obsolete versions".into(), obsolete),
         ("tombstones".into(), tombstones),
+        ("GC blocks whose free recovery finished".into(), gc_finished),
     ];
     report.total_ms = started.elapsed().as_secs_f64() * 1e3;
     Ok(report)
@@ -589,7 +623,7 @@ pub(super) fn check_structure(engine: &FirEngine) -> Result<Vec<u64>, String> {
                     "thread {thread} has a region of unknown table {table}"
                 ));
             };
-            let per = slots_per_block(t.slot);
+            let per = engine.slots(t.slot);
             for (b, &block) in r.blocks.iter().enumerate() {
                 let page = engine.pages.page_offset(block);
                 for off in 0..per {

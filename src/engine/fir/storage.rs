@@ -37,9 +37,15 @@ pub fn region_of(addr: u64) -> usize {
 /// Most slots a block holds (the 16-bit offset of a logical address).
 pub const MAX_SLOTS: u64 = 1 << 16;
 
-/// Slots of a block for `slot_bytes`-byte tuple contents.
-pub fn slots_per_block(slot_bytes: u64) -> u64 {
-    (PAGE_SIZE / slot_bytes).min(MAX_SLOTS)
+/// Slots of a block for `slot_bytes`-byte tuple contents, at most `cap` (0: no cap beyond the
+/// page and the 16-bit offset).
+pub fn slots_per_block(slot_bytes: u64, cap: u64) -> u64 {
+    let fit = (PAGE_SIZE / slot_bytes).min(MAX_SLOTS);
+    if cap == 0 {
+        fit
+    } else {
+        fit.min(cap)
+    }
 }
 
 /// Header state bits (the `state` word; bit 63 is the header's latch).
@@ -126,9 +132,9 @@ pub struct Tile {
 }
 
 impl Tile {
-    /// An empty tile for a block of `table` at pool offset `page`.
-    pub fn new(table: TableId, page: u64, slot_bytes: u64) -> Tile {
-        let slots = slots_per_block(slot_bytes) as usize;
+    /// An empty tile for a block of `slots` slots of `table` at pool offset `page`.
+    pub fn new(table: TableId, page: u64, slot_bytes: u64, slots: u64) -> Tile {
+        let slots = slots as usize;
         Tile {
             table,
             page,
@@ -150,7 +156,45 @@ impl Tile {
         self.update_map[(offset / 64) as usize].fetch_or(1 << (offset % 64), Ordering::Relaxed);
     }
 
-    /// Obsolete slots among the first `used`.
+    /// Marks slot `offset` live again (recovery's rebuild of the update_map).
+    #[inline]
+    pub fn mark_live(&self, offset: u64) {
+        self.update_map[(offset / 64) as usize].fetch_and(!(1 << (offset % 64)), Ordering::Relaxed);
+    }
+
+    /// Marks the first `used` slots obsolete (recovery's rebuild of the update_map: the live
+    /// ones are marked live again from the index).
+    pub fn mark_all_obsolete(&self, used: u64) {
+        for (i, w) in self.update_map.iter().enumerate() {
+            let from = i as u64 * 64;
+            let bits = match used.saturating_sub(from) {
+                0 => 0,
+                n if n >= 64 => u64::MAX,
+                n => (1u64 << n) - 1,
+            };
+            w.store(bits, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether slot `offset` is marked obsolete.
+    #[inline]
+    pub fn is_obsolete(&self, offset: u64) -> bool {
+        self.update_map[(offset / 64) as usize].load(Ordering::Relaxed) & (1 << (offset % 64)) != 0
+    }
+
+    /// Empties the tile for a new use of its block by the same table (GC freed the block, §4.5,
+    /// and nothing refers to its versions any more).
+    pub fn reset(&self) {
+        for h in self.headers.iter() {
+            h.state.store(0, Ordering::Relaxed);
+            h.prev.store(NONE, Ordering::Relaxed);
+        }
+        for w in self.update_map.iter() {
+            w.store(0, Ordering::Release);
+        }
+    }
+
+    /// Obsolete slots.
     pub fn obsolete_count(&self) -> u64 {
         self.update_map
             .iter()
@@ -163,8 +207,11 @@ impl Tile {
 /// append order and the next empty slot (DRAM; recovery finds it from the content).
 #[derive(Clone, Debug, Default)]
 pub struct Region {
-    /// Block page indices, in the order the region fills them.
+    /// Block page indices, in the order the region fills them (GC removes collected ones, §4.5).
     pub blocks: Vec<u64>,
+    /// The sequence number of the region's next block (its page tag orders it in the region:
+    /// numbers grow, GC leaves gaps).
+    pub next_seq: usize,
     /// The block being filled (index into `blocks`).
     pub current: usize,
     /// The next empty slot of the current block.

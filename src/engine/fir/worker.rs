@@ -174,7 +174,7 @@ impl FirWorker {
     /// Takes the next empty slot of the thread's region of `table` (§4.2.1 step 5), allocating
     /// a block when the current one is full. Returns the logical address.
     fn alloc(&mut self, table: TableId, t: &TableRt) -> Result<u64, TxError> {
-        let per = storage::slots_per_block(t.slot);
+        let per = self.eng.slots(t.slot);
         let thread = self.thread;
         let st = self.state.as_mut().expect("the worker holds its state");
         if st.regions.len() <= table as usize {
@@ -190,21 +190,48 @@ impl FirWorker {
             r.next = 0;
         }
         if r.current == r.blocks.len() {
-            let tag = FirEngine::block_tag(thread, table, r.blocks.len()).map_err(|e| {
-                (r.current, r.next) = before;
-                TxError::PmFull(e)
-            })?;
-            let block = match self.eng.pages.allocate(&self.pool, tag) {
+            // A page GC freed keeps the tile of its previous use; one of another table or slot
+            // size cannot serve: hold it and take another (at most a few), then give them back
+            // (before anything is written to the one taken, so a crash in between leaves only
+            // empty blocks at the region's end). Each try has its own sequence number: page tags
+            // never repeat.
+            let mut unsuitable = Vec::new();
+            let got = loop {
+                let tag = match FirEngine::block_tag(thread, table, r.next_seq) {
+                    Ok(tag) => tag,
+                    Err(e) => break Err(TxError::PmFull(e)),
+                };
+                r.next_seq += 1;
+                match self.eng.pages.allocate(&self.pool, tag) {
+                    Ok(b) if self.eng.tile(b, table, t.slot).is_some() => break Ok(b),
+                    Ok(b) if unsuitable.len() < 8 => unsuitable.push(b),
+                    Ok(b) => {
+                        unsuitable.push(b);
+                        break Err(TxError::PmFull(format!(
+                            "table '{}' of thread {thread} needs a block, but the free pages \
+                             GC returned were last used by other tables (FIR keeps a page's \
+                             tile of tuple headers for its table); give the pool more room",
+                            t.schema.name
+                        )));
+                    }
+                    Err(e) => {
+                        break Err(common::pm_full(
+                            format_args!("table '{}' of thread {thread}", t.schema.name),
+                            e,
+                        ))
+                    }
+                }
+            };
+            for b in unsuitable {
+                self.eng.pages.free(&self.pool, b);
+            }
+            let block = match got {
                 Ok(b) => b,
                 Err(e) => {
                     (r.current, r.next) = before;
-                    return Err(common::pm_full(
-                        format_args!("table '{}' of thread {thread}", t.schema.name),
-                        e,
-                    ));
+                    return Err(e);
                 }
             };
-            self.eng.tile(block, table, t.slot);
             r.blocks.push(block);
         }
         let addr = storage::logical(thread, r.blocks[r.current], r.next);
@@ -453,6 +480,158 @@ impl FirWorker {
         self.old_row = old_row;
     }
 
+    /// Commits the running transaction (§4.2.1): Persist, the LCTT word, then the versions
+    /// become visible. Returns its txnId.
+    fn commit_writes(&mut self) -> u64 {
+        self.writes_were_empty = self.writes.is_empty();
+        if !self.writes.is_empty() {
+            let lctt_first = self.eng.config.fault == Some(FirFault::LcttFirst);
+            if lctt_first {
+                self.write_lctt();
+            }
+            self.persist_writes();
+            if !lctt_first {
+                self.write_lctt();
+            }
+            self.install();
+            self.eng.last_commit.fetch_max(self.ts, Ordering::AcqRel);
+        }
+        self.finish();
+        self.ts
+    }
+
+    /// A garbage collection round over this worker's regions (§4.5, see `gc.rs`): frees the
+    /// blocks an earlier round emptied once a checkpoint covers them (stage 2), then moves the
+    /// live versions out of the blocks that are mostly obsolete (stage 1) and takes a checkpoint.
+    pub(crate) fn collect_garbage(&mut self) -> Result<(), TxError> {
+        if self.in_txn {
+            return Ok(());
+        }
+        self.free_collected();
+        let victims = self.gc_victims();
+        if victims.is_empty() {
+            return Ok(());
+        }
+        self.eng.gc.rounds.fetch_add(1, Ordering::Relaxed);
+        // Stage 1: redistribution, one transaction superseding every live version with a copy.
+        self.begin(false);
+        let mut moved = 0u64;
+        for &(table, block) in &victims {
+            let t = self.tables[table as usize].clone();
+            let eng = self.eng.clone();
+            let tile = eng.tile_of(storage::logical(self.thread, block, 0));
+            for off in 0..eng.slots(t.slot) {
+                if tile.is_obsolete(off) {
+                    continue;
+                }
+                let addr = storage::logical(self.thread, block, off);
+                let key = tile.headers[off as usize].key.load(Ordering::Acquire);
+                if t.index.get(key) != Some(addr) {
+                    continue; // superseded or deleted by a transaction still installing
+                }
+                if let Err(e) = self.update(table, key, &[]) {
+                    self.abort();
+                    self.eng.gc.failures.fetch_add(1, Ordering::Relaxed);
+                    return Err(e);
+                }
+                moved += 1;
+            }
+        }
+        self.commit_writes();
+        self.eng.gc.moved.fetch_add(moved, Ordering::Relaxed);
+        let obsolete_by = self.eng.clock.load(Ordering::SeqCst);
+        for (table, block) in victims {
+            let per = self.eng.slots(self.tables[table as usize].slot);
+            let tile = self.eng.tile_of(storage::logical(self.thread, block, 0));
+            if tile.obsolete_count() == per {
+                let st = self.state.as_mut().expect("the worker holds its state");
+                st.gc_waiting.push((table, block, obsolete_by));
+            }
+        }
+        // Stage 2: a checkpoint at once, then the blocks it covers are freed.
+        if self.eng.config.fault != Some(FirFault::GcFreeBeforeCheckpoint)
+            && self.eng.checkpoint().is_err()
+        {
+            self.eng.checkpoint_failures.fetch_add(1, Ordering::Relaxed);
+        }
+        self.free_collected();
+        Ok(())
+    }
+
+    /// The full blocks of this worker's regions (not the ones being filled) that are at least
+    /// `gc_threshold` obsolete and not already waiting to be freed, at most a few per round.
+    fn gc_victims(&self) -> Vec<(TableId, u64)> {
+        const MAX_PER_ROUND: usize = 8;
+        let mut out = Vec::new();
+        let Some(st) = self.state.as_ref() else {
+            return out;
+        };
+        let waiting = &st.gc_waiting;
+        for (table, r) in st.regions.iter().enumerate() {
+            let Some(t) = self.tables.get(table) else {
+                continue;
+            };
+            let per = self.eng.slots(t.slot);
+            let need = (self.eng.config.gc_threshold * per as f64).ceil() as u64;
+            for &block in &r.blocks[..r.current.min(r.blocks.len())] {
+                if out.len() == MAX_PER_ROUND {
+                    return out;
+                }
+                if waiting.iter().any(|w| w.1 == block) {
+                    continue;
+                }
+                let tile = self.eng.tile_of(storage::logical(self.thread, block, 0));
+                if tile.obsolete_count() >= need.max(1) {
+                    out.push((table as TableId, block));
+                }
+            }
+        }
+        out
+    }
+
+    /// Stage 2 of GC: frees the waiting blocks that the valid checkpoint no longer names and no
+    /// running transaction can read (see `gc.rs`), and drops them from their regions.
+    fn free_collected(&mut self) {
+        let st = self.state.as_mut().expect("the worker holds its state");
+        if st.gc_waiting.is_empty() {
+            return;
+        }
+        let ct = self.eng.ckpt.lock().ct;
+        let oldest = self
+            .eng
+            .active
+            .iter()
+            .map(|a| a.load(Ordering::SeqCst))
+            .min()
+            .unwrap_or(u64::MAX);
+        let at_once = self.eng.config.fault == Some(FirFault::GcFreeBeforeCheckpoint);
+        let (ready, waiting): (Vec<_>, Vec<_>) = st
+            .gc_waiting
+            .drain(..)
+            .partition(|&(_, _, by)| at_once || (by < ct && by < oldest));
+        st.gc_waiting = waiting;
+        if ready.is_empty() {
+            return;
+        }
+        let mut pages = Vec::with_capacity(ready.len());
+        for &(_, block, _) in &ready {
+            if let Some(tag) = self.eng.pages.tag(&self.pool, block) {
+                pages.push((block, super::gc::tag_word(tag)));
+            }
+        }
+        self.eng.free_blocks(&pages);
+        let st = self.state.as_mut().expect("the worker holds its state");
+        for (table, block, _) in ready {
+            let r = &mut st.regions[table as usize];
+            if let Some(i) = r.blocks.iter().position(|&b| b == block) {
+                r.blocks.remove(i);
+                if i < r.current {
+                    r.current -= 1;
+                }
+            }
+        }
+    }
+
     fn finish(&mut self) {
         self.writes.clear();
         self.write_lookup.clear();
@@ -646,20 +825,7 @@ impl EngineWorker for FirWorker {
         if !self.in_txn {
             return Ok(self.ts);
         }
-        self.writes_were_empty = self.writes.is_empty();
-        if !self.writes.is_empty() {
-            let lctt_first = self.eng.config.fault == Some(FirFault::LcttFirst);
-            if lctt_first {
-                self.write_lctt();
-            }
-            self.persist_writes();
-            if !lctt_first {
-                self.write_lctt();
-            }
-            self.install();
-            self.eng.last_commit.fetch_max(self.ts, Ordering::AcqRel);
-        }
-        self.finish();
+        let ts = self.commit_writes();
         if let Some(every) = self.eng.config.checkpoint_every_commits {
             if !self.writes_were_empty
                 && (self.eng.commits.fetch_add(1, Ordering::Relaxed) + 1) % every == 0
@@ -668,7 +834,17 @@ impl EngineWorker for FirWorker {
                 self.eng.checkpoint_failures.fetch_add(1, Ordering::Relaxed);
             }
         }
-        Ok(self.ts)
+        if let Some(every) = self.eng.config.gc_every_commits {
+            let st = self.state.as_mut().expect("the worker holds its state");
+            if !self.writes_were_empty {
+                st.commits += 1;
+                if st.commits % every == 0 {
+                    // A round that cannot finish (a conflict, a full pool) is retried later.
+                    let _ = self.collect_garbage();
+                }
+            }
+        }
+        Ok(ts)
     }
 
     fn abort(&mut self) {
