@@ -26,13 +26,13 @@ pub mod ptm;
 pub mod workload;
 
 pub use db::{Db, DbConfig};
-pub use engine::{DbError, TxError};
+pub use engine::{AppError, DbError, TxError};
 
 /// What an application embedding pmtx needs, in one import: `use pmtx::prelude::*;`.
 pub mod prelude {
     pub use crate::catalog::{ColumnType, Schema, TableId};
     pub use crate::cc::Protocol;
-    pub use crate::db::{Db, DbConfig, Row, Tx, Value, Worker};
-    pub use crate::engine::{DbError, EngineKind, TxError};
+    pub use crate::db::{Db, DbConfig, Row, RowRef, Transaction, Tx, Value, Worker};
+    pub use crate::engine::{AppError, DbError, EngineKind, TxError};
     pub use crate::pmem::PersistenceDomain;
 }
