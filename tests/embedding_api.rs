@@ -55,7 +55,11 @@ fn explicit_transactions_commit_roll_back_and_roll_back_on_drop_on_every_engine(
             let mut txn = db.begin().unwrap();
             txn.delete(t, 2).unwrap();
         } // dropped: rolled back
-        assert_eq!(value(&db, t, 2), Some(20), "{engine}: dropped = rolled back");
+        assert_eq!(
+            value(&db, t, 2),
+            Some(20),
+            "{engine}: dropped = rolled back"
+        );
 
         // On a worker the application holds, alternating with closures.
         let mut w = db.worker().unwrap();
@@ -182,7 +186,10 @@ fn a_thread_waits_for_a_worker_slot_and_gets_one_when_it_is_freed() {
             start.elapsed()
         });
         std::thread::sleep(Duration::from_millis(200));
-        assert!(!waiter.is_finished(), "the second thread must wait for the slot");
+        assert!(
+            !waiter.is_finished(),
+            "the second thread must wait for the slot"
+        );
         drop(held);
         let waited = waiter.join().unwrap();
         assert!(waited >= Duration::from_millis(150), "{waited:?}");
@@ -246,4 +253,118 @@ fn db_run_keeps_its_worker_and_lends_it_to_a_thread_that_finds_no_free_slot() {
         }
     });
     assert_eq!(db.check_structure().unwrap(), vec![400]);
+}
+
+fn accounts() -> Schema {
+    Schema::new(
+        "accounts",
+        &[
+            ("owner", ColumnType::Bytes(8)),
+            ("balance", ColumnType::I64),
+            ("visits", ColumnType::U64),
+            ("rate", ColumnType::F64),
+        ],
+    )
+}
+
+#[test]
+fn tables_are_listed_in_creation_order_with_their_ids() {
+    let db = Db::create(DbConfig::temporary().pool_size(24 << 20).max_threads(1)).unwrap();
+    assert!(db.tables().is_empty());
+    let a = db.create_table(accounts()).unwrap();
+    let k = db.create_table(kv()).unwrap();
+    let listed: Vec<(TableId, String)> = db
+        .tables()
+        .into_iter()
+        .map(|(id, schema)| (id, schema.name))
+        .collect();
+    assert_eq!(listed, vec![(a, "accounts".into()), (k, "kv".into())]);
+}
+
+#[test]
+fn columns_by_name_and_checked_getters_return_errors_instead_of_panicking() {
+    let db = Db::create(DbConfig::temporary().pool_size(24 << 20).max_threads(1)).unwrap();
+    let t = db.create_table(accounts()).unwrap();
+    db.run(|tx| {
+        tx.insert(
+            t,
+            1,
+            &[
+                Value::Bytes(b"ada"),
+                Value::I64(-5),
+                Value::U64(3),
+                Value::F64(0.5),
+            ],
+        )
+    })
+    .unwrap();
+    let balance = db.column(t, "balance").unwrap();
+    assert_eq!(balance, 1);
+    assert!(db
+        .column(t, "nope")
+        .unwrap_err()
+        .to_string()
+        .contains("no column 'nope'"));
+    let row = db.run(|tx| tx.get(t, 1)).unwrap();
+    assert_eq!(row.get_i64("balance"), Ok(-5));
+    assert_eq!(row.get_u64("visits"), Ok(3));
+    assert_eq!(row.get_f64("rate"), Ok(0.5));
+    assert_eq!(row.get_bytes("owner"), Ok(&b"ada\0\0\0\0\0"[..]));
+    assert_eq!(row.i64(balance), -5);
+    // Wrong type, wrong name, out of range: errors that say what is wrong.
+    let wrong_type = row.get_u64("balance").unwrap_err();
+    assert!(
+        wrong_type.to_string().contains("'balance'") && wrong_type.to_string().contains("I64"),
+        "{wrong_type}"
+    );
+    assert!(matches!(
+        row.get_u64("owner"),
+        Err(TxError::SchemaMismatch(_))
+    ));
+    let missing = row.get_i64("balanse").unwrap_err().to_string();
+    assert!(
+        missing.contains("owner, balance, visits, rate"),
+        "{missing}"
+    );
+    assert!(row
+        .try_u64(9)
+        .unwrap_err()
+        .to_string()
+        .contains("4 columns"));
+    assert!(row.try_bytes_at(4).is_err());
+    assert_eq!(row.try_bytes_at(2), Ok(&3u64.to_le_bytes()[..]));
+    // The same on a borrowed row, inside a transaction, with `?`.
+    let (visits, err) = db
+        .run(|tx| {
+            let r = tx.get_ref(t, 1)?;
+            Ok((r.get_u64("visits")?, r.try_f64(0).unwrap_err()))
+        })
+        .unwrap();
+    assert_eq!(visits, 3);
+    assert!(err.to_string().contains("Bytes(8)"), "{err}");
+    // An application that misreads a column gets the error out of `run`, no panic.
+    let err = db.run(|tx| tx.get(t, 1)?.get_f64("balance")).unwrap_err();
+    assert!(
+        matches!(err.tx_error(), Some(TxError::SchemaMismatch(_))),
+        "{err}"
+    );
+}
+
+#[test]
+fn dropping_a_table_is_refused_clearly_by_every_engine_and_changes_nothing() {
+    for cfg in every_engine() {
+        let engine = cfg.engine;
+        let db = Db::create(cfg).unwrap();
+        let t = db.create_table(kv()).unwrap();
+        db.run(|tx| tx.insert(t, 1, &[Value::U64(1)])).unwrap();
+        let err = db.drop_table(t).unwrap_err();
+        assert!(matches!(err, DbError::Unsupported(_)), "{engine}: {err}");
+        assert!(err.to_string().contains(engine.name()), "{err}");
+        assert!(matches!(
+            db.drop_table(7),
+            Err(DbError::Tx(TxError::SchemaMismatch(_)))
+        ));
+        assert_eq!(value(&db, t, 1), Some(1), "{engine}");
+        assert_eq!(db.tables().len(), 1);
+    }
 }

@@ -724,6 +724,34 @@ impl Db {
         self.engine.catalog().tables.get(id as usize).cloned()
     }
 
+    /// Every table, with its id, in creation order.
+    pub fn tables(&self) -> Vec<(TableId, Schema)> {
+        (0..)
+            .zip(self.engine.catalog().tables)
+            .collect::<Vec<(TableId, Schema)>>()
+    }
+
+    /// The position of column `column` of table `table`, resolved once for the fast getters by
+    /// position ([`Row::u64`]...) and for [`Tx::update`]; an error naming what is missing.
+    pub fn column(&self, table: TableId, column: &str) -> Result<usize, DbError> {
+        let schema = self
+            .schema(table)
+            .ok_or_else(|| TxError::SchemaMismatch(format!("no table with id {table}")))?;
+        Ok(schema.column_index(column).ok_or_else(|| {
+            TxError::SchemaMismatch(format!("table {} has no column '{column}'", schema.name))
+        })?)
+    }
+
+    /// Drops table `table` and frees its rows' space, where the engine can: no engine of this
+    /// build can yet, and each refuses with [`DbError::Unsupported`] saying why (see
+    /// [`Engine::drop_table`] and docs/ARCHITECTURE.md, "The embedding API").
+    pub fn drop_table(&self, table: TableId) -> Result<(), DbError> {
+        if self.schema(table).is_none() {
+            return Err(TxError::SchemaMismatch(format!("no table with id {table}")).into());
+        }
+        self.engine.drop_table(table)
+    }
+
     /// Claims a worker slot for the calling thread; released when the worker drops. When all
     /// [`max_threads`](DbConfig::max_threads) slots are in use, waits up to
     /// [`DbConfig::worker_wait`] for one to be released, then fails with
@@ -946,7 +974,7 @@ struct WorkerCore {
     schemas: Vec<Schema>,
     /// Per table: its column offsets, shared by the rows this worker reads. Built per worker so
     /// that cloning one into a row touches a counter no other thread writes.
-    layouts: Vec<Arc<[usize]>>,
+    layouts: Vec<Arc<RowLayout>>,
     buffers: TxBuffers,
 }
 
@@ -1054,7 +1082,7 @@ impl<'db> Worker<'db> {
         {
             let catalog = self.db.engine.catalog();
             self.core.schemas = catalog.tables;
-            self.core.layouts = self.core.schemas.iter().map(column_bounds).collect();
+            self.core.layouts = self.core.schemas.iter().map(RowLayout::of).collect();
         }
     }
 
@@ -1191,12 +1219,30 @@ enum Held<'w> {
     Owned(Worker<'w>),
 }
 
-/// The byte bounds of a schema's columns: column `i` is `bounds[i]..bounds[i + 1]`.
-fn column_bounds(schema: &Schema) -> Arc<[usize]> {
-    (0..schema.columns.len())
-        .map(|i| schema.column_offset(i))
-        .chain(std::iter::once(schema.row_size()))
-        .collect()
+/// A table's rows as [`Row`] and [`RowRef`] read them: where each column is, and the schema
+/// (for access by name and type checks).
+#[derive(Debug, PartialEq)]
+struct RowLayout {
+    /// Column `i` is `bounds[i]..bounds[i + 1]`.
+    bounds: Box<[usize]>,
+    schema: Schema,
+}
+
+impl RowLayout {
+    fn of(schema: &Schema) -> Arc<RowLayout> {
+        let bounds = (0..schema.columns.len())
+            .map(|i| schema.column_offset(i))
+            .chain(std::iter::once(schema.row_size()))
+            .collect();
+        Arc::new(RowLayout {
+            bounds,
+            schema: schema.clone(),
+        })
+    }
+
+    fn row_size(&self) -> usize {
+        self.bounds.last().copied().unwrap_or(0)
+    }
 }
 
 /// Most row buffers a thread keeps for reuse (see [`Row`]'s `Drop`).
@@ -1234,7 +1280,7 @@ fn row_buffer(len: usize) -> Vec<u8> {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Row {
     bytes: Vec<u8>,
-    bounds: Arc<[usize]>,
+    layout: Arc<RowLayout>,
 }
 
 impl Drop for Row {
@@ -1253,42 +1299,99 @@ impl Drop for Row {
     }
 }
 
+/// The checked getters, delegated from [`Row`] to its [`RowRef`].
+macro_rules! checked_getters {
+    () => {
+        /// The position of the column called `name` (resolve it once, then use the fast
+        /// getters by position).
+        pub fn column(&self, name: &str) -> Result<usize, TxError> {
+            self.as_ref().column(name)
+        }
+        /// Column `i` as u64; an error unless it is a `U64` column.
+        pub fn try_u64(&self, i: usize) -> Result<u64, TxError> {
+            self.as_ref().try_u64(i)
+        }
+        /// Column `i` as i64; an error unless it is an `I64` column.
+        pub fn try_i64(&self, i: usize) -> Result<i64, TxError> {
+            self.as_ref().try_i64(i)
+        }
+        /// Column `i` as f64; an error unless it is an `F64` column.
+        pub fn try_f64(&self, i: usize) -> Result<f64, TxError> {
+            self.as_ref().try_f64(i)
+        }
+        /// Column `i`'s bytes; an error if there is no column `i`.
+        pub fn try_bytes_at(&self, i: usize) -> Result<&[u8], TxError> {
+            self.as_ref().try_bytes_at(i)
+        }
+        /// The `U64` column called `name`.
+        pub fn get_u64(&self, name: &str) -> Result<u64, TxError> {
+            self.as_ref().get_u64(name)
+        }
+        /// The `I64` column called `name`.
+        pub fn get_i64(&self, name: &str) -> Result<i64, TxError> {
+            self.as_ref().get_i64(name)
+        }
+        /// The `F64` column called `name`.
+        pub fn get_f64(&self, name: &str) -> Result<f64, TxError> {
+            self.as_ref().get_f64(name)
+        }
+        /// The bytes of the column called `name` (a `Bytes(n)` column: all n bytes, zero-padded).
+        pub fn get_bytes(&self, name: &str) -> Result<&[u8], TxError> {
+            self.as_ref().get_bytes(name)
+        }
+    };
+}
+
 impl Row {
     /// A borrowed view with the same accessors.
     pub fn as_ref(&self) -> RowRef<'_> {
         RowRef {
             bytes: &self.bytes,
-            bounds: &self.bounds,
+            layout: &self.layout,
         }
     }
     /// The row's bytes.
     pub fn bytes(&self) -> &[u8] {
         &self.bytes
     }
-    /// Column `i` as u64.
+    /// Column `i` as u64 (fast: checks the width only).
+    ///
+    /// # Panics
+    /// If there is no column `i` or it is not 8 bytes wide; [`Row::try_u64`] and
+    /// [`Row::get_u64`] return errors instead.
     pub fn u64(&self, i: usize) -> u64 {
         self.as_ref().u64(i)
     }
-    /// Column `i` as i64.
+    /// Column `i` as i64 (fast: checks the width only).
+    ///
+    /// # Panics
+    /// As [`Row::u64`]; [`Row::try_i64`] returns an error instead.
     pub fn i64(&self, i: usize) -> i64 {
         self.as_ref().i64(i)
     }
-    /// Column `i` as f64.
+    /// Column `i` as f64 (fast: checks the width only).
+    ///
+    /// # Panics
+    /// As [`Row::u64`]; [`Row::try_f64`] returns an error instead.
     pub fn f64(&self, i: usize) -> f64 {
         self.as_ref().f64(i)
     }
     /// Column `i`'s bytes.
+    ///
+    /// # Panics
+    /// If there is no column `i`; [`Row::try_bytes_at`] returns an error instead.
     pub fn bytes_at(&self, i: usize) -> &[u8] {
         self.as_ref().bytes_at(i)
     }
+    checked_getters!();
 }
 
 /// A row borrowed from a transaction ([`Tx::get_ref`]) or from a [`Row`], with typed accessors
-/// by column position.
+/// by column position (fast, panicking on a wrong column) and checked ones by position or name.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RowRef<'a> {
     bytes: &'a [u8],
-    bounds: &'a [usize],
+    layout: &'a RowLayout,
 }
 
 impl<'a> RowRef<'a> {
@@ -1297,23 +1400,111 @@ impl<'a> RowRef<'a> {
         self.bytes
     }
     /// Column `i`'s bytes.
+    ///
+    /// # Panics
+    /// If there is no column `i`; [`RowRef::try_bytes_at`] returns an error instead.
     pub fn bytes_at(&self, i: usize) -> &'a [u8] {
-        &self.bytes[self.bounds[i]..self.bounds[i + 1]]
+        let b = &self.layout.bounds;
+        &self.bytes[b[i]..b[i + 1]]
     }
     fn word(&self, i: usize) -> [u8; 8] {
         self.bytes_at(i).try_into().expect("column is 8 bytes")
     }
-    /// Column `i` as u64.
+    /// Column `i` as u64 (fast: checks the width only).
+    ///
+    /// # Panics
+    /// If there is no column `i` or it is not 8 bytes wide; [`RowRef::try_u64`] and
+    /// [`RowRef::get_u64`] return errors instead.
     pub fn u64(&self, i: usize) -> u64 {
         u64::from_le_bytes(self.word(i))
     }
-    /// Column `i` as i64.
+    /// Column `i` as i64 (fast; panics as [`RowRef::u64`]).
     pub fn i64(&self, i: usize) -> i64 {
         i64::from_le_bytes(self.word(i))
     }
-    /// Column `i` as f64.
+    /// Column `i` as f64 (fast; panics as [`RowRef::u64`]).
     pub fn f64(&self, i: usize) -> f64 {
         f64::from_le_bytes(self.word(i))
+    }
+
+    /// The position of the column called `name`.
+    pub fn column(&self, name: &str) -> Result<usize, TxError> {
+        let schema = &self.layout.schema;
+        schema.column_index(name).ok_or_else(|| {
+            TxError::SchemaMismatch(format!(
+                "table {} has no column '{name}' (its columns: {})",
+                schema.name,
+                schema
+                    .columns
+                    .iter()
+                    .map(|c| c.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })
+    }
+
+    /// Column `i`'s bytes, if it is of type `want` (any type when `None`).
+    fn checked(&self, i: usize, want: Option<ColumnType>) -> Result<&'a [u8], TxError> {
+        let schema = &self.layout.schema;
+        let column = schema.columns.get(i).ok_or_else(|| {
+            TxError::SchemaMismatch(format!(
+                "table {} has {} columns, not a column {i}",
+                schema.name,
+                schema.columns.len()
+            ))
+        })?;
+        if let Some(want) = want.filter(|&w| w != column.ty) {
+            return Err(TxError::SchemaMismatch(format!(
+                "column '{}' of table {} is {:?}, not {want:?}",
+                column.name, schema.name, column.ty
+            )));
+        }
+        let b = &self.layout.bounds;
+        Ok(&self.bytes[b[i]..b[i + 1]])
+    }
+
+    fn checked_word(&self, i: usize, want: ColumnType) -> Result<[u8; 8], TxError> {
+        let bytes = self.checked(i, Some(want))?;
+        bytes
+            .try_into()
+            .map_err(|_| TxError::SchemaMismatch(format!("column {i} is not 8 bytes")))
+    }
+
+    /// Column `i` as u64; an error unless it is a `U64` column.
+    pub fn try_u64(&self, i: usize) -> Result<u64, TxError> {
+        self.checked_word(i, ColumnType::U64)
+            .map(u64::from_le_bytes)
+    }
+    /// Column `i` as i64; an error unless it is an `I64` column.
+    pub fn try_i64(&self, i: usize) -> Result<i64, TxError> {
+        self.checked_word(i, ColumnType::I64)
+            .map(i64::from_le_bytes)
+    }
+    /// Column `i` as f64; an error unless it is an `F64` column.
+    pub fn try_f64(&self, i: usize) -> Result<f64, TxError> {
+        self.checked_word(i, ColumnType::F64)
+            .map(f64::from_le_bytes)
+    }
+    /// Column `i`'s bytes; an error if there is no column `i`.
+    pub fn try_bytes_at(&self, i: usize) -> Result<&'a [u8], TxError> {
+        self.checked(i, None)
+    }
+    /// The `U64` column called `name`.
+    pub fn get_u64(&self, name: &str) -> Result<u64, TxError> {
+        self.try_u64(self.column(name)?)
+    }
+    /// The `I64` column called `name`.
+    pub fn get_i64(&self, name: &str) -> Result<i64, TxError> {
+        self.try_i64(self.column(name)?)
+    }
+    /// The `F64` column called `name`.
+    pub fn get_f64(&self, name: &str) -> Result<f64, TxError> {
+        self.try_f64(self.column(name)?)
+    }
+    /// The bytes of the column called `name` (a `Bytes(n)` column: all n bytes, zero-padded).
+    pub fn get_bytes(&self, name: &str) -> Result<&'a [u8], TxError> {
+        self.try_bytes_at(self.column(name)?)
     }
 }
 
@@ -1372,7 +1563,7 @@ fn schema_of(schemas: &[Schema], table: TableId) -> Result<&Schema, TxError> {
         .ok_or_else(|| TxError::SchemaMismatch(format!("no table with id {table}")))
 }
 
-fn layout_of(layouts: &[Arc<[usize]>], table: TableId) -> Result<&Arc<[usize]>, TxError> {
+fn layout_of(layouts: &[Arc<RowLayout>], table: TableId) -> Result<&Arc<RowLayout>, TxError> {
     layouts
         .get(table as usize)
         .ok_or_else(|| TxError::SchemaMismatch(format!("no table with id {table}")))
@@ -1416,10 +1607,10 @@ impl<'w> Tx<'w> {
     /// Reads the row with `key`.
     pub fn get(&mut self, table: TableId, key: u64) -> Result<Row, TxError> {
         let c = self.live()?;
-        let bounds = layout_of(&c.layouts, table)?.clone();
+        let layout = layout_of(&c.layouts, table)?.clone();
         let mut row = Row {
-            bytes: row_buffer(bounds.last().copied().unwrap_or(0)),
-            bounds,
+            bytes: row_buffer(layout.row_size()),
+            layout,
         };
         let read = c.inner.read(table, key, &mut row.bytes);
         self.settle(read)?;
@@ -1431,7 +1622,7 @@ impl<'w> Tx<'w> {
     /// transaction; use [`get`](Self::get) for a row to keep.
     pub fn get_ref(&mut self, table: TableId, key: u64) -> Result<RowRef<'_>, TxError> {
         let c = self.live()?;
-        let size = layout_of(&c.layouts, table)?.last().copied().unwrap_or(0);
+        let size = layout_of(&c.layouts, table)?.row_size();
         let mut bytes = std::mem::take(&mut c.buffers.read);
         bytes.resize(size, 0);
         let read = c.inner.read(table, key, &mut bytes);
@@ -1440,7 +1631,7 @@ impl<'w> Tx<'w> {
         let c = self.core();
         Ok(RowRef {
             bytes: &c.buffers.read,
-            bounds: layout_of(&c.layouts, table)?,
+            layout: layout_of(&c.layouts, table)?,
         })
     }
 
@@ -1604,7 +1795,7 @@ impl<'w> Tx<'w> {
         limit: usize,
     ) -> Result<Vec<(u64, Row)>, TxError> {
         let c = self.live()?;
-        let bounds = layout_of(&c.layouts, table)?.clone();
+        let layout = layout_of(&c.layouts, table)?;
         let mut rows = Vec::new();
         let result = c.inner.scan(table, from, reverse, limit, &mut |k, r| {
             let mut bytes = row_buffer(0);
@@ -1613,7 +1804,7 @@ impl<'w> Tx<'w> {
                 k,
                 Row {
                     bytes,
-                    bounds: bounds.clone(),
+                    layout: layout.clone(),
                 },
             ));
             true

@@ -297,6 +297,9 @@ pub enum DbError {
     /// A configuration that cannot work.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// An operation the engine does not implement (e.g. dropping a table).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
     /// The pool's engine metadata is damaged.
     #[error("corrupt database: {0}")]
     Corrupt(String),
@@ -404,6 +407,19 @@ pub trait Engine: Send + Sync {
     /// MMDB's snapshot of the tables); `None` for the others.
     fn checkpoint(&self) -> Option<Result<fir::CheckpointStats, DbError>> {
         None
+    }
+    /// Drops `table` and frees its rows' space. The default refuses, and no engine overrides it
+    /// yet: a table's id is its catalog position, which every engine's recovery walks (a dropped
+    /// table needs a durable tombstone each design's recovery understands), and its space is
+    /// held per design (Falcon's and Zen's per-thread heap pages, FIR's regions, the DRAM shadow
+    /// of DUDETx and MMDB), which each must free crash-safely.
+    fn drop_table(&self, table: TableId) -> Result<(), DbError> {
+        let _ = table;
+        Err(DbError::Unsupported(format!(
+            "engine {} cannot drop tables: a table's catalog slot and its space are kept \
+             until the engine implements a crash-safe drop (see Engine::drop_table)",
+            self.kind()
+        )))
     }
 }
 
