@@ -9,7 +9,7 @@
 //! # fn main() -> Result<(), DbError> {
 //! # let dir = tempfile::tempdir_in("/dev/shm").unwrap_or_else(|_| tempfile::tempdir().unwrap());
 //! # let path = dir.path().join("bank.pool");
-//! let db = Db::open_or_create(DbConfig::default().path(&path).pool_size(32 << 20))?;
+//! let db = Db::open_or_create(DbConfig::default().path(&path).pool_size(32 << 20).max_threads(4))?;
 //! let accounts = match db.table("accounts") {
 //!     Some(t) => t,
 //!     None => db.create_table(Schema::new(

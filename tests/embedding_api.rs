@@ -21,6 +21,23 @@ fn every_engine() -> impl Iterator<Item = DbConfig> {
     })
 }
 
+/// Per engine: a database whose table "kv" holds row 1 with `v`.
+fn every_engine_with_row_1(v: u64) -> impl Iterator<Item = (EngineKind, Db, TableId)> {
+    every_engine().map(move |cfg| {
+        let engine = cfg.engine;
+        let db = Db::create(cfg).unwrap();
+        let t = db.create_table(kv()).unwrap();
+        db.run(|tx| tx.insert(t, 1, &[Value::U64(v)])).unwrap();
+        (engine, db, t)
+    })
+}
+
+/// A small temporary database whose threads wait up to `wait` for one of `slots` worker slots.
+fn waiting_db(slots: usize, wait: Duration) -> Db {
+    let cfg = DbConfig::temporary().pool_size(24 << 20);
+    Db::create(cfg.max_threads(slots).worker_wait(wait)).unwrap()
+}
+
 fn value(db: &Db, t: TableId, key: u64) -> Option<u64> {
     db.run(|tx| match tx.get(t, key) {
         Ok(row) => Ok(Some(row.u64(0))),
@@ -131,11 +148,7 @@ impl std::error::Error for Overdrawn {}
 
 #[test]
 fn an_application_error_aborts_once_and_comes_back_typed_on_every_engine() {
-    for cfg in every_engine() {
-        let engine = cfg.engine;
-        let db = Db::create(cfg).unwrap();
-        let t = db.create_table(kv()).unwrap();
-        db.run(|tx| tx.insert(t, 1, &[Value::U64(5)])).unwrap();
+    for (engine, db, t) in every_engine_with_row_1(5) {
         let attempts = AtomicU32::new(0);
         let err = db
             .run(|tx| {
@@ -170,13 +183,7 @@ fn an_application_error_aborts_once_and_comes_back_typed_on_every_engine() {
 
 #[test]
 fn a_thread_waits_for_a_worker_slot_and_gets_one_when_it_is_freed() {
-    let db = Db::create(
-        DbConfig::temporary()
-            .pool_size(24 << 20)
-            .max_threads(1)
-            .worker_wait(Duration::from_secs(20)),
-    )
-    .unwrap();
+    let db = waiting_db(1, Duration::from_secs(20));
     let t = db.create_table(kv()).unwrap();
     let held = db.worker().unwrap();
     std::thread::scope(|s| {
@@ -199,13 +206,7 @@ fn a_thread_waits_for_a_worker_slot_and_gets_one_when_it_is_freed() {
 
 #[test]
 fn the_wait_for_a_slot_is_bounded_by_worker_wait() {
-    let db = Db::create(
-        DbConfig::temporary()
-            .pool_size(24 << 20)
-            .max_threads(1)
-            .worker_wait(Duration::from_millis(100)),
-    )
-    .unwrap();
+    let db = waiting_db(1, Duration::from_millis(100));
     let _held = db.worker().unwrap();
     let start = Instant::now();
     let err = std::thread::scope(|s| s.spawn(|| db.worker().err()).join().unwrap()).unwrap();
@@ -216,13 +217,7 @@ fn the_wait_for_a_slot_is_bounded_by_worker_wait() {
 
 #[test]
 fn db_run_keeps_its_worker_and_lends_it_to_a_thread_that_finds_no_free_slot() {
-    let db = Db::create(
-        DbConfig::temporary()
-            .pool_size(24 << 20)
-            .max_threads(2)
-            .worker_wait(Duration::ZERO),
-    )
-    .unwrap();
+    let db = waiting_db(2, Duration::ZERO);
     let t = db.create_table(kv()).unwrap();
     db.run(|tx| tx.insert(t, 1, &[Value::U64(1)])).unwrap();
     // This thread's worker stays idle in its slot: two explicit workers still fit (the second
@@ -233,13 +228,7 @@ fn db_run_keeps_its_worker_and_lends_it_to_a_thread_that_finds_no_free_slot() {
     assert!(matches!(db.worker(), Err(DbError::NoWorkerSlot(2))));
     drop((a, b));
     // 8 threads on 2 slots, each with many `Db::run`s, waiting for slots: all commit.
-    let db = Db::create(
-        DbConfig::temporary()
-            .pool_size(24 << 20)
-            .max_threads(2)
-            .worker_wait(Duration::from_secs(20)),
-    )
-    .unwrap();
+    let db = waiting_db(2, Duration::from_secs(20));
     let t2 = db.create_table(kv()).unwrap();
     std::thread::scope(|s| {
         for i in 0..8u64 {
@@ -255,16 +244,16 @@ fn db_run_keeps_its_worker_and_lends_it_to_a_thread_that_finds_no_free_slot() {
     assert_eq!(db.check_structure().unwrap(), vec![400]);
 }
 
+/// One column of each type.
+const ACCOUNT_COLUMNS: [(&str, ColumnType); 4] = [
+    ("owner", ColumnType::Bytes(8)),
+    ("balance", ColumnType::I64),
+    ("visits", ColumnType::U64),
+    ("rate", ColumnType::F64),
+];
+
 fn accounts() -> Schema {
-    Schema::new(
-        "accounts",
-        &[
-            ("owner", ColumnType::Bytes(8)),
-            ("balance", ColumnType::I64),
-            ("visits", ColumnType::U64),
-            ("rate", ColumnType::F64),
-        ],
-    )
+    Schema::new("accounts", &ACCOUNT_COLUMNS)
 }
 
 #[test]
@@ -352,11 +341,7 @@ fn columns_by_name_and_checked_getters_return_errors_instead_of_panicking() {
 
 #[test]
 fn dropping_a_table_is_refused_clearly_by_every_engine_and_changes_nothing() {
-    for cfg in every_engine() {
-        let engine = cfg.engine;
-        let db = Db::create(cfg).unwrap();
-        let t = db.create_table(kv()).unwrap();
-        db.run(|tx| tx.insert(t, 1, &[Value::U64(1)])).unwrap();
+    for (engine, db, t) in every_engine_with_row_1(1) {
         let err = db.drop_table(t).unwrap_err();
         assert!(matches!(err, DbError::Unsupported(_)), "{engine}: {err}");
         assert!(err.to_string().contains(engine.name()), "{err}");
