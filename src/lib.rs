@@ -50,7 +50,7 @@
 //! # }
 //! ```
 //!
-//! [`DbConfig`] chooses the engine ([`EngineKind`]: Falcon, the default, Zen, FIR, DUDETx,
+//! [`DbConfig`] chooses the engine ([`EngineKind`](engine::EngineKind): Falcon, the default, Zen, FIR, DUDETx,
 //! MMDB...), the concurrency-control protocol and the persistence domain; see the README and
 //! `docs/ARCHITECTURE.md`.
 //!
