@@ -133,6 +133,8 @@ fn a_reader_of_a_superseded_version_follows_the_index_and_then_aborts() {
         .create_table(Schema::new("kv", &[("v", ColumnType::U64)]))
         .unwrap();
     db.run(|tx| tx.insert(t, 1, &[Value::U64(10)])).unwrap();
+    // `Db::run` keeps this thread's worker idle in slot 0: give the slot back to drive it here.
+    db.release_idle_workers();
     let mut reader = db.engine().clone().worker(0).unwrap();
     let mut writer = db.engine().clone().worker(1).unwrap();
     let mut row = [0u8; 8];

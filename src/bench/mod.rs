@@ -12,6 +12,7 @@
 //! - [`loading_bar`] is a progress bar for the loading phase, hidden when stderr is not a terminal.
 //! - [`plot`] draws figures (PNG, SVG) from the JSON that [`write_json`] writes.
 
+#[cfg(feature = "plot")]
 pub mod plot;
 mod report;
 mod result;

@@ -63,6 +63,10 @@ pub struct DbConfig {
     pub hot_tuples: usize,
     /// Conflict aborts `run` retries before giving up.
     pub max_retries: u32,
+    /// How long [`Db::worker`], [`Db::run`] and [`Db::begin`] wait for a worker slot when all
+    /// [`max_threads`](DbConfig::max_threads) are in use, before failing with
+    /// [`DbError::NoWorkerSlot`] (default 10 s; zero fails at once).
+    pub worker_wait: std::time::Duration,
     /// Count PM traffic (see `pmem::stats`).
     pub counting: bool,
     /// A deliberate ordering bug, for showing that the crash harness catches it (test-only).
@@ -161,6 +165,7 @@ impl Default for DbConfig {
             window_slot_bytes: None,
             hot_tuples: 1024,
             max_retries: 1000,
+            worker_wait: std::time::Duration::from_secs(10),
             counting: true,
             fault: None,
             cc_options: crate::cc::CcOptions::default(),
@@ -257,6 +262,16 @@ impl DbConfig {
     /// Sets the number of worker slots.
     pub fn max_threads(mut self, n: usize) -> Self {
         self.max_threads = n;
+        self
+    }
+    /// Sets how long a thread waits for a worker slot (see [`DbConfig::worker_wait`]).
+    pub fn worker_wait(mut self, wait: std::time::Duration) -> Self {
+        self.worker_wait = wait;
+        self
+    }
+    /// Sets how many conflict aborts `run` retries (see [`DbConfig::max_retries`]).
+    pub fn max_retries(mut self, retries: u32) -> Self {
+        self.max_retries = retries;
         self
     }
     /// Sets where new tables' primary indexes go by default (see [`DbConfig::index_placement`]).
@@ -412,7 +427,9 @@ fn check_pool_size(engine: EngineKind, max_threads: usize, size: u64) -> Result<
 pub struct Db {
     engine: Arc<dyn Engine>,
     config: DbConfig,
-    slots: parking_lot::Mutex<Vec<usize>>,
+    slots: SlotPool,
+    /// Tells this database's workers apart in a thread's [`AFFINITY`].
+    id: u64,
     /// Tables in the catalog: workers refresh their schema copies when it grows.
     table_count: std::sync::atomic::AtomicUsize,
     /// See [`Db::durability_warning`].
@@ -643,7 +660,7 @@ impl Db {
     }
 
     fn assemble(engine: Arc<dyn Engine>, config: DbConfig) -> Db {
-        let slots = (0..config.max_threads).rev().collect();
+        let slots = SlotPool::new(config.max_threads);
         let table_count = std::sync::atomic::AtomicUsize::new(engine.catalog().tables.len());
         let durability_warning = match (engine.pool(), config.engine) {
             (_, EngineKind::Volatile) | (None, _) => None,
@@ -655,7 +672,8 @@ impl Db {
         Db {
             engine,
             config,
-            slots: parking_lot::Mutex::new(slots),
+            slots,
+            id: NEXT_DB_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             table_count,
             durability_warning,
         }
@@ -716,33 +734,135 @@ impl Db {
         self.engine.catalog().tables.get(id as usize).cloned()
     }
 
-    /// Claims a worker slot for the calling thread; released when the worker drops.
-    pub fn worker(&self) -> Result<Worker<'_>, DbError> {
-        let slot = self
-            .slots
-            .lock()
-            .pop()
-            .ok_or(DbError::NoWorkerSlot(self.config.max_threads))?;
-        match self.engine.clone().worker(slot) {
-            Ok(inner) => Ok(Worker {
-                db: self,
-                slot,
-                inner,
-                schemas: Vec::new(),
-                layouts: Vec::new(),
-                buffers: TxBuffers::default(),
-                rng: slot as u64 * 7919 + 1,
-            }),
-            Err(e) => {
-                self.slots.lock().push(slot);
-                Err(e)
-            }
-        }
+    /// Every table, with its id, in creation order.
+    pub fn tables(&self) -> Vec<(TableId, Schema)> {
+        (0..)
+            .zip(self.engine.catalog().tables)
+            .collect::<Vec<(TableId, Schema)>>()
     }
 
-    /// Runs `f` as a transaction on a temporary worker, retrying conflicts (see [`Worker::run`]).
+    /// The position of column `column` of table `table`, resolved once for the fast getters by
+    /// position ([`Row::u64`]...) and for [`Tx::update`]; an error naming what is missing.
+    pub fn column(&self, table: TableId, column: &str) -> Result<usize, DbError> {
+        let schema = self
+            .schema(table)
+            .ok_or_else(|| TxError::SchemaMismatch(format!("no table with id {table}")))?;
+        Ok(schema.column_index(column).ok_or_else(|| {
+            TxError::SchemaMismatch(format!("table {} has no column '{column}'", schema.name))
+        })?)
+    }
+
+    /// Drops table `table` and frees its rows' space, where the engine can: no engine of this
+    /// build can yet, and each refuses with [`DbError::Unsupported`] saying why (see
+    /// [`Engine::drop_table`] and docs/ARCHITECTURE.md, "The embedding API").
+    pub fn drop_table(&self, table: TableId) -> Result<(), DbError> {
+        if self.schema(table).is_none() {
+            return Err(TxError::SchemaMismatch(format!("no table with id {table}")).into());
+        }
+        self.engine.drop_table(table)
+    }
+
+    /// Claims a worker slot for the calling thread; released when the worker drops. When all
+    /// [`max_threads`](DbConfig::max_threads) slots are in use, waits up to
+    /// [`DbConfig::worker_wait`] for one to be released, then fails with
+    /// [`DbError::NoWorkerSlot`].
+    pub fn worker(&self) -> Result<Worker<'_>, DbError> {
+        self.claim_worker(false)
+    }
+
+    fn claim_worker(&self, cached: bool) -> Result<Worker<'_>, DbError> {
+        let (slot, core) = self
+            .slots
+            .claim(self.config.worker_wait)
+            .ok_or(DbError::NoWorkerSlot(self.config.max_threads))?;
+        let core = match core {
+            Some(core) => core,
+            None => match self.engine.clone().worker(slot) {
+                Ok(inner) => WorkerCore::new(inner),
+                Err(e) => {
+                    self.slots.release(slot);
+                    return Err(e);
+                }
+            },
+        };
+        Ok(Worker {
+            db: self,
+            slot,
+            core,
+            cached,
+            rng: slot as u64 * 7919 + 1,
+        })
+    }
+
+    /// The calling thread's cached worker: the one its last [`Db::run`] left idle in its slot,
+    /// if no other thread took it meanwhile, else a newly claimed one that will be left so.
+    fn cached_worker(&self) -> Result<Worker<'_>, DbError> {
+        let (db, slot) = AFFINITY.try_with(|a| a.get()).unwrap_or((0, 0));
+        if db == self.id {
+            if let Some(core) = self.slots.take_idle(slot) {
+                return Ok(Worker {
+                    db: self,
+                    slot,
+                    core,
+                    cached: true,
+                    rng: slot as u64 * 7919 + 1,
+                });
+            }
+        }
+        let worker = self.claim_worker(true)?;
+        let _ = AFFINITY.try_with(|a| a.set((self.id, worker.slot)));
+        Ok(worker)
+    }
+
+    /// Runs `f` as a read-write transaction, retrying conflicts: see [`Worker::run`], whose
+    /// retry contract (**the closure may run several times**) holds here too.
+    ///
+    /// As cheap as [`Worker::run`]: the calling thread keeps its worker between calls (idle in
+    /// its slot, where a thread that finds every slot taken may take it over), so a call does
+    /// not set up an engine worker. Waits for a slot as [`Db::worker`] does.
     pub fn run<T>(&self, f: impl FnMut(&mut Tx<'_>) -> Result<T, TxError>) -> Result<T, DbError> {
-        self.worker()?.run(f)
+        self.cached_worker()?.run(f)
+    }
+
+    /// Runs `f` as a read-only transaction on the thread's cached worker (see [`Db::run`]).
+    pub fn run_read_only<T>(
+        &self,
+        f: impl FnMut(&mut Tx<'_>) -> Result<T, TxError>,
+    ) -> Result<T, DbError> {
+        self.cached_worker()?.run_read_only(f)
+    }
+
+    /// Begins an explicit read-write transaction on the thread's cached worker (see
+    /// [`Transaction`]; not retried on conflicts). The worker is held until the transaction is
+    /// committed, rolled back or dropped.
+    pub fn begin(&self) -> Result<Transaction<'_>, DbError> {
+        self.begin_with(false)
+    }
+
+    /// Begins an explicit read-only transaction (see [`Db::begin`]).
+    pub fn begin_read_only(&self) -> Result<Transaction<'_>, DbError> {
+        self.begin_with(true)
+    }
+
+    fn begin_with(&self, read_only: bool) -> Result<Transaction<'_>, DbError> {
+        let mut worker = self.cached_worker()?;
+        worker.refresh_schemas();
+        Ok(Transaction::start(
+            Tx {
+                held: Held::Owned(worker),
+                doomed: None,
+            },
+            read_only,
+        ))
+    }
+
+    /// Drops the engine workers that [`Db::run`] keeps idle between calls, freeing their slots
+    /// (for tools that drive the engine's workers directly by slot).
+    pub fn release_idle_workers(&self) {
+        while let Some((slot, core)) = self.slots.steal_idle() {
+            drop(core);
+            self.slots.release(slot);
+        }
     }
 
     /// Checks that indexes and storage agree; returns live rows per table.
@@ -751,17 +871,132 @@ impl Db {
     }
 }
 
+/// Where a database's worker slots are (issue 21): free, in use, or idle with a cached engine
+/// worker. [`Db::run`] leaves its worker idle in its slot for the same thread's next call (the
+/// thread remembers the slot in [`AFFINITY`]), so that a call costs what [`Worker::run`] does; a
+/// thread that finds no free slot takes an idle worker over, and one that finds neither waits.
+struct SlotPool {
+    free: parking_lot::Mutex<Vec<usize>>,
+    /// Signalled when a slot is freed or a worker left idle while threads wait.
+    freed: parking_lot::Condvar,
+    /// Threads waiting in `claim`: parking a worker idle notifies only when there are some, so
+    /// that `Db::run` does not touch the shared `free` lock.
+    waiters: std::sync::atomic::AtomicUsize,
+    /// Per slot: the idle worker `Db::run` left there. Padded: each is its thread's.
+    idle: Box<[crossbeam_utils::CachePadded<parking_lot::Mutex<Option<WorkerCore>>>]>,
+}
+
+/// Longest sleep of a waiting thread between looks at the slots: bounds the cost of a
+/// notification that raced with the thread starting to wait.
+const SLOT_WAIT_SLICE: std::time::Duration = std::time::Duration::from_millis(10);
+
+impl SlotPool {
+    fn new(slots: usize) -> SlotPool {
+        SlotPool {
+            free: parking_lot::Mutex::new((0..slots).rev().collect()),
+            freed: parking_lot::Condvar::new(),
+            waiters: std::sync::atomic::AtomicUsize::new(0),
+            idle: (0..slots).map(|_| Default::default()).collect(),
+        }
+    }
+
+    /// A free slot, or an idle slot with its worker, waiting up to `wait` for one.
+    fn claim(&self, wait: std::time::Duration) -> Option<(usize, Option<WorkerCore>)> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let start = std::time::Instant::now();
+        let mut free = self.free.lock();
+        loop {
+            if let Some(slot) = free.pop() {
+                return Some((slot, None));
+            }
+            if let Some((slot, core)) = self.steal_idle() {
+                return Some((slot, Some(core)));
+            }
+            let left = wait.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                return None;
+            }
+            self.waiters.fetch_add(1, SeqCst);
+            // Looked at again after announcing the wait: a worker parked before the
+            // announcement is found here, one parked after it notifies.
+            let stolen = self.steal_idle();
+            if stolen.is_none() {
+                self.freed.wait_for(&mut free, left.min(SLOT_WAIT_SLICE));
+            }
+            self.waiters.fetch_sub(1, SeqCst);
+            if let Some((slot, core)) = stolen {
+                return Some((slot, Some(core)));
+            }
+        }
+    }
+
+    /// Some idle worker, taken out of its slot (which the caller now holds).
+    fn steal_idle(&self) -> Option<(usize, WorkerCore)> {
+        self.idle.iter().enumerate().find_map(|(slot, cell)| {
+            let core = cell.try_lock()?.take()?;
+            Some((slot, core))
+        })
+    }
+
+    /// The idle worker of `slot`, if it is still there.
+    fn take_idle(&self, slot: usize) -> Option<WorkerCore> {
+        self.idle.get(slot)?.lock().take()
+    }
+
+    /// Leaves `core` idle in `slot` (still claimed) for its thread's next `Db::run`.
+    fn park_idle(&self, slot: usize, core: WorkerCore) {
+        *self.idle[slot].lock() = Some(core);
+        if self.waiters.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+            let _free = self.free.lock();
+            self.freed.notify_one();
+        }
+    }
+
+    /// Frees `slot`.
+    fn release(&self, slot: usize) {
+        self.free.lock().push(slot);
+        self.freed.notify_one();
+    }
+}
+
+/// Identifies databases in [`AFFINITY`] (never reused, unlike addresses).
+static NEXT_DB_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+thread_local! {
+    /// The database (by id) and slot whose idle worker this thread's last [`Db::run`] left.
+    static AFFINITY: std::cell::Cell<(u64, usize)> = const { std::cell::Cell::new((0, 0)) };
+}
+
 /// A thread's handle for running transactions.
 pub struct Worker<'db> {
     db: &'db Db,
     slot: usize,
+    core: WorkerCore,
+    /// Taken for [`Db::run`] or [`Db::begin`]: on drop the worker stays in its slot, idle, for
+    /// the next `Db::run` of this thread (see [`SlotPool`]), instead of freeing the slot.
+    cached: bool,
+    rng: u64,
+}
+
+/// What a worker keeps between transactions: the engine worker, the schemas, scratch buffers.
+struct WorkerCore {
     inner: Box<dyn EngineWorker>,
     schemas: Vec<Schema>,
     /// Per table: its column offsets, shared by the rows this worker reads. Built per worker so
     /// that cloning one into a row touches a counter no other thread writes.
-    layouts: Vec<Arc<[usize]>>,
+    layouts: Vec<Arc<RowLayout>>,
     buffers: TxBuffers,
-    rng: u64,
+}
+
+impl WorkerCore {
+    fn new(inner: Box<dyn EngineWorker>) -> WorkerCore {
+        WorkerCore {
+            inner,
+            schemas: Vec::new(),
+            layouts: Vec::new(),
+            buffers: TxBuffers::default(),
+        }
+    }
 }
 
 /// Scratch space a worker lends each transaction, so that typed access encodes without
@@ -778,10 +1013,15 @@ struct TxBuffers {
 
 impl Drop for Worker<'_> {
     fn drop(&mut self) {
-        // Drop the engine worker (which hands its state back) before freeing the slot.
-        let inner = std::mem::replace(&mut self.inner, Box::new(NoWorker));
-        drop(inner);
-        self.db.slots.lock().push(self.slot);
+        let core = std::mem::replace(&mut self.core, WorkerCore::new(Box::new(NoWorker)));
+        // A worker dropped by a panic may be inside a transaction: it is not kept.
+        if self.cached && !std::thread::panicking() {
+            self.db.slots.park_idle(self.slot, core);
+        } else {
+            // Drop the engine worker (which hands its state back) before freeing the slot.
+            drop(core);
+            self.db.slots.release(self.slot);
+        }
     }
 }
 
@@ -842,14 +1082,51 @@ impl<'db> Worker<'db> {
         self.slot
     }
 
+    /// Picks up tables created since the worker last looked.
     fn refresh_schemas(&mut self) {
-        let catalog = self.db.engine.catalog();
-        self.schemas = catalog.tables;
-        self.layouts = self.schemas.iter().map(column_bounds).collect();
+        if self.core.schemas.len()
+            < self
+                .db
+                .table_count
+                .load(std::sync::atomic::Ordering::Acquire)
+        {
+            let catalog = self.db.engine.catalog();
+            self.core.schemas = catalog.tables;
+            self.core.layouts = self.core.schemas.iter().map(RowLayout::of).collect();
+        }
+    }
+
+    /// Begins an explicit read-write transaction on this worker (see [`Transaction`]): for
+    /// applications that cannot put the transaction in a closure. Not retried on conflicts.
+    pub fn begin(&mut self) -> Transaction<'_> {
+        self.begin_with(false)
+    }
+
+    /// Begins an explicit read-only transaction (writes fail with `TxError::ReadOnly`).
+    pub fn begin_read_only(&mut self) -> Transaction<'_> {
+        self.begin_with(true)
+    }
+
+    fn begin_with(&mut self, read_only: bool) -> Transaction<'_> {
+        self.refresh_schemas();
+        Transaction::start(
+            Tx {
+                held: Held::Borrowed(&mut self.core),
+                doomed: None,
+            },
+            read_only,
+        )
     }
 
     /// Runs `f` as a read-write transaction, retrying conflict aborts with randomised exponential
-    /// backoff up to the configured limit. Any other error aborts and is returned.
+    /// backoff up to the configured limit ([`DbConfig::max_retries`]). Any other error aborts
+    /// and is returned: the application's own through [`Tx::abort_with`].
+    ///
+    /// **The closure may run several times**: once per attempt, and only the last attempt's
+    /// writes take effect. It must therefore have no side effects outside the transaction
+    /// (sending a message, appending to a vector declared outside, incrementing a counter) other
+    /// than ones that are harmless when repeated; compute such effects from the value `run`
+    /// returns instead. Reads inside the closure see a consistent state for that attempt only.
     pub fn run<T>(
         &mut self,
         f: impl FnMut(&mut Tx<'_>) -> Result<T, TxError>,
@@ -876,26 +1153,23 @@ impl<'db> Worker<'db> {
         let max_retries = self.db.config.max_retries;
         let mut aborts = 0u32;
         loop {
-            if self.schemas.len()
-                < self
-                    .db
-                    .table_count
-                    .load(std::sync::atomic::Ordering::Acquire)
-            {
-                self.refresh_schemas();
-            }
-            self.inner.begin(read_only);
+            self.refresh_schemas();
+            self.core.inner.begin(read_only);
             let mut tx = Tx {
-                inner: &mut *self.inner,
-                schemas: &self.schemas,
-                layouts: &self.layouts,
-                buf: &mut self.buffers,
+                held: Held::Borrowed(&mut self.core),
+                doomed: None,
             };
-            let result = f(&mut tx).and_then(|v| tx.inner.commit().map(|tid| (v, tid)));
+            // A closure that swallowed the error that ended the engine transaction (a conflict)
+            // and returned Ok must not commit: the error is the attempt's result.
+            let result = f(&mut tx).and_then(|v| match tx.doomed.take() {
+                Some(e) => Err(e),
+                None => tx.core().inner.commit().map(|tid| (v, tid)),
+            });
+            drop(tx);
             match result {
                 Ok((value, tid)) => return Ok(RunOutcome { value, aborts, tid }),
                 Err(e) => {
-                    self.inner.abort();
+                    self.core.inner.abort();
                     self.stop_if_power_failed();
                     if !e.is_retryable() || aborts >= max_retries {
                         return Err(DbError::Tx(e));
@@ -939,20 +1213,46 @@ impl<'db> Worker<'db> {
     }
 }
 
-/// A transaction in progress: the argument of the closure given to `run`.
+/// A transaction in progress: the argument of the closure given to `run`, and what a
+/// [`Transaction`] dereferences to.
 pub struct Tx<'w> {
-    inner: &'w mut dyn EngineWorker,
-    schemas: &'w [Schema],
-    layouts: &'w [Arc<[usize]>],
-    buf: &'w mut TxBuffers,
+    held: Held<'w>,
+    /// The error that ended the engine transaction (a conflict, PM full...): later operations
+    /// return it and commit refuses, instead of running outside a transaction.
+    doomed: Option<TxError>,
 }
 
-/// The byte bounds of a schema's columns: column `i` is `bounds[i]..bounds[i + 1]`.
-fn column_bounds(schema: &Schema) -> Arc<[usize]> {
-    (0..schema.columns.len())
-        .map(|i| schema.column_offset(i))
-        .chain(std::iter::once(schema.row_size()))
-        .collect()
+/// The worker a transaction runs on: borrowed (`run`, [`Worker::begin`]) or owned
+/// ([`Db::begin`], which takes the thread's cached worker and gives it back on drop).
+enum Held<'w> {
+    Borrowed(&'w mut WorkerCore),
+    Owned(Worker<'w>),
+}
+
+/// A table's rows as [`Row`] and [`RowRef`] read them: where each column is, and the schema
+/// (for access by name and type checks).
+#[derive(Debug, PartialEq)]
+struct RowLayout {
+    /// Column `i` is `bounds[i]..bounds[i + 1]`.
+    bounds: Box<[usize]>,
+    schema: Schema,
+}
+
+impl RowLayout {
+    fn of(schema: &Schema) -> Arc<RowLayout> {
+        let bounds = (0..schema.columns.len())
+            .map(|i| schema.column_offset(i))
+            .chain(std::iter::once(schema.row_size()))
+            .collect();
+        Arc::new(RowLayout {
+            bounds,
+            schema: schema.clone(),
+        })
+    }
+
+    fn row_size(&self) -> usize {
+        self.bounds.last().copied().unwrap_or(0)
+    }
 }
 
 /// Most row buffers a thread keeps for reuse (see [`Row`]'s `Drop`).
@@ -990,7 +1290,7 @@ fn row_buffer(len: usize) -> Vec<u8> {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Row {
     bytes: Vec<u8>,
-    bounds: Arc<[usize]>,
+    layout: Arc<RowLayout>,
 }
 
 impl Drop for Row {
@@ -1009,42 +1309,99 @@ impl Drop for Row {
     }
 }
 
+/// The checked getters, delegated from [`Row`] to its [`RowRef`].
+macro_rules! checked_getters {
+    () => {
+        /// The position of the column called `name` (resolve it once, then use the fast
+        /// getters by position).
+        pub fn column(&self, name: &str) -> Result<usize, TxError> {
+            self.as_ref().column(name)
+        }
+        /// Column `i` as u64; an error unless it is a `U64` column.
+        pub fn try_u64(&self, i: usize) -> Result<u64, TxError> {
+            self.as_ref().try_u64(i)
+        }
+        /// Column `i` as i64; an error unless it is an `I64` column.
+        pub fn try_i64(&self, i: usize) -> Result<i64, TxError> {
+            self.as_ref().try_i64(i)
+        }
+        /// Column `i` as f64; an error unless it is an `F64` column.
+        pub fn try_f64(&self, i: usize) -> Result<f64, TxError> {
+            self.as_ref().try_f64(i)
+        }
+        /// Column `i`'s bytes; an error if there is no column `i`.
+        pub fn try_bytes_at(&self, i: usize) -> Result<&[u8], TxError> {
+            self.as_ref().try_bytes_at(i)
+        }
+        /// The `U64` column called `name`.
+        pub fn get_u64(&self, name: &str) -> Result<u64, TxError> {
+            self.as_ref().get_u64(name)
+        }
+        /// The `I64` column called `name`.
+        pub fn get_i64(&self, name: &str) -> Result<i64, TxError> {
+            self.as_ref().get_i64(name)
+        }
+        /// The `F64` column called `name`.
+        pub fn get_f64(&self, name: &str) -> Result<f64, TxError> {
+            self.as_ref().get_f64(name)
+        }
+        /// The bytes of the column called `name` (a `Bytes(n)` column: all n bytes, zero-padded).
+        pub fn get_bytes(&self, name: &str) -> Result<&[u8], TxError> {
+            self.as_ref().get_bytes(name)
+        }
+    };
+}
+
 impl Row {
     /// A borrowed view with the same accessors.
     pub fn as_ref(&self) -> RowRef<'_> {
         RowRef {
             bytes: &self.bytes,
-            bounds: &self.bounds,
+            layout: &self.layout,
         }
     }
     /// The row's bytes.
     pub fn bytes(&self) -> &[u8] {
         &self.bytes
     }
-    /// Column `i` as u64.
+    /// Column `i` as u64 (fast: checks the width only).
+    ///
+    /// # Panics
+    /// If there is no column `i` or it is not 8 bytes wide; [`Row::try_u64`] and
+    /// [`Row::get_u64`] return errors instead.
     pub fn u64(&self, i: usize) -> u64 {
         self.as_ref().u64(i)
     }
-    /// Column `i` as i64.
+    /// Column `i` as i64 (fast: checks the width only).
+    ///
+    /// # Panics
+    /// As [`Row::u64`]; [`Row::try_i64`] returns an error instead.
     pub fn i64(&self, i: usize) -> i64 {
         self.as_ref().i64(i)
     }
-    /// Column `i` as f64.
+    /// Column `i` as f64 (fast: checks the width only).
+    ///
+    /// # Panics
+    /// As [`Row::u64`]; [`Row::try_f64`] returns an error instead.
     pub fn f64(&self, i: usize) -> f64 {
         self.as_ref().f64(i)
     }
     /// Column `i`'s bytes.
+    ///
+    /// # Panics
+    /// If there is no column `i`; [`Row::try_bytes_at`] returns an error instead.
     pub fn bytes_at(&self, i: usize) -> &[u8] {
         self.as_ref().bytes_at(i)
     }
+    checked_getters!();
 }
 
 /// A row borrowed from a transaction ([`Tx::get_ref`]) or from a [`Row`], with typed accessors
-/// by column position.
+/// by column position (fast, panicking on a wrong column) and checked ones by position or name.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RowRef<'a> {
     bytes: &'a [u8],
-    bounds: &'a [usize],
+    layout: &'a RowLayout,
 }
 
 impl<'a> RowRef<'a> {
@@ -1053,23 +1410,111 @@ impl<'a> RowRef<'a> {
         self.bytes
     }
     /// Column `i`'s bytes.
+    ///
+    /// # Panics
+    /// If there is no column `i`; [`RowRef::try_bytes_at`] returns an error instead.
     pub fn bytes_at(&self, i: usize) -> &'a [u8] {
-        &self.bytes[self.bounds[i]..self.bounds[i + 1]]
+        let b = &self.layout.bounds;
+        &self.bytes[b[i]..b[i + 1]]
     }
     fn word(&self, i: usize) -> [u8; 8] {
         self.bytes_at(i).try_into().expect("column is 8 bytes")
     }
-    /// Column `i` as u64.
+    /// Column `i` as u64 (fast: checks the width only).
+    ///
+    /// # Panics
+    /// If there is no column `i` or it is not 8 bytes wide; [`RowRef::try_u64`] and
+    /// [`RowRef::get_u64`] return errors instead.
     pub fn u64(&self, i: usize) -> u64 {
         u64::from_le_bytes(self.word(i))
     }
-    /// Column `i` as i64.
+    /// Column `i` as i64 (fast; panics as [`RowRef::u64`]).
     pub fn i64(&self, i: usize) -> i64 {
         i64::from_le_bytes(self.word(i))
     }
-    /// Column `i` as f64.
+    /// Column `i` as f64 (fast; panics as [`RowRef::u64`]).
     pub fn f64(&self, i: usize) -> f64 {
         f64::from_le_bytes(self.word(i))
+    }
+
+    /// The position of the column called `name`.
+    pub fn column(&self, name: &str) -> Result<usize, TxError> {
+        let schema = &self.layout.schema;
+        schema.column_index(name).ok_or_else(|| {
+            TxError::SchemaMismatch(format!(
+                "table {} has no column '{name}' (its columns: {})",
+                schema.name,
+                schema
+                    .columns
+                    .iter()
+                    .map(|c| c.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })
+    }
+
+    /// Column `i`'s bytes, if it is of type `want` (any type when `None`).
+    fn checked(&self, i: usize, want: Option<ColumnType>) -> Result<&'a [u8], TxError> {
+        let schema = &self.layout.schema;
+        let column = schema.columns.get(i).ok_or_else(|| {
+            TxError::SchemaMismatch(format!(
+                "table {} has {} columns, not a column {i}",
+                schema.name,
+                schema.columns.len()
+            ))
+        })?;
+        if let Some(want) = want.filter(|&w| w != column.ty) {
+            return Err(TxError::SchemaMismatch(format!(
+                "column '{}' of table {} is {:?}, not {want:?}",
+                column.name, schema.name, column.ty
+            )));
+        }
+        let b = &self.layout.bounds;
+        Ok(&self.bytes[b[i]..b[i + 1]])
+    }
+
+    fn checked_word(&self, i: usize, want: ColumnType) -> Result<[u8; 8], TxError> {
+        let bytes = self.checked(i, Some(want))?;
+        bytes
+            .try_into()
+            .map_err(|_| TxError::SchemaMismatch(format!("column {i} is not 8 bytes")))
+    }
+
+    /// Column `i` as u64; an error unless it is a `U64` column.
+    pub fn try_u64(&self, i: usize) -> Result<u64, TxError> {
+        self.checked_word(i, ColumnType::U64)
+            .map(u64::from_le_bytes)
+    }
+    /// Column `i` as i64; an error unless it is an `I64` column.
+    pub fn try_i64(&self, i: usize) -> Result<i64, TxError> {
+        self.checked_word(i, ColumnType::I64)
+            .map(i64::from_le_bytes)
+    }
+    /// Column `i` as f64; an error unless it is an `F64` column.
+    pub fn try_f64(&self, i: usize) -> Result<f64, TxError> {
+        self.checked_word(i, ColumnType::F64)
+            .map(f64::from_le_bytes)
+    }
+    /// Column `i`'s bytes; an error if there is no column `i`.
+    pub fn try_bytes_at(&self, i: usize) -> Result<&'a [u8], TxError> {
+        self.checked(i, None)
+    }
+    /// The `U64` column called `name`.
+    pub fn get_u64(&self, name: &str) -> Result<u64, TxError> {
+        self.try_u64(self.column(name)?)
+    }
+    /// The `I64` column called `name`.
+    pub fn get_i64(&self, name: &str) -> Result<i64, TxError> {
+        self.try_i64(self.column(name)?)
+    }
+    /// The `F64` column called `name`.
+    pub fn get_f64(&self, name: &str) -> Result<f64, TxError> {
+        self.try_f64(self.column(name)?)
+    }
+    /// The bytes of the column called `name` (a `Bytes(n)` column: all n bytes, zero-padded).
+    pub fn get_bytes(&self, name: &str) -> Result<&'a [u8], TxError> {
+        self.try_bytes_at(self.column(name)?)
     }
 }
 
@@ -1110,45 +1555,75 @@ fn encode_value(
     Ok(())
 }
 
+/// Whether the engine transaction is still open after `error` (the [`EngineWorker`] contract):
+/// after any other error the transaction must be aborted, so a [`Tx`] refuses further operations.
+fn leaves_transaction_open(error: &TxError) -> bool {
+    matches!(
+        error,
+        TxError::NotFound { .. }
+            | TxError::DuplicateKey { .. }
+            | TxError::RowTooLarge(_)
+            | TxError::SchemaMismatch(_)
+    )
+}
+
+fn schema_of(schemas: &[Schema], table: TableId) -> Result<&Schema, TxError> {
+    schemas
+        .get(table as usize)
+        .ok_or_else(|| TxError::SchemaMismatch(format!("no table with id {table}")))
+}
+
+fn layout_of(layouts: &[Arc<RowLayout>], table: TableId) -> Result<&Arc<RowLayout>, TxError> {
+    layouts
+        .get(table as usize)
+        .ok_or_else(|| TxError::SchemaMismatch(format!("no table with id {table}")))
+}
+
 impl<'w> Tx<'w> {
-    fn schema(&self, table: TableId) -> Result<&'w Schema, TxError> {
-        let schemas = self.schemas;
-        schemas
-            .get(table as usize)
-            .ok_or_else(|| TxError::SchemaMismatch(format!("no table with id {table}")))
+    /// The worker state, whatever the transaction's error.
+    fn core(&mut self) -> &mut WorkerCore {
+        match &mut self.held {
+            Held::Borrowed(core) => core,
+            Held::Owned(worker) => &mut worker.core,
+        }
     }
 
-    fn bounds(&self, table: TableId) -> Result<&'w Arc<[usize]>, TxError> {
-        let layouts = self.layouts;
-        layouts
-            .get(table as usize)
-            .ok_or_else(|| TxError::SchemaMismatch(format!("no table with id {table}")))
-    }
-
-    /// An empty row of `table`, in a recycled buffer.
-    fn new_row(&self, table: TableId) -> Result<Row, TxError> {
-        let bounds = self.bounds(table)?;
-        let size = bounds.last().copied().unwrap_or(0);
-        Ok(Row {
-            bytes: row_buffer(size),
-            bounds: bounds.clone(),
-        })
+    /// The worker state, or the error that already ended the engine transaction: an operation
+    /// after it would run outside any transaction (see [`leaves_transaction_open`]).
+    fn live(&mut self) -> Result<&mut WorkerCore, TxError> {
+        if let Some(e) = &self.doomed {
+            return Err(e.clone());
+        }
+        Ok(self.core())
     }
 
     /// Lets the engine turn a miss caused by a stale read into a conflict
-    /// ([`EngineWorker::resolve_miss`](crate::engine::EngineWorker::resolve_miss)).
-    fn miss<T>(&mut self, result: Result<T, TxError>) -> Result<T, TxError> {
-        result.map_err(|e| match e {
-            TxError::NotFound { .. } | TxError::DuplicateKey { .. } => self.inner.resolve_miss(e),
-            other => other,
-        })
+    /// ([`EngineWorker::resolve_miss`](crate::engine::EngineWorker::resolve_miss)), and remembers
+    /// an error that ended the engine transaction.
+    fn settle<T>(&mut self, result: Result<T, TxError>) -> Result<T, TxError> {
+        let e = match result {
+            Ok(v) => return Ok(v),
+            Err(e @ (TxError::NotFound { .. } | TxError::DuplicateKey { .. })) => {
+                self.core().inner.resolve_miss(e)
+            }
+            Err(e) => e,
+        };
+        if !leaves_transaction_open(&e) {
+            self.doomed = Some(e.clone());
+        }
+        Err(e)
     }
 
     /// Reads the row with `key`.
     pub fn get(&mut self, table: TableId, key: u64) -> Result<Row, TxError> {
-        let mut row = self.new_row(table)?;
-        let read = self.inner.read(table, key, &mut row.bytes);
-        self.miss(read)?;
+        let c = self.live()?;
+        let layout = layout_of(&c.layouts, table)?.clone();
+        let mut row = Row {
+            bytes: row_buffer(layout.row_size()),
+            layout,
+        };
+        let read = c.inner.read(table, key, &mut row.bytes);
+        self.settle(read)?;
         Ok(row)
     }
 
@@ -1156,22 +1631,24 @@ impl<'w> Tx<'w> {
     /// and no copy beyond the consistent read itself. The view lives until the next call on this
     /// transaction; use [`get`](Self::get) for a row to keep.
     pub fn get_ref(&mut self, table: TableId, key: u64) -> Result<RowRef<'_>, TxError> {
-        let bounds = self.bounds(table)?;
-        let mut bytes = std::mem::take(&mut self.buf.read);
-        bytes.resize(bounds.last().copied().unwrap_or(0), 0);
-        let read = self.inner.read(table, key, &mut bytes);
-        self.buf.read = bytes;
-        self.miss(read)?;
+        let c = self.live()?;
+        let size = layout_of(&c.layouts, table)?.row_size();
+        let mut bytes = std::mem::take(&mut c.buffers.read);
+        bytes.resize(size, 0);
+        let read = c.inner.read(table, key, &mut bytes);
+        c.buffers.read = bytes;
+        self.settle(read)?;
+        let c = self.core();
         Ok(RowRef {
-            bytes: &self.buf.read,
-            bounds,
+            bytes: &c.buffers.read,
+            layout: layout_of(&c.layouts, table)?,
         })
     }
 
     /// Reads the row with `key` into `out` (exactly the row size); no allocation.
     pub fn read_into(&mut self, table: TableId, key: u64, out: &mut [u8]) -> Result<(), TxError> {
-        let read = self.inner.read(table, key, out);
-        self.miss(read)
+        let read = self.live()?.inner.read(table, key, out);
+        self.settle(read)
     }
 
     /// Hints that this transaction will read or write the rows with `keys` of `table` soon. A
@@ -1179,14 +1656,18 @@ impl<'w> Tx<'w> {
     /// first, so that the engine overlaps their cache misses instead of taking them one after
     /// another. Changes nothing and cannot fail: an unknown table or key is ignored.
     pub fn prefetch(&mut self, table: TableId, keys: &[u64]) {
-        self.inner.prefetch(table, keys);
+        if let Ok(c) = self.live() {
+            c.inner.prefetch(table, keys);
+        }
     }
 
     /// Like [`prefetch`](Tx::prefetch), for rows this transaction will overwrite without reading
     /// them (blind [`update`](Tx::update)s of whole fields): the engine may skip loading the bytes
     /// it is about to replace.
     pub fn prefetch_for_overwrite(&mut self, table: TableId, keys: &[u64]) {
-        self.inner.prefetch_for_overwrite(table, keys);
+        if let Ok(c) = self.live() {
+            c.inner.prefetch_for_overwrite(table, keys);
+        }
     }
 
     /// Whether a row with `key` exists.
@@ -1205,8 +1686,13 @@ impl<'w> Tx<'w> {
         key: u64,
         values: &[(usize, Value<'_>)],
     ) -> Result<(), TxError> {
-        let schema = self.schema(table)?;
-        let Tx { inner, buf, .. } = self;
+        let WorkerCore {
+            inner,
+            schemas,
+            buffers: buf,
+            ..
+        } = self.live()?;
+        let schema = schema_of(schemas, table)?;
         buf.row.clear();
         buf.spans.clear();
         for (col, value) in values {
@@ -1232,7 +1718,7 @@ impl<'w> Tx<'w> {
             .collect();
         let result = inner.update(table, key, &writes);
         drop(writes);
-        self.miss(result)
+        self.settle(result)
     }
 
     /// Replaces raw byte ranges of the row with `key` (for workloads that manage their own layout).
@@ -1242,8 +1728,8 @@ impl<'w> Tx<'w> {
         key: u64,
         writes: &[FieldWrite<'_>],
     ) -> Result<(), TxError> {
-        let result = self.inner.update(table, key, writes);
-        self.miss(result)
+        let result = self.live()?.inner.update(table, key, writes);
+        self.settle(result)
     }
 
     /// Inserts a row given one value per column.
@@ -1253,10 +1739,13 @@ impl<'w> Tx<'w> {
         key: u64,
         values: &[Value<'_>],
     ) -> Result<(), TxError> {
-        let schemas = self.schemas;
-        let schema = schemas
-            .get(table as usize)
-            .ok_or_else(|| TxError::SchemaMismatch(format!("no table with id {table}")))?;
+        let WorkerCore {
+            inner,
+            schemas,
+            buffers,
+            ..
+        } = self.live()?;
+        let schema = schema_of(schemas, table)?;
         if values.len() != schema.columns.len() {
             return Err(TxError::SchemaMismatch(format!(
                 "table {} has {} columns, the insert gives {}",
@@ -1265,27 +1754,27 @@ impl<'w> Tx<'w> {
                 values.len()
             )));
         }
-        let row = &mut self.buf.row;
+        let row = &mut buffers.row;
         row.clear();
         row.resize(schema.row_size(), 0);
         for (i, v) in values.iter().enumerate() {
             let at = schema.column_offset(i);
             encode_value(schema, i, v, &mut row[at..at + schema.columns[i].ty.size()])?;
         }
-        let result = self.inner.insert(table, key, &self.buf.row);
-        self.miss(result)
+        let result = inner.insert(table, key, row);
+        self.settle(result)
     }
 
     /// Inserts a row given as raw bytes (exactly the row size).
     pub fn insert_bytes(&mut self, table: TableId, key: u64, row: &[u8]) -> Result<(), TxError> {
-        let result = self.inner.insert(table, key, row);
-        self.miss(result)
+        let result = self.live()?.inner.insert(table, key, row);
+        self.settle(result)
     }
 
     /// Deletes the row with `key`.
     pub fn delete(&mut self, table: TableId, key: u64) -> Result<(), TxError> {
-        let result = self.inner.delete(table, key);
-        self.miss(result)
+        let result = self.live()?.inner.delete(table, key);
+        self.settle(result)
     }
 
     /// Rows with keys `>= from`, ascending, at most `limit` (needs an ordered primary index).
@@ -1315,20 +1804,22 @@ impl<'w> Tx<'w> {
         reverse: bool,
         limit: usize,
     ) -> Result<Vec<(u64, Row)>, TxError> {
-        let bounds = self.bounds(table)?;
+        let c = self.live()?;
+        let layout = layout_of(&c.layouts, table)?;
         let mut rows = Vec::new();
-        self.inner.scan(table, from, reverse, limit, &mut |k, r| {
+        let result = c.inner.scan(table, from, reverse, limit, &mut |k, r| {
             let mut bytes = row_buffer(0);
             bytes.extend_from_slice(r);
             rows.push((
                 k,
                 Row {
                     bytes,
-                    bounds: bounds.clone(),
+                    layout: layout.clone(),
                 },
             ));
             true
-        })?;
+        });
+        self.settle(result)?;
         Ok(rows)
     }
 
@@ -1341,7 +1832,8 @@ impl<'w> Tx<'w> {
         limit: usize,
         f: &mut dyn FnMut(u64, &[u8]) -> bool,
     ) -> Result<(), TxError> {
-        self.inner.scan(table, from, reverse, limit, f)
+        let result = self.live()?.inner.scan(table, from, reverse, limit, f);
+        self.settle(result)
     }
 
     /// Primary keys whose secondary index `index` maps `values` (one per indexed column); callers
@@ -1352,11 +1844,8 @@ impl<'w> Tx<'w> {
         index: usize,
         values: &[Value<'_>],
     ) -> Result<Vec<u64>, TxError> {
-        // `schemas` outlives `self`'s borrow: no clone of the schema (and its column names).
-        let schemas = self.schemas;
-        let schema = schemas
-            .get(table as usize)
-            .ok_or_else(|| TxError::SchemaMismatch(format!("no table with id {table}")))?;
+        let WorkerCore { inner, schemas, .. } = self.live()?;
+        let schema = schema_of(schemas, table)?;
         let def = schema.secondary.get(index).ok_or_else(|| {
             TxError::SchemaMismatch(format!(
                 "table {} has no secondary index {index}",
@@ -1378,14 +1867,132 @@ impl<'w> Tx<'w> {
         }
         let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
         let mut out = Vec::new();
-        self.inner
-            .lookup_secondary(table, index, crate::index::secondary_key(&refs), &mut out)?;
+        let result =
+            inner.lookup_secondary(table, index, crate::index::secondary_key(&refs), &mut out);
+        self.settle(result)?;
         Ok(out)
     }
 
     /// Aborts the transaction: `run` returns `TxError::UserAbort` without retrying.
     pub fn abort<T>(&mut self) -> Result<T, TxError> {
         Err(TxError::UserAbort)
+    }
+
+    /// Aborts the transaction with the application's own error: `run` returns
+    /// `DbError::Tx(TxError::Abort(..))` without retrying, and [`DbError::app_error`] gives the
+    /// error back by its type.
+    ///
+    /// ```
+    /// use pmtx::prelude::*;
+    ///
+    /// #[derive(Debug, PartialEq)]
+    /// struct Insufficient { balance: i64 }
+    /// impl std::fmt::Display for Insufficient {
+    ///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+    ///         write!(f, "balance {} is too low", self.balance)
+    ///     }
+    /// }
+    /// impl std::error::Error for Insufficient {}
+    ///
+    /// let db = Db::create(DbConfig::temporary().pool_size(16 << 20).max_threads(1))?;
+    /// let t = db.create_table(Schema::new("accounts", &[("balance", ColumnType::I64)]))?;
+    /// db.run(|tx| tx.insert(t, 1, &[Value::I64(5)]))?;
+    /// let err = db
+    ///     .run(|tx| {
+    ///         let balance = tx.get(t, 1)?.i64(0);
+    ///         if balance < 10 {
+    ///             return tx.abort_with(Insufficient { balance });
+    ///         }
+    ///         tx.update(t, 1, &[(0, Value::I64(balance - 10))])
+    ///     })
+    ///     .unwrap_err();
+    /// assert_eq!(err.app_error::<Insufficient>(), Some(&Insufficient { balance: 5 }));
+    /// # Ok::<(), DbError>(())
+    /// ```
+    pub fn abort_with<T, E>(&mut self, error: E) -> Result<T, TxError>
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        Err(TxError::app(error))
+    }
+}
+
+/// A transaction begun explicitly ([`Db::begin`], [`Worker::begin`]), for applications that
+/// cannot put a transaction in a closure: every operation of [`Tx`] (through `Deref`), then
+/// [`commit`](Transaction::commit) or [`rollback`](Transaction::rollback). Dropping it without
+/// committing rolls it back.
+///
+/// Unlike [`Worker::run`], nothing is retried: a conflict surfaces as
+/// `TxError::Conflict` (from an operation or from `commit`), after which the transaction is over
+/// (later operations return the same error) and the application begins a new one if it wants
+/// to try again ([`TxError::is_retryable`] tells).
+///
+/// ```
+/// use pmtx::prelude::*;
+///
+/// let db = Db::create(DbConfig::temporary().pool_size(16 << 20).max_threads(1))?;
+/// let t = db.create_table(Schema::new("kv", &[("v", ColumnType::U64)]))?;
+/// let mut txn = db.begin()?;
+/// txn.insert(t, 1, &[Value::U64(7)])?;
+/// txn.commit()?;
+///
+/// let mut txn = db.begin()?;
+/// txn.update(t, 1, &[(0, Value::U64(8))])?;
+/// txn.rollback(); // or just drop it
+/// assert_eq!(db.run(|tx| Ok(tx.get(t, 1)?.u64(0)))?, 7);
+/// # Ok::<(), DbError>(())
+/// ```
+pub struct Transaction<'w> {
+    tx: Tx<'w>,
+    /// Begun in the engine and neither committed nor rolled back.
+    open: bool,
+}
+
+impl<'w> Transaction<'w> {
+    fn start(mut tx: Tx<'w>, read_only: bool) -> Transaction<'w> {
+        tx.core().inner.begin(read_only);
+        Transaction { tx, open: true }
+    }
+
+    /// Commits, returning the commit's transaction id. On an error nothing of the transaction
+    /// took effect; `TxError::Conflict` means that trying again (a new transaction) may succeed.
+    pub fn commit(mut self) -> Result<u64, DbError> {
+        self.open = false;
+        let result = match self.tx.doomed.take() {
+            Some(e) => Err(e),
+            None => self.tx.core().inner.commit(),
+        };
+        result.map_err(|e| {
+            self.tx.core().inner.abort();
+            DbError::Tx(e)
+        })
+    }
+
+    /// Discards every write of the transaction.
+    pub fn rollback(mut self) {
+        self.open = false;
+        self.tx.core().inner.abort();
+    }
+}
+
+impl<'w> std::ops::Deref for Transaction<'w> {
+    type Target = Tx<'w>;
+    fn deref(&self) -> &Tx<'w> {
+        &self.tx
+    }
+}
+
+impl<'w> std::ops::DerefMut for Transaction<'w> {
+    fn deref_mut(&mut self) -> &mut Tx<'w> {
+        &mut self.tx
+    }
+}
+
+impl Drop for Transaction<'_> {
+    fn drop(&mut self) {
+        if self.open {
+            self.tx.core().inner.abort();
+        }
     }
 }
 

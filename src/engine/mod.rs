@@ -215,12 +215,66 @@ pub enum TxError {
     /// The operation needs something the table lacks (e.g. a range scan on a hash index).
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// The application aborted the transaction with its own error
+    /// ([`Tx::abort_with`](crate::db::Tx::abort_with), or `Err(TxError::app(e))` from the
+    /// closure): not retried; [`DbError::app_error`] gets the error back by its type.
+    #[error("transaction aborted by the application: {0}")]
+    Abort(AppError),
 }
 
 impl TxError {
     /// Whether retrying the transaction may succeed.
     pub fn is_retryable(&self) -> bool {
         matches!(self, TxError::Conflict)
+    }
+
+    /// An abort carrying the application's own error (see [`TxError::Abort`]).
+    pub fn app<E: std::error::Error + Send + Sync + 'static>(error: E) -> TxError {
+        TxError::Abort(AppError(Arc::new(error)))
+    }
+
+    /// The application's error of type `E`, if the transaction was aborted with one.
+    pub fn app_error<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        match self {
+            TxError::Abort(e) => e.downcast_ref(),
+            _ => None,
+        }
+    }
+}
+
+/// An application's error carried through a transaction abort ([`TxError::Abort`]). Shared (so
+/// that [`TxError`] stays `Clone`); two are equal when they are the same error value.
+#[derive(Clone)]
+pub struct AppError(Arc<dyn std::error::Error + Send + Sync>);
+
+impl AppError {
+    /// The error, if it is an `E`.
+    pub fn downcast_ref<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        self.0.downcast_ref()
+    }
+    /// The error as a trait object.
+    pub fn get(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.0
+    }
+}
+
+impl PartialEq for AppError {
+    fn eq(&self, other: &AppError) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for AppError {}
+
+impl std::fmt::Debug for AppError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl std::fmt::Display for AppError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&*self.0, f)
     }
 }
 
@@ -243,6 +297,9 @@ pub enum DbError {
     /// A configuration that cannot work.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// An operation the engine does not implement (e.g. dropping a table).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
     /// The pool's engine metadata is damaged.
     #[error("corrupt database: {0}")]
     Corrupt(String),
@@ -254,8 +311,9 @@ pub enum DbError {
         /// The protocol asked for.
         protocol: crate::cc::Protocol,
     },
-    /// Every worker slot is taken.
-    #[error("all {0} worker slots are in use (raise max_threads)")]
+    /// Every worker slot stayed taken for as long as the database waits for one
+    /// ([`DbConfig::worker_wait`](crate::db::DbConfig::worker_wait)).
+    #[error("all {0} worker slots are in use (raise max_threads, or worker_wait to wait longer)")]
     NoWorkerSlot(usize),
     /// A transaction given up after conflicts because its run is stopping
     /// ([`crate::cc::stop_requested`]): nothing of it committed.
@@ -264,6 +322,23 @@ pub enum DbError {
         /// The conflict aborts it had seen.
         aborts: u32,
     },
+}
+
+impl DbError {
+    /// The transaction error, if this is one: matches one level instead of two
+    /// (`e.tx_error() == Some(&TxError::Conflict)`).
+    pub fn tx_error(&self) -> Option<&TxError> {
+        match self {
+            DbError::Tx(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// The application's error of type `E`, if a transaction was aborted with one
+    /// ([`TxError::Abort`]).
+    pub fn app_error<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        self.tx_error()?.app_error()
+    }
 }
 
 /// A column write: `bytes` replace the row's bytes at `offset`.
@@ -332,6 +407,19 @@ pub trait Engine: Send + Sync {
     /// MMDB's snapshot of the tables); `None` for the others.
     fn checkpoint(&self) -> Option<Result<fir::CheckpointStats, DbError>> {
         None
+    }
+    /// Drops `table` and frees its rows' space. The default refuses, and no engine overrides it
+    /// yet: a table's id is its catalog position, which every engine's recovery walks (a dropped
+    /// table needs a durable tombstone each design's recovery understands), and its space is
+    /// held per design (Falcon's and Zen's per-thread heap pages, FIR's regions, the DRAM shadow
+    /// of DUDETx and MMDB), which each must free crash-safely.
+    fn drop_table(&self, table: TableId) -> Result<(), DbError> {
+        let _ = table;
+        Err(DbError::Unsupported(format!(
+            "engine {} cannot drop tables: a table's catalog slot and its space are kept \
+             until the engine implements a crash-safe drop (see Engine::drop_table)",
+            self.kind()
+        )))
     }
 }
 
