@@ -224,7 +224,8 @@ fn multi_version_read_only_transactions_never_abort() {
 fn write_skew_occurs_under_si_and_nowhere_else() {
     for (engine, protocol) in cases(Protocol::ALL) {
         let (db, t) = db(engine, protocol);
-        // The Db's workers are idle, so slots 0 and 1 are free for two engine workers.
+        // `Db::run` keeps its worker in a slot; the engine workers below take slots 0 and 1.
+        db.release_idle_workers();
         let mut w1 = db.engine().clone().worker(0).unwrap();
         let mut w2 = db.engine().clone().worker(1).unwrap();
         let (x, y) = (0u64, 1u64);

@@ -78,6 +78,8 @@ fn an_older_transaction_reads_the_version_of_its_time() {
         .create_table(Schema::new("kv", &[("v", ColumnType::U64)]))
         .unwrap();
     db.run(|tx| tx.insert(t, 1, &[Value::U64(10)])).unwrap();
+    // `Db::run` keeps its worker in a slot; the engine workers below take slots 0 and 1.
+    db.release_idle_workers();
     let mut old = db.engine().clone().worker(0).unwrap();
     let mut new = db.engine().clone().worker(1).unwrap();
     let mut row = [0u8; 8];
@@ -478,6 +480,8 @@ fn a_transaction_running_during_a_checkpoint_survives_recovery() {
                 .create_table(Schema::new("kv", &[("v", ColumnType::U64)]))
                 .unwrap();
             db.run(|tx| tx.insert(t, 1, &[Value::U64(10)])).unwrap();
+            // `Db::run` keeps its worker in a slot; the engine workers below take slots 0 and 1.
+            db.release_idle_workers();
             let mut w = db.engine().clone().worker(0).unwrap();
             w.begin(false);
             let twenty = 20u64.to_le_bytes();

@@ -486,6 +486,8 @@ fn a_key_deleted_by_one_thread_and_reinserted_by_another_survives_recovery() {
             db.run(|tx| tx.insert(t, 7, &[Value::U64(1)])).unwrap();
             // The inserter begins first (the older timestamp under TO), the deleter commits
             // first, then the inserter inserts the now absent key and commits.
+            // `Db::run` keeps its worker in a slot; the engine workers below take slots 0 and 1.
+            db.release_idle_workers();
             let mut inserter = db.engine().clone().worker(0).unwrap();
             let mut deleter = db.engine().clone().worker(1).unwrap();
             inserter.begin(false);
