@@ -785,13 +785,7 @@ impl Db {
                 }
             },
         };
-        Ok(Worker {
-            db: self,
-            slot,
-            core,
-            cached,
-            rng: slot as u64 * 7919 + 1,
-        })
+        Ok(Worker::new(self, slot, core, cached))
     }
 
     /// The calling thread's cached worker: the one its last [`Db::run`] left idle in its slot,
@@ -800,13 +794,7 @@ impl Db {
         let (db, slot) = AFFINITY.try_with(|a| a.get()).unwrap_or((0, 0));
         if db == self.id {
             if let Some(core) = self.slots.take_idle(slot) {
-                return Ok(Worker {
-                    db: self,
-                    slot,
-                    core,
-                    cached: true,
-                    rng: slot as u64 * 7919 + 1,
-                });
+                return Ok(Worker::new(self, slot, core, true));
             }
         }
         let worker = self.claim_worker(true)?;
@@ -1077,6 +1065,17 @@ pub struct RunOutcome<T> {
 }
 
 impl<'db> Worker<'db> {
+    fn new(db: &'db Db, slot: usize, core: WorkerCore, cached: bool) -> Worker<'db> {
+        Worker {
+            db,
+            slot,
+            core,
+            cached,
+            // Backoff jitter seed, distinct per slot.
+            rng: slot as u64 * 7919 + 1,
+        }
+    }
+
     /// The worker's slot (its thread id in transaction ids).
     pub fn slot(&self) -> usize {
         self.slot

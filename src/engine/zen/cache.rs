@@ -396,7 +396,6 @@ impl MetCache {
                 debug_assert!(unlinked, "a current entry is the index's value for its key");
             }
             self.replace_flags(r, EVICTING, 0);
-            self.prefetch_next_victims(region, *hand, len, index);
             return Ok(r);
         }
         if len < self.max_entries {
@@ -404,25 +403,6 @@ impl MetCache {
             return Ok(self.grow(region));
         }
         Err(RegionExhausted)
-    }
-
-    /// A hint only: the next claims most likely take the entries right after `hand` (under
-    /// uniform access most CLOCK bits are clear), so start loading the lines of the entry two
-    /// ahead, and the index bucket of the key of the entry one ahead (its lines were started by
-    /// the previous claim). Otherwise every miss waits in turn for its victim's entry and for the
-    /// victim's bucket, which `replace_if` must update.
-    fn prefetch_next_victims(&self, region: usize, hand: usize, len: usize, index: &PrimaryIndex) {
-        if len < 3 {
-            return;
-        }
-        let next = (hand + 1) % len;
-        let after = (hand + 2) % len;
-        self.entry(Self::reference(region, after)).prefetch_row();
-        let key = self
-            .entry(Self::reference(region, next))
-            .key()
-            .load(Ordering::Relaxed);
-        index.prefetch(key);
     }
 
     fn grow(&self, region: usize) -> u64 {

@@ -347,6 +347,24 @@ impl ZenWorker {
         Ok(r)
     }
 
+    /// Two passes over a transaction's keys: the index buckets of all of them, then (the buckets
+    /// are on their way, so the lookups overlap) what `locate` touches next for each key, its
+    /// Met-Cache entry on a hit or the first `uncached_bytes` of its NVM-tuple on a miss. A
+    /// 16-key transaction then waits for about two rounds of misses instead of sixteen pairs.
+    fn prefetch_keys(&self, table: TableId, keys: &[u64], uncached_bytes: u64) {
+        let rt = &self.tables[table as usize];
+        for &key in keys {
+            rt.index.prefetch(key);
+        }
+        for &key in keys {
+            match rt.index.get(key) {
+                Some(v) if is_cache_ref(v) => rt.cache.entry(v).prefetch_row(),
+                Some(v) => self.pool.prefetch(v, uncached_bytes),
+                None => {}
+            }
+        }
+    }
+
     /// [`locate`](Self::locate), but first the entry this transaction's read of `key` found, if
     /// it is still the key's current entry (it stays pinned until the transaction ends).
     fn locate_again(&mut self, table: TableId, key: u64) -> Result<u64, TxError> {
@@ -356,23 +374,13 @@ impl ZenWorker {
         }
     }
 
-    /// Whether an update of `key` with `writes` takes the blind-overwrite path
-    /// ([`Self::overwrites_blindly`]): it replaces the whole row and the row is not cached.
-    /// `NotFound` when the key has no row.
-    fn is_uncached_overwrite(
-        &self,
-        table: TableId,
-        key: u64,
-        writes: &[FieldWrite<'_>],
-    ) -> Result<bool, TxError> {
-        let rt = &self.tables[table as usize];
-        if !self.overwrites_blindly(table)
-            || !writes
-                .iter()
-                .any(|f| f.offset == 0 && f.bytes.len() == rt.row)
-        {
+    /// Whether a whole-row update of `key` takes the blind-overwrite path
+    /// ([`Self::overwrites_blindly`]): the row is not cached. `NotFound` when the key has no row.
+    fn is_uncached_overwrite(&self, table: TableId, key: u64) -> Result<bool, TxError> {
+        if !self.overwrites_blindly(table) {
             return Ok(false);
         }
+        let rt = &self.tables[table as usize];
         let v = rt.index.get(key).ok_or(TxError::NotFound { table, key })?;
         Ok(!is_cache_ref(v))
     }
@@ -958,47 +966,24 @@ impl EngineWorker for ZenWorker {
         self.cc_read(table, key, out)
     }
 
-    /// Two passes: the index buckets of all the keys, then (the buckets are on their way, so the
-    /// lookups overlap) what `locate` touches next for each key, its Met-Cache entry on a hit or
-    /// its NVM-tuple on a miss. A 16-key transaction then waits for about two rounds of misses
-    /// instead of sixteen pairs of them in turn.
     fn prefetch(&mut self, table: TableId, keys: &[u64]) {
-        if self.ensure_table(table).is_err() {
-            return;
-        }
-        let rt = &self.tables[table as usize];
-        for &key in keys {
-            rt.index.prefetch(key);
-        }
-        let tuple_bytes = (tuple::HEADER + rt.row as u64).min(PREFETCH_TUPLE_BYTES);
-        for &key in keys {
-            match rt.index.get(key) {
-                Some(v) if is_cache_ref(v) => rt.cache.entry(v).prefetch_row(),
-                Some(v) => self.pool.prefetch(v, tuple_bytes),
-                None => {}
-            }
+        if self.ensure_table(table).is_ok() {
+            let row = self.tables[table as usize].row as u64;
+            self.prefetch_keys(table, keys, (tuple::HEADER + row).min(PREFETCH_TUPLE_BYTES));
         }
     }
 
     /// As [`prefetch`](Self::prefetch), but an uncached row that a blind overwrite will replace
-    /// ([`Self::overwrites_blindly`]) is never read: only its NVM-tuple's header line is loaded.
+    /// ([`ZenWorker::overwrites_blindly`]) is never read: only its NVM-tuple's header line is
+    /// loaded.
     fn prefetch_for_overwrite(&mut self, table: TableId, keys: &[u64]) {
         if self.ensure_table(table).is_err() {
             return;
         }
-        if !self.overwrites_blindly(table) {
-            return self.prefetch(table, keys);
-        }
-        let rt = &self.tables[table as usize];
-        for &key in keys {
-            rt.index.prefetch(key);
-        }
-        for &key in keys {
-            match rt.index.get(key) {
-                Some(v) if is_cache_ref(v) => rt.cache.entry(v).prefetch_row(),
-                Some(v) => self.pool.prefetch(v, tuple::HEADER),
-                None => {}
-            }
+        if self.overwrites_blindly(table) {
+            self.prefetch_keys(table, keys, tuple::HEADER);
+        } else {
+            self.prefetch(table, keys);
         }
     }
 
@@ -1026,6 +1011,9 @@ impl EngineWorker for ZenWorker {
                 )));
             }
         }
+        let whole_row = writes
+            .iter()
+            .any(|f| f.offset == 0 && f.bytes.len() == rt.row);
         let w = match self.find_write(table, key) {
             Some(w) => match self.writes[w].kind {
                 WriteKind::Delete | WriteKind::Cancelled => {
@@ -1033,11 +1021,9 @@ impl EngineWorker for ZenWorker {
                 }
                 _ => w,
             },
-            None if self.is_uncached_overwrite(table, key, writes)? => {
+            None if whole_row && self.is_uncached_overwrite(table, key)? => {
                 self.accesses[table as usize] += 1;
-                let mut write = WriteRec::new(table, key, 0, WriteKind::Update, false);
-                write.whole_row = true;
-                self.push_write(write);
+                self.push_write(WriteRec::new(table, key, 0, WriteKind::Update, false));
                 self.writes.len() - 1
             }
             None => {
@@ -1058,9 +1044,8 @@ impl EngineWorker for ZenWorker {
                 self.writes.len() - 1
             }
         };
+        self.writes[w].whole_row |= whole_row;
         for f in writes {
-            self.writes[w].whole_row |=
-                f.offset == 0 && f.bytes.len() == self.tables[table as usize].row;
             self.push_range(w, f.offset, f.bytes);
         }
         Ok(())
