@@ -25,6 +25,9 @@ use crate::engine::{
 };
 use crate::pmem::{platform, PersistenceDomain, Pool, PoolOptions};
 use std::path::{Path, PathBuf};
+
+mod range;
+pub use range::{RangeIter, FIRST_BATCH, MAX_BATCH};
 use std::sync::Arc;
 
 /// How to create or open a database.
@@ -1777,6 +1780,7 @@ impl<'w> Tx<'w> {
     }
 
     /// Rows with keys `>= from`, ascending, at most `limit` (needs an ordered primary index).
+    /// [`Tx::range`] iterates a range with bounds instead.
     pub fn scan(
         &mut self,
         table: TableId,

@@ -39,24 +39,136 @@ pub(crate) fn collect_scan_hits(
 /// Reads the row of every hit through the transaction (`read(key, addr, row)`, so the protocol
 /// sees each read; `addr` is what the index held, sparing a second lookup) and hands it to `f`
 /// until `f` returns false. A key deleted since the index scan is skipped.
+///
+/// Returns how many hits were visited (up to and including the one `f` stopped at), which is
+/// what a [`ScanSet`] covers.
 pub(crate) fn visit_hits(
     hits: &[(u64, u64)],
     row: &mut [u8],
     mut read: impl FnMut(u64, u64, &mut [u8]) -> Result<(), TxError>,
     f: &mut dyn FnMut(u64, &[u8]) -> bool,
-) -> Result<(), TxError> {
-    for &(key, addr) in hits {
+) -> Result<usize, TxError> {
+    for (i, &(key, addr)) in hits.iter().enumerate() {
         match read(key, addr, row) {
             Ok(()) => {
                 if !f(key, row) {
-                    break;
+                    return Ok(i + 1);
                 }
             }
             Err(TxError::NotFound { .. }) => continue,
             Err(e) => return Err(e),
         }
     }
-    Ok(())
+    Ok(hits.len())
+}
+
+/// Phantom protection for the single-version protocols (issue 21): the key interval one range
+/// scan covered and a digest of the keys the index held in it. At commit, once the write set is
+/// locked and its inserts are in the index, the interval is scanned again; any other key in it
+/// (an insert committed or in flight since the scan) or a key gone from it fails validation, so
+/// no transaction commits having missed a row that a serial order would have shown it. This is
+/// re-scan validation (as in Hekaton's scan sets) rather than Silo's node-set validation, which
+/// would need version counters in every index's leaves, PM ones included.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ScanSet {
+    /// The table scanned.
+    pub table: TableId,
+    from: u64,
+    reverse: bool,
+    /// The last key visited; `None` when the scan ran off the end of the index, so the interval
+    /// reaches the end of the key space.
+    to: Option<u64>,
+    count: usize,
+    digest: u64,
+}
+
+impl ScanSet {
+    /// What a scan of `table` from `from` covered: it asked for `limit` hits, found `hits`, and
+    /// visited the first `visited` of them.
+    pub fn covered(
+        table: TableId,
+        from: u64,
+        reverse: bool,
+        limit: usize,
+        hits: &[(u64, u64)],
+        visited: usize,
+    ) -> ScanSet {
+        let seen = &hits[..visited];
+        let ran_off_the_end = visited == hits.len() && hits.len() < limit;
+        ScanSet {
+            table,
+            from,
+            reverse,
+            to: if ran_off_the_end {
+                None
+            } else {
+                seen.last().map(|&(k, _)| k)
+            },
+            count: seen.len(),
+            digest: seen.iter().fold(0, |d, &(k, _)| d.wrapping_add(mix(k))),
+        }
+    }
+
+    /// Whether the interval still holds exactly the keys it held at the scan, apart from keys
+    /// for which `own_insert` is true (this transaction's inserts, which entered the index at
+    /// its commit; there are at most `own_inserts` of them). `rescan(from, reverse, limit, hits)`
+    /// collects index hits as the scan did; `hits` is a scratch buffer.
+    pub fn unchanged(
+        &self,
+        own_inserts: usize,
+        own_insert: impl Fn(u64) -> bool,
+        hits: &mut Vec<(u64, u64)>,
+        rescan: impl FnOnce(u64, bool, usize, &mut Vec<(u64, u64)>) -> Result<(), TxError>,
+    ) -> bool {
+        // One more than can match, so an extra key shows up as a count mismatch.
+        let limit = self.count + own_inserts + 1;
+        if rescan(self.from, self.reverse, limit, hits).is_err() {
+            return false;
+        }
+        let inside = |k: u64| match (self.to, self.reverse) {
+            (None, _) => true,
+            (Some(to), false) => k <= to,
+            (Some(to), true) => k >= to,
+        };
+        let (mut count, mut digest) = (0, 0u64);
+        for &(k, _) in hits.iter().take_while(|&&(k, _)| inside(k)) {
+            if !own_insert(k) {
+                count += 1;
+                digest = digest.wrapping_add(mix(k));
+            }
+        }
+        count == self.count && digest == self.digest
+    }
+}
+
+/// [`ScanSet::unchanged`] for every scan of a transaction. `inserts(table, key)` says whether
+/// the transaction inserts `key`, and `inserts_in(table)` how many keys it inserts there;
+/// `rescan(table, from, reverse, limit, hits)` collects index hits as the scans did.
+pub(crate) fn scans_unchanged(
+    sets: &[ScanSet],
+    hits: &mut Vec<(u64, u64)>,
+    inserts_in: impl Fn(TableId) -> usize,
+    inserts: impl Fn(TableId, u64) -> bool,
+    rescan: impl Fn(TableId, u64, bool, usize, &mut Vec<(u64, u64)>) -> Result<(), TxError>,
+) -> bool {
+    sets.iter().all(|set| {
+        let table = set.table;
+        set.unchanged(
+            inserts_in(table),
+            |key| inserts(table, key),
+            hits,
+            |from, reverse, limit, hits| rescan(table, from, reverse, limit, hits),
+        )
+    })
+}
+
+/// A 64-bit finalizer (splitmix64), so that the digest's sum of keys does not cancel out for
+/// keys that differ in a few bits.
+fn mix(key: u64) -> u64 {
+    let mut z = key.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// Looks `key` up in the table's `index`-th secondary index, with a typed error for a missing one.

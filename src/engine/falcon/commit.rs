@@ -102,9 +102,10 @@ impl FalconWorker {
         // Found by the loom model in tests/cc_model.rs.
         std::sync::atomic::fence(Ordering::SeqCst);
         let has_writes = self.writes.iter().any(|w| w.kind != WriteKind::Cancelled);
-        // 3. The commit tid, then read validation at it (OCC family, TicToc).
+        // 3. The commit tid, then read validation at it (OCC family, TicToc) and, under every
+        // single-version protocol, phantom validation of the scans.
         let tid = self.take_commit_tid(has_writes);
-        if !self.validate_reads(tid) {
+        if !self.validate_reads(tid) || !self.validate_scans() {
             self.rollback(published);
             return Err(TxError::Conflict);
         }

@@ -7,7 +7,7 @@ use super::{FalconEngine, Fault, TableAlloc, TableRt, ThreadState};
 use crate::alloc::{PageTag, PAGE_SIZE};
 use crate::catalog::TableId;
 use crate::cc::{tid_timestamp, MetaWord, Protocol, LOCK_BIT};
-use crate::engine::common::pm_full;
+use crate::engine::common::{pm_full, ScanSet};
 use crate::engine::{common, DbError, EngineWorker, FieldWrite, TxError};
 use crate::pmem::Pool;
 use std::sync::atomic::Ordering;
@@ -139,7 +139,10 @@ pub(crate) struct FalconWorker {
     pub(super) version_queue: std::collections::VecDeque<(u64, u64)>,
     pub(super) hot: HotSet,
     scratch: Vec<u8>,
-    scan_hits: Vec<(u64, u64)>,
+    pub(super) scan_hits: Vec<(u64, u64)>,
+    /// The intervals this transaction's scans covered, validated at commit (phantoms; see
+    /// [`ScanSet`]).
+    pub(super) scan_sets: Vec<ScanSet>,
     pub(super) spans: Vec<(u64, u64)>,
     /// Per write of a committing transaction: whether its lines get the hinted flush.
     pub(super) flush_write: Vec<bool>,
@@ -192,6 +195,7 @@ impl FalconWorker {
             max_seen: 0,
             scratch: Vec::new(),
             scan_hits: Vec::new(),
+            scan_sets: Vec::new(),
             spans: Vec::new(),
             flush_write: Vec::new(),
             span_seen: Vec::new(),
@@ -599,6 +603,7 @@ impl FalconWorker {
     pub(super) fn end_txn(&mut self) {
         self.cc_end();
         self.reads.clear();
+        self.scan_sets.clear();
         self.tictoc_rts.clear();
         self.locked_rts.clear();
         self.writes.clear();
@@ -1100,9 +1105,15 @@ impl EngineWorker for FalconWorker {
                     f,
                 )
             });
+        if let Ok(visited) = result {
+            if self.validates_scans() && limit > 0 {
+                let covered = ScanSet::covered(table, from, reverse, limit, &hits, visited);
+                self.scan_sets.push(covered);
+            }
+        }
         self.scratch = row;
         self.scan_hits = hits;
-        result
+        result.map(|_| ())
     }
 
     fn lookup_secondary(

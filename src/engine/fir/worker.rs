@@ -803,7 +803,7 @@ impl EngineWorker for FirWorker {
         let mut row = std::mem::take(&mut self.scratch);
         row.resize(t.row, 0);
         let result = collected.and_then(|()| {
-            common::visit_hits(&hits, &mut row, |k, _, out| self.read(table, k, out), f)
+            common::visit_hits(&hits, &mut row, |k, _, out| self.read(table, k, out), f).map(|_| ())
         });
         self.scan_hits = hits;
         self.scratch = row;

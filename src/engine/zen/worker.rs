@@ -11,6 +11,7 @@ use super::{
 use crate::alloc::{PageTag, PAGE_SIZE};
 use crate::catalog::TableId;
 use crate::cc::{tid_timestamp, Protocol, LOCK_BIT};
+use crate::engine::common::ScanSet;
 use crate::engine::{common, DbError, EngineWorker, FieldWrite, TxError};
 use crate::pmem::Pool;
 use std::sync::atomic::{fence, Ordering};
@@ -120,6 +121,9 @@ pub(crate) struct ZenWorker {
     pub(super) max_seen: u64,
     pub(super) scratch: Vec<u8>,
     scan_hits: Vec<(u64, u64)>,
+    /// The intervals this transaction's scans covered, validated at commit (phantoms; see
+    /// [`ScanSet`]).
+    scan_sets: Vec<ScanSet>,
     /// Write-set positions in lock or persist order, reused by every commit (no allocation).
     commit_order: Vec<usize>,
     /// Tuples accessed per table since the last rebalance (f_i of §3.2).
@@ -176,6 +180,7 @@ impl ZenWorker {
             max_seen: 0,
             scratch: Vec::new(),
             scan_hits: Vec::new(),
+            scan_sets: Vec::new(),
             commit_order: Vec::new(),
             txns: 0,
             exclusive_ready: false,
@@ -783,6 +788,32 @@ impl ZenWorker {
         }
     }
 
+    /// Phantom validation of this transaction's scans (see `common::ScanSet`), after the write
+    /// set is locked and its inserts are in the index.
+    fn validate_scans(&mut self) -> bool {
+        if self.scan_sets.is_empty() {
+            return true;
+        }
+        let mut hits = std::mem::take(&mut self.scan_hits);
+        let is_insert = |i: usize| self.writes[i].kind == WriteKind::Insert;
+        let valid = common::scans_unchanged(
+            &self.scan_sets,
+            &mut hits,
+            |table| {
+                (0..self.writes.len())
+                    .filter(|&i| self.writes[i].table == table && is_insert(i))
+                    .count()
+            },
+            |table, key| self.find_write(table, key).is_some_and(is_insert),
+            |table, from, reverse, limit, hits| {
+                let rt = &self.tables[table as usize];
+                common::collect_scan_hits(&rt.index, &rt.schema.name, from, reverse, limit, hits)
+            },
+        );
+        self.scan_hits = hits;
+        valid
+    }
+
     fn end_txn(&mut self) {
         for i in 0..self.pins.len() {
             let (table, r) = self.pins[i];
@@ -791,6 +822,7 @@ impl ZenWorker {
         self.pins.clear();
         self.cc_end();
         self.reads.clear();
+        self.scan_sets.clear();
         self.cx.locked_rts.clear();
         self.writes.clear();
         self.write_lookup.clear();
@@ -1131,9 +1163,16 @@ impl EngineWorker for ZenWorker {
                 .and_then(|()| {
                     common::visit_hits(&hits, &mut row, |key, _, out| self.read(table, key, out), f)
                 });
+        if let Ok(visited) = result {
+            // Phantoms: see `common::ScanSet`; the multi-version protocols read at a snapshot.
+            if !self.proto.is_multi_version() && limit > 0 {
+                let covered = ScanSet::covered(table, from, reverse, limit, &hits, visited);
+                self.scan_sets.push(covered);
+            }
+        }
         self.scratch = row;
         self.scan_hits = hits;
-        result
+        result.map(|_| ())
     }
 
     fn lookup_secondary(
@@ -1192,7 +1231,7 @@ impl EngineWorker for ZenWorker {
         } else {
             0
         };
-        if !self.validate_reads(tid) {
+        if !self.validate_reads(tid) || !self.validate_scans() {
             return self.fail(TxError::Conflict);
         }
         if order.is_empty() {
