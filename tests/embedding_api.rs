@@ -353,3 +353,63 @@ fn dropping_a_table_is_refused_clearly_by_every_engine_and_changes_nothing() {
         assert_eq!(db.tables().len(), 1);
     }
 }
+
+#[test]
+fn read_only_transactions_under_snapshot_protocols_read_a_snapshot_and_never_block_writers() {
+    for engine in [EngineKind::Falcon, EngineKind::Zen] {
+        for protocol in [Protocol::Si, Protocol::Mvocc, Protocol::Mv2pl] {
+            if !engine.supports(protocol) {
+                continue;
+            }
+            let db = Db::create(
+                DbConfig::temporary()
+                    .engine(engine)
+                    .protocol(protocol)
+                    .pool_size(24 << 20)
+                    .max_threads(2),
+            )
+            .unwrap();
+            let t = db.create_table(kv().ordered()).unwrap();
+            db.run(|tx| {
+                for k in [1, 2, 4] {
+                    tx.insert(t, k, &[Value::U64(k * 10)])?;
+                }
+                Ok(())
+            })
+            .unwrap();
+            let keys = |txn: &mut Transaction<'_>| -> Vec<u64> {
+                txn.range(t, ..)
+                    .map(|r| r.map(|(k, _)| k))
+                    .collect::<Result<_, _>>()
+                    .unwrap()
+            };
+            let mut reader = db.begin_read_only().unwrap();
+            assert_eq!(reader.get(t, 1).unwrap().u64(0), 10);
+            assert_eq!(keys(&mut reader), [1, 2, 4]);
+            let mut writer = db.worker().unwrap();
+            writer
+                .run(|tx| {
+                    tx.update(t, 1, &[(0, Value::U64(11))])?;
+                    tx.insert(t, 3, &[Value::U64(30)])
+                })
+                .unwrap_or_else(|e| {
+                    panic!("{engine}/{protocol:?}: a snapshot reader blocked a writer: {e}")
+                });
+            drop(writer);
+            assert_eq!(
+                reader.get(t, 1).unwrap().u64(0),
+                10,
+                "{engine}/{protocol:?}: the snapshot keeps the old row"
+            );
+            assert_eq!(
+                keys(&mut reader),
+                [1, 2, 4],
+                "{engine}/{protocol:?}: nor the new key"
+            );
+            reader
+                .commit()
+                .unwrap_or_else(|e| panic!("{engine}/{protocol:?}: snapshot reader aborted: {e}"));
+            assert_eq!(value(&db, t, 1), Some(11));
+        }
+    }
+}

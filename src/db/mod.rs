@@ -816,6 +816,15 @@ impl Db {
     }
 
     /// Runs `f` as a read-only transaction on the thread's cached worker (see [`Db::run`]).
+    ///
+    /// **Snapshot readers.** Under the multi-version protocols that keep old versions
+    /// ([`Protocol::Si`], [`Protocol::Mvocc`], [`Protocol::Mv2pl`]) a read-only transaction reads
+    /// the snapshot of its start: it takes no locks, never blocks or aborts a writer, and never
+    /// aborts itself. Under [`Protocol::Mvto`] (and FIR) it takes a timestamp and may wait briefly
+    /// for an older writer in flight. The single-version protocols keep no old versions: there a
+    /// read-only transaction is validated (OCC family: it may abort and be retried, but never
+    /// blocks a writer) or takes read locks (2PL, TO: writers of the rows it read wait or abort).
+    /// docs/CC.md has the details.
     pub fn run_read_only<T>(
         &self,
         f: impl FnMut(&mut Tx<'_>) -> Result<T, TxError>,
@@ -830,7 +839,8 @@ impl Db {
         self.begin_with(false)
     }
 
-    /// Begins an explicit read-only transaction (see [`Db::begin`]).
+    /// Begins an explicit read-only transaction (see [`Db::begin`]); a snapshot reader under the
+    /// multi-version protocols (see [`Db::run_read_only`]).
     pub fn begin_read_only(&self) -> Result<Transaction<'_>, DbError> {
         self.begin_with(true)
     }
