@@ -141,21 +141,26 @@ impl ScanSet {
     }
 }
 
-/// [`ScanSet::unchanged`] for every scan of a transaction. `inserts(table, key)` says whether
-/// the transaction inserts `key`, and `inserts_in(table)` how many keys it inserts there;
-/// `rescan(table, from, reverse, limit, hits)` collects index hits as the scans did.
+/// [`ScanSet::unchanged`] for every scan of a transaction whose inserts are `inserts` (table,
+/// key); `rescan(table, from, reverse, limit, hits)` collects index hits as the scans did.
 pub(crate) fn scans_unchanged(
     sets: &[ScanSet],
     hits: &mut Vec<(u64, u64)>,
-    inserts_in: impl Fn(TableId) -> usize,
-    inserts: impl Fn(TableId, u64) -> bool,
+    inserts: impl Iterator<Item = (TableId, u64)>,
     rescan: impl Fn(TableId, u64, bool, usize, &mut Vec<(u64, u64)>) -> Result<(), TxError>,
 ) -> bool {
+    if sets.is_empty() {
+        return true;
+    }
+    let mut inserts: Vec<(TableId, u64)> = inserts.collect();
+    inserts.sort_unstable();
     sets.iter().all(|set| {
         let table = set.table;
+        let in_table = inserts.partition_point(|&(t, _)| t < table);
+        let in_table = &inserts[in_table..inserts.partition_point(|&(t, _)| t <= table)];
         set.unchanged(
-            inserts_in(table),
-            |key| inserts(table, key),
+            in_table.len(),
+            |key| in_table.binary_search(&(table, key)).is_ok(),
             hits,
             |from, reverse, limit, hits| rescan(table, from, reverse, limit, hits),
         )

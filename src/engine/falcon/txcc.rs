@@ -480,20 +480,12 @@ impl FalconWorker {
     /// covered still holds the keys it held, this transaction's own inserts (in the index since
     /// commit step 2) aside. Runs after the write set is locked, like read validation.
     pub(super) fn validate_scans(&mut self) -> bool {
-        if self.scan_sets.is_empty() {
-            return true;
-        }
         let mut hits = std::mem::take(&mut self.scan_hits);
-        let is_insert = |i: usize| self.writes[i].kind == WriteKind::Insert;
+        let inserts = self.writes.iter().filter(|w| w.kind == WriteKind::Insert);
         let valid = crate::engine::common::scans_unchanged(
             &self.scan_sets,
             &mut hits,
-            |table| {
-                (0..self.writes.len())
-                    .filter(|&i| self.writes[i].table == table && is_insert(i))
-                    .count()
-            },
-            |table, key| self.find_write(table, key).is_some_and(is_insert),
+            inserts.map(|w| (w.table, w.key)),
             |table, from, reverse, limit, hits| {
                 let rt = &self.tables[table as usize];
                 rt.index

@@ -791,20 +791,12 @@ impl ZenWorker {
     /// Phantom validation of this transaction's scans (see `common::ScanSet`), after the write
     /// set is locked and its inserts are in the index.
     fn validate_scans(&mut self) -> bool {
-        if self.scan_sets.is_empty() {
-            return true;
-        }
         let mut hits = std::mem::take(&mut self.scan_hits);
-        let is_insert = |i: usize| self.writes[i].kind == WriteKind::Insert;
+        let inserts = self.writes.iter().filter(|w| w.kind == WriteKind::Insert);
         let valid = common::scans_unchanged(
             &self.scan_sets,
             &mut hits,
-            |table| {
-                (0..self.writes.len())
-                    .filter(|&i| self.writes[i].table == table && is_insert(i))
-                    .count()
-            },
-            |table, key| self.find_write(table, key).is_some_and(is_insert),
+            inserts.map(|w| (w.table, w.key)),
             |table, from, reverse, limit, hits| {
                 let rt = &self.tables[table as usize];
                 common::collect_scan_hits(&rt.index, &rt.schema.name, from, reverse, limit, hits)
