@@ -995,7 +995,8 @@ mod tests {
         w.commit().unwrap();
         drop(w);
         let rt = eng.tables.read()[t as usize].clone();
-        let key = |city: u64| rt.secondary_key(0, &city.to_le_bytes());
+        let key = |city: u64| crate::index::secondary_key(&[&city.to_le_bytes()]);
+        assert_eq!(key(7), rt.secondary_key(0, &7u64.to_le_bytes()));
         assert!(rt.secondary[0].is_pm());
         assert!(rt.secondary[0].contains(key(7), 4));
         assert!(!rt.secondary[0].contains(key(1), 4));
