@@ -3,7 +3,7 @@
 
 use crate::catalog::TableId;
 use crate::engine::{RecoveryReport, TxError};
-use crate::index::{PrimaryIndex, SecondaryIndex};
+use crate::index::{PrimaryIndex, SecondaryLookup};
 use std::time::Instant;
 
 /// Every commit tid is below this: its timestamp, microseconds of clock summed over the pool's
@@ -177,8 +177,8 @@ fn mix(key: u64) -> u64 {
 }
 
 /// Looks `key` up in the table's `index`-th secondary index, with a typed error for a missing one.
-pub(crate) fn lookup_secondary(
-    secondary: &[SecondaryIndex],
+pub(crate) fn lookup_secondary<S: SecondaryLookup>(
+    secondary: &[S],
     table_name: &str,
     index: usize,
     key: u64,

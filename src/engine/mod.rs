@@ -441,9 +441,10 @@ pub struct IndexInfo {
     pub kind: crate::index::PrimaryIndexKind,
     /// Entries.
     pub entries: u64,
-    /// DRAM bytes the index uses (for a PM index: its DRAM directory or inner nodes).
+    /// DRAM bytes the index uses (for a PM index: its DRAM directory or inner nodes), with the
+    /// table's secondary indexes where the engine counts them (Falcon).
     pub dram_bytes: u64,
-    /// PM bytes the index owns (0 for a DRAM index).
+    /// PM bytes the index owns (0 for a DRAM index), likewise.
     pub pm_bytes: u64,
 }
 

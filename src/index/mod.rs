@@ -78,6 +78,19 @@ impl std::str::FromStr for IndexPlacement {
     }
 }
 
+/// A secondary index's lookup, whatever backs it (DRAM or PM), for the engines' shared
+/// `lookup_secondary`.
+pub(crate) trait SecondaryLookup {
+    /// Appends to `out` the primary keys paired with `secondary_key`; returns how many.
+    fn lookup(&self, secondary_key: u64, out: &mut Vec<u64>) -> usize;
+}
+
+impl SecondaryLookup for SecondaryIndex {
+    fn lookup(&self, secondary_key: u64, out: &mut Vec<u64>) -> usize {
+        SecondaryIndex::lookup(self, secondary_key, out)
+    }
+}
+
 /// Errors reported by the index layer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

@@ -121,11 +121,21 @@ impl FalconWorker {
             }
         }
         self.st().last_tid = tid;
+        // The secondary keys this commit replaces, read before the apply overwrites them; PM
+        // secondary indexes log them (step 5) and get room for this commit's inserts now, as
+        // their changes come after the commit mark and must not fail then.
+        let secondary_changes = self.secondary_keys_replaced();
+        if let Err(e) = self.reserve_pm_secondaries() {
+            self.secondary_changes = secondary_changes;
+            self.rollback(published);
+            return Err(e);
+        }
         // 5. Log window: entries and the COMMITTED mark (Algorithm 1, line 2).
         let logged = if policy.log {
-            match self.log_commit(tid) {
+            match self.log_commit(tid, &secondary_changes) {
                 Ok(l) => Some(l),
                 Err(e) => {
+                    self.secondary_changes = secondary_changes;
                     self.rollback(published);
                     return Err(e);
                 }
@@ -133,7 +143,6 @@ impl FalconWorker {
         } else {
             None
         };
-        let secondary_changes = self.secondary_keys_replaced();
         if policy.wbl {
             self.persist_new_version_tids(tid);
         }
@@ -164,7 +173,38 @@ impl FalconWorker {
         self.settle_versions(true);
         self.end_txn();
         self.reclaim_versions();
-        Ok(tid)
+        match self.late_error.take() {
+            None => Ok(tid),
+            Some(e) => Err(TxError::PmFull(format!(
+                "transaction {tid:#x} committed, but a persistent secondary index could not \
+                 take its pair ({e}); the next recovery repairs it while the commit is in the \
+                 log window"
+            ))),
+        }
+    }
+
+    /// Gives every PM secondary index this commit inserts into room for its inserts
+    /// ([`PmSecondaryIndex::reserve`](crate::index::pm::PmSecondaryIndex::reserve)).
+    fn reserve_pm_secondaries(&self) -> Result<(), TxError> {
+        for w in &self.writes {
+            let rt = &self.tables[w.table as usize];
+            if w.kind == WriteKind::Cancelled || !rt.secondary.iter().any(|s| s.is_pm()) {
+                continue;
+            }
+            for sec in &rt.secondary {
+                sec.reserve(&rt.schema.name)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A secondary-index insert after the commit mark that failed (PM full beyond the
+    /// reservation): kept for `commit` to report; the pair's entry in the log lets recovery
+    /// add it.
+    fn note_late(&mut self, result: Result<(), TxError>) {
+        if let Err(e) = result {
+            self.late_error.get_or_insert(e);
+        }
     }
 
     /// Step 2: publishes the inserted keys in their indexes with the new tuples locked, so that
@@ -492,8 +532,14 @@ impl FalconWorker {
                 WriteKind::Insert if !rt.secondary.is_empty() => {
                     row.resize(rt.row, 0);
                     self.pool.read_bytes(t + tuple::HEADER, &mut row);
-                    for (si, sec) in rt.secondary.iter().enumerate() {
-                        sec.insert(rt.secondary_key(si, &row), key);
+                    for si in 0..rt.secondary.len() {
+                        let rt = &self.tables[table as usize];
+                        let result = rt.secondary[si].insert(
+                            &rt.schema.name,
+                            rt.secondary_key(si, &row),
+                            key,
+                        );
+                        self.note_late(result);
                     }
                 }
                 _ => {}
@@ -514,7 +560,9 @@ impl FalconWorker {
                     row.resize(rt.row, 0);
                     self.pool
                         .read_bytes(self.writes[i].tuple + tuple::HEADER, &mut row);
-                    rt.secondary[si].insert(rt.secondary_key(si, &row), key);
+                    let result =
+                        rt.secondary[si].insert(&rt.schema.name, rt.secondary_key(si, &row), key);
+                    self.note_late(result);
                 }
             }
         }

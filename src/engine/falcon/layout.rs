@@ -6,7 +6,8 @@
 //!   40 max_row_bytes      48 catalog slot bytes        56 CRC-32 of bytes 0..4096
 //!   4096.. catalog slots A and B
 //!   1 MiB - 64: the tid lease (see `meta::TID_LEASE_AT`)
-//!   1 MiB..: one word per table, the root of its PM index (0: DRAM index)
+//!   1 MiB..: one word per table, the root of its PM primary index (0: DRAM index)
+//!   1.5 MiB..: eight words per table, the roots of its PM secondary indexes
 //! tuple slot (heap pages, kind HEAP, tag value = table id; Falcon §5.1 "Tuple Heap"):
 //!   0  cc word (OCC version | lock bit, or 2PL lock word)   8 write_ts (commit tid of the last
 //!   writer: recovery's replay filter)   16 key   24 flags (LIVE, DELETED)   32.. row
@@ -27,7 +28,8 @@ pub mod kind {
     /// A thread's spill log for transactions whose redo does not fit a window slot; the tag value
     /// is the page's position in the thread's spill chain.
     pub const SPILL: u8 = 4;
-    /// A table's persistent primary index (issue 17); the tag value is the table id.
+    /// A table's persistent index (issue 17); the tag value is the table id, the owner 0 for
+    /// the primary index and `1 + i` for secondary index `i`.
     pub const INDEX: u8 = 5;
 }
 
@@ -35,8 +37,9 @@ pub mod kind {
 pub mod meta {
     /// Magic of the meta page.
     pub const MAGIC: u64 = u64::from_le_bytes(*b"PMTXFALC");
-    /// Layout version (2: the meta page carries a CRC; 3: PM index roots and the tid lease).
-    pub const VERSION: u64 = 3;
+    /// Layout version (2: the meta page carries a CRC; 3: PM index roots and the tid lease;
+    /// 4: a PM table's secondary indexes in PM, with their roots).
+    pub const VERSION: u64 = 4;
     /// Field offsets.
     pub const F_MAGIC: u64 = 0;
     /// Version field.
@@ -64,8 +67,23 @@ pub mod meta {
     /// Where the PM index roots start: the word at `ROOTS_AT + 8 * table` is the root offset of
     /// the table's persistent index, written durably before the catalog that names the table.
     pub const ROOTS_AT: u64 = 1 << 20;
-    /// Tables whose root word fits the meta page.
-    pub const MAX_ROOTS: u64 = (crate::alloc::PAGE_SIZE - ROOTS_AT) / 8;
+    /// Root words in the meta page.
+    const ROOT_WORDS: u64 = (crate::alloc::PAGE_SIZE - ROOTS_AT) / 8;
+    /// Secondary-index root words per table: a PM table has at most this many secondaries.
+    pub const SECONDARY_ROOTS: u64 = 8;
+    /// Tables whose root words fit the meta page (half the words are primary roots, half
+    /// secondary ones).
+    pub const MAX_ROOTS: u64 = ROOT_WORDS / 2 / SECONDARY_ROOTS;
+
+    /// The root word of table `table`'s primary index.
+    pub fn primary_root_at(table: u64) -> u64 {
+        ROOTS_AT + 8 * table
+    }
+
+    /// The root word of table `table`'s secondary index `index`.
+    pub fn secondary_root_at(table: u64, index: u64) -> u64 {
+        ROOTS_AT + 8 * (ROOT_WORDS / 2 + table * SECONDARY_ROOTS + index)
+    }
 }
 
 /// Tuple header fields.

@@ -86,6 +86,7 @@ use crate::alloc::PageManager;
 use crate::catalog::{Catalog, CatalogStore, Schema, TableId};
 use crate::cc::{CcOptions, CcShared, Protocol, TidClock, MAX_THREADS};
 use crate::engine::{DbError, Engine, EngineKind, EngineWorker, RecoveryReport};
+use crate::index::pm::PmSecondaryIndex;
 use crate::index::{IndexPlacement, SecondaryIndex};
 use crate::pmem::{PersistenceDomain, Pool};
 use crossbeam_utils::CachePadded;
@@ -94,7 +95,7 @@ use parking_lot::{Mutex, RwLock};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use tindex::TableIndex;
+use tindex::{TableIndex, TableSecondary};
 
 /// The protocols `outp` runs: the single-version ones. The multi-version protocols keep old
 /// images in DRAM chains keyed by the tuple's address, which an out-of-place update changes.
@@ -335,7 +336,7 @@ pub(crate) struct TableRt {
     pub row: usize,
     pub slot: u64,
     pub index: TableIndex,
-    pub secondary: Vec<SecondaryIndex>,
+    pub secondary: Vec<TableSecondary>,
     /// The largest commit tid of a delete in this table (raised before the key leaves the
     /// index): a snapshot or MVTO transaction older than it that misses a key may have missed
     /// it because of that delete (`FalconWorker::resolve_miss`).
@@ -343,13 +344,13 @@ pub(crate) struct TableRt {
 }
 
 impl TableRt {
-    fn new(id: TableId, schema: Schema, index: TableIndex) -> TableRt {
+    fn new(
+        id: TableId,
+        schema: Schema,
+        index: TableIndex,
+        secondary: Vec<TableSecondary>,
+    ) -> TableRt {
         let row = schema.row_size();
-        let secondary = schema
-            .secondary
-            .iter()
-            .map(|_| SecondaryIndex::new())
-            .collect();
         TableRt {
             id,
             row,
@@ -607,7 +608,7 @@ impl FalconEngine {
         config: FalconConfig,
         policy: Policy,
         catalog: Catalog,
-        indexes: Vec<TableIndex>,
+        indexes: Vec<(TableIndex, Vec<TableSecondary>)>,
         report: Option<RecoveryReport>,
     ) -> FalconEngine {
         let floor = 0;
@@ -616,7 +617,9 @@ impl FalconEngine {
             .iter()
             .zip(indexes)
             .enumerate()
-            .map(|(i, (s, index))| Arc::new(TableRt::new(i as TableId, s.clone(), index)))
+            .map(|(i, (s, (index, secondary)))| {
+                Arc::new(TableRt::new(i as TableId, s.clone(), index, secondary))
+            })
             .collect();
         let threads = (0..config.max_threads)
             .map(|_| Mutex::new(Some(ThreadState::default())))
@@ -689,6 +692,62 @@ impl FalconEngine {
     }
 }
 
+impl FalconEngine {
+    /// Creates table `id`'s persistent indexes, primary and secondary, each in pages of its own
+    /// tag (owner 0: the primary; `1 + i`: secondary `i`), and records their roots. Crash order:
+    /// the indexes' pages, then their root words, then (the caller) the catalog naming the
+    /// table; a crash before the catalog leaves pages and roots of a table id the catalog does
+    /// not have, which recovery frees.
+    fn create_pm_indexes(
+        &self,
+        id: TableId,
+        schema: &Schema,
+    ) -> Result<(TableIndex, Vec<TableSecondary>), DbError> {
+        if u64::from(id) >= meta::MAX_ROOTS {
+            return Err(DbError::Config(format!(
+                "a persistent index needs a root word in the meta page: at most {} tables",
+                meta::MAX_ROOTS
+            )));
+        }
+        if schema.secondary.len() as u64 > meta::SECONDARY_ROOTS {
+            return Err(DbError::Config(format!(
+                "table '{}': {} secondary indexes, but a table with persistent (pm) indexes has \
+                 at most {}",
+                schema.name,
+                schema.secondary.len(),
+                meta::SECONDARY_ROOTS
+            )));
+        }
+        let tag = |owner: u8| crate::alloc::PageTag {
+            kind: kind::INDEX,
+            owner,
+            value: u64::from(id),
+        };
+        let failed = |what: String, e: String| {
+            DbError::Config(format!(
+                "table '{}': cannot create its persistent {what}: {e}",
+                schema.name
+            ))
+        };
+        let index = TableIndex::create_pm(schema.primary_index, &self.pool, &self.pages, tag(0))
+            .map_err(|e| failed("index".into(), e))?;
+        let mut roots = vec![(meta::primary_root_at(u64::from(id)), index.root())];
+        let mut secondary = Vec::with_capacity(schema.secondary.len());
+        for (i, def) in schema.secondary.iter().enumerate() {
+            let sec =
+                PmSecondaryIndex::create(self.pool.clone(), self.pages.clone(), tag(1 + i as u8))
+                    .map_err(|e| failed(format!("secondary index '{}'", def.name), e.to_string()))?;
+            roots.push((meta::secondary_root_at(u64::from(id), i as u64), sec.root()));
+            secondary.push(TableSecondary::Pm(sec));
+        }
+        for (at, root) in roots {
+            self.pool.write_u64_ordered(self.meta_page + at, root);
+            self.pool.persist(self.meta_page + at, 8);
+        }
+        Ok((index, secondary))
+    }
+}
+
 impl Engine for FalconEngine {
     fn kind(&self) -> EngineKind {
         self.kind
@@ -712,42 +771,22 @@ impl Engine for FalconEngine {
         let mut catalog = self.catalog.lock();
         let mut next = catalog.clone();
         let id = next.add(schema.clone(), self.config.max_row_bytes)?;
-        let index = match placement {
-            IndexPlacement::Dram => TableIndex::dram(schema.primary_index),
-            IndexPlacement::Pm => {
-                if u64::from(id) >= meta::MAX_ROOTS {
-                    return Err(DbError::Config(format!(
-                        "a persistent index needs a root word in the meta page: at most {} tables",
-                        meta::MAX_ROOTS
-                    )));
-                }
-                // Crash order: the index's pages (tagged with the table id), then its root word,
-                // then the catalog naming the table. A crash before the catalog leaves pages and
-                // a root of a table id the catalog does not have: recovery frees them.
-                let tag = crate::alloc::PageTag {
-                    kind: kind::INDEX,
-                    owner: 0,
-                    value: u64::from(id),
-                };
-                let index =
-                    TableIndex::create_pm(schema.primary_index, &self.pool, &self.pages, tag)
-                        .map_err(|e| {
-                            DbError::Config(format!(
-                                "table '{}': cannot create its persistent index: {e}",
-                                schema.name
-                            ))
-                        })?;
-                let at = self.meta_page + meta::ROOTS_AT + 8 * u64::from(id);
-                self.pool.write_u64_ordered(at, index.root());
-                self.pool.persist(at, 8);
-                index
-            }
+        let (index, secondary) = match placement {
+            IndexPlacement::Dram => (
+                TableIndex::dram(schema.primary_index),
+                schema
+                    .secondary
+                    .iter()
+                    .map(|_| TableSecondary::Dram(SecondaryIndex::new()))
+                    .collect(),
+            ),
+            IndexPlacement::Pm => self.create_pm_indexes(id, &schema)?,
         };
         self.catalog_store.store(&self.pool, &next)?;
         *catalog = next;
         self.tables
             .write()
-            .push(Arc::new(TableRt::new(id, schema, index)));
+            .push(Arc::new(TableRt::new(id, schema, index, secondary)));
         Ok(id)
     }
 
@@ -799,8 +838,12 @@ impl Engine for FalconEngine {
                 placement: t.index.placement(),
                 kind: t.schema.primary_index,
                 entries: t.index.len() as u64,
-                dram_bytes: t.index.memory_bytes() as u64,
-                pm_bytes: t.index.pm_bytes(),
+                // The secondary indexes count too: they follow the table's placement.
+                dram_bytes: (t.index.memory_bytes()
+                    + t.secondary.iter().map(|s| s.memory_bytes()).sum::<usize>())
+                    as u64,
+                pm_bytes: t.index.pm_bytes()
+                    + t.secondary.iter().map(|s| s.pm_bytes()).sum::<u64>(),
             })
             .collect()
     }

@@ -1,4 +1,4 @@
-//! A Falcon table's primary index: in DRAM ([`PrimaryIndex`], rebuilt by the heap scan at
+//! A Falcon table's indexes. The primary index: in DRAM ([`PrimaryIndex`], rebuilt by the heap scan at
 //! recovery) or in PM ([`PmHashIndex`] / [`PmOrderedIndex`], recovered by their own recovery
 //! functions, Falcon §4 and §5.3 "Index Recovery"). The placement is chosen when the table is
 //! created ([`IndexPlacement`]) and recorded in the catalog; a PM index's root is recorded in the
@@ -7,11 +7,18 @@
 //! Both PM indexes make every single-key operation atomic with respect to a crash, which is what
 //! lets recovery repeat the index operation of a committed window entry whether or not it
 //! reached PM (`recovery.rs`).
+//!
+//! The secondary indexes ([`TableSecondary`]) follow the table's placement: a PM table keeps
+//! them in PM too ([`PmSecondaryIndex`]), so that its recovery scans no heap.
 
 use crate::alloc::{AllocError, PageManager, PageTag};
 use crate::engine::TxError;
-use crate::index::pm::{PmHashError, PmHashIndex, PmOrderedError, PmOrderedIndex};
-use crate::index::{IndexError, IndexPlacement, PrimaryIndex, PrimaryIndexKind};
+use crate::index::pm::{
+    PmHashError, PmHashIndex, PmOrderedError, PmOrderedIndex, PmSecondaryIndex,
+};
+use crate::index::{
+    IndexError, IndexPlacement, PrimaryIndex, PrimaryIndexKind, SecondaryIndex, SecondaryLookup,
+};
 use crate::pmem::Pool;
 use std::sync::Arc;
 
@@ -222,5 +229,93 @@ impl TableIndex {
             index.scan(from, limit, collect);
         }
         Ok(())
+    }
+}
+
+/// One of a table's secondary indexes: in DRAM (rebuilt by the heap scan at recovery) or, for a
+/// table whose indexes are in PM, a [`PmSecondaryIndex`] recovered without one. Its placement
+/// follows the table's (`IndexPlacement`).
+pub(crate) enum TableSecondary {
+    /// In DRAM.
+    Dram(SecondaryIndex),
+    /// In PM.
+    Pm(PmSecondaryIndex),
+}
+
+impl TableSecondary {
+    /// Whether the index lives in PM.
+    pub fn is_pm(&self) -> bool {
+        matches!(self, TableSecondary::Pm(_))
+    }
+
+    /// Adds the pair (a present pair is left alone). `Err` when a PM index could not grow.
+    pub fn insert(&self, table: &str, secondary: u64, key: u64) -> Result<(), TxError> {
+        match self {
+            TableSecondary::Dram(index) => {
+                index.insert(secondary, key);
+                Ok(())
+            }
+            TableSecondary::Pm(index) => index
+                .insert(secondary, key)
+                .map_err(|e| ordered_error(table, e)),
+        }
+    }
+
+    /// Removes the pair; returns whether it was present.
+    pub fn remove(&self, secondary: u64, key: u64) -> bool {
+        match self {
+            TableSecondary::Dram(index) => index.remove(secondary, key),
+            TableSecondary::Pm(index) => index.remove(secondary, key),
+        }
+    }
+
+    /// Whether the pair is present.
+    pub fn contains(&self, secondary: u64, key: u64) -> bool {
+        match self {
+            TableSecondary::Dram(index) => index.contains(secondary, key),
+            TableSecondary::Pm(index) => index.contains(secondary, key),
+        }
+    }
+
+    /// Makes sure a PM index has room for the inserts of a commit before its commit mark, after
+    /// which they must not fail (a DRAM index always has room).
+    pub fn reserve(&self, table: &str) -> Result<(), TxError> {
+        match self {
+            TableSecondary::Dram(_) => Ok(()),
+            TableSecondary::Pm(index) => index.reserve().map_err(|e| ordered_error(table, e)),
+        }
+    }
+
+    /// Number of pairs.
+    pub fn len(&self) -> usize {
+        match self {
+            TableSecondary::Dram(index) => index.len(),
+            TableSecondary::Pm(index) => index.len(),
+        }
+    }
+
+    /// DRAM bytes used.
+    pub fn memory_bytes(&self) -> usize {
+        match self {
+            TableSecondary::Dram(index) => index.memory_bytes(),
+            TableSecondary::Pm(index) => index.memory_bytes(),
+        }
+    }
+
+    /// PM bytes owned (0 in DRAM).
+    pub fn pm_bytes(&self) -> u64 {
+        match self {
+            TableSecondary::Dram(_) => 0,
+            TableSecondary::Pm(index) => index.pm_bytes(),
+        }
+    }
+}
+
+impl SecondaryLookup for TableSecondary {
+    fn lookup(&self, secondary: u64, out: &mut Vec<u64>) -> usize {
+        match self {
+            TableSecondary::Dram(index) => index.lookup(secondary, out),
+            TableSecondary::Pm(index) => index.lookup(secondary, out),
+        }
     }
 }

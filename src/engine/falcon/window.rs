@@ -18,6 +18,11 @@ pub enum EntryKind {
     Insert = 2,
     /// Mark the row deleted.
     Delete = 3,
+    /// Not a change of the tuple: the secondary key (8 bytes) that the row with primary key
+    /// `key` had in its table's secondary index `field_offset` before this transaction changed
+    /// or deleted it. Written only for tables whose secondary indexes are in PM, so that
+    /// recovery can remove the old pair, which the in-place apply overwrote (`recovery.rs`).
+    SecondaryOld = 4,
 }
 
 /// A decoded entry, borrowing its bytes from the payload.
@@ -72,6 +77,7 @@ pub fn decode(payload: &[u8]) -> Option<Vec<Entry<'_>>> {
             1 => EntryKind::Update,
             2 => EntryKind::Insert,
             3 => EntryKind::Delete,
+            4 => EntryKind::SecondaryOld,
             _ => return None,
         };
         let len = u32_at(payload, at + 28) as usize;

@@ -150,6 +150,8 @@ pub(crate) struct FalconWorker {
     pub(super) span_seen: Vec<bool>,
     /// Secondary entries a commit replaces: (table, index, primary key, old secondary key).
     pub(super) secondary_changes: Vec<(TableId, usize, u64, u64)>,
+    /// A secondary-index insert that failed after the commit mark (`commit.rs`, `note_late`).
+    pub(super) late_error: Option<TxError>,
     /// A row read back from PM at commit (secondary keys).
     pub(super) row_buf: Vec<u8>,
     /// Outp, during a commit: per write, the old version an update supersedes (0: none; the
@@ -200,6 +202,7 @@ impl FalconWorker {
             flush_write: Vec::new(),
             span_seen: Vec::new(),
             secondary_changes: Vec::new(),
+            late_error: None,
             row_buf: Vec::new(),
             superseded: Vec::new(),
             eng,
@@ -666,7 +669,15 @@ impl FalconWorker {
 
     /// Writes the redo entries and the COMMITTED mark to the next window slot (Algorithm 1,
     /// "Before Update" and line 2). Returns the slot offset and whether it spilled.
-    pub(super) fn log_commit(&mut self, tid: u64) -> Result<(u64, bool), TxError> {
+    ///
+    /// `secondary_changes` are the secondary keys the commit replaces (`secondary_keys_replaced`):
+    /// those of tables whose secondary indexes are in PM are logged too
+    /// ([`EntryKind::SecondaryOld`]), for recovery to remove the old pairs.
+    pub(super) fn log_commit(
+        &mut self,
+        tid: u64,
+        secondary_changes: &[(TableId, usize, u64, u64)],
+    ) -> Result<(u64, bool), TxError> {
         self.payload.clear();
         let fault = self.eng.config.fault;
         for r in &self.ranges {
@@ -707,6 +718,19 @@ impl FalconWorker {
                 0,
                 &[],
             );
+        }
+        for &(table, si, key, old_key) in secondary_changes {
+            if self.tables[table as usize].secondary[si].is_pm() {
+                window::encode(
+                    &mut self.payload,
+                    EntryKind::SecondaryOld,
+                    table,
+                    0,
+                    key,
+                    si as u32,
+                    &old_key.to_le_bytes(),
+                );
+            }
         }
         // Outp: the superseded versions are deleted by the same commit.
         if fault != Some(Fault::OutpKeepOldLive) {

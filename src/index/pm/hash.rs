@@ -102,7 +102,7 @@
 //! - Segments never merge and pages are never returned to the page manager.
 
 use std::fmt;
-use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -111,6 +111,8 @@ use parking_lot::Mutex;
 
 use crate::alloc::{AllocError, PageManager, PageTag, PAGE_SIZE};
 use crate::index::mix64;
+
+use super::seqlock::{self, PoolWord};
 use crate::pmem::{Pool, PoolError, CACHE_LINE};
 
 /// Bytes of a segment slot.
@@ -313,7 +315,7 @@ struct Segment {
     shape: AtomicU64,
     /// Odd while the segment's shape changes and the directory is republished (a seqlock for
     /// readers, who may hold an old directory).
-    split_version: AtomicU64,
+    split_version: crate::index::sync::AtomicU64,
     /// Held by every writer of the segment, including a split.
     writer: Mutex<()>,
     /// Entries, or [`UNCOUNTED`] until recounted after recovery (changed under `writer`).
@@ -325,7 +327,7 @@ impl Segment {
         Segment {
             offset,
             shape: AtomicU64::new(shape(depth, pattern)),
-            split_version: AtomicU64::new(0),
+            split_version: crate::index::sync::AtomicU64::new(0),
             writer: Mutex::new(()),
             count: AtomicU64::new(count),
         }
@@ -684,15 +686,18 @@ impl PmHashIndex {
     fn probe(&self, bucket: u64, key: u64, fp: u8) -> (Option<Loc>, u64) {
         let pool = &*self.pool;
         loop {
-            let version = pool.load_u64(bucket + VERSION, Ordering::Acquire);
+            let word = PoolWord {
+                pool,
+                offset: bucket + VERSION,
+            };
+            let version = seqlock::read_begin(&word);
             if self.locked(version) {
                 std::hint::spin_loop();
                 continue;
             }
             let found = self.search(bucket, key, fp);
             let meta = pool.read_u64(bucket + META);
-            fence(Ordering::Acquire);
-            if pool.read_u64(bucket + VERSION) == version {
+            if seqlock::read_validate(&word, version) {
                 return (found, meta);
             }
         }
@@ -744,7 +749,7 @@ impl PmHashIndex {
         loop {
             let dir = self.dir.load();
             let segment = dir.segment(h);
-            let split = segment.split_version.load(Ordering::Acquire);
+            let split = seqlock::read_begin(&segment.split_version);
             if split & 1 == 1 {
                 std::hint::spin_loop();
                 continue;
@@ -759,8 +764,7 @@ impl PmHashIndex {
                 found = (self.buckets..self.all_buckets())
                     .find_map(|s| self.probe(self.bucket(segment.offset, s), key, fp).0);
             }
-            fence(Ordering::Acquire);
-            if segment.split_version.load(Ordering::Relaxed) == split {
+            if seqlock::read_validate(&segment.split_version, split) {
                 return found.map(|loc| loc.value);
             }
         }
@@ -808,15 +812,21 @@ impl PmHashIndex {
         let old = self.pool.read_u64(bucket + VERSION);
         let old = if old >> 32 == self.epoch { old } else { 0 };
         let odd = (self.epoch << 32) | u64::from((old as u32).wrapping_add(1));
-        self.pool.write_u64(bucket + VERSION, odd);
-        fence(Ordering::Release);
+        seqlock::write_begin(&self.version_word(bucket), odd);
         odd
     }
 
     fn end_write(&self, bucket: u64, odd: u64) {
         let even = (self.epoch << 32) | u64::from((odd as u32).wrapping_add(1));
-        self.pool
-            .store_u64(bucket + VERSION, even, Ordering::Release);
+        seqlock::write_end(&self.version_word(bucket), even);
+    }
+
+    /// The version word of `bucket` (the bucket's seqlock, in PM).
+    fn version_word(&self, bucket: u64) -> PoolWord<'_> {
+        PoolWord {
+            pool: &self.pool,
+            offset: bucket + VERSION,
+        }
     }
 
     /// Flushes `[off, off + len)` under ADR (nothing under eADR).
@@ -1107,7 +1117,7 @@ impl PmHashIndex {
             moved_count,
         ));
         segment.split_version.fetch_add(1, Ordering::Relaxed);
-        fence(Ordering::Release);
+        seqlock::write_begun();
         segment.shape.store(stay, Ordering::Relaxed);
         segment.count.fetch_sub(moved_count, Ordering::Relaxed);
         self.publish(sibling);

@@ -7,7 +7,7 @@
 
 use std::fmt;
 use std::ops::{Bound, RangeBounds};
-use std::sync::atomic::{fence, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -17,6 +17,8 @@ use parking_lot::Mutex;
 use crate::alloc::{AllocError, PageManager, PageTag, PAGE_SIZE};
 use crate::index::btree::BTree;
 use crate::index::mix64;
+
+use super::seqlock;
 use crate::pmem::Pool;
 
 /// Entries per leaf: one bit each in the 8-byte bitmap (the low 32), one fingerprint byte each.
@@ -116,7 +118,8 @@ fn micros<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
 /// of the next leaf; meaningless for the last leaf).
 #[derive(Default)]
 struct LeafMeta {
-    version: AtomicU64,
+    /// The leaf's seqlock (`seqlock.rs`).
+    version: crate::index::sync::AtomicU64,
     high: AtomicU64,
 }
 
@@ -124,7 +127,7 @@ impl LeafMeta {
     /// The version if no writer holds the leaf; `None`: spin and try again.
     #[inline]
     fn read_begin(&self) -> Option<u64> {
-        let v = self.version.load(Ordering::Acquire);
+        let v = seqlock::read_begin(&self.version);
         if v & 1 == 0 {
             Some(v)
         } else {
@@ -136,8 +139,7 @@ impl LeafMeta {
     /// Whether nothing changed since `read_begin` returned `v` (seqlock reader).
     #[inline]
     fn validate(&self, v: u64) -> bool {
-        fence(Ordering::Acquire);
-        self.version.load(Ordering::Relaxed) == v
+        seqlock::read_validate(&self.version, v)
     }
 
     fn lock(&self) -> LeafGuard<'_> {
@@ -151,7 +153,7 @@ impl LeafMeta {
             {
                 // Seqlock writer: a reader that sees any store made under the lock sees the
                 // locked version when it validates.
-                fence(Ordering::Release);
+                seqlock::write_begun();
                 return LeafGuard { meta: self };
             }
             std::hint::spin_loop();
@@ -598,6 +600,30 @@ impl PmOrderedIndex {
             .map(|s| base + s * LEAF_SIZE)
             .collect();
         Ok(base)
+    }
+
+    /// Makes sure at least `spare` free leaf slots exist, taking a page if fewer do, so that the
+    /// next few splits cannot fail for want of PM. A caller that must not fail after a point of
+    /// no return (Falcon's secondary-index inserts after the commit mark) reserves before it.
+    /// Not a per-caller reservation: concurrent callers share the spare slots, so callers ask for
+    /// a margin well above what all threads together take between two reservations.
+    pub fn reserve(&self, spare: usize) -> Result<(), PmOrderedError> {
+        let mut slots = self.slots.lock();
+        if slots.free.len() >= spare {
+            return Ok(());
+        }
+        let page = self.pages.allocate(&self.pool, self.tag)?;
+        self.register_page(page);
+        let base = self.pages.page_offset(page);
+        slots.pages += 1;
+        // Taken from the end: keep the slots already free first, then the new page in order.
+        let mut carved: Vec<u64> = (0..self.leaves_per_page)
+            .rev()
+            .map(|s| base + s * LEAF_SIZE)
+            .collect();
+        carved.append(&mut slots.free);
+        slots.free = carved;
+        Ok(())
     }
 
     // ---- finding leaves ----
