@@ -150,6 +150,10 @@ fn main() -> Result<(), DbError> {
             if ok { "met" } else { "MISSED" }
         );
     }
-    println!("cost model within 10 % of the better mode at {} of {} θ", THETAS.len() - misses, THETAS.len());
+    println!(
+        "cost model within 10 % of the better mode at {} of {} θ",
+        THETAS.len() - misses,
+        THETAS.len()
+    );
     Ok(())
 }

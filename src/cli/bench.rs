@@ -220,7 +220,8 @@ impl CommonArgs {
         config.mmdb_group = self.mmdb_group;
         config.mmdb_group_wait_us = self.mmdb_group_wait_us;
         config.mmdb_checkpoint_ms = self.mmdb_checkpoint_ms;
-        config.fir_checkpoint_interval_ms = (self.fir_checkpoint_ms > 0).then_some(self.fir_checkpoint_ms);
+        config.fir_checkpoint_interval_ms =
+            (self.fir_checkpoint_ms > 0).then_some(self.fir_checkpoint_ms);
         // The --compare-volatile baseline keeps DRAM indexes (check_common refuses an explicit
         // volatile engine with --index pm).
         if engine != EngineKind::Volatile {
