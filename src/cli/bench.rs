@@ -100,6 +100,10 @@ pub struct CommonArgs {
     /// MMDB: milliseconds between checkpoints (0: only when the log is half full).
     #[arg(long, default_value_t = 10_000)]
     pub mmdb_checkpoint_ms: u64,
+    /// FIR: milliseconds between the background checkpointer's index leaf checkpoints (§4.3; 0:
+    /// no background checkpoints, so recovery redoes everything since the pool was created).
+    #[arg(long, default_value_t = 1000)]
+    pub fir_checkpoint_ms: u64,
 }
 
 /// A parsed `--media-model`.
@@ -216,6 +220,8 @@ impl CommonArgs {
         config.mmdb_group = self.mmdb_group;
         config.mmdb_group_wait_us = self.mmdb_group_wait_us;
         config.mmdb_checkpoint_ms = self.mmdb_checkpoint_ms;
+        config.fir_checkpoint_interval_ms =
+            (self.fir_checkpoint_ms > 0).then_some(self.fir_checkpoint_ms);
         // The --compare-volatile baseline keeps DRAM indexes (check_common refuses an explicit
         // volatile engine with --index pm).
         if engine != EngineKind::Volatile {

@@ -17,7 +17,7 @@
 //! | §4.3.1 Algorithm 2: MarkNode, GetIncrement, FlushChpt, MergeAndPersist | `checkpoint::LeafMarks::mark`, `FirEngine::{get_increment, merge_and_write}` |
 //! | §4.3.3 time cost model (eqs. 1–4) | `cost.rs` |
 //! | §4.4.1 undo/redo: committed = txnId ≤ LCTT of the region's thread, from CT on | `recovery.rs` (binary search per region) |
-//! | §4.4.2 index rebuild from the checkpoint, in parallel | `recovery::load_checkpoint` (one thread per core over the pages) |
+//! | §4.4.2 index rebuild from the checkpoint, in parallel | `recovery::load_checkpoint` (one thread per core over the pages), `recovery::redo_part` (one thread per core, keys split) |
 //! | §4.5 GC: gc_array, redistribution, checkpoint, free | `worker::FirWorker::collect_garbage`, `gc.rs` (free record) |
 //!
 //! A transaction runs on one worker thread, which is bound to one region of every table (its
@@ -100,8 +100,18 @@
 //!   block), reads on to the first uncommitted slot, and zeroes and persists the words of the
 //!   uncommitted slots after it (the transaction the crash interrupted), so that a later LCTT
 //!   value above their txnId cannot make them look committed; this makes recovery idempotent
-//!   (a crash during recovery is recovered again). Redo applies versions in txnId order. The
-//!   update_map bits of versions before CT are not rebuilt (nothing reads them yet).
+//!   (a crash during recovery is recovered again). Redo applies versions in txnId order, in
+//!   parallel (§4.4.2 builds the index in parallel): the versions are split over the cores by
+//!   key, so every version of a key is applied by one thread in txnId order and no two threads
+//!   meet on a key. Each table's hash index is sized once, before the checkpoint's entries go in,
+//!   for them plus the versions redo may insert (the paper's bottom-up build never rebalances; a
+//!   growing hash index would rehash its entries several times). The update_map is rebuilt
+//!   without a pass over the versions: every used slot of a block starts obsolete (one word per
+//!   64 slots) and installing a version from the checkpoint or by redo marks it live. What the
+//!   scan reads of PM is counted (`region slots read`: the binary search's probes, the versions
+//!   from CT on, the non-empty slots after the committed prefix) so that a test can hold it to
+//!   O(m + log n). What stays proportional to the data rather than to m: loading the checkpoint
+//!   (every live key, as in the paper) and making a tile per block (its DRAM headers).
 //! - **Secondary indexes are rebuilt from the rows** after the primary index (the paper
 //!   checkpoints every index; pmtx's secondary indexes map to primary keys and are rebuilt by
 //!   reading the live rows).
@@ -331,9 +341,17 @@ pub(crate) struct TableRt {
 
 impl TableRt {
     fn new(schema: Schema) -> TableRt {
+        TableRt::with_capacity(schema, 0)
+    }
+
+    /// A table whose hash index holds `capacity` keys without growing (recovery knows how many
+    /// it is about to insert).
+    fn with_capacity(schema: Schema, capacity: usize) -> TableRt {
         let row = schema.row_size();
         let index = match schema.primary_index {
-            PrimaryIndexKind::Hash => PrimaryIndex::Hash(crate::index::HashIndex::new()),
+            PrimaryIndexKind::Hash => {
+                PrimaryIndex::Hash(crate::index::HashIndex::with_capacity(capacity))
+            }
             PrimaryIndexKind::Ordered => PrimaryIndex::Ordered(crate::index::OrderedIndex::new()),
         };
         let secondary = schema

@@ -13,7 +13,7 @@
 //! binary search (regions are time-ordered): O(m) in the versions written since, plus the
 //! checkpoint itself. Without one, CT is 0 and every region is read from its start.
 
-use super::checkpoint::{CkptDir, CkptPage};
+use super::checkpoint::{CkptDir, CkptPage, Entry};
 use super::layout::{checkpoint as ck, kind, tuple};
 use super::storage::{self, state, Region, NONE};
 use super::{FirEngine, TableRt, ThreadState};
@@ -43,6 +43,10 @@ struct RegionScan {
     skipped: u64,
     /// Uncommitted versions whose word was zeroed.
     undone: u64,
+    /// Slots whose tuple_content word the scan read (the binary search's probes, the versions
+    /// from CT on, the non-empty slots past the committed prefix): O(m + log n), the test of
+    /// §4.4.1's claim.
+    slots_read: u64,
 }
 
 /// The txnId of the committed version in slot `i` of a region, or `None` if the slot holds none.
@@ -82,11 +86,13 @@ fn scan_region(
         versions: Vec::new(),
         skipped: 0,
         undone: 0,
+        slots_read: 0,
     };
     // The committed versions below CT are a prefix of the region: skip it.
     let (mut lo, mut hi) = (0, total);
     while lo < hi {
         let mid = lo + (hi - lo) / 2;
+        out.slots_read += 1;
         if committed_txn(pool, pages, blocks, slot, per, mid, lctt).is_some_and(|t| t < ct) {
             lo = mid + 1;
         } else {
@@ -102,6 +108,7 @@ fn scan_region(
         while off < per {
             let at = page + off * slot;
             if end.is_none() {
+                out.slots_read += 1;
                 let word = pool.read_u64(at);
                 let txn = word & tuple::TXN_MASK;
                 if txn != 0 && txn <= lctt {
@@ -120,6 +127,7 @@ fn scan_region(
             };
             off = (nonzero - page) / slot;
             let at = page + off * slot;
+            out.slots_read += 1;
             if pool.read_u64(at) != 0 {
                 pool.write_u64(at, 0);
                 pool.flush(at, 8);
@@ -148,41 +156,48 @@ fn install_header(engine: &FirEngine, addr: u64, key: u64, txn: u64) {
     h.state.store(state::COMMITTED, Ordering::Release);
 }
 
-/// Loads the valid index leaf checkpoint (§4.4.2) into the indexes, its pages spread over
-/// `workers` threads (the pages hold disjoint key ranges, so the threads never meet on a key),
-/// and frees the checkpoint pages its directory does not name (a checkpoint a crash interrupted,
-/// or pages a newer one replaced and had not freed yet). Returns the directory and CT.
-fn load_checkpoint(
-    engine: &FirEngine,
-    tables: &[Arc<TableRt>],
-    lctt: &[u64],
-    checkpoint_pages: &[u64],
-    workers: usize,
-) -> Result<(CkptDir, u64), DbError> {
+/// The valid checkpoint's directory, as recovery reads it from the meta page.
+struct DirRead {
+    generation: u64,
+    ct: u64,
+    entries: u64,
+    /// Its pages, in key order.
+    listed: Vec<u64>,
+}
+
+/// Reads and checks the valid index leaf checkpoint's directory, and frees the checkpoint pages
+/// it does not name (a checkpoint a crash interrupted, or pages a newer one replaced and had not
+/// freed yet). CT is 0 without a checkpoint.
+fn read_directory(engine: &FirEngine, checkpoint_pages: &[u64]) -> Result<DirRead, DbError> {
     let pool = &engine.pool;
     let generation = pool.read_u64(engine.ckpt_gen_at);
-    let mut listed: Vec<u64> = Vec::new();
-    let (mut ct, mut entries) = (0, 0);
+    let mut dir = DirRead {
+        generation,
+        ct: 0,
+        entries: 0,
+        listed: Vec::new(),
+    };
     if generation != 0 {
         let at = engine.dir_at(generation);
         let r = |f: u64| pool.read_u64(at + f);
         let (slot_gen, count) = (r(ck::DIR_GEN), r(ck::DIR_PAGES));
-        (ct, entries) = (r(ck::DIR_CT), r(ck::DIR_ENTRIES));
-        if slot_gen != generation || count > ck::MAX_PAGES || ct >= TID_LIMIT {
+        (dir.ct, dir.entries) = (r(ck::DIR_CT), r(ck::DIR_ENTRIES));
+        if slot_gen != generation || count > ck::MAX_PAGES || dir.ct >= TID_LIMIT {
             return Err(corrupt(format!(
-                "the meta page names index checkpoint {generation}, but its directory holds generation {slot_gen}, {count} pages, CT {ct}"
+                "the meta page names index checkpoint {generation}, but its directory holds generation {slot_gen}, {count} pages, CT {}",
+                dir.ct
             )));
         }
         let mut buf = vec![0u8; 8 * count as usize];
         pool.read_bytes(at + ck::DIR_FIRST, &mut buf);
-        listed = buf
+        dir.listed = buf
             .chunks_exact(8)
             .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
             .collect();
-        let mut sorted = listed.clone();
+        let mut sorted = dir.listed.clone();
         sorted.sort_unstable();
-        for (i, &p) in listed.iter().enumerate() {
-            if checkpoint_pages.binary_search(&p).is_err() || sorted.binary_search(&p).is_err() {
+        for (i, &p) in dir.listed.iter().enumerate() {
+            if checkpoint_pages.binary_search(&p).is_err() {
                 return Err(corrupt(format!(
                     "index checkpoint {generation} names page {p} (number {i}), which is not an allocated checkpoint page"
                 )));
@@ -193,44 +208,31 @@ fn load_checkpoint(
                 "index checkpoint {generation} names a page twice"
             )));
         }
-    }
-    for &page in checkpoint_pages {
-        if !listed.contains(&page) {
+        for &page in checkpoint_pages {
+            if sorted.binary_search(&page).is_err() {
+                engine.pages.free(pool, page);
+            }
+        }
+    } else {
+        for &page in checkpoint_pages {
             engine.pages.free(pool, page);
         }
     }
-    let per_worker = listed.len().div_ceil(workers.max(1)).max(1);
-    let loaded: Vec<CkptPage> = std::thread::scope(|s| {
-        let handles: Vec<_> = listed
-            .chunks(per_worker)
-            .map(|chunk| s.spawn(move || load_pages(engine, tables, lctt, generation, chunk)))
-            .collect();
-        crate::engine::common::join_parts(handles)
-    })?;
-    let total: u64 = loaded.iter().map(|p| p.entries).sum();
-    if total != entries || loaded.windows(2).any(|w| w[0].first >= w[1].first) {
-        return Err(corrupt(format!(
-            "index checkpoint {generation} holds {total} entries in pages out of key order or not the {entries} its directory says"
-        )));
-    }
-    Ok((
-        CkptDir {
-            generation,
-            ct,
-            pages: loaded,
-        },
-        ct,
-    ))
+    Ok(dir)
 }
 
-/// Loads checkpoint `pages` (one thread's share): checks and installs every entry.
-fn load_pages(
+/// One thread's share of the checkpoint's pages, read and checked, before the indexes take them.
+type PagesRead = (Vec<CkptPage>, Vec<Entry>);
+
+/// Reads checkpoint `pages` (one thread's share) and checks every entry against the tiles and the
+/// LCTT; the indexes are not touched yet (recovery first sizes them from the entry counts).
+fn read_pages(
     engine: &FirEngine,
     tables: &[Arc<TableRt>],
     lctt: &[u64],
     generation: u64,
     pages: &[u64],
-) -> Result<Vec<CkptPage>, DbError> {
+) -> Result<Vec<PagesRead>, DbError> {
     let pool = &engine.pool;
     let mut out = Vec::with_capacity(pages.len());
     let mut entries = Vec::new();
@@ -242,10 +244,10 @@ fn load_pages(
                 "page {page} of index checkpoint {generation} is damaged: written by generation {wrote}, {n} entries"
             )));
         }
-        entries.clear();
+        let first = entries.len();
         engine.read_page(page, n, &mut entries);
         let mut prev: Option<(u64, u64)> = None;
-        for &[table, key, txn, addr] in &entries {
+        for &[table, key, txn, addr] in &entries[first..] {
             let bad = |why: &str| {
                 corrupt(format!(
                     "index checkpoint {generation}: entry (table {table}, key {key}, txnId {txn}, address {addr:#x}) {why}"
@@ -255,9 +257,9 @@ fn load_pages(
                 return Err(bad("is out of key order"));
             }
             prev = Some((table, key));
-            let Some(t) = tables.get(table as usize) else {
+            if tables.get(table as usize).is_none() {
                 return Err(bad("names no table"));
-            };
+            }
             let block = storage::block_of(addr) as usize;
             let region = storage::region_of(addr);
             match engine.tiles.get(block).and_then(|t| t.get()) {
@@ -270,18 +272,90 @@ fn load_pages(
             if txn == 0 || txn > lctt[region] {
                 return Err(bad("is not a committed version"));
             }
-            install_header(engine, addr, key, txn);
-            if t.index.insert_new(key, addr).is_err() {
-                return Err(bad("repeats a key"));
-            }
         }
         out.push(CkptPage {
             page,
-            first: (entries[0][0], entries[0][1]),
+            first: (entries[first][0], entries[first][1]),
             entries: n,
         });
     }
-    Ok(out)
+    Ok(vec![(out, entries)])
+}
+
+/// Installs checked checkpoint entries (one thread's share) into the tiles and the indexes.
+fn install_entries(
+    engine: &FirEngine,
+    tables: &[Arc<TableRt>],
+    entries: &[Entry],
+) -> Result<Vec<()>, DbError> {
+    for &[table, key, txn, addr] in entries {
+        install_header(engine, addr, key, txn);
+        engine.tile_of(addr).mark_live(storage::offset_of(addr));
+        if tables[table as usize].index.insert_new(key, addr).is_err() {
+            return Err(corrupt(format!(
+                "the index checkpoint repeats key {key} of table {table}"
+            )));
+        }
+    }
+    Ok(Vec::new())
+}
+
+/// Loads the valid index leaf checkpoint (§4.4.2) into the indexes, in parallel over `workers`
+/// threads (the pages hold disjoint key ranges, so the threads never meet on a key). Each table's
+/// hash index is first sized for its checkpoint entries plus `extra[table]` (the versions redo
+/// may insert), so that no insert of recovery grows it. Returns the directory.
+fn load_checkpoint(
+    engine: &mut FirEngine,
+    tables: &mut Vec<Arc<TableRt>>,
+    lctt: &[u64],
+    dir: DirRead,
+    extra: &[u64],
+    workers: usize,
+) -> Result<CkptDir, DbError> {
+    let generation = dir.generation;
+    let per_worker = dir.listed.len().div_ceil(workers.max(1)).max(1);
+    let read: Vec<PagesRead> = std::thread::scope(|s| {
+        let (eng, tabs): (&FirEngine, &[Arc<TableRt>]) = (engine, tables);
+        let handles: Vec<_> = dir
+            .listed
+            .chunks(per_worker)
+            .map(|chunk| s.spawn(move || read_pages(eng, tabs, lctt, generation, chunk)))
+            .collect();
+        crate::engine::common::join_parts(handles)
+    })?;
+    let pages: Vec<CkptPage> = read.iter().flat_map(|r| r.0.iter().copied()).collect();
+    let total: u64 = pages.iter().map(|p| p.entries).sum();
+    if total != dir.entries || pages.windows(2).any(|w| w[0].first >= w[1].first) {
+        return Err(corrupt(format!(
+            "index checkpoint {generation} holds {total} entries in pages out of key order or not the {} its directory says",
+            dir.entries
+        )));
+    }
+    // Size each table's index once (a hash index that grows while 10^6 entries go in rehashes
+    // them all several times).
+    let mut per_table: Vec<u64> = extra.to_vec();
+    for e in read.iter().flat_map(|r| r.1.iter()) {
+        per_table[e[0] as usize] += 1;
+    }
+    *tables = tables
+        .iter()
+        .zip(&per_table)
+        .map(|(t, &n)| Arc::new(TableRt::with_capacity(t.schema.clone(), n as usize)))
+        .collect();
+    *engine.tables.get_mut() = tables.clone();
+    std::thread::scope(|s| {
+        let (eng, tabs): (&FirEngine, &[Arc<TableRt>]) = (engine, tables);
+        let handles: Vec<_> = read
+            .iter()
+            .map(|(_, entries)| s.spawn(move || install_entries(eng, tabs, entries)))
+            .collect();
+        crate::engine::common::join_parts(handles)
+    })?;
+    Ok(CkptDir {
+        generation,
+        ct: dir.ct,
+        pages,
+    })
 }
 
 /// Runs recovery (§4.4): loads the index leaf checkpoint, redoes the committed versions written
@@ -354,14 +428,11 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
     }
     phase.lap(&mut report, "page table");
 
-    // The index leaf checkpoint (§4.4.2), its pages loaded in parallel.
+    // The index leaf checkpoint's directory: CT, and the pages to load (§4.4.2).
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     checkpoint_pages.sort_unstable();
-    let (dir, ct) = load_checkpoint(engine, &tables, &lctt, &checkpoint_pages, cores)?;
-    let (generation, checkpoint_page_count) = (dir.generation, dir.pages.len() as u64);
-    let from_checkpoint: u64 = tables.iter().map(|t| t.index.len() as u64).sum();
-    *engine.ckpt.lock() = dir;
-    phase.lap(&mut report, "checkpoint load");
+    let dir = read_directory(engine, &checkpoint_pages)?;
+    let ct = dir.ct;
 
     // Undo/redo (§4.4.1): the regions from CT on, spread over the available cores.
     let workers = cores.min(region_list.len().max(1));
@@ -389,88 +460,14 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
     })?;
     let undone: u64 = scans.iter().map(|s| s.undone).sum();
     let skipped: u64 = scans.iter().map(|s| s.skipped).sum();
+    let slots_read: u64 = scans.iter().map(|s| s.slots_read).sum();
     phase.lap(&mut report, "undo/redo scan");
 
-    // Redo in txnId order: each version replaces an older one of its key (MVTO orders a key's
-    // versions by txnId), a tombstone removes it.
+    // The update_map (§4.5's input), rebuilt without a pass over the versions: every used slot
+    // of a block starts obsolete, and installing a version (from the checkpoint or by redo)
+    // marks its slot live again. One word store per 64 slots (the blocks' used prefix).
     let mut states: Vec<ThreadState> = (0..threads).map(|_| ThreadState::default()).collect();
-    let mut redo: Vec<(u64, TableId, u64, u64, bool)> = Vec::new();
-    for scan in &scans {
-        let st = &mut states[scan.thread];
-        if st.regions.len() <= scan.table as usize {
-            st.regions
-                .resize_with(scan.table as usize + 1, Region::default);
-        }
-        let blocks = &region_list
-            .iter()
-            .find(|r| r.0 == (scan.thread, scan.table))
-            .expect("every scan is of a listed region")
-            .1;
-        st.regions[scan.table as usize] = Region {
-            blocks: blocks.clone(),
-            next_seq: next_seq[&(scan.thread, scan.table)],
-            current: scan.position.0,
-            next: scan.position.1,
-        };
-        redo.extend(
-            scan.versions
-                .iter()
-                .map(|&(txn, key, addr, tomb)| (txn, scan.table, key, addr, tomb)),
-        );
-    }
-    redo.sort_unstable_by_key(|r| r.0);
-    let redone = redo.len() as u64;
-    let mut max_txn = lctt.iter().copied().max().unwrap_or(0).max(ct);
-    let mut deleted_up_to = vec![0u64; tables.len()];
-    let mut obsolete = 0u64;
-    let mut tombstones = 0u64;
-    for (txn, table, key, addr, tomb) in redo {
-        max_txn = max_txn.max(txn);
-        // The next incremental checkpoint merges what recovery redid into the loaded one.
-        engine.marks.mark(table, key, txn);
-        let t = &tables[table as usize];
-        let current = t.index.get(key);
-        if let Some(cur) = current {
-            let cur_txn = engine.header(cur).begin.load(Ordering::Relaxed);
-            if cur == addr {
-                continue; // in the checkpoint already
-            }
-            if cur_txn == txn {
-                return Err(corrupt(format!(
-                    "two versions of key {key} in table {table} carry txnId {txn}"
-                )));
-            }
-            if cur_txn > txn {
-                mark_obsolete(engine, addr);
-                obsolete += 1;
-                continue;
-            }
-            mark_obsolete(engine, cur);
-            obsolete += 1;
-        }
-        if tomb {
-            if let Some(cur) = current {
-                t.index.remove_if(key, cur);
-            }
-            mark_obsolete(engine, addr);
-            deleted_up_to[table as usize] = deleted_up_to[table as usize].max(txn);
-            tombstones += 1;
-            continue;
-        }
-        install_header(engine, addr, key, txn);
-        match current {
-            Some(cur) => {
-                t.index.replace_if(key, cur, addr);
-            }
-            None => {
-                let _ = t.index.insert_new(key, addr);
-            }
-        }
-    }
-    phase.lap(&mut report, "redo");
-
-    // The update_map (§4.5's input), rebuilt: every used slot is obsolete but the ones the
-    // index names (versions before CT included, so GC finds blocks emptied before the crash).
+    let mut redo_per_table = vec![0u64; tables.len()];
     for scan in &scans {
         let blocks = &region_list
             .iter()
@@ -488,12 +485,62 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
                 .tile_of(storage::logical(scan.thread, block, 0))
                 .mark_all_obsolete(used);
         }
-    }
-    for t in &tables {
-        t.index
-            .for_each(|_, addr| engine.tile_of(addr).mark_live(storage::offset_of(addr)));
+        let st = &mut states[scan.thread];
+        if st.regions.len() <= scan.table as usize {
+            st.regions
+                .resize_with(scan.table as usize + 1, Region::default);
+        }
+        st.regions[scan.table as usize] = Region {
+            blocks: blocks.clone(),
+            next_seq: next_seq[&(scan.thread, scan.table)],
+            current: scan.position.0,
+            next: scan.position.1,
+        };
+        redo_per_table[scan.table as usize] += scan.versions.len() as u64;
     }
     phase.lap(&mut report, "update_map");
+
+    // The checkpoint's entries into the indexes (sized for them and the redo), in parallel.
+    let mut tables = tables;
+    let dir = load_checkpoint(engine, &mut tables, &lctt, dir, &redo_per_table, cores)?;
+    let (generation, checkpoint_page_count) = (dir.generation, dir.pages.len() as u64);
+    let from_checkpoint: u64 = tables.iter().map(|t| t.index.len() as u64).sum();
+    *engine.ckpt.lock() = dir;
+    phase.lap(&mut report, "checkpoint load");
+
+    // Redo (§4.4.2: in parallel): the versions are split by key over the cores, and each part
+    // is applied in txnId order: each version replaces an older one of its key (MVTO orders a
+    // key's versions by txnId), a tombstone removes it. Keys never cross parts, so the threads
+    // never meet on a key.
+    let parts = cores.max(1);
+    let mut split: Vec<Vec<Redo>> = (0..parts).map(|_| Vec::new()).collect();
+    for scan in &scans {
+        for &(txn, key, addr, tomb) in &scan.versions {
+            let h = (key ^ (u64::from(scan.table) << 48)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            split[((h >> 32) % parts as u64) as usize].push((txn, scan.table, key, addr, tomb));
+        }
+    }
+    let redone: u64 = split.iter().map(|p| p.len() as u64).sum();
+    let outcomes: Vec<RedoOutcome> = std::thread::scope(|s| {
+        let (eng, tabs): (&FirEngine, &[Arc<TableRt>]) = (engine, &tables);
+        let handles: Vec<_> = split
+            .into_iter()
+            .map(|part| s.spawn(move || redo_part(eng, tabs, part).map(|o| vec![o])))
+            .collect();
+        crate::engine::common::join_parts(handles)
+    })?;
+    let mut max_txn = lctt.iter().copied().max().unwrap_or(0).max(ct);
+    let mut deleted_up_to = vec![0u64; tables.len()];
+    let (mut obsolete, mut tombstones) = (0u64, 0u64);
+    for o in &outcomes {
+        max_txn = max_txn.max(o.max_txn);
+        obsolete += o.obsolete;
+        tombstones += o.tombstones;
+        for (d, &p) in deleted_up_to.iter_mut().zip(&o.deleted_up_to) {
+            *d = (*d).max(p);
+        }
+    }
+    phase.lap(&mut report, "redo");
 
     // Secondary indexes, from the rows the primary indexes name.
     let mut rows = 0u64;
@@ -535,6 +582,7 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
         ("recovery threads".into(), cores as u64),
         ("entries from the checkpoint".into(), from_checkpoint),
         ("versions before CT skipped".into(), skipped),
+        ("region slots read".into(), slots_read),
         ("versions redone (txnId >= CT)".into(), redone),
         ("uncommitted versions undone".into(), undone),
         ("obsolete versions".into(), obsolete),
@@ -543,6 +591,78 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
     ];
     report.total_ms = started.elapsed().as_secs_f64() * 1e3;
     Ok(report)
+}
+
+/// A committed version recovery redoes: (txnId, table, key, logical address, tombstone).
+type Redo = (u64, TableId, u64, u64, bool);
+
+/// What redoing one part of the versions did.
+struct RedoOutcome {
+    max_txn: u64,
+    deleted_up_to: Vec<u64>,
+    obsolete: u64,
+    tombstones: u64,
+}
+
+/// Redoes one part of the versions written since CT (every version of a key is in the same
+/// part), in txnId order, over the indexes the checkpoint filled.
+fn redo_part(
+    engine: &FirEngine,
+    tables: &[Arc<TableRt>],
+    mut part: Vec<Redo>,
+) -> Result<RedoOutcome, DbError> {
+    part.sort_unstable_by_key(|r| r.0);
+    let mut out = RedoOutcome {
+        max_txn: 0,
+        deleted_up_to: vec![0; tables.len()],
+        obsolete: 0,
+        tombstones: 0,
+    };
+    for (txn, table, key, addr, tomb) in part {
+        out.max_txn = out.max_txn.max(txn);
+        let t = &tables[table as usize];
+        let current = t.index.get(key);
+        if let Some(cur) = current {
+            let cur_txn = engine.header(cur).begin.load(Ordering::Relaxed);
+            if cur == addr {
+                continue; // in the checkpoint already
+            }
+            if cur_txn == txn {
+                return Err(corrupt(format!(
+                    "two versions of key {key} in table {table} carry txnId {txn}"
+                )));
+            }
+            if cur_txn > txn {
+                mark_obsolete(engine, addr);
+                out.obsolete += 1;
+                continue;
+            }
+            mark_obsolete(engine, cur);
+            out.obsolete += 1;
+        }
+        // The next incremental checkpoint merges what recovery changed into the loaded one.
+        engine.marks.mark(table, key, txn);
+        if tomb {
+            if let Some(cur) = current {
+                t.index.remove_if(key, cur);
+            }
+            mark_obsolete(engine, addr);
+            out.deleted_up_to[table as usize] = out.deleted_up_to[table as usize].max(txn);
+            out.tombstones += 1;
+            continue;
+        }
+        install_header(engine, addr, key, txn);
+        engine.tile_of(addr).mark_live(storage::offset_of(addr));
+        match current {
+            Some(cur) => {
+                t.index.replace_if(key, cur, addr);
+            }
+            None => {
+                let _ = t.index.insert_new(key, addr);
+            }
+        }
+    }
+    Ok(out)
 }
 
 fn mark_obsolete(engine: &FirEngine, addr: u64) {
