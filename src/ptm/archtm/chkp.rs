@@ -25,7 +25,7 @@
 //!   the tombstone that deletes it (else a crash would revive the checkpointed version).
 //!
 //! Checkpoint ordering (each step a fault of [`ArchtmFault`](super::ArchtmFault)): entries and
-//! the new diff records written and flushed; fence (`archtm-chkp-fence`); the epoch word
+//! the new diff records written and flushed; fence (`archtm-chkp-persist`); the epoch word
 //! stored and persisted (the switch).
 
 use super::layout::{self, kind, meta};
@@ -172,7 +172,7 @@ pub(crate) fn read_diff(inner: &Inner, epoch: u64) -> Vec<(u64, u64)> {
 }
 
 impl Inner {
-    fn write_record(&self, copy: usize, i: u64, off: u64, len: u64, epoch: u64) {
+    fn write_record(&self, copy: usize, i: u64, off: u64, len: u64, epoch: u64, flush: bool) {
         let at = diff_at(self.meta, copy, i);
         let words = [off, len, epoch, record_check(off, len, epoch, at, self.salt)];
         let mut b = [0u8; 32];
@@ -180,7 +180,7 @@ impl Inner {
             b[k * 8..k * 8 + 8].copy_from_slice(&w.to_le_bytes());
         }
         self.pool.write_bytes(at, &b);
-        if self.flushing {
+        if self.flushing && flush {
             self.pool.flush(at, DIFF_REC);
         }
     }
@@ -206,10 +206,12 @@ impl Inner {
             *n += 1;
             return;
         }
-        self.write_record((epoch % 2) as usize, *n, off, len, epoch);
+        // archtm-diff-persist: the record is durable before the segment's first copy (else a
+        // crash could keep a copy there and lose the record that makes recovery look).
+        let persist = self.fault != Some(ArchtmFault::DiffPersist);
+        self.write_record((epoch % 2) as usize, *n, off, len, epoch, persist);
         *n += 1;
-        if self.fault != Some(ArchtmFault::DiffPersist) {
-            // archtm-diff-persist: the record is durable before the segment's first copy.
+        if persist {
             self.pool.fence();
         }
     }
@@ -288,9 +290,10 @@ impl Inner {
         let next = epoch + 1;
         let copy = (next % 2) as usize;
         let next_id = self.table.next_id.load(Ordering::Acquire);
+        // archtm-chkp-persist: the copy and the diff are durable before the epoch names them.
+        let persist = self.fault != Some(ArchtmFault::ChkpPersist);
         // 1. The changed groups into the copy one epoch behind.
         let groups = next_id.div_ceil(GROUP);
-        let mut touched = false;
         for g in 0..groups {
             let (w, bit) = ((g / 64) as usize, 1u64 << (g % 64));
             let dirty = (c.cur[w].load(Ordering::Relaxed) | c.prev[w].load(Ordering::Relaxed))
@@ -318,10 +321,9 @@ impl Inner {
                 }
             }
             self.pool.write_bytes(at, &buf);
-            if self.flushing {
+            if self.flushing && persist {
                 self.pool.flush(at, buf.len() as u64);
             }
-            touched = true;
         }
         // 2. The new epoch's diff: the segments the allocation lists still hold.
         let mut segments = Vec::new();
@@ -333,21 +335,19 @@ impl Inner {
         let mut diff_len = c.diff_len.lock();
         let n = segments.len() as u64;
         for (i, &(off, len)) in segments.iter().take(DIFF_CAP as usize).enumerate() {
-            self.write_record(copy, i as u64, off, len, next);
+            self.write_record(copy, i as u64, off, len, next, persist);
         }
         let nid_at = self.meta + meta::CHKP_NEXT_ID + copy as u64 * 8;
         self.pool.write_u64(nid_at, next_id);
-        if self.flushing {
+        if self.flushing && persist {
             self.pool.flush(nid_at, 8);
         }
         if n > DIFF_CAP {
             self.diff_overflow(next);
         }
-        if self.fault != Some(ArchtmFault::ChkpFence) {
-            // archtm-chkp-fence: the copy and the diff are durable before the epoch names them.
+        if persist {
             self.pool.fence();
         }
-        let _ = touched;
         // 3. The switch.
         let at = self.meta + meta::CHKP_EPOCH;
         self.pool.write_u64_ordered(at, next);

@@ -44,9 +44,14 @@
 //!
 //! - **Online defragmentation (§4.5):** [`defrag`]: 4 KiB regions less than half used are
 //!   emptied by a mock write transaction.
+//! - **Incremental checkpoint (§5.6):** [`chkp`]: a persistent copy of the lookup table plus
+//!   CHKP-diff (the segments fetched since), so recovery scans only those. Departures (see
+//!   there): two copies alternating by epoch, so a torn checkpoint leaves the last one whole; a
+//!   dirty bitmap set by post-commit instead of write-protection faults; quiescence by per-slot
+//!   busy flags; recovery clears the checkpoint entry of an object freed since before it zeroes
+//!   the tombstone, as garbage collection does.
 //!
-//! Not built yet (issue 15): §5.6's incremental lookup-table checkpoint with CHKP-diff, the
-//! regular data path for large objects (every object takes the
+//! Not built yet (issue 15): the regular data path for large objects (every object takes the
 //! locality-aware path, so the largest object is a page less its header).
 
 pub mod alloc;
@@ -88,12 +93,12 @@ pub enum ArchtmFault {
     /// `archtm-gc-zero-fence`: garbage collection zeroes tombstones without first making the
     /// zeroed headers of the copies they delete durable (ADR).
     GcSkipFence,
-    /// `archtm-diff-persist`: a fetched segment's CHKP-diff record is not made durable before
-    /// the thread writes copies there (ADR).
+    /// `archtm-diff-persist`: a fetched segment's CHKP-diff record is not flushed and fenced
+    /// before the thread writes copies there (ADR).
     DiffPersist,
-    /// `archtm-chkp-fence`: no fence between writing the checkpoint copy and its diff and the
-    /// epoch switch (ADR).
-    ChkpFence,
+    /// `archtm-chkp-persist`: the checkpoint copy and its diff are not flushed and fenced
+    /// before the epoch switch (ADR).
+    ChkpPersist,
     /// `archtm-chkp-list-diff`: a checkpoint does not record the segments the allocation lists
     /// still hold in the new epoch's CHKP-diff (ADR and eADR).
     ChkpSkipListDiff,
@@ -112,7 +117,7 @@ impl ArchtmFault {
         ArchtmFault::AbortKeepsCopies,
         ArchtmFault::GcSkipFence,
         ArchtmFault::DiffPersist,
-        ArchtmFault::ChkpFence,
+        ArchtmFault::ChkpPersist,
         ArchtmFault::ChkpSkipListDiff,
         ArchtmFault::GcKeepsChkpEntry,
     ];
@@ -127,7 +132,7 @@ impl ArchtmFault {
             ArchtmFault::AbortKeepsCopies => "archtm-abort-invalidate",
             ArchtmFault::GcSkipFence => "archtm-gc-zero-fence",
             ArchtmFault::DiffPersist => "archtm-diff-persist",
-            ArchtmFault::ChkpFence => "archtm-chkp-fence",
+            ArchtmFault::ChkpPersist => "archtm-chkp-persist",
             ArchtmFault::ChkpSkipListDiff => "archtm-chkp-list-diff",
             ArchtmFault::GcKeepsChkpEntry => "archtm-gc-chkp-forget",
         }
@@ -147,7 +152,7 @@ impl ArchtmFault {
             ArchtmFault::DiffPersist => {
                 "a fetched segment's CHKP-diff record is not durable before its use (ADR)"
             }
-            ArchtmFault::ChkpFence => "the checkpoint epoch switches before its copy is durable (ADR)",
+            ArchtmFault::ChkpPersist => "the checkpoint epoch switches before its copy is durable (ADR)",
             ArchtmFault::ChkpSkipListDiff => {
                 "a checkpoint leaves the allocation lists' segments out of CHKP-diff"
             }
