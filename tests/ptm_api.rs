@@ -462,8 +462,20 @@ fn bench_ptm_reports_throughput_and_write_amplification() {
     }
     // The B+-tree: a 16-byte update copies its 8-pair leaf (a 256-byte block).
     let out = pmtx(&[
-        "bench", "ptm", "--structure", "tree", "--pairs", "20000", "--update-pct", "50",
-        "--duration", "0.2", "--warmup", "0", "--json", json.to_str().unwrap(),
+        "bench",
+        "ptm",
+        "--structure",
+        "tree",
+        "--pairs",
+        "20000",
+        "--update-pct",
+        "50",
+        "--duration",
+        "0.2",
+        "--warmup",
+        "0",
+        "--json",
+        json.to_str().unwrap(),
     ]);
     let stdout = succeeded(&out);
     assert!(stdout.contains("ptm-tree-u50"), "{stdout}");

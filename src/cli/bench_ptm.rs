@@ -79,10 +79,8 @@ pub(crate) fn run(args: Args) -> CliResult {
                 .domain(args.domain)
                 .max_threads(max_threads + 1);
             config.engine = engine;
-            let bar = bench::loading_bar(
-                pairs,
-                &format!("loading {pairs} pairs ({})", engine.name()),
-            );
+            let bar =
+                bench::loading_bar(pairs, &format!("loading {pairs} pairs ({})", engine.name()));
             let (hash, treep) = if tree {
                 let p = Ptm::<TreeRoot>::create(config)?;
                 ptm_tree::load(&p, pairs)?;
@@ -103,7 +101,8 @@ pub(crate) fn run(args: Args) -> CliResult {
                         txn_kinds: vec!["update".into(), "lookup".into()],
                     };
                     let app = &app_bytes;
-                    let seed = |t: usize| 0x5eed ^ (round as u64) << 40 ^ (t as u64 + 1) << 20 ^ pct;
+                    let seed =
+                        |t: usize| 0x5eed ^ (round as u64) << 40 ^ (t as u64 + 1) << 20 ^ pct;
                     let result = bench::run(&config, |t| {
                         Ok::<_, String>(match (&hash, &treep) {
                             (Some(p), _) => Box::new(HashDriver::new(p, pairs, pct, seed(t), app))

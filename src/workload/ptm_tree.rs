@@ -206,7 +206,9 @@ impl TxnDriver for TreeDriver<'_> {
             } else {
                 let v: [u8; 16] = tx.read_at::<Leaf, [u8; 16]>(leaf, value_at(i))?;
                 if v[..8] != key.to_le_bytes() {
-                    return Err(PtmError::Pool(format!("key {key} holds another key's value")));
+                    return Err(PtmError::Pool(format!(
+                        "key {key} holds another key's value"
+                    )));
                 }
                 Ok(())
             }
@@ -243,7 +245,9 @@ mod tests {
             assert_eq!(r.height, expect_height, "{pairs} pairs");
             for k in 0..pairs {
                 let (leaf, i) = ptm.run(|tx| find(tx, k)).unwrap().expect("present");
-                let v: [u8; 16] = ptm.run(|tx| tx.read_at::<Leaf, _>(leaf, value_at(i))).unwrap();
+                let v: [u8; 16] = ptm
+                    .run(|tx| tx.read_at::<Leaf, _>(leaf, value_at(i)))
+                    .unwrap();
                 assert_eq!(v, value_of(k, 0));
             }
             assert!(ptm.run(|tx| find(tx, pairs)).unwrap().is_none());
@@ -256,7 +260,9 @@ mod tests {
             // Updated values carry their key; every key is still found.
             for k in 0..pairs {
                 let (leaf, i) = ptm.run(|tx| find(tx, k)).unwrap().expect("present");
-                let v: [u8; 16] = ptm.run(|tx| tx.read_at::<Leaf, _>(leaf, value_at(i))).unwrap();
+                let v: [u8; 16] = ptm
+                    .run(|tx| tx.read_at::<Leaf, _>(leaf, value_at(i)))
+                    .unwrap();
                 assert_eq!(v[..8], k.to_le_bytes());
             }
             ptm.check_invariants().unwrap();

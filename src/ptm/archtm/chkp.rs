@@ -131,7 +131,11 @@ impl Chkp {
 
     /// The CHKP page of `copy`'s chunk (0: none).
     pub fn page(&self, copy: usize, chunk: u64) -> u64 {
-        self.pages[copy].lock().get(chunk as usize).copied().unwrap_or(0)
+        self.pages[copy]
+            .lock()
+            .get(chunk as usize)
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Records a CHKP page found at recovery.
@@ -174,7 +178,12 @@ pub(crate) fn read_diff(inner: &Inner, epoch: u64) -> Vec<(u64, u64)> {
 impl Inner {
     fn write_record(&self, copy: usize, i: u64, off: u64, len: u64, epoch: u64, flush: bool) {
         let at = diff_at(self.meta, copy, i);
-        let words = [off, len, epoch, record_check(off, len, epoch, at, self.salt)];
+        let words = [
+            off,
+            len,
+            epoch,
+            record_check(off, len, epoch, at, self.salt),
+        ];
         let mut b = [0u8; 32];
         for (k, w) in words.iter().enumerate() {
             b[k * 8..k * 8 + 8].copy_from_slice(&w.to_le_bytes());
@@ -296,9 +305,8 @@ impl Inner {
         let groups = next_id.div_ceil(GROUP);
         for g in 0..groups {
             let (w, bit) = ((g / 64) as usize, 1u64 << (g % 64));
-            let dirty = (c.cur[w].load(Ordering::Relaxed) | c.prev[w].load(Ordering::Relaxed))
-                & bit
-                != 0;
+            let dirty =
+                (c.cur[w].load(Ordering::Relaxed) | c.prev[w].load(Ordering::Relaxed)) & bit != 0;
             if !dirty {
                 continue;
             }
@@ -313,7 +321,12 @@ impl Inner {
                 let words = if v.gen == 0 || v.old == 0 {
                     [0; 4]
                 } else {
-                    [v.old, v.gen << 32 | v.size, e.vtxid.load(Ordering::Acquire), 0]
+                    [
+                        v.old,
+                        v.gen << 32 | v.size,
+                        e.vtxid.load(Ordering::Acquire),
+                        0,
+                    ]
                 };
                 let o = ((id - first) * ENTRY) as usize;
                 for (k, w) in words.iter().enumerate() {

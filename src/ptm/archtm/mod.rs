@@ -152,7 +152,9 @@ impl ArchtmFault {
             ArchtmFault::DiffPersist => {
                 "a fetched segment's CHKP-diff record is not durable before its use (ADR)"
             }
-            ArchtmFault::ChkpPersist => "the checkpoint epoch switches before its copy is durable (ADR)",
+            ArchtmFault::ChkpPersist => {
+                "the checkpoint epoch switches before its copy is durable (ADR)"
+            }
             ArchtmFault::ChkpSkipListDiff => {
                 "a checkpoint leaves the allocation lists' segments out of CHKP-diff"
             }
