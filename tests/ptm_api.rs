@@ -426,9 +426,16 @@ fn succeeded(out: &std::process::Output) -> String {
 fn bench_ptm_reports_throughput_and_write_amplification() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("ptm.json");
-    let out = pmtx(&[
-        "bench",
-        "ptm",
+    let bench = |args: &[&str]| {
+        let mut all = vec!["bench", "ptm", "--duration", "0.2", "--warmup", "0"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--json", json.to_str().unwrap()]);
+        let stdout = succeeded(&pmtx(&all));
+        let runs: Vec<serde_json::Value> =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        (stdout, runs)
+    };
+    let (stdout, runs) = bench(&[
         "--engine",
         "archtm",
         "--structure",
@@ -439,20 +446,11 @@ fn bench_ptm_reports_throughput_and_write_amplification() {
         "5,80",
         "--threads",
         "1,2",
-        "--duration",
-        "0.2",
-        "--warmup",
-        "0",
-        "--json",
-        json.to_str().unwrap(),
     ]);
-    let stdout = succeeded(&out);
     assert!(
         stdout.contains("ptm-hash-u80") && stdout.contains("WA "),
         "{stdout}"
     );
-    let runs: Vec<serde_json::Value> =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(runs.len(), 4);
     for r in &runs {
         assert!(r["throughput_tps"].as_f64().unwrap() > 0.0, "{r}");
@@ -461,26 +459,15 @@ fn bench_ptm_reports_throughput_and_write_amplification() {
         assert!(wa > 2.0 && wa < 40.0, "{wa}");
     }
     // The B+-tree: a 16-byte update copies its 8-pair leaf (a 256-byte block).
-    let out = pmtx(&[
-        "bench",
-        "ptm",
+    let (stdout, runs) = bench(&[
         "--structure",
         "tree",
         "--pairs",
         "20000",
         "--update-pct",
         "50",
-        "--duration",
-        "0.2",
-        "--warmup",
-        "0",
-        "--json",
-        json.to_str().unwrap(),
     ]);
-    let stdout = succeeded(&out);
     assert!(stdout.contains("ptm-tree-u50"), "{stdout}");
-    let runs: Vec<serde_json::Value> =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert!(runs[0]["throughput_tps"].as_f64().unwrap() > 0.0);
     let wa = runs[0]["params"]["write_amplification"].as_f64().unwrap();
     assert!(wa > 16.0 && wa < 60.0, "tree WA {wa}");

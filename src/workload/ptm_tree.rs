@@ -7,9 +7,9 @@
 //! 16-byte value in its leaf: copy-on-write copies the leaf). No inserts or deletes in the mix,
 //! so the tree has no split or merge code.
 
-use crate::bench::{DriverError, TxnDriver, TxnOutcome};
+use super::ptm_hash::{value_of, MixDriver};
 use crate::ptm::{PPtr, PTx, Ptm, PtmError};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
 /// Pairs per leaf.
 pub const LEAF_CAP: usize = 8;
@@ -149,25 +149,10 @@ pub fn load(ptm: &Ptm<TreeRoot>, pairs: u64) -> Result<(), PtmError> {
     })
 }
 
-fn value_of(key: u64, round: u64) -> [u8; 16] {
-    let mut v = [0u8; 16];
-    v[..8].copy_from_slice(&key.to_le_bytes());
-    v[8..].copy_from_slice(&round.to_le_bytes());
-    v
-}
+/// The tree's driver (see [`MixDriver`]).
+pub type TreeDriver<'a> = MixDriver<'a, TreeRoot>;
 
-/// One thread of the mix: `update_pct` % updates of a random existing key's value, the rest
-/// lookups. Kind 0 is "update", 1 "lookup".
-pub struct TreeDriver<'a> {
-    ptm: &'a Ptm<TreeRoot>,
-    pairs: u64,
-    update_pct: u64,
-    rng: u64,
-    /// Bytes the application asked to change, summed over threads.
-    app_bytes: &'a AtomicU64,
-}
-
-impl<'a> TreeDriver<'a> {
+impl<'a> MixDriver<'a, TreeRoot> {
     /// A driver over a loaded tree of `pairs` keys.
     pub fn new(
         ptm: &'a Ptm<TreeRoot>,
@@ -176,58 +161,32 @@ impl<'a> TreeDriver<'a> {
         seed: u64,
         app_bytes: &'a AtomicU64,
     ) -> Self {
-        TreeDriver {
-            ptm,
-            pairs,
-            update_pct,
-            rng: seed | 1,
-            app_bytes,
-        }
-    }
-
-    fn next(&mut self) -> u64 {
-        self.rng ^= self.rng << 13;
-        self.rng ^= self.rng >> 7;
-        self.rng ^= self.rng << 17;
-        self.rng
+        Self::with_op(ptm, pairs, update_pct, seed, app_bytes, tree_op)
     }
 }
 
-impl TxnDriver for TreeDriver<'_> {
-    fn run_txn(&mut self) -> Result<TxnOutcome, DriverError> {
-        let key = self.next() % self.pairs;
-        let update = self.next() % 100 < self.update_pct;
-        let round = self.next();
-        let ((), aborts) = self.ptm.run_counted(|tx| {
-            let (leaf, i) =
-                find(tx, key)?.ok_or_else(|| PtmError::Pool(format!("key {key} is missing")))?;
-            if update {
-                tx.write_at(leaf, value_at(i), &value_of(key, round))
-            } else {
-                let v: [u8; 16] = tx.read_at::<Leaf, [u8; 16]>(leaf, value_at(i))?;
-                if v[..8] != key.to_le_bytes() {
-                    return Err(PtmError::Pool(format!(
-                        "key {key} holds another key's value"
-                    )));
-                }
-                Ok(())
-            }
-        })?;
-        if update {
-            self.app_bytes.fetch_add(VALUE_BYTES, Ordering::Relaxed);
+fn tree_op(tx: &mut PTx<'_, TreeRoot>, key: u64, update: bool, round: u64) -> Result<(), PtmError> {
+    let (leaf, i) =
+        find(tx, key)?.ok_or_else(|| PtmError::Pool(format!("key {key} is missing")))?;
+    if update {
+        tx.write_at(leaf, value_at(i), &value_of(key, round))
+    } else {
+        let v: [u8; 16] = tx.read_at::<Leaf, [u8; 16]>(leaf, value_at(i))?;
+        if v[..8] != key.to_le_bytes() {
+            return Err(PtmError::Pool(format!(
+                "key {key} holds another key's value"
+            )));
         }
-        Ok(TxnOutcome {
-            kind: usize::from(!update),
-            committed: true,
-            aborts,
-        })
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bench::TxnDriver;
     use crate::ptm::PtmConfig;
+    use std::sync::atomic::Ordering;
 
     #[test]
     fn the_loaded_tree_finds_every_key_and_updates_in_place() {
