@@ -1,5 +1,5 @@
-//! `pmtx bench ptm`: ArchTM §6.1's micro-benchmarks on the persistent-object API (the hash
-//! table; the tree is not built yet), with write amplification (PM bytes written / bytes the
+//! `pmtx bench ptm`: ArchTM §6.1's micro-benchmarks on the persistent-object API (the chained
+//! hash table and a B+-tree), with write amplification (PM bytes written / bytes the
 //! application asked to change).
 
 use super::CliResult;
@@ -7,6 +7,7 @@ use crate::bench::{self, BenchConfig, RunReport};
 use crate::pmem::PersistenceDomain;
 use crate::ptm::{Ptm, PtmConfig, PtmEngineKind};
 use crate::workload::ptm_hash::{self, HashDriver, HashRoot};
+use crate::workload::ptm_tree::{self, TreeDriver, TreeRoot};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -17,15 +18,17 @@ pub struct Args {
     /// PTM engines, comma-separated (archtm; pmdk and dudetx are not built yet).
     #[arg(long, value_delimiter = ',', default_value = "archtm")]
     pub engine: Vec<PtmEngineKind>,
-    /// The data structure: hash (a chained hash table of 10 240 buckets); tree is not built yet.
+    /// The data structure: hash (a chained hash table of 10 240 buckets) or tree (a B+-tree,
+    /// leaves of 8 pairs, inner nodes of 16 children; §6.1 runs it with 1 M pairs).
     #[arg(long, default_value = "hash")]
     pub structure: String,
     /// Percentage of transactions that update a value (the rest look one up), e.g. 5, 50, 80.
     #[arg(long, value_delimiter = ',', default_value = "50")]
     pub update_pct: Vec<u64>,
-    /// Pairs loaded before the run (8-byte keys, 16-byte values).
-    #[arg(long, default_value_t = 100_000)]
-    pub pairs: u64,
+    /// Pairs loaded before the run (8-byte keys, 16-byte values); default 100 000 for the hash
+    /// table, 1 000 000 for the tree (§6.1).
+    #[arg(long)]
+    pub pairs: Option<u64>,
     /// Persistence domain (adr, eadr).
     #[arg(long, default_value = "adr")]
     pub domain: PersistenceDomain,
@@ -47,25 +50,27 @@ pub struct Args {
 }
 
 pub(crate) fn run(args: Args) -> CliResult {
-    if args.structure != "hash" {
-        return Err(format!(
-            "--structure {}: only 'hash' is built (the tree of ArchTM §6.1 is not yet; issue 15)",
-            args.structure
-        )
-        .into());
-    }
+    let tree = match args.structure.as_str() {
+        "hash" => false,
+        "tree" => true,
+        s => return Err(format!("--structure {s}: expected hash or tree").into()),
+    };
+    let pairs = args.pairs.unwrap_or(if tree { 1_000_000 } else { 100_000 });
     if let Some(&p) = args.update_pct.iter().find(|&&p| p > 100) {
         return Err(format!("--update-pct {p}: a percentage is at most 100").into());
     }
-    if args.pairs == 0 || args.threads.contains(&0) || args.repeat == 0 {
+    if pairs == 0 || args.threads.contains(&0) || args.repeat == 0 {
         return Err("--pairs, --threads and --repeat must be at least 1".into());
     }
     if !args.domain.is_durable() {
         return Err(format!("--domain {}: ArchTM needs adr or eadr", args.domain).into());
     }
     let max_threads = args.threads.iter().copied().max().unwrap_or(1);
-    // Nodes are 64-byte blocks; room for copies awaiting collection and per-thread lists.
-    let pool_size = (args.pairs * 64 * 4 + (16 + 4 * max_threads as u64) * (2 << 20)).max(16 << 20);
+    // Hash nodes are 64-byte blocks, tree leaves 256 bytes per 8 pairs (and inner nodes); room
+    // for copies awaiting collection, per-thread lists and checkpoint copies.
+    let per_pair = if tree { 48 } else { 64 };
+    let pool_size =
+        (pairs * per_pair * 4 + (16 + 4 * max_threads as u64) * (2 << 20)).max(16 << 20);
     let mut reports = Vec::new();
     for round in 0..args.repeat {
         for &engine in &args.engine {
@@ -74,12 +79,17 @@ pub(crate) fn run(args: Args) -> CliResult {
                 .domain(args.domain)
                 .max_threads(max_threads + 1);
             config.engine = engine;
-            let ptm = Ptm::<HashRoot>::create(config)?;
-            let bar = bench::loading_bar(
-                args.pairs,
-                &format!("loading {} pairs ({})", args.pairs, engine.name()),
-            );
-            ptm_hash::load(&ptm, args.pairs)?;
+            let bar =
+                bench::loading_bar(pairs, &format!("loading {pairs} pairs ({})", engine.name()));
+            let (hash, treep) = if tree {
+                let p = Ptm::<TreeRoot>::create(config)?;
+                ptm_tree::load(&p, pairs)?;
+                (None, Some(p))
+            } else {
+                let p = Ptm::<HashRoot>::create(config)?;
+                ptm_hash::load(&p, pairs)?;
+                (Some(p), None)
+            };
             bar.finish_and_clear();
             for &threads in &args.threads {
                 for &pct in &args.update_pct {
@@ -91,14 +101,15 @@ pub(crate) fn run(args: Args) -> CliResult {
                         txn_kinds: vec!["update".into(), "lookup".into()],
                     };
                     let app = &app_bytes;
+                    let seed =
+                        |t: usize| 0x5eed ^ (round as u64) << 40 ^ (t as u64 + 1) << 20 ^ pct;
                     let result = bench::run(&config, |t| {
-                        Ok::<_, String>(Box::new(HashDriver::new(
-                            &ptm,
-                            args.pairs,
-                            pct,
-                            0x5eed ^ (round as u64) << 40 ^ (t as u64 + 1) << 20 ^ pct,
-                            app,
-                        )) as Box<dyn bench::TxnDriver>)
+                        Ok::<_, String>(match (&hash, &treep) {
+                            (Some(p), _) => Box::new(HashDriver::new(p, pairs, pct, seed(t), app))
+                                as Box<dyn bench::TxnDriver>,
+                            (_, Some(p)) => Box::new(TreeDriver::new(p, pairs, pct, seed(t), app)),
+                            _ => unreachable!("one structure is loaded"),
+                        })
                     })?;
                     // Bytes asked to change during the measured window: the update share of
                     // the committed transactions times the value size.
@@ -107,14 +118,15 @@ pub(crate) fn run(args: Args) -> CliResult {
                         .iter()
                         .find(|k| k.name == "update")
                         .map_or(0, |k| k.committed);
-                    let app_measured = updates * ptm_hash::VALUE_BYTES;
+                    let app_measured = updates * ptm_tree::VALUE_BYTES;
                     let pm_bytes = result.pm.total.bytes_written;
                     let wa = (app_measured > 0).then(|| pm_bytes as f64 / app_measured as f64);
                     let params = serde_json::json!({
-                        "structure": "hash",
+                        "structure": args.structure,
                         "update_pct": pct,
-                        "pairs": args.pairs,
-                        "buckets": ptm_hash::BUCKETS,
+                        "pairs": pairs,
+                        "buckets": (!tree).then_some(ptm_hash::BUCKETS),
+                        "tree": tree.then_some("B+-tree, leaves of 8 pairs, fanout 16"),
                         "round": round,
                         "app_bytes_per_txn": app_measured as f64 / result.committed.max(1) as f64,
                         "pm_bytes_per_txn": result.pm.bytes_per_txn,
@@ -125,7 +137,7 @@ pub(crate) fn run(args: Args) -> CliResult {
                         engine.name(),
                         "si",
                         args.domain.name(),
-                        format!("ptm-hash-u{pct}"),
+                        format!("ptm-{}-u{pct}", args.structure),
                         result,
                         params,
                     ));

@@ -1,7 +1,7 @@
 //! The crash suite for the persistent-object API (`pmtx crashtest --engine archtm`): a
 //! workload of transfers between account objects, list pushes and pops (alloc and free), object
-//! replacement (the free of a committed object: a tombstone), aborted transactions and online
-//! defragmentation, with garbage collection every few frees, crashed under the simulator before PM events (every one,
+//! replacement (the free of a committed object: a tombstone), aborted transactions, online
+//! defragmentation and lookup-table checkpoints (§5.6), with garbage collection every few frees, crashed under the simulator before PM events (every one,
 //! or a sample), each crash image recovered and checked: recovery succeeds; the state is the
 //! one after the last acknowledged step or after the step in flight (so every acknowledged
 //! transaction survives and no uncommitted version is visible); no object is live but
@@ -135,8 +135,13 @@ pub fn step(ptm: &Ptm<Root>, i: u64, rng: &mut Lcg, moved: &mut u64) -> Result<b
             }
             transfer(ptm, rng, 20).map(|()| true)
         }
-        1 => ptm
-            .run(|tx| {
+        1 => {
+            if i % 10 == 6 {
+                // An incremental lookup-table checkpoint (§5.6): crashes during it, and
+                // recoveries from it and its CHKP-diff, must keep the same state.
+                ptm.checkpoint()?;
+            }
+            ptm.run(|tx| {
                 let root = tx.root();
                 let r = tx.read(root)?;
                 let n = tx.alloc(&Node {
@@ -148,7 +153,8 @@ pub fn step(ptm: &Ptm<Root>, i: u64, rng: &mut Lcg, moved: &mut u64) -> Result<b
                     r.len += 1;
                 })
             })
-            .map(|()| true),
+            .map(|()| true)
+        }
         2 => {
             let pop = rng.next(2) == 0;
             ptm.run(|tx| {
@@ -225,11 +231,15 @@ impl PtmCrashConfig {
     }
 
     fn ptm_config(&self, fault: Option<ArchtmFault>, trigger: Option<CrashTrigger>) -> PtmConfig {
+        // Four pages: the meta page, a data page and a page per checkpoint copy.
         let mut c = PtmConfig::temporary()
-            .size(6 << 20)
+            .size(10 << 20)
             .domain(self.domain)
             .max_threads(2);
         c.gc_threshold = 4;
+        // Small segments, so fetches (and their CHKP-diff records) happen between checkpoints.
+        c.segment_bytes = 1024;
+        c.checkpoint_every = 0;
         c.archtm_fault = fault;
         c.crash_sim = trigger;
         c

@@ -320,6 +320,11 @@ pub trait PtmEngine: Send + Sync {
     fn defragment(&self) -> Result<(u64, u64), PtmError> {
         Ok((0, 0))
     }
+    /// Takes a checkpoint that shortens recovery (ArchTM §5.6), waiting for running
+    /// transactions to finish. Not from inside a transaction. An engine without one does nothing.
+    fn checkpoint(&self) -> Result<(), PtmError> {
+        Ok(())
+    }
     /// Checks the engine's invariants (allocator, object table): what a crash test asserts after
     /// recovery. Call it while no transaction runs.
     fn check_invariants(&self) -> Result<(), String>;
@@ -400,6 +405,12 @@ pub struct PtmConfig {
     pub archtm_fault: Option<archtm::ArchtmFault>,
     /// ArchTM: deallocations a thread collects before its commit runs garbage collection.
     pub gc_threshold: usize,
+    /// ArchTM: take a lookup-table checkpoint (§5.6) every this many commits (0: only on
+    /// [`Ptm::checkpoint`]).
+    pub checkpoint_every: u64,
+    /// ArchTM: bytes a thread fetches from the global free list at once (§5.4's segment; a
+    /// multiple of 64).
+    pub segment_bytes: u64,
 }
 
 impl PtmConfig {
@@ -417,6 +428,8 @@ impl PtmConfig {
             crash_sim: None,
             archtm_fault: None,
             gc_threshold: archtm::alloc::GC_THRESHOLD,
+            checkpoint_every: 1 << 16,
+            segment_bytes: archtm::alloc::FETCH,
         }
     }
     /// Sets the pool file.
@@ -582,6 +595,12 @@ impl<R: PObject> Ptm<R> {
     /// Runs on the calling thread, concurrently with transactions.
     pub fn defragment(&self) -> Result<(u64, u64), PtmError> {
         self.engine.defragment()
+    }
+
+    /// Takes a checkpoint (see [`PtmEngine::checkpoint`]): waits for running transactions; do
+    /// not call it inside a `run` closure.
+    pub fn checkpoint(&self) -> Result<(), PtmError> {
+        self.engine.checkpoint()
     }
 
     /// Checks the engine's invariants (see [`PtmEngine::check_invariants`]).

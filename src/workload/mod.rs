@@ -2,6 +2,7 @@
 
 pub mod bank;
 pub mod ptm_hash;
+pub mod ptm_tree;
 pub mod tatp;
 pub mod tpcc;
 pub mod ycsb;

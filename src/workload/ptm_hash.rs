@@ -4,7 +4,7 @@
 //! a mix of lookups and updates of existing keys' values.
 
 use crate::bench::{DriverError, TxnDriver, TxnOutcome};
-use crate::ptm::{PPtr, PTx, Ptm, PtmError};
+use crate::ptm::{PObject, PPtr, PTx, Ptm, PtmError};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Bucket heads per segment object.
@@ -102,39 +102,51 @@ pub fn load(ptm: &Ptm<HashRoot>, pairs: u64) -> Result<(), PtmError> {
     Ok(())
 }
 
-fn value_of(key: u64, round: u64) -> [u8; 16] {
+/// The value of `key` written in update `round` (its first 8 bytes are the key).
+pub fn value_of(key: u64, round: u64) -> [u8; 16] {
     let mut v = [0u8; 16];
     v[..8].copy_from_slice(&key.to_le_bytes());
     v[8..].copy_from_slice(&round.to_le_bytes());
     v
 }
 
-/// One thread of the mix: `update_pct` % updates of a random existing key's value, the rest
-/// lookups. Kind 0 is "update", 1 "lookup".
-pub struct HashDriver<'a> {
-    ptm: &'a Ptm<HashRoot>,
+/// One thread of a lookup/update mix over a loaded structure of `pairs` keys 0..pairs:
+/// `update_pct` % updates of a random existing key's value, the rest lookups (kind 0 is
+/// "update", 1 "lookup"); `op` runs one on the structure (the hash table's, or the tree's in
+/// [`ptm_tree`](super::ptm_tree)).
+pub struct MixDriver<'a, R: PObject> {
+    ptm: &'a Ptm<R>,
     pairs: u64,
     update_pct: u64,
     rng: u64,
     /// Bytes the application asked to change, summed over threads.
     app_bytes: &'a AtomicU64,
+    op: MixOp<R>,
 }
 
-impl<'a> HashDriver<'a> {
-    /// A driver over a loaded table of `pairs` keys.
-    pub fn new(
-        ptm: &'a Ptm<HashRoot>,
+/// One operation of a mix: `(transaction, key, update?, value round)`.
+pub type MixOp<R> = fn(&mut PTx<'_, R>, u64, bool, u64) -> Result<(), PtmError>;
+
+/// The hash table's driver.
+pub type HashDriver<'a> = MixDriver<'a, HashRoot>;
+
+impl<'a, R: PObject> MixDriver<'a, R> {
+    /// A driver running `op` over a loaded structure of `pairs` keys.
+    pub fn with_op(
+        ptm: &'a Ptm<R>,
         pairs: u64,
         update_pct: u64,
         seed: u64,
         app_bytes: &'a AtomicU64,
+        op: MixOp<R>,
     ) -> Self {
-        HashDriver {
+        MixDriver {
             ptm,
             pairs,
             update_pct,
             rng: seed | 1,
             app_bytes,
+            op,
         }
     }
 
@@ -146,20 +158,35 @@ impl<'a> HashDriver<'a> {
     }
 }
 
-impl TxnDriver for HashDriver<'_> {
+impl<'a> MixDriver<'a, HashRoot> {
+    /// A driver over a loaded table of `pairs` keys.
+    pub fn new(
+        ptm: &'a Ptm<HashRoot>,
+        pairs: u64,
+        update_pct: u64,
+        seed: u64,
+        app_bytes: &'a AtomicU64,
+    ) -> Self {
+        Self::with_op(ptm, pairs, update_pct, seed, app_bytes, hash_op)
+    }
+}
+
+fn hash_op(tx: &mut PTx<'_, HashRoot>, key: u64, update: bool, round: u64) -> Result<(), PtmError> {
+    let node = find(tx, key)?.ok_or_else(|| PtmError::Pool(format!("key {key} is missing")))?;
+    if update {
+        tx.write_at(node, 8, &value_of(key, round))
+    } else {
+        tx.read_at::<HashNode, [u8; 16]>(node, 8).map(|_| ())
+    }
+}
+
+impl<R: PObject> TxnDriver for MixDriver<'_, R> {
     fn run_txn(&mut self) -> Result<TxnOutcome, DriverError> {
         let key = self.next() % self.pairs;
         let update = self.next() % 100 < self.update_pct;
         let round = self.next();
-        let ((), aborts) = self.ptm.run_counted(|tx| {
-            let node =
-                find(tx, key)?.ok_or_else(|| PtmError::Pool(format!("key {key} is missing")))?;
-            if update {
-                tx.write_at(node, 8, &value_of(key, round))
-            } else {
-                tx.read_at::<HashNode, [u8; 16]>(node, 8).map(|_| ())
-            }
-        })?;
+        let op = self.op;
+        let ((), aborts) = self.ptm.run_counted(|tx| op(tx, key, update, round))?;
         if update {
             self.app_bytes.fetch_add(VALUE_BYTES, Ordering::Relaxed);
         }

@@ -6,7 +6,7 @@
 //! slot; and the *global recycle list*, into which garbage collection sorts and merges the
 //! freed blocks after zeroing their headers. Blocks are multiples of 64 bytes (§4.5). The
 //! user data area grows by 2 MiB pages of the page manager (the paper's pre-allocated
-//! segments; the page tag is what recovery scans, in place of CHKP-diff's fetching history).
+//! segments; the page tags list the data pages, and CHKP-diff, [`super::chkp`], the fetches).
 
 use super::layout::{self, header};
 use super::{ArchtmFault, Inner};
@@ -14,7 +14,7 @@ use crate::alloc::{PageTag, PAGE_SIZE};
 use crate::ptm::PtmError;
 use parking_lot::Mutex;
 
-/// Bytes a slot fetches from the global free list at once.
+/// Bytes a slot fetches from the global free list at once (the default segment size).
 pub const FETCH: u64 = 64 << 10;
 /// Deallocations a slot collects before its commit runs garbage collection.
 pub const GC_THRESHOLD: usize = 256;
@@ -29,6 +29,8 @@ pub struct Dealloc {
     /// A tombstone: zeroed only after every ordinary block of the same collection, so that the
     /// copies it deletes cannot reappear after a crash.
     pub tomb: bool,
+    /// The object a tombstone deletes (id, generation): its checkpoint entry is cleared first.
+    pub object: (u64, u64),
 }
 
 /// The allocator's DRAM state.
@@ -43,7 +45,8 @@ pub struct Allocator {
     pub recycle: Mutex<Vec<(u64, u64)>>,
     /// Data pages (offsets), in the order they were taken.
     pub pages: Mutex<Vec<u64>>,
-    gc: Mutex<()>,
+    /// One collection (or checkpoint) at a time.
+    pub(crate) gc: Mutex<()>,
 }
 
 /// Inserts the sorted extents `add` into the sorted list `list`, merging neighbours within a page.
@@ -117,12 +120,14 @@ impl Inner {
                 let mut free = a.free.lock();
                 if let Some(i) = free.iter().position(|&(_, l)| l >= len) {
                     let (off, l) = free[i];
-                    let take = l.min(FETCH.max(len));
+                    let take = l.min(self.segment.max(len));
                     if take == l {
                         free.remove(i);
                     } else {
                         free[i] = (off + take, l - take);
                     }
+                    // §5.4: the fetch goes into CHKP-diff before the slot can write there.
+                    self.record_fetch(off, take);
                     drop(free);
                     merge_into(&mut list, vec![(off, take)]);
                     return Ok(first_fit(&mut list, len).expect("the fetched piece fits"));
@@ -169,6 +174,11 @@ impl Inner {
     /// Returns the bytes recycled. One collection at a time.
     pub(crate) fn gc(&self) -> u64 {
         let _g = self.alloc.gc.lock();
+        self.gc_locked()
+    }
+
+    /// [`Inner::gc`] with the collection lock held.
+    pub(crate) fn gc_locked(&self) -> u64 {
         let mut blocks: Vec<Dealloc> = Vec::new();
         for d in &self.alloc.dealloc {
             blocks.append(&mut d.lock());
@@ -181,6 +191,12 @@ impl Inner {
                 self.pool.fill(b.off, 0, header::BYTES);
                 if self.flushing {
                     self.pool.flush(b.off, header::BYTES);
+                }
+            }
+            if !tombs {
+                // §5.6: the checkpoint forgets the freed objects before their tombstones go.
+                for b in blocks.iter().filter(|b| b.tomb) {
+                    self.chkp_forget(b.object.0, b.object.1);
                 }
             }
             if self.fault != Some(ArchtmFault::GcSkipFence) {

@@ -7,6 +7,12 @@
 //!   64 KiB: the root object's handle (0 until creation finished)
 //!   128 KiB: the TxState table: one 64-byte line per thread slot,
 //!            word 0 = txid << 2 | state (END, BEGIN, COMMITTED), word 1 = commit id
+//!   192 KiB: CHKP (§5.6, `chkp`): the epoch (0: none), the epoch whose diff overflowed,
+//!            at +64 the ids each copy covers (copy 0, copy 1)
+//!   256 KiB: CHKP-diff: two arrays (by epoch parity) of 4096 32-byte records
+//!            (segment offset, bytes, epoch, check)
+//! CHKP pages (kind CHKP, tag value = copy << 31 | chunk): 65 536 entries of 32 bytes
+//!   (committed version's offset (0: free id), generation << 32 | size, txid, 0)
 //! data pages (kind DATA, owner = the slot that fetched the page): the user data area.
 //!   Objects in 64-byte blocks (§4.5's size class), each:
 //!   0 id (bits 0..32) | generation (bits 32..64)   8 payload bytes (0..32) | flags (32..64)
@@ -25,6 +31,8 @@ pub mod kind {
     pub const META: u8 = 1;
     /// A page of the user data area (one allocator segment).
     pub const DATA: u8 = 2;
+    /// A page of a lookup-table checkpoint copy (§5.6).
+    pub const CHKP: u8 = 3;
 }
 
 /// The meta page's words.
@@ -46,7 +54,7 @@ pub mod meta {
     /// The magic value.
     pub const MAGIC: u64 = u64::from_le_bytes(*b"PMTXATM1");
     /// The layout version this build writes.
-    pub const VERSION: u64 = 1;
+    pub const VERSION: u64 = 2;
     /// Where the (empty) catalog starts.
     pub const CATALOG_AT: u64 = 4096;
     /// Bytes per catalog slot.
@@ -57,6 +65,14 @@ pub mod meta {
     pub const TXSTATE: u64 = 128 << 10;
     /// Bytes per TxState entry (one cache line: no false sharing between threads).
     pub const TXSTATE_STRIDE: u64 = 64;
+    /// The checkpoint epoch word (§5.6).
+    pub const CHKP_EPOCH: u64 = 192 << 10;
+    /// The epoch whose CHKP-diff overflowed (recovery then scans every data page).
+    pub const CHKP_OVERFLOW: u64 = CHKP_EPOCH + 8;
+    /// Ids covered by CHKP copy 0 and copy 1 (two words).
+    pub const CHKP_NEXT_ID: u64 = CHKP_EPOCH + 64;
+    /// The two CHKP-diff arrays.
+    pub const DIFF: u64 = 256 << 10;
 }
 
 /// Object header fields (offsets within a block).

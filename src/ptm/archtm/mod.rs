@@ -44,12 +44,18 @@
 //!
 //! - **Online defragmentation (§4.5):** [`defrag`]: 4 KiB regions less than half used are
 //!   emptied by a mock write transaction.
+//! - **Incremental checkpoint (§5.6):** [`chkp`]: a persistent copy of the lookup table plus
+//!   CHKP-diff (the segments fetched since), so recovery scans only those. Departures (see
+//!   there): two copies alternating by epoch, so a torn checkpoint leaves the last one whole; a
+//!   dirty bitmap set by post-commit instead of write-protection faults; quiescence by per-slot
+//!   busy flags; recovery clears the checkpoint entry of an object freed since before it zeroes
+//!   the tombstone, as garbage collection does.
 //!
-//! Not built yet (issue 15): §5.6's incremental lookup-table checkpoint with CHKP-diff, the
-//! regular data path for large objects (every object takes the
+//! Not built yet (issue 15): the regular data path for large objects (every object takes the
 //! locality-aware path, so the largest object is a page less its header).
 
 pub mod alloc;
+pub mod chkp;
 pub mod defrag;
 pub mod layout;
 mod recovery;
@@ -87,17 +93,33 @@ pub enum ArchtmFault {
     /// `archtm-gc-zero-fence`: garbage collection zeroes tombstones without first making the
     /// zeroed headers of the copies they delete durable (ADR).
     GcSkipFence,
+    /// `archtm-diff-persist`: a fetched segment's CHKP-diff record is not flushed and fenced
+    /// before the thread writes copies there (ADR).
+    DiffPersist,
+    /// `archtm-chkp-persist`: the checkpoint copy and its diff are not flushed and fenced
+    /// before the epoch switch (ADR).
+    ChkpPersist,
+    /// `archtm-chkp-list-diff`: a checkpoint does not record the segments the allocation lists
+    /// still hold in the new epoch's CHKP-diff (ADR and eADR).
+    ChkpSkipListDiff,
+    /// `archtm-gc-chkp-forget`: garbage collection zeroes a tombstone without clearing the
+    /// freed object's checkpoint entry (ADR and eADR).
+    GcKeepsChkpEntry,
 }
 
 impl ArchtmFault {
     /// Every fault.
-    pub const ALL: [ArchtmFault; 6] = [
+    pub const ALL: [ArchtmFault; 10] = [
         ArchtmFault::SkipBegin,
         ArchtmFault::SkipCopyFlush,
         ArchtmFault::SkipCopyFence,
         ArchtmFault::SkipCommitPersist,
         ArchtmFault::AbortKeepsCopies,
         ArchtmFault::GcSkipFence,
+        ArchtmFault::DiffPersist,
+        ArchtmFault::ChkpPersist,
+        ArchtmFault::ChkpSkipListDiff,
+        ArchtmFault::GcKeepsChkpEntry,
     ];
 
     /// The fault-injection name.
@@ -109,6 +131,10 @@ impl ArchtmFault {
             ArchtmFault::SkipCommitPersist => "archtm-commit-persist",
             ArchtmFault::AbortKeepsCopies => "archtm-abort-invalidate",
             ArchtmFault::GcSkipFence => "archtm-gc-zero-fence",
+            ArchtmFault::DiffPersist => "archtm-diff-persist",
+            ArchtmFault::ChkpPersist => "archtm-chkp-persist",
+            ArchtmFault::ChkpSkipListDiff => "archtm-chkp-list-diff",
+            ArchtmFault::GcKeepsChkpEntry => "archtm-gc-chkp-forget",
         }
     }
 
@@ -123,13 +149,31 @@ impl ArchtmFault {
             ArchtmFault::SkipCommitPersist => "commit returns before COMMITTED is durable (ADR)",
             ArchtmFault::AbortKeepsCopies => "an abort leaves its copies' headers valid on PM",
             ArchtmFault::GcSkipFence => "GC zeroes tombstones before the copies they delete (ADR)",
+            ArchtmFault::DiffPersist => {
+                "a fetched segment's CHKP-diff record is not durable before its use (ADR)"
+            }
+            ArchtmFault::ChkpPersist => {
+                "the checkpoint epoch switches before its copy is durable (ADR)"
+            }
+            ArchtmFault::ChkpSkipListDiff => {
+                "a checkpoint leaves the allocation lists' segments out of CHKP-diff"
+            }
+            ArchtmFault::GcKeepsChkpEntry => {
+                "GC zeroes a tombstone but keeps the freed object's checkpoint entry"
+            }
         }
     }
 
     /// Whether the step it removes is only a flush or fence of ordinary stores, which eADR does
     /// not need (so the fault cannot break ArchTM under eADR).
     pub fn adr_only(self) -> bool {
-        !matches!(self, ArchtmFault::SkipBegin | ArchtmFault::AbortKeepsCopies)
+        !matches!(
+            self,
+            ArchtmFault::SkipBegin
+                | ArchtmFault::AbortKeepsCopies
+                | ArchtmFault::ChkpSkipListDiff
+                | ArchtmFault::GcKeepsChkpEntry
+        )
     }
 }
 
@@ -164,8 +208,14 @@ pub(crate) struct Inner {
     pub(crate) flushing: bool,
     pub(crate) fault: Option<ArchtmFault>,
     pub(crate) gc_threshold: usize,
+    /// Bytes of a segment fetched from the global free list (§5.4).
+    pub(crate) segment: u64,
     pub(crate) root: u64,
     pub(crate) root_size: usize,
+    /// §5.6's checkpoint state.
+    pub(crate) chkp: chkp::Chkp,
+    /// What the recovery that opened the pool read.
+    pub(crate) recovered: chkp::RecoveryCounts,
 }
 
 impl Inner {
@@ -336,8 +386,11 @@ impl Inner {
             flushing: domain.needs_flush(),
             fault: config.archtm_fault,
             gc_threshold: config.gc_threshold,
+            segment: config.segment_bytes.div_ceil(layout::BLOCK).max(1) * layout::BLOCK,
             root: 0,
             root_size,
+            chkp: chkp::Chkp::new(capacity, config.checkpoint_every),
+            recovered: chkp::RecoveryCounts::default(),
             pool,
         }
     }
@@ -485,6 +538,16 @@ impl PtmEngine for ArchTm {
             ("free_bytes", free),
             ("used_regions_4k", i.region_usage().len() as u64),
             ("clock", i.clock.load(Ordering::Relaxed)),
+            ("chkp_epoch", i.chkp.epoch.load(Ordering::Relaxed)),
+            ("checkpoints", i.chkp.taken.load(Ordering::Relaxed)),
+            (
+                "recovery_from_checkpoint",
+                u64::from(i.recovered.from_checkpoint),
+            ),
+            ("recovery_chkp_entries", i.recovered.chkp_entries),
+            ("recovery_scanned_bytes", i.recovered.scanned_bytes),
+            ("recovery_data_bytes", i.recovered.data_bytes),
+            ("recovery_segments", i.recovered.segments),
         ]
     }
 
@@ -494,6 +557,10 @@ impl PtmEngine for ArchTm {
 
     fn pool(&self) -> &Pool {
         &self.inner.pool
+    }
+
+    fn checkpoint(&self) -> Result<(), PtmError> {
+        self.inner.checkpoint(None).map(|_| ())
     }
 
     fn defragment(&self) -> Result<(u64, u64), PtmError> {

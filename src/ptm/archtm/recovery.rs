@@ -1,9 +1,12 @@
 //! ArchTM's recovery (§5.5): no log to replay. The TxState table names the transactions that
 //! had not committed; a scan of the user data area finds every annotated version; per object
-//! the version with the largest committed txid wins; everything else is garbage.
+//! the version with the largest committed txid wins; everything else is garbage. With a
+//! checkpoint (§5.6) the scan starts from its copy of the lookup table and covers only the
+//! segments its CHKP-diff recorded.
 
 use super::alloc::merge_into;
-use super::layout::{block_bytes, header, kind, state, Header, BLOCK};
+use super::chkp::{read_diff, RecoveryCounts, DIFF_CAP, ENTRY, PER_PAGE};
+use super::layout::{block_bytes, header, kind, meta, state, Header, BLOCK};
 use super::{txstate_split, Inner, MAX_OBJECT};
 use crate::alloc::PAGE_SIZE;
 use crate::ptm::PtmError;
@@ -23,24 +26,115 @@ pub(super) fn recover(inner: &mut Inner) -> Result<(), PtmError> {
             uncommitted.insert(txid);
         }
     }
-    // 2. Scan the data pages for versions (§5.5 step 2).
+    // 2. The pages: data pages, and the checkpoint copies' pages (§5.6).
     let mut pages = Vec::new();
     for (index, tag) in inner.pages.allocated(pool)? {
+        let off = inner.pages.page_offset(index);
         if tag.kind == kind::DATA {
-            pages.push(inner.pages.page_offset(index));
+            pages.push(off);
+        } else if tag.kind == kind::CHKP {
+            let (copy, chunk) = ((tag.value >> 31) as usize, tag.value & ((1 << 31) - 1));
+            if copy > 1 || !inner.chkp.set_page(copy, chunk, off) {
+                return Err(damaged(format!(
+                    "checkpoint page {index} is tagged copy {copy}, chunk {chunk}, beyond the lookup table"
+                )));
+            }
         }
     }
     pages.sort_unstable();
+    let mut counts = RecoveryCounts {
+        data_bytes: pages.len() as u64 * PAGE_SIZE,
+        ..Default::default()
+    };
+    // 3. With a valid checkpoint, its copy of the lookup table and the segments of its diff;
+    // else every data page (§5.5).
+    let epoch = pool.read_u64(inner.meta + meta::CHKP_EPOCH);
+    let overflow = pool.read_u64(inner.meta + meta::CHKP_OVERFLOW);
+    inner.chkp.epoch.store(epoch, Ordering::Release);
+    let mut from_chkp: HashMap<u32, (u64, Header)> = HashMap::new();
+    let extents: Vec<(u64, u64)> = if epoch > 0 && overflow != epoch {
+        counts.from_checkpoint = true;
+        let copy = (epoch % 2) as usize;
+        let ids = pool.read_u64(inner.meta + meta::CHKP_NEXT_ID + copy as u64 * 8);
+        if ids > inner.table.capacity() {
+            return Err(damaged(format!(
+                "the checkpoint covers {ids} ids, beyond the lookup table's {}",
+                inner.table.capacity()
+            )));
+        }
+        for chunk in 0..ids.div_ceil(PER_PAGE) {
+            let page = inner.chkp.page(copy, chunk);
+            if page == 0 {
+                continue; // never written: every id of the chunk was free
+            }
+            let n = (ids - chunk * PER_PAGE).min(PER_PAGE);
+            let bytes = pool.read_vec(page, (n * ENTRY) as usize);
+            counts.chkp_entries += n;
+            for i in 0..n {
+                let w = |k: u64| {
+                    let at = (i * ENTRY + k * 8) as usize;
+                    u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap())
+                };
+                let (off, gs, txid) = (w(0), w(1), w(2));
+                if off == 0 {
+                    continue;
+                }
+                let id = chunk * PER_PAGE + i;
+                let h = Header {
+                    id: id as u32,
+                    gen: (gs >> 32) as u32,
+                    size: gs & 0xffff_ffff,
+                    tomb: false,
+                    txid,
+                };
+                if h.gen == 0 || h.size > MAX_OBJECT || !in_pages(&pages, off, block_bytes(h.size))
+                {
+                    return Err(damaged(format!(
+                        "the checkpoint entry of object {id} names {h:?} at offset {off}, not a block of a data page"
+                    )));
+                }
+                max_txid = max_txid.max(txid);
+                from_chkp.insert(h.id, (off, h));
+            }
+        }
+        let mut segments = read_diff(inner, epoch);
+        *inner.chkp.diff_len.lock() = segments.len() as u64;
+        counts.segments = segments.len() as u64;
+        if let Some(&(off, len)) = segments.iter().find(|&&(o, l)| !in_pages(&pages, o, l)) {
+            return Err(damaged(format!(
+                "a CHKP-diff segment ({len} bytes at {off}) is not inside a data page"
+            )));
+        }
+        segments.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::new();
+        for (off, len) in segments {
+            match merged.last_mut() {
+                Some((o, l)) if off <= *o + *l => *l = (*l).max(off + len - *o),
+                _ => merged.push((off, len)),
+            }
+        }
+        merged
+    } else {
+        *inner.chkp.diff_len.lock() = if epoch > 0 {
+            DIFF_CAP + 1
+        } else {
+            read_diff(inner, epoch).len() as u64
+        };
+        pages.iter().map(|&p| (p, PAGE_SIZE)).collect()
+    };
+    // 4. Scan for versions (§5.5 step 2).
     let mut found: Vec<(u64, Header)> = Vec::new();
-    for &page in &pages {
-        let bytes = pool.read_vec(page, PAGE_SIZE as usize);
+    for &(start, len) in &extents {
+        let bytes = pool.read_vec(start, len as usize);
+        counts.scanned_bytes += len;
         let mut pos = 0u64;
-        while pos + header::BYTES <= PAGE_SIZE {
+        while pos + header::BYTES <= len {
             let p = pos as usize;
-            let h = Header::decode(&bytes[p..p + 32], page + pos, inner.salt, MAX_OBJECT);
+            let at = start + pos;
+            let h = Header::decode(&bytes[p..p + 32], at, inner.salt, MAX_OBJECT);
             match h {
-                Some(h) if pos + extent(&h) <= PAGE_SIZE => {
-                    found.push((page + pos, h));
+                Some(h) if at % PAGE_SIZE + extent(&h) <= PAGE_SIZE => {
+                    found.push((at, h));
                     max_txid = max_txid.max(h.txid);
                     pos += extent(&h);
                 }
@@ -48,8 +142,9 @@ pub(super) fn recover(inner: &mut Inner) -> Result<(), PtmError> {
             }
         }
     }
-    // 3. The latest committed version of each object (its tombstone, if freed).
-    let mut latest: HashMap<u32, (u64, Header)> = HashMap::new();
+    // 5. The latest committed version of each object (its tombstone, if freed): the
+    // checkpoint's, unless the scan found a later one.
+    let mut latest = from_chkp.clone();
     for &(off, h) in &found {
         if uncommitted.contains(&h.txid) {
             continue;
@@ -63,11 +158,40 @@ pub(super) fn recover(inner: &mut Inner) -> Result<(), PtmError> {
     }
     let live: HashMap<u32, (u64, Header)> =
         latest.into_iter().filter(|(_, (_, h))| !h.tomb).collect();
-    // 4. Zero the garbage: ordinary versions first, then tombstones (a tombstone must outlive
+    // 6. Zero the garbage: ordinary versions first, then tombstones (a tombstone must outlive
     // the versions it deletes), each made durable before the next step; the uncommitted
     // copies are invalid before a new transaction of their slot can overwrite their TxState.
+    // A checkpointed version that a later one replaced is garbage too (it lies outside the
+    // diff: nothing else would ever zero it), if its block still holds it.
     for tombs in [false, true] {
         let mut any = false;
+        if !tombs {
+            for (&id, &(off, h)) in &from_chkp {
+                if live.get(&id).is_some_and(|&(o, _)| o == off) {
+                    continue;
+                }
+                if !live.contains_key(&id) {
+                    // Freed since the checkpoint: the entry goes before the tombstone that
+                    // says so (as garbage collection does), or the next recovery revives it.
+                    let copy = (epoch % 2) as usize;
+                    let at = inner.chkp.page(copy, u64::from(id) / PER_PAGE)
+                        + (u64::from(id) % PER_PAGE) * ENTRY;
+                    pool.write_u64(at, 0);
+                    if inner.flushing {
+                        pool.flush(at, 8);
+                    }
+                    any = true;
+                }
+                let b = pool.read_vec(off, header::BYTES as usize);
+                if Header::decode(&b, off, inner.salt, MAX_OBJECT) == Some(h) {
+                    pool.fill(off, 0, header::BYTES);
+                    if inner.flushing {
+                        pool.flush(off, header::BYTES);
+                    }
+                    any = true;
+                }
+            }
+        }
         for &(off, h) in &found {
             let keep = live.get(&h.id).is_some_and(|&(o, _)| o == off);
             if !keep && h.tomb == tombs {
@@ -82,8 +206,13 @@ pub(super) fn recover(inner: &mut Inner) -> Result<(), PtmError> {
             pool.fence();
         }
     }
-    // 5. The lookup table, the ID lists and the free space.
-    let mut next_id = 0u64;
+    // 7. The lookup table, the ID lists and the free space.
+    let mut next_id = if counts.from_checkpoint {
+        // Ids the checkpoint covers stay handed out (free ones go to the ID list).
+        pool.read_u64(inner.meta + meta::CHKP_NEXT_ID + (epoch % 2) * 8)
+    } else {
+        0
+    };
     for (&id, &(off, h)) in &live {
         let e = inner.table.get(u64::from(id)).ok_or_else(|| {
             PtmError::Pool(format!(
@@ -94,6 +223,7 @@ pub(super) fn recover(inner: &mut Inner) -> Result<(), PtmError> {
         e.old.store(off, Ordering::Relaxed);
         e.gen.store(u64::from(h.gen), Ordering::Relaxed);
         e.size.store(h.size, Ordering::Relaxed);
+        e.vtxid.store(h.txid, Ordering::Relaxed);
         next_id = next_id.max(u64::from(id) + 1);
     }
     inner.table.next_id.store(next_id, Ordering::Release);
@@ -135,7 +265,25 @@ pub(super) fn recover(inner: &mut Inner) -> Result<(), PtmError> {
     merge_into(&mut inner.alloc.free.lock(), free);
     *inner.alloc.pages.lock() = pages;
     inner.clock.store((max_txid >> 8) + 1, Ordering::Release);
+    // The next checkpoint rewrites what the scan found changed (and everything in the other
+    // copy); a full scan leaves everything dirty.
+    if counts.from_checkpoint {
+        inner
+            .chkp
+            .reset_dirty(found.iter().map(|(_, h)| u64::from(h.id)));
+    }
+    inner.recovered = counts;
     Ok(())
+}
+
+fn damaged(what: String) -> PtmError {
+    PtmError::Pool(format!("the pool is damaged: {what}"))
+}
+
+/// Whether `[off, off + len)` lies inside one of the (sorted) data pages, 64-byte aligned.
+fn in_pages(pages: &[u64], off: u64, len: u64) -> bool {
+    let i = pages.partition_point(|&p| p <= off);
+    off % BLOCK == 0 && len > 0 && i > 0 && off + len <= pages[i - 1] + PAGE_SIZE
 }
 
 /// Bytes a found version spans (a tombstone only its header's block: the payload behind an

@@ -24,6 +24,8 @@ pub struct Entry {
     pub gen: AtomicU64,
     /// The object's payload bytes.
     pub size: AtomicU64,
+    /// The txid that wrote the committed version (`old`): what the checkpoint records (§5.6).
+    pub vtxid: AtomicU64,
 }
 
 /// A consistent snapshot of an entry's fields.
@@ -139,6 +141,9 @@ pub struct SlotState {
     /// The start timestamp while the transaction still reads objects; 0 while it is taking
     /// one; `u64::MAX` when idle or committed.
     pub active: AtomicU64,
+    /// 1 from `begin` (before the snapshot) to the end of post-commit or abort: what a
+    /// checkpoint waits to see 0 in every slot (§5.6's blocked transactions).
+    pub busy: AtomicU64,
 }
 
 impl Default for SlotState {
@@ -147,6 +152,7 @@ impl Default for SlotState {
             state: AtomicU64::new(0),
             cid: AtomicU64::new(0),
             active: AtomicU64::new(u64::MAX),
+            busy: AtomicU64::new(0),
         }
     }
 }

@@ -234,6 +234,9 @@ impl ArchtmWorker {
         let mut freed = Vec::new();
         let mut dealloc = Vec::new();
         for &id in &self.write_set {
+            // §5.6: the entry's committed state changes, so its group goes into the next
+            // checkpoint.
+            self.eng.chkp.mark(id);
             let e = self.eng.table.get(id).expect("a locked id");
             let v = e.view();
             if v.old != 0 {
@@ -241,6 +244,7 @@ impl ArchtmWorker {
                     off: v.old,
                     len: block_bytes(v.size),
                     tomb: false,
+                    object: (id, v.gen),
                 });
             }
             if v.new & TOMB != 0 {
@@ -248,6 +252,7 @@ impl ArchtmWorker {
                     off: v.new & !(BLOCK - 1),
                     len: tomb_len(v.new, v.size),
                     tomb: true,
+                    object: (id, v.gen),
                 });
                 e.modify(|e| {
                     e.old.store(0, Ordering::Release);
@@ -258,6 +263,7 @@ impl ArchtmWorker {
                 });
                 freed.push(id as u32);
             } else {
+                e.vtxid.store(self.txid, Ordering::Release);
                 e.modify(|e| {
                     e.old.store(v.new, Ordering::Release);
                     e.new.store(0, Ordering::Release);
@@ -275,14 +281,34 @@ impl ArchtmWorker {
         if pending > self.eng.gc_threshold {
             self.eng.gc();
         }
+        self.eng.maybe_checkpoint();
     }
 
     fn end(&mut self) {
         let s = &self.eng.slots[self.slot];
         s.state.store(self.ts << 2 | dstate::END, Ordering::Release);
         s.active.store(u64::MAX, Ordering::SeqCst);
+        s.busy.store(0, Ordering::SeqCst);
         self.write_set.clear();
         self.running = false;
+    }
+
+    /// Waits while a checkpoint is pending (§5.6 blocks new transactions), then marks the slot
+    /// busy. Busy first, then the check: a checkpoint that set `pending` before our check sees
+    /// us busy or we see it pending (both SeqCst).
+    fn enter(&self) {
+        let (s, c) = (&self.eng.slots[self.slot], &self.eng.chkp);
+        loop {
+            s.busy.store(1, Ordering::SeqCst);
+            if !c.pending.load(Ordering::SeqCst) {
+                return;
+            }
+            s.busy.store(0, Ordering::SeqCst);
+            while c.pending.load(Ordering::SeqCst) {
+                self.stop_if_crashed();
+                std::thread::yield_now();
+            }
+        }
     }
 }
 
@@ -300,6 +326,7 @@ impl PtmWorker for ArchtmWorker {
         if self.running {
             self.abort();
         }
+        self.enter();
         let s = &self.eng.slots[self.slot];
         // 0 first: a committer scanning for older transactions waits for one that is taking
         // its timestamp (it may get one below the commit id).
