@@ -69,6 +69,7 @@ mod heap;
 pub mod layout;
 pub mod log;
 mod pipeline;
+pub mod ptm;
 mod recovery;
 
 pub use pipeline::LogStats;
