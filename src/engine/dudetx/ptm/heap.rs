@@ -250,9 +250,7 @@ impl Shadow {
                         ))
                     }
                     (false, None) => {
-                        return Err(format!(
-                            "slot {at} is neither allocated nor free (leaked)"
-                        ))
+                        return Err(format!("slot {at} is neither allocated nor free (leaked)"))
                     }
                     (false, Some(c)) if c != f.class => {
                         return Err(format!("slot {at} is on the free list of class {c}"))
@@ -305,8 +303,7 @@ impl Apply for ObjectApply {
         match op.table {
             WORD_LOG => {}
             ALLOC_LOG => {
-                if (op.key - f.base) % slot_bytes(f.class) != 0 || Header::decode(value).is_none()
-                {
+                if (op.key - f.base) % slot_bytes(f.class) != 0 || Header::decode(value).is_none() {
                     return Err(format!(
                         "an allocation-log op writes {value:#x} at {}, which is no slot header",
                         op.key

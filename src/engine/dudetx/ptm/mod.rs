@@ -82,6 +82,22 @@ impl DudetxPtmFault {
     }
 }
 
+impl std::str::FromStr for DudetxPtmFault {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        DudetxPtmFault::ALL
+            .into_iter()
+            .find(|f| f.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = DudetxPtmFault::ALL.iter().map(|f| f.name()).collect();
+                format!(
+                    "unknown DUDETx PTM fault '{s}' (expected one of {})",
+                    names.join(", ")
+                )
+            })
+    }
+}
+
 impl std::fmt::Display for DudetxPtmFault {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
@@ -268,11 +284,8 @@ impl DudetxPtm {
             crate::engine::EngineKind::Dudetx,
             pool.domain(),
         )?;
-        core_cfg.log_pages = crate::engine::wal::ring_size(
-            &pool,
-            core_cfg.log_pages,
-            super::DEFAULT_LOG_PAGES,
-        );
+        core_cfg.log_pages =
+            crate::engine::wal::ring_size(&pool, core_cfg.log_pages, super::DEFAULT_LOG_PAGES);
         let (pages, meta_page) = crate::engine::meta::format(
             &pool,
             &layout(&[
@@ -448,8 +461,14 @@ impl PtmEngine for DudetxPtm {
         vec![
             ("live_objects", self.inner.live.load(Ordering::Relaxed)),
             ("heap_pages", self.inner.shadow.frames().len() as u64),
-            ("committed_id", self.inner.core.committed.load(Ordering::Acquire)),
-            ("durable_id", self.inner.core.durable.load(Ordering::Acquire)),
+            (
+                "committed_id",
+                self.inner.core.committed.load(Ordering::Acquire),
+            ),
+            (
+                "durable_id",
+                self.inner.core.durable.load(Ordering::Acquire),
+            ),
             ("log_txns", s.txns),
             ("log_records", s.records),
             ("log_raw_bytes", s.raw_bytes),
@@ -475,9 +494,10 @@ impl PtmEngine for DudetxPtm {
     fn check_invariants(&self) -> Result<(), String> {
         let _order = self.inner.commit_lock.lock();
         self.inner.core.drain()?;
-        self.inner
-            .shadow
-            .check(&self.inner.core.pool, self.inner.live.load(Ordering::Relaxed))
+        self.inner.shadow.check(
+            &self.inner.core.pool,
+            self.inner.live.load(Ordering::Relaxed),
+        )
     }
 }
 

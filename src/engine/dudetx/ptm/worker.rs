@@ -10,7 +10,9 @@
 //! version, and hand the redo log (§3.2) to the persist step in id order.
 
 use super::super::log::encode_op;
-use super::heap::{class_for, slot_bytes, Frame, Header, ALLOC_LOG, MAX_OBJECT, OFFSET_BITS, WORD_LOG};
+use super::heap::{
+    class_for, slot_bytes, Frame, Header, ALLOC_LOG, MAX_OBJECT, OFFSET_BITS, WORD_LOG,
+};
 use super::{DudetxPtmFault, Inner};
 use crate::engine::dudetx::DurabilityMode;
 use crate::ptm::{PtmError, PtmWorker};
@@ -363,9 +365,7 @@ impl PtmWorker for StmWorker {
             for &s in &stripes {
                 inner.locks[s].store(id, Ordering::SeqCst);
             }
-            inner
-                .live
-                .fetch_add(live_delta as u64, Ordering::Relaxed);
+            inner.live.fetch_add(live_delta as u64, Ordering::Relaxed);
             core.committed.store(id, Ordering::Release);
             inner.shadow.release(&self.freed);
             core.enqueue(id, log).map_err(PtmError::Pool)?;
