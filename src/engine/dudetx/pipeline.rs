@@ -74,18 +74,6 @@ pub(crate) trait Apply: Send + 'static {
     ) -> Result<(), String>;
 }
 
-impl Apply for Heap {
-    fn apply(
-        &mut self,
-        pool: &Pool,
-        pages: &PageManager,
-        op: &Op,
-        fault: Option<DudetxFault>,
-    ) -> Result<(), String> {
-        Heap::apply(self, pool, pages, op, fault)
-    }
-}
-
 /// The engine's persistent side, shared with the background threads; `H` is what reproduce
 /// applies records to.
 pub(crate) struct Core<H = Heap> {

@@ -5,7 +5,7 @@
 
 use super::heap::Heap;
 use super::layout::{kind, meta};
-use super::pipeline::Core;
+use super::pipeline::{Apply, Core};
 use super::{make_shadow, meta_layout, DudetxConfig, DudetxEngine};
 use crate::alloc::PageManager;
 use crate::engine::common::PhaseClock;
