@@ -15,7 +15,7 @@ use std::time::Duration;
 /// Arguments of `pmtx bench ptm`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// PTM engines, comma-separated (archtm; pmdk and dudetx are not built yet).
+    /// PTM engines, comma-separated (archtm, dudetx; pmdk is not built yet).
     #[arg(long, value_delimiter = ',', default_value = "archtm")]
     pub engine: Vec<PtmEngineKind>,
     /// The data structure: hash (a chained hash table of 10 240 buckets) or tree (a B+-tree,

@@ -107,12 +107,18 @@ pub enum CrashEngine {
 impl std::str::FromStr for CrashEngine {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        if let Ok(k) = s.parse::<crate::ptm::PtmEngineKind>() {
-            return Ok(CrashEngine::Ptm(k));
+        // `dudetx` names the table engine; its persistent-object API is `dudetx-ptm`.
+        if let Ok(k) = s.parse::<EngineKind>() {
+            return Ok(CrashEngine::Table(k));
         }
-        s.parse::<EngineKind>()
-            .map(CrashEngine::Table)
-            .map_err(|e| format!("{e} (or the persistent-object engine archtm)"))
+        if s == "dudetx-ptm" {
+            return Ok(CrashEngine::Ptm(crate::ptm::PtmEngineKind::Dudetx));
+        }
+        s.parse::<crate::ptm::PtmEngineKind>()
+            .map(CrashEngine::Ptm)
+            .map_err(|e| {
+                format!("{e} (or a table engine; dudetx-ptm: DUDETx's persistent-object API)")
+            })
     }
 }
 
@@ -135,7 +141,7 @@ pub(crate) fn run(args: Args) -> CliResult {
     }
     check_counts(&args)?;
     let engine = match args.engine {
-        CrashEngine::Ptm(_) => return run_ptm(&args),
+        CrashEngine::Ptm(k) => return run_ptm(&args, k),
         CrashEngine::Table(e) => e,
     };
     let inject_fault: Option<InjectedFault> =
@@ -209,7 +215,7 @@ pub(crate) fn run(args: Args) -> CliResult {
 }
 
 /// `pmtx crashtest --engine archtm`: the persistent-object crash workload (`crashtest::ptm`).
-fn run_ptm(args: &Args) -> CliResult {
+fn run_ptm(args: &Args, kind: crate::ptm::PtmEngineKind) -> CliResult {
     use crate::crashtest::ptm::{sweep, PtmCrashConfig};
     use crate::ptm::archtm::ArchtmFault;
     if args.threads != 1 || args.real_kills.is_some() || args.rounds != 1 {
@@ -233,11 +239,30 @@ fn run_ptm(args: &Args) -> CliResult {
         super::bench::check_output_path(path, "--json")?;
     }
     let mut cfg = PtmCrashConfig::new(args.domain);
-    cfg.fault = args
-        .inject_fault
-        .as_deref()
-        .map(str::parse::<ArchtmFault>)
-        .transpose()?;
+    if kind == crate::ptm::PtmEngineKind::Dudetx {
+        let fault = args
+            .inject_fault
+            .as_deref()
+            .map(str::parse::<crate::engine::dudetx::ptm::DudetxPtmFault>)
+            .transpose()?;
+        if fault.is_some_and(|f| f.adr_only()) && args.domain == PersistenceDomain::Eadr {
+            return Err(
+                "that fault removes a write-back, which eadr does not need: test it under adr"
+                    .into(),
+            );
+        }
+        cfg = PtmCrashConfig::dudetx(
+            args.domain,
+            crate::engine::dudetx::DurabilityMode::Sync,
+            fault,
+        );
+    } else {
+        cfg.fault = args
+            .inject_fault
+            .as_deref()
+            .map(str::parse::<ArchtmFault>)
+            .transpose()?;
+    }
     if let Some(f) = cfg.fault {
         if f.adr_only() && args.domain == PersistenceDomain::Eadr {
             return Err(format!(
@@ -256,9 +281,12 @@ fn run_ptm(args: &Args) -> CliResult {
     }
     let report = sweep(&cfg)?;
     outln!(
-        "archtm crash test ({}{}): {} crash points over {} PM events (defragmentation moved {} objects), {} images checked, {} violation(s)",
+        "{} crash test ({}{}): {} crash points over {} PM events (defragmentation moved {} objects), {} images checked, {} violation(s)",
+        kind.name(),
         args.domain,
-        cfg.fault.map_or(String::new(), |f| format!(", fault {f}")),
+        args.inject_fault
+            .as_deref()
+            .map_or(String::new(), |f| format!(", fault {f}")),
         report.points,
         report.events,
         report.defrag_moved,

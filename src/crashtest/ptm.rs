@@ -8,9 +8,11 @@
 //! unreachable (leaked); the allocator's invariants hold (nothing leaked or owned twice); and
 //! the recovered pool keeps working.
 
+use crate::engine::dudetx::ptm::DudetxPtmFault;
+use crate::engine::dudetx::DurabilityMode;
 use crate::pmem::{CrashTrigger, PersistenceDomain, SimulatedCrash};
 use crate::ptm::archtm::ArchtmFault;
-use crate::ptm::{PPtr, Ptm, PtmConfig, PtmError};
+use crate::ptm::{PPtr, Ptm, PtmConfig, PtmEngineKind, PtmError};
 
 crate::pobject! {
     /// A list node.
@@ -201,6 +203,13 @@ pub struct PtmCrashConfig {
     pub domain: PersistenceDomain,
     /// A deliberate ordering bug.
     pub fault: Option<ArchtmFault>,
+    /// The engine (ArchTM by default).
+    pub engine: PtmEngineKind,
+    /// DUDETx: a deliberate ordering bug.
+    pub dudetx_fault: Option<DudetxPtmFault>,
+    /// DUDETx: sync or async commits (async: a crash must keep exactly the transactions up to
+    /// the recovered durable id, which is at least the one reported before the crash).
+    pub dudetx_mode: DurabilityMode,
     /// Workload steps after setup.
     pub steps: u64,
     /// Crash before every `stride`-th PM event of the run (1: every event).
@@ -221,6 +230,9 @@ impl PtmCrashConfig {
         PtmCrashConfig {
             domain,
             fault: None,
+            engine: PtmEngineKind::Archtm,
+            dudetx_fault: None,
+            dudetx_mode: DurabilityMode::Sync,
             steps: 60,
             stride: 1,
             event: None,
@@ -230,19 +242,50 @@ impl PtmCrashConfig {
         }
     }
 
-    fn ptm_config(&self, fault: Option<ArchtmFault>, trigger: Option<CrashTrigger>) -> PtmConfig {
-        // Four pages: the meta page, a data page and a page per checkpoint copy.
+    /// A DUDETx run with `fault`.
+    pub fn dudetx(
+        domain: PersistenceDomain,
+        mode: DurabilityMode,
+        fault: Option<DudetxPtmFault>,
+    ) -> PtmCrashConfig {
+        PtmCrashConfig {
+            engine: PtmEngineKind::Dudetx,
+            dudetx_fault: fault,
+            dudetx_mode: mode,
+            ..PtmCrashConfig::new(domain)
+        }
+    }
+
+    fn ptm_config(&self, faulty: bool, trigger: Option<CrashTrigger>) -> PtmConfig {
+        // ArchTM: the meta page, a data page and a page per checkpoint copy. DUDETx: a page per
+        // size class and one for its log ring.
+        let size = match self.engine {
+            PtmEngineKind::Archtm => 10 << 20,
+            PtmEngineKind::Dudetx => 16 << 20,
+        };
         let mut c = PtmConfig::temporary()
-            .size(10 << 20)
+            .size(size)
             .domain(self.domain)
-            .max_threads(2);
+            .max_threads(2)
+            .engine(self.engine);
         c.gc_threshold = 4;
         // Small segments, so fetches (and their CHKP-diff records) happen between checkpoints.
         c.segment_bytes = 1024;
         c.checkpoint_every = 0;
-        c.archtm_fault = fault;
+        c.archtm_fault = self.fault.filter(|_| faulty);
+        c.dudetx.fault = self.dudetx_fault.filter(|_| faulty);
+        c.dudetx.mode = self.dudetx_mode;
+        c.dudetx.group = 3;
         c.crash_sim = trigger;
         c
+    }
+
+    fn fault_name(&self) -> &'static str {
+        match (self.fault, self.dudetx_fault) {
+            (Some(f), _) => f.name(),
+            (None, Some(f)) => f.name(),
+            (None, None) => "no fault",
+        }
     }
 }
 
@@ -261,28 +304,60 @@ pub struct PtmCrashReport {
     pub violations: Vec<String>,
 }
 
-/// Runs the workload to the end: the state after each step (`states[k]`: after k steps) and the
-/// first and last PM event numbers of the steps.
-fn reference(cfg: &PtmCrashConfig) -> Result<(Vec<State>, u64, u64, u64), PtmError> {
-    let ptm = Ptm::<Root>::create(cfg.ptm_config(None, Some(CrashTrigger::Never)))?;
+/// The reference run: the state after each step (`states[k]`: after k steps), the commit id
+/// after each step (engines that number commits), the first and last PM event numbers of the
+/// steps, and the objects defragmentation moved.
+struct Reference {
+    states: Vec<State>,
+    ids: Vec<Option<u64>>,
+    start: u64,
+    end: u64,
+    moved: u64,
+}
+
+/// Runs the workload to the end.
+fn reference(cfg: &PtmCrashConfig) -> Result<Reference, PtmError> {
+    let ptm = Ptm::<Root>::create(cfg.ptm_config(false, Some(CrashTrigger::Never)))?;
     setup(&ptm)?;
+    // Everything of the setup durable (DUDETx async: persisted and reproduced) before the
+    // crash points start.
+    ptm.check_invariants().map_err(PtmError::Pool)?;
     let events = || ptm.engine().pool().crash_sim().map_or(0, |s| s.events());
     let start = events();
     let mut rng = Lcg(7);
     let mut states = vec![state_of(&ptm)?.0];
+    let mut ids = vec![ptm.committed_id()];
     let mut moved = 0;
     for i in 0..cfg.steps {
         step(&ptm, i, &mut rng, &mut moved)?;
         states.push(state_of(&ptm)?.0);
+        ids.push(ptm.committed_id());
     }
-    Ok((states, start, events(), moved))
+    Ok(Reference {
+        states,
+        ids,
+        start,
+        end: events(),
+        moved,
+    })
 }
 
 /// Crashes before event `at` and checks the images; returns images checked or a violation.
-fn crash_at(cfg: &PtmCrashConfig, at: u64, states: &[State]) -> Result<u64, String> {
-    let ptm = Ptm::<Root>::create(cfg.ptm_config(cfg.fault, Some(CrashTrigger::AtEvent(at))))
+fn crash_at(cfg: &PtmCrashConfig, at: u64, reference: &Reference) -> Result<u64, String> {
+    let states = &reference.states;
+    let ptm = Ptm::<Root>::create(cfg.ptm_config(true, Some(CrashTrigger::AtEvent(at))))
         .map_err(|e| e.to_string())?;
-    setup(&ptm).map_err(|e| e.to_string())?;
+    // A fault can shift the PM events, so the crash may come during the setup: that point
+    // tests nothing (the sweep's others do).
+    let ready = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        setup(&ptm).map_err(|e| e.to_string())?;
+        ptm.check_invariants()
+    }));
+    match ready {
+        Err(p) if SimulatedCrash::is(p.as_ref()) => return Ok(0),
+        Err(p) => std::panic::resume_unwind(p),
+        Ok(r) => r?,
+    }
     let done = std::cell::Cell::new(0usize);
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let mut rng = Lcg(7);
@@ -315,21 +390,45 @@ fn crash_at(cfg: &PtmCrashConfig, at: u64, states: &[State]) -> Result<u64, Stri
     let Some(cs) = sim.crash_state() else {
         return Ok(0); // the run ended before the event
     };
+    let durable_before = ptm.durable_id();
     drop(ptm);
     let acked = done.get();
+    let asynchronous =
+        cfg.engine == PtmEngineKind::Dudetx && cfg.dudetx_mode == DurabilityMode::Async;
     let mut images = 0;
     for img in cs.images(cfg.images_per_point, at) {
         images += 1;
         let ctx = format!(
             "{} {}: crash before event {at} after {acked} steps, image {:?}",
             cfg.domain,
-            cfg.fault.map_or("no fault", |f| f.name()),
+            cfg.fault_name(),
             img.prefixes
         );
-        let ptm = Ptm::<Root>::open_image(&img.bytes, cfg.ptm_config(None, None))
+        let ptm = Ptm::<Root>::open_image(&img.bytes, cfg.ptm_config(false, None))
             .map_err(|e| format!("{ctx}: recovery failed: {e}"))?;
         let (s, reachable) = state_of(&ptm).map_err(|e| format!("{ctx}: {e}"))?;
-        if s != states[acked] && states.get(acked + 1) != Some(&s) {
+        if asynchronous {
+            // Async commits: exactly the transactions up to the recovered durable id survive
+            // (a prefix: never one after a gap), and that id is at least the one reported
+            // durable before the crash.
+            let d = ptm.durable_id().unwrap_or(0);
+            if durable_before.is_some_and(|b| d < b) {
+                return Err(format!(
+                    "{ctx}: recovered durable id {d}, but {durable_before:?} was reported durable"
+                ));
+            }
+            let k = reference
+                .ids
+                .iter()
+                .rposition(|id| id.is_some_and(|id| id <= d))
+                .unwrap_or(0);
+            if s != states[k] {
+                return Err(format!(
+                    "{ctx}: recovered {s:?} at durable id {d}, expected {:?} (step {k})",
+                    states[k]
+                ));
+            }
+        } else if s != states[acked] && states.get(acked + 1) != Some(&s) {
             return Err(format!(
                 "{ctx}: recovered {s:?}, expected {:?} or {:?}",
                 states[acked],
@@ -360,10 +459,11 @@ fn crash_at(cfg: &PtmCrashConfig, at: u64, states: &[State]) -> Result<u64, Stri
 
 /// Crashes the workload at every `stride`-th event (or `event`) and checks every image.
 pub fn sweep(cfg: &PtmCrashConfig) -> Result<PtmCrashReport, PtmError> {
-    let (states, start, end, defrag_moved) = reference(cfg)?;
+    let reference = reference(cfg)?;
+    let (start, end) = (reference.start, reference.end);
     let mut report = PtmCrashReport {
         events: end - start,
-        defrag_moved,
+        defrag_moved: reference.moved,
         ..Default::default()
     };
     let points: Vec<u64> = match cfg.event {
@@ -378,7 +478,7 @@ pub fn sweep(cfg: &PtmCrashConfig) -> Result<PtmCrashReport, PtmError> {
     };
     for at in points {
         report.points += 1;
-        match crash_at(cfg, at, &states) {
+        match crash_at(cfg, at, &reference) {
             Ok(n) => report.images += n,
             Err(v) => {
                 report.violations.push(v);

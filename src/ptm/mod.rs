@@ -328,6 +328,16 @@ pub trait PtmEngine: Send + Sync {
     /// Checks the engine's invariants (allocator, object table): what a crash test asserts after
     /// recovery. Call it while no transaction runs.
     fn check_invariants(&self) -> Result<(), String>;
+    /// The id of the last transaction known durable, for an engine that separates "committed"
+    /// from "durable" (DUDETx's asynchronous mode): a crash keeps every transaction up to it.
+    /// `None`: every commit is durable when `run` returns.
+    fn durable_id(&self) -> Option<u64> {
+        None
+    }
+    /// The id of the last commit (same engines as [`PtmEngine::durable_id`]).
+    fn committed_id(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// One thread's transactions on a [`PtmEngine`]. Calls between `begin` and `commit`/`abort` form
@@ -357,6 +367,9 @@ pub enum PtmEngineKind {
     /// ArchTM (FAST'21): logless copy-on-write objects.
     #[default]
     Archtm,
+    /// DUDETx (ASPLOS'17): perform on a DRAM shadow, persist a redo log, reproduce in the
+    /// background (`crate::engine::dudetx::ptm`).
+    Dudetx,
 }
 
 impl PtmEngineKind {
@@ -364,6 +377,7 @@ impl PtmEngineKind {
     pub fn name(self) -> &'static str {
         match self {
             PtmEngineKind::Archtm => "archtm",
+            PtmEngineKind::Dudetx => "dudetx",
         }
     }
 }
@@ -373,8 +387,9 @@ impl std::str::FromStr for PtmEngineKind {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "archtm" => Ok(PtmEngineKind::Archtm),
+            "dudetx" => Ok(PtmEngineKind::Dudetx),
             _ => Err(format!(
-                "unknown PTM engine '{s}' (expected: archtm; dudetx is not built yet)"
+                "unknown PTM engine '{s}' (expected: archtm or dudetx)"
             )),
         }
     }
@@ -411,6 +426,8 @@ pub struct PtmConfig {
     /// ArchTM: bytes a thread fetches from the global free list at once (§5.4's segment; a
     /// multiple of 64).
     pub segment_bytes: u64,
+    /// DUDETx: durability mode, group size, perform mode, fault.
+    pub dudetx: crate::engine::dudetx::ptm::DudetxPtmOptions,
 }
 
 impl PtmConfig {
@@ -430,6 +447,7 @@ impl PtmConfig {
             gc_threshold: archtm::alloc::GC_THRESHOLD,
             checkpoint_every: 1 << 16,
             segment_bytes: archtm::alloc::FETCH,
+            dudetx: Default::default(),
         }
     }
     /// Sets the pool file.
@@ -445,6 +463,11 @@ impl PtmConfig {
     /// Sets the persistence domain.
     pub fn domain(mut self, d: PersistenceDomain) -> Self {
         self.domain = d;
+        self
+    }
+    /// Sets the engine.
+    pub fn engine(mut self, e: PtmEngineKind) -> Self {
+        self.engine = e;
         self
     }
     /// Sets the number of thread slots.
@@ -480,18 +503,25 @@ impl<R: PObject + Default> Ptm<R> {
 impl<R: PObject> Ptm<R> {
     /// Creates a pool whose root object is `root`.
     pub fn create_with(config: PtmConfig, root: &R) -> Result<Ptm<R>, PtmError> {
-        let engine = match config.engine {
-            PtmEngineKind::Archtm => archtm::ArchTm::create(&config, &root.to_bytes())?,
+        let engine: Box<dyn PtmEngine> = match config.engine {
+            PtmEngineKind::Archtm => Box::new(archtm::ArchTm::create(&config, &root.to_bytes())?),
+            PtmEngineKind::Dudetx => Box::new(crate::engine::dudetx::ptm::DudetxPtm::create(
+                &config,
+                &root.to_bytes(),
+            )?),
         };
-        Ok(Self::wrap(Box::new(engine), &config))
+        Ok(Self::wrap(engine, &config))
     }
 
     /// Opens an existing pool, running the engine's recovery.
     pub fn open(config: PtmConfig) -> Result<Ptm<R>, PtmError> {
-        let engine = match config.engine {
-            PtmEngineKind::Archtm => archtm::ArchTm::open(&config)?,
+        let engine: Box<dyn PtmEngine> = match config.engine {
+            PtmEngineKind::Archtm => Box::new(archtm::ArchTm::open(&config)?),
+            PtmEngineKind::Dudetx => {
+                Box::new(crate::engine::dudetx::ptm::DudetxPtm::open(&config)?)
+            }
         };
-        Self::checked(Box::new(engine), &config)
+        Self::checked(engine, &config)
     }
 
     /// Wraps an engine already opened.
@@ -573,10 +603,13 @@ impl<R: PObject> Ptm<R> {
     /// Opens a crash image (the bytes of a whole pool) in memory and recovers it: for crash
     /// tests.
     pub fn open_image(bytes: &[u8], config: PtmConfig) -> Result<Ptm<R>, PtmError> {
-        let engine = match config.engine {
-            PtmEngineKind::Archtm => archtm::ArchTm::open_image(bytes, &config)?,
+        let engine: Box<dyn PtmEngine> = match config.engine {
+            PtmEngineKind::Archtm => Box::new(archtm::ArchTm::open_image(bytes, &config)?),
+            PtmEngineKind::Dudetx => Box::new(crate::engine::dudetx::ptm::DudetxPtm::open_image(
+                bytes, &config,
+            )?),
         };
-        Self::checked(Box::new(engine), &config)
+        Self::checked(engine, &config)
     }
 
     fn checked(engine: Box<dyn PtmEngine>, config: &PtmConfig) -> Result<Ptm<R>, PtmError> {
@@ -606,6 +639,17 @@ impl<R: PObject> Ptm<R> {
     /// Checks the engine's invariants (see [`PtmEngine::check_invariants`]).
     pub fn check_invariants(&self) -> Result<(), String> {
         self.engine.check_invariants()
+    }
+
+    /// The last transaction id known durable, where the engine separates "committed" from
+    /// "durable" (DUDETx in asynchronous mode; see [`PtmEngine::durable_id`]).
+    pub fn durable_id(&self) -> Option<u64> {
+        self.engine.durable_id()
+    }
+
+    /// The id of the last commit (see [`PtmEngine::committed_id`]).
+    pub fn committed_id(&self) -> Option<u64> {
+        self.engine.committed_id()
     }
 
     /// The engine's statistics.

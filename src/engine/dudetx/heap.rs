@@ -115,11 +115,25 @@ impl Heap {
         Ok(page)
     }
 
+    /// The live rows of `table`, by key.
+    pub fn rows(&self, pool: &Pool, table: TableId) -> Vec<(u64, Vec<u8>)> {
+        let t = &self.tables[table as usize];
+        let mut rows: Vec<(u64, Vec<u8>)> = t
+            .index
+            .iter()
+            .map(|(&k, &at)| (k, pool.read_vec(at + slot::HEADER, t.row)))
+            .collect();
+        rows.sort_unstable_by_key(|r| r.0);
+        rows
+    }
+}
+
+impl super::pipeline::Apply for Heap {
     /// Applies one op (§3.1 reproduce): a put writes key and row, makes them durable, and only
     /// then marks a new slot live; an update rewrites the row in place (a torn row is redone from
     /// the log, which is truncated only after the heap writes are durable); a delete clears the
     /// state word.
-    pub fn apply(
+    fn apply(
         &mut self,
         pool: &Pool,
         pages: &PageManager,
@@ -174,17 +188,5 @@ impl Heap {
             }
         }
         Ok(())
-    }
-
-    /// The live rows of `table`, by key.
-    pub fn rows(&self, pool: &Pool, table: TableId) -> Vec<(u64, Vec<u8>)> {
-        let t = &self.tables[table as usize];
-        let mut rows: Vec<(u64, Vec<u8>)> = t
-            .index
-            .iter()
-            .map(|(&k, &at)| (k, pool.read_vec(at + slot::HEADER, t.row)))
-            .collect();
-        rows.sort_unstable_by_key(|r| r.0);
-        rows
     }
 }

@@ -58,17 +58,26 @@
 //! - **Inline steps in the crash simulator** (`background: false`): the simulator's crash points
 //!   are PM events of the threads it drives, so there the committing thread persists (sync: every
 //!   commit; async: every `group` commits) and reproduces (when more than two records wait).
-//! - **No STM, HTM or lock-based perform modes of their own** (§4, §5): the shadow's protocols
-//!   (OCC, 2PL variants, MVCC, ...) are the perform modes. HTM would need RTM, which the machine
-//!   this was built on lacks.
-//! - **The PM heap's allocator is the heap directory** (DRAM, rebuilt from slot state words at
+//! - **No STM, HTM or lock-based perform modes of their own for tables** (§4, §5): the shadow's
+//!   protocols (OCC, 2PL variants, MVCC, ...) are the perform modes. The object API ([`ptm`])
+//!   has the STM; HTM needs RTM, which the machine this was built on lacks (detected and
+//!   refused); the lock-based mode (§5) is not built.
+//! - **The table heap's allocator is the heap directory** (DRAM, rebuilt from slot state words at
 //!   open) rather than §3.6's allocation logs: a slot becomes live only through a reproduced put,
-//!   so the logs already say everything an allocation log would.
+//!   so the logs already say everything an allocation log would. The persistent-object API's
+//!   heap ([`ptm`]) does log `pmalloc`/`pfree` (allocation-log ops in the redo record).
+//!
+//! # The persistent-object API
+//!
+//! [`ptm`] runs `pmtx::ptm` on the same pipeline: a word-based STM (§4.1) on a DRAM shadow of
+//! the object heap, (word, value) and allocation-log redo ops, the same persist, reproduce and
+//! replay (`pipeline::Apply` says what reproduce writes). Its own departures are in its doc.
 
 mod heap;
 pub mod layout;
 pub mod log;
 mod pipeline;
+pub mod ptm;
 mod recovery;
 
 pub use pipeline::LogStats;

@@ -60,15 +60,30 @@ pub struct LogStats {
     pub stored_bytes: u64,
 }
 
-/// The engine's persistent side, shared with the background threads.
-pub(crate) struct Core {
+/// What the reproduce step applies records to (§3.1's "PM copy"): the table engine's row heap
+/// ([`Heap`]) or the persistent-object API's word heap (`ptm::ObjectHeap`).
+pub(crate) trait Apply: Send + 'static {
+    /// Applies one op to PM, written back unless `fault` removes that (the caller fences once
+    /// after a batch, before truncating the log).
+    fn apply(
+        &mut self,
+        pool: &Pool,
+        pages: &PageManager,
+        op: &Op,
+        fault: Option<DudetxFault>,
+    ) -> Result<(), String>;
+}
+
+/// The engine's persistent side, shared with the background threads; `H` is what reproduce
+/// applies records to.
+pub(crate) struct Core<H = Heap> {
     pub pool: Arc<Pool>,
     pub pages: PageManager,
     pub meta_page: u64,
     pub ring: LogRing,
     pub config: DudetxConfig,
     pub state: Mutex<State>,
-    pub heap: Mutex<Heap>,
+    pub heap: Mutex<H>,
     wake_persist: Condvar,
     wake_reproduce: Condvar,
     became_durable: Condvar,
@@ -87,7 +102,7 @@ pub(crate) fn max_record_raw(ring_capacity: u64) -> usize {
     (ring_capacity / 4) as usize
 }
 
-impl Core {
+impl<H: Apply> Core<H> {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         pool: Arc<Pool>,
@@ -95,10 +110,10 @@ impl Core {
         meta_page: u64,
         ring: LogRing,
         config: DudetxConfig,
-        heap: Heap,
+        heap: H,
         durable: u64,
         tail: u64,
-    ) -> Core {
+    ) -> Core<H> {
         Core {
             pool,
             pages,
@@ -263,6 +278,11 @@ impl Core {
                     heap.apply(pool, &self.pages, op, self.fault())?;
                 }
             }
+        }
+        // One fence for the batch's write-backs, before the truncation words (§3.1: a record is
+        // recycled only once its effects are durable).
+        if self.fault() != Some(DudetxFault::SkipHeapFlush) {
+            pool.fence();
         }
         if self.fault() != Some(DudetxFault::TruncateFirst) {
             truncate();

@@ -5,7 +5,7 @@
 
 use super::heap::Heap;
 use super::layout::{kind, meta};
-use super::pipeline::Core;
+use super::pipeline::{Apply, Core};
 use super::{make_shadow, meta_layout, DudetxConfig, DudetxEngine};
 use crate::alloc::PageManager;
 use crate::engine::common::PhaseClock;
@@ -22,6 +22,83 @@ pub(super) fn log_ring(
     create: bool,
 ) -> Result<LogRing, DbError> {
     crate::engine::wal::ring_pages(pool, pages, kind::LOG, count, create, "DUDETx")
+}
+
+/// What [`replay`] did.
+pub(crate) struct Replayed {
+    /// The durable id (§3.2).
+    pub durable: u64,
+    /// The log position after the last replayed record (the new truncation point).
+    pub pos: u64,
+    /// Records replayed.
+    pub records: u64,
+    /// Ops replayed.
+    pub entries: u64,
+}
+
+/// Replays the log (§3.5): from the truncation point, every intact record in id order up to the
+/// durable id, stopping at the first gap (a torn, stale or missing record), each op through
+/// `apply`; then truncates what was replayed, in the order the reproduce step does. Records are
+/// whole after-images (rows, or words), so replaying one the reproduce step had already applied
+/// changes nothing. Shared by the table engine and the persistent-object API.
+pub(crate) fn replay(
+    pool: &Pool,
+    ring: &LogRing,
+    meta_page: u64,
+    mut apply: impl FnMut(&super::log::Op) -> Result<(), String>,
+) -> Result<Replayed, DbError> {
+    let r = |f: u64| pool.read_u64(meta_page + f);
+    let durable = r(meta::DURABLE);
+    let head_seq = r(meta::HEAD_SEQ);
+    let mut pos = r(meta::HEAD_POS);
+    // A crash between the two truncation words leaves HEAD_SEQ past the records at HEAD_POS:
+    // they are replayed again (harmlessly), so continuity is checked against the previous
+    // record, not against HEAD_SEQ.
+    let mut prev_last = head_seq;
+    let (mut records, mut entries) = (0u64, 0u64);
+    while let Some(rec) = parse_record(ring, pool, pos) {
+        let Ok(ops) = super::log::decode_ops(&rec.raw) else {
+            break;
+        };
+        let continues = if records == 0 {
+            rec.first <= head_seq + 1
+        } else {
+            rec.first == prev_last + 1
+        };
+        if !continues || rec.last > durable || rec.last < rec.first {
+            break;
+        }
+        for op in &ops {
+            apply(op).map_err(|e| {
+                DbError::Corrupt(format!(
+                    "replaying log record {}..{}: {e}",
+                    rec.first, rec.last
+                ))
+            })?;
+        }
+        entries += ops.len() as u64;
+        records += 1;
+        prev_last = rec.last;
+        pos += rec.len;
+    }
+    let upto = prev_last.max(head_seq);
+    if upto < durable {
+        return Err(DbError::Corrupt(format!(
+            "the durable id is {durable}, but the log holds transactions only up to {upto}: \
+             persisted log records were lost"
+        )));
+    }
+    // The replayed ops' write-backs are fenced by the first truncation word's persist.
+    pool.write_u64(meta_page + meta::HEAD_SEQ, durable);
+    pool.persist(meta_page + meta::HEAD_SEQ, 8);
+    pool.write_u64(meta_page + meta::HEAD_POS, pos);
+    pool.persist(meta_page + meta::HEAD_POS, 8);
+    Ok(Replayed {
+        durable,
+        pos,
+        records,
+        entries,
+    })
 }
 
 /// Opens and recovers a DUDETx pool.
@@ -47,59 +124,19 @@ pub(super) fn open(
             config.validate()
         },
     )?;
-    let r = |f: u64| pool.read_u64(meta_page + f);
     let ring = log_ring(&pool, &pages, config.log_pages, false)?;
     let mut heap = Heap::load(&pool, &pages, &catalog)?;
     timer.lap(&mut report, "load heap");
 
-    // Replay (§3.5): from the truncation point, every intact record in id order up to the
-    // durable id. Records are whole after-images, so replaying one the reproduce step had
-    // already applied changes nothing.
-    let durable = r(meta::DURABLE);
-    let head_seq = r(meta::HEAD_SEQ);
-    let mut pos = r(meta::HEAD_POS);
-    // A crash between the two truncation words leaves HEAD_SEQ past the records at HEAD_POS:
-    // they are replayed again (harmlessly), so continuity is checked against the previous
-    // record, not against HEAD_SEQ.
-    let mut prev_last = head_seq;
-    let (mut records, mut entries) = (0u64, 0u64);
-    while let Some(rec) = parse_record(&ring, &pool, pos) {
-        let Ok(ops) = super::log::decode_ops(&rec.raw) else {
-            break;
-        };
-        let continues = if records == 0 {
-            rec.first <= head_seq + 1
-        } else {
-            rec.first == prev_last + 1
-        };
-        if !continues || rec.last > durable || rec.last < rec.first {
-            break;
-        }
-        for op in &ops {
-            heap.apply(&pool, &pages, op, None).map_err(|e| {
-                DbError::Corrupt(format!(
-                    "replaying log record {}..{}: {e}",
-                    rec.first, rec.last
-                ))
-            })?;
-        }
-        entries += ops.len() as u64;
-        records += 1;
-        prev_last = rec.last;
-        pos += rec.len;
-    }
-    let upto = prev_last.max(head_seq);
-    if upto < durable {
-        return Err(DbError::Corrupt(format!(
-            "the durable id is {durable}, but the log holds transactions only up to {upto}: \
-             persisted log records were lost"
-        )));
-    }
-    // Truncate what was replayed, in the order the reproduce step does.
-    pool.write_u64(meta_page + meta::HEAD_SEQ, durable);
-    pool.persist(meta_page + meta::HEAD_SEQ, 8);
-    pool.write_u64(meta_page + meta::HEAD_POS, pos);
-    pool.persist(meta_page + meta::HEAD_POS, 8);
+    let replayed = replay(&pool, &ring, meta_page, |op| {
+        heap.apply(&pool, &pages, op, None)
+    })?;
+    let (durable, pos, records, entries) = (
+        replayed.durable,
+        replayed.pos,
+        replayed.records,
+        replayed.entries,
+    );
     timer.lap(&mut report, "replay log");
 
     // Rebuild the DRAM shadow (§3.5) from the heap: tables, rows, indexes.

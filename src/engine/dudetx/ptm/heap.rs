@@ -1,0 +1,321 @@
+//! The persistent-object heap of DUDETx behind `pmtx::ptm` (§3.1, §3.6): size-class pages of
+//! slots in PM, their DRAM shadow frames (one per PM page: the shadow memory *perform* runs on),
+//! the DRAM free lists (`pmalloc`/`pfree`), and the reproduce step's applier of word and
+//! allocation-log ops to the PM pages.
+//!
+//! ```text
+//! heap page (kind HEAP, value = size class c): slots of 16 << c bytes
+//!   slot: 0 header word   8.. the object's bytes (the handle names byte 8)
+//!   header: 0 (never used) | tag (16 bits: LIVE or FREE) gen (16) size (32)
+//! handle: gen << 48 | the pool offset of the object's first byte
+//! ```
+//!
+//! A slot's header changes only through the allocation log (§3.6): `pmalloc` and `pfree` write
+//! the header in the transaction's shadow write set, and commit logs it as an op of the
+//! [`ALLOC_LOG`] space (the data words go to [`WORD_LOG`]). Both travel in the transaction's
+//! redo record, so the persisted allocation state is exactly the one the persisted log says:
+//! recovery replays the allocation ops with the data and rebuilds the free lists from the
+//! headers.
+
+use super::super::log::Op;
+use super::super::pipeline::Apply;
+use super::super::DudetxFault;
+use crate::alloc::{PageManager, PageTag, PAGE_SIZE};
+use crate::pmem::Pool;
+use parking_lot::{Mutex, RwLock};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Page kind of a heap page (value: its size class).
+pub const HEAP_KIND: u8 = 5;
+/// Size classes: slots of 16 B to 2 MiB.
+pub const CLASSES: usize = 18;
+/// The largest object (a slot of a whole page less its header).
+pub const MAX_OBJECT: usize = PAGE_SIZE as usize - 8;
+/// The log "table" of data words (key: the word's pool offset, row: its 8 bytes).
+pub const WORD_LOG: u32 = 0xFFFF_FF00;
+/// The log "table" of the allocation log (§3.6; key: a slot header's pool offset, row: the
+/// header word).
+pub const ALLOC_LOG: u32 = 0xFFFF_FF01;
+
+const LIVE_TAG: u64 = 0xA11C;
+const FREE_TAG: u64 = 0xF4EE;
+/// Bits of a handle below the generation.
+pub const OFFSET_BITS: u32 = 48;
+
+/// Slot bytes of class `c`.
+pub fn slot_bytes(class: usize) -> u64 {
+    16 << class
+}
+
+/// The smallest class whose slot holds an object of `size` bytes and its header.
+pub fn class_for(size: usize) -> Option<usize> {
+    (0..CLASSES).find(|&c| slot_bytes(c) >= size as u64 + 8)
+}
+
+/// A decoded slot header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    /// Allocated (else freed, or never used: `gen` 0).
+    pub live: bool,
+    /// Generation: bumped by every allocation of the slot, so stale handles are refused.
+    pub gen: u64,
+    /// Object bytes.
+    pub size: u64,
+}
+
+impl Header {
+    /// The header word.
+    pub fn encode(self) -> u64 {
+        let tag = if self.live { LIVE_TAG } else { FREE_TAG };
+        (tag << 48) | (self.gen << 32) | self.size
+    }
+    /// Decodes a header word; `None`: not a header (damage).
+    pub fn decode(w: u64) -> Option<Header> {
+        if w == 0 {
+            return Some(Header {
+                live: false,
+                gen: 0,
+                size: 0,
+            });
+        }
+        let live = match w >> 48 {
+            LIVE_TAG => true,
+            FREE_TAG => false,
+            _ => return None,
+        };
+        Some(Header {
+            live,
+            gen: (w >> 32) & 0xFFFF,
+            size: w & 0xFFFF_FFFF,
+        })
+    }
+}
+
+/// One heap page's DRAM shadow (§3.1: the shadow memory transactions perform on).
+pub struct Frame {
+    /// The page's size class.
+    pub class: usize,
+    /// The page's pool offset.
+    pub base: u64,
+    /// The page's words.
+    pub words: Box<[AtomicU64]>,
+}
+
+impl Frame {
+    fn zeroed(class: usize, base: u64) -> Frame {
+        Frame {
+            class,
+            base,
+            words: (0..PAGE_SIZE / 8).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+    /// The word at pool offset `addr` (in this page, 8-aligned).
+    pub fn word(&self, addr: u64) -> &AtomicU64 {
+        &self.words[((addr - self.base) / 8) as usize]
+    }
+}
+
+/// The shadow memory: heap pages by pool offset, and the free slots of each class.
+pub struct Shadow {
+    frames: RwLock<HashMap<u64, Arc<Frame>>>,
+    /// Free slots (pool offsets of their headers) per class: the DRAM `pmalloc` state.
+    pub free: Mutex<Vec<Vec<u64>>>,
+}
+
+impl Default for Shadow {
+    fn default() -> Self {
+        Shadow {
+            frames: RwLock::new(HashMap::new()),
+            free: Mutex::new(vec![Vec::new(); CLASSES]),
+        }
+    }
+}
+
+impl Shadow {
+    /// The frame of the heap page holding `addr`, if it is one.
+    pub fn frame(&self, addr: u64) -> Option<Arc<Frame>> {
+        self.frames.read().get(&(addr & !(PAGE_SIZE - 1))).cloned()
+    }
+
+    /// Every frame, by pool offset.
+    pub fn frames(&self) -> Vec<Arc<Frame>> {
+        let mut v: Vec<Arc<Frame>> = self.frames.read().values().cloned().collect();
+        v.sort_unstable_by_key(|f| f.base);
+        v
+    }
+
+    /// Adds the frame of a heap page (zero; `load` then fills it from PM).
+    pub fn add_page(&self, class: usize, base: u64) -> Arc<Frame> {
+        let f = Arc::new(Frame::zeroed(class, base));
+        self.frames.write().insert(base, f.clone());
+        f
+    }
+
+    /// A free slot of `class` (its header's offset), taking a new PM page when none is left.
+    pub fn take_slot(&self, pool: &Pool, pages: &PageManager, class: usize) -> Result<u64, String> {
+        let mut free = self.free.lock();
+        if let Some(at) = free[class].pop() {
+            return Ok(at);
+        }
+        let index = pages
+            .allocate(
+                pool,
+                PageTag {
+                    kind: HEAP_KIND,
+                    owner: 0,
+                    value: class as u64,
+                },
+            )
+            .map_err(|e| e.to_string())?;
+        let base = pages.page_offset(index);
+        self.add_page(class, base);
+        let slot = slot_bytes(class);
+        free[class].extend((1..PAGE_SIZE / slot).rev().map(|i| base + i * slot));
+        Ok(base)
+    }
+
+    /// Returns slots to their free lists.
+    pub fn release(&self, slots: &[(usize, u64)]) {
+        let mut free = self.free.lock();
+        for &(class, at) in slots {
+            free[class].push(at);
+        }
+    }
+
+    /// After recovery: the frames of every heap page loaded from PM, the free lists rebuilt
+    /// from the headers; returns the live objects. A header that is not one is damage.
+    pub fn load(&self, pool: &Pool) -> Result<u64, String> {
+        let mut live = 0;
+        let mut free = self.free.lock();
+        for f in self.frames() {
+            pool.read_words(f.base, &f.words);
+            let slot = slot_bytes(f.class);
+            for i in (0..PAGE_SIZE / slot).rev() {
+                let at = f.base + i * slot;
+                let w = f.word(at).load(Ordering::Relaxed);
+                match Header::decode(w) {
+                    Some(h) if h.live => live += 1,
+                    Some(_) => free[f.class].push(at),
+                    None => {
+                        return Err(format!(
+                            "the header word {w:#x} of the slot at {at} is not a DUDETx header"
+                        ))
+                    }
+                }
+            }
+        }
+        Ok(live)
+    }
+
+    /// The heap's invariants (no transaction running, everything reproduced): each frame equals
+    /// its PM page; each slot is live or on its free list, never both, never twice; `live`
+    /// slots are live.
+    pub fn check(&self, pool: &Pool, live: u64) -> Result<(), String> {
+        let free = self.free.lock();
+        let mut on_list: HashMap<u64, usize> = HashMap::new();
+        for (class, list) in free.iter().enumerate() {
+            for &at in list {
+                if on_list.insert(at, class).is_some() {
+                    return Err(format!(
+                        "slot {at} is twice on the free list (it would be owned twice)"
+                    ));
+                }
+            }
+        }
+        let mut counted = 0;
+        for f in self.frames() {
+            let pm = pool.read_vec(f.base, PAGE_SIZE as usize);
+            let slot = slot_bytes(f.class);
+            for (i, w) in f.words.iter().enumerate() {
+                let v = w.load(Ordering::Relaxed);
+                let p = u64::from_le_bytes(pm[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+                if v != p {
+                    return Err(format!(
+                        "word {} differs between the DRAM shadow ({v:#x}) and PM ({p:#x}) \
+                         though everything is reproduced",
+                        f.base + i as u64 * 8
+                    ));
+                }
+            }
+            for i in 0..PAGE_SIZE / slot {
+                let at = f.base + i * slot;
+                let h = Header::decode(f.word(at).load(Ordering::Relaxed))
+                    .ok_or_else(|| format!("slot {at} has a damaged header"))?;
+                match (h.live, on_list.remove(&at)) {
+                    (true, Some(_)) => {
+                        return Err(format!(
+                            "slot {at} is allocated and on the free list (double ownership)"
+                        ))
+                    }
+                    (false, None) => {
+                        return Err(format!("slot {at} is neither allocated nor free (leaked)"))
+                    }
+                    (false, Some(c)) if c != f.class => {
+                        return Err(format!("slot {at} is on the free list of class {c}"))
+                    }
+                    (true, None) => counted += 1,
+                    _ => {}
+                }
+            }
+        }
+        if let Some((at, _)) = on_list.into_iter().next() {
+            return Err(format!("the free list holds {at}, which is no heap slot"));
+        }
+        if counted != live {
+            return Err(format!(
+                "{counted} slots are allocated, the engine counts {live} live objects"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The reproduce step's applier (§3.1) for the object heap: a word op writes the word of a heap
+/// page, an allocation-log op a slot's header (checked to be one).
+pub struct ObjectApply {
+    /// The heap pages (their frames), to check that an op writes a heap page.
+    pub shadow: Arc<Shadow>,
+}
+
+impl Apply for ObjectApply {
+    fn apply(
+        &mut self,
+        pool: &Pool,
+        _pages: &PageManager,
+        op: &Op,
+        fault: Option<DudetxFault>,
+    ) -> Result<(), String> {
+        let value = match op.row.as_deref() {
+            Some(b) if b.len() == 8 => u64::from_le_bytes(b.try_into().expect("8 bytes")),
+            _ => return Err(format!("a log op at {} is not one 8-byte word", op.key)),
+        };
+        let Some(f) = self.shadow.frame(op.key) else {
+            return Err(format!(
+                "a log op writes offset {}, which is in no heap page",
+                op.key
+            ));
+        };
+        if op.key % 8 != 0 {
+            return Err(format!("a log op writes the unaligned offset {}", op.key));
+        }
+        match op.table {
+            WORD_LOG => {}
+            ALLOC_LOG => {
+                if (op.key - f.base) % slot_bytes(f.class) != 0 || Header::decode(value).is_none() {
+                    return Err(format!(
+                        "an allocation-log op writes {value:#x} at {}, which is no slot header",
+                        op.key
+                    ));
+                }
+            }
+            t => return Err(format!("a log op of the unknown space {t:#x}")),
+        }
+        pool.write_u64(op.key, value);
+        if fault != Some(DudetxFault::SkipHeapFlush) {
+            pool.flush(op.key, 8);
+        }
+        Ok(())
+    }
+}

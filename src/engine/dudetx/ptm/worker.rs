@@ -1,0 +1,393 @@
+//! The STM perform mode (§4.1): a TinySTM-like word-based STM on the DRAM shadow.
+//!
+//! Versioned locks ("stripes", a hash of the word's address) and a global clock: a read takes
+//! the word from the shadow between two loads of its stripe and records the version; a version
+//! newer than the transaction's snapshot extends the snapshot if everything read so far is
+//! unchanged (TinySTM's timestamp extension), else the attempt aborts with a conflict that
+//! [`Ptm::run`](crate::ptm::Ptm::run) retries. Writes are buffered (word → value). Commit, under
+//! the engine's commit lock: lock the written stripes, validate the reads, take the next id
+//! (the clock), write the words into the shadow, release the stripes with the id as their
+//! version, and hand the redo log (§3.2) to the persist step in id order.
+
+use super::super::log::encode_op;
+use super::heap::{
+    class_for, slot_bytes, Frame, Header, ALLOC_LOG, MAX_OBJECT, OFFSET_BITS, WORD_LOG,
+};
+use super::{DudetxPtmFault, Inner};
+use crate::engine::dudetx::DurabilityMode;
+use crate::ptm::{PtmError, PtmWorker};
+use std::collections::BTreeMap;
+use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
+
+/// The lock bit of a stripe.
+pub(super) const LOCKED: u64 = 1 << 63;
+/// Stripes (a power of two).
+pub(super) const STRIPES: usize = 1 << 16;
+
+pub(super) fn stripe(addr: u64) -> usize {
+    ((addr >> 3).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 48) as usize & (STRIPES - 1)
+}
+
+/// One thread's transactions.
+pub(super) struct StmWorker {
+    pub inner: Arc<Inner>,
+    /// The snapshot: the clock when the transaction began (or was extended).
+    rv: u64,
+    /// (stripe, version) of every read.
+    reads: Vec<(usize, u64)>,
+    /// Buffered writes: word offset → (value, is a slot header).
+    writes: BTreeMap<u64, (u64, bool)>,
+    /// Slots allocated by this transaction (returned to the free lists if it aborts).
+    allocated: Vec<(usize, u64)>,
+    /// Slots freed by this transaction (returned to the free lists when it commits).
+    freed: Vec<(usize, u64)>,
+    /// The last frame used (saves the page-table lookup).
+    frame: Option<Arc<Frame>>,
+}
+
+/// A location of an object: its header's and first byte's offsets, its size.
+struct Obj {
+    header_at: u64,
+    at: u64,
+    size: u64,
+    class: usize,
+    header: Header,
+}
+
+fn invalid(h: u64, reason: impl Into<String>) -> PtmError {
+    PtmError::InvalidHandle {
+        handle: h,
+        reason: reason.into(),
+    }
+}
+
+impl StmWorker {
+    pub fn new(inner: Arc<Inner>) -> StmWorker {
+        StmWorker {
+            inner,
+            rv: 0,
+            reads: Vec::new(),
+            writes: BTreeMap::new(),
+            allocated: Vec::new(),
+            freed: Vec::new(),
+            frame: None,
+        }
+    }
+
+    fn frame_of(&mut self, addr: u64) -> Option<Arc<Frame>> {
+        if let Some(f) = &self.frame {
+            if addr >= f.base && addr < f.base + crate::alloc::PAGE_SIZE {
+                return Some(f.clone());
+            }
+        }
+        let f = self.inner.shadow.frame(addr)?;
+        self.frame = Some(f.clone());
+        Some(f)
+    }
+
+    /// Whether every read is still at the version it was read at (`own`: stripes this
+    /// transaction has locked itself, during commit).
+    fn reads_valid(&self) -> bool {
+        self.reads.iter().all(|&(s, v)| {
+            let cur = self.inner.locks[s].load(Ordering::SeqCst);
+            cur & !LOCKED == v
+        })
+    }
+
+    /// A transactional read of the word at `addr` (in a heap page; `h` names the object, for
+    /// the conflict error).
+    fn read_word(&mut self, f: &Frame, addr: u64, h: u64) -> Result<u64, PtmError> {
+        if let Some(&(v, _)) = self.writes.get(&addr) {
+            return Ok(v);
+        }
+        let s = stripe(addr);
+        let lock = &self.inner.locks[s];
+        let mut spins = 0u32;
+        loop {
+            let v1 = lock.load(Ordering::SeqCst);
+            if v1 & LOCKED == 0 && v1 <= self.rv {
+                let value = f.word(addr).load(Ordering::Relaxed);
+                fence(Ordering::Acquire);
+                if lock.load(Ordering::Relaxed) == v1 {
+                    self.reads.push((s, v1));
+                    return Ok(value);
+                }
+                continue;
+            }
+            if v1 & LOCKED != 0 {
+                // A commit is writing the stripe back: it holds it only that long.
+                spins += 1;
+                if spins > 64 {
+                    std::thread::yield_now();
+                }
+                continue;
+            }
+            // Written after our snapshot: extend the snapshot if nothing read so far changed
+            // (TinySTM), else abort.
+            let now = self.inner.clock.load(Ordering::SeqCst);
+            if !self.reads_valid() {
+                return Err(PtmError::Conflict {
+                    handle: h,
+                    retries: 0,
+                });
+            }
+            self.rv = now;
+        }
+    }
+
+    /// The live object `h` names (its header read transactionally, so a concurrent free
+    /// conflicts).
+    fn object(&mut self, h: u64) -> Result<Obj, PtmError> {
+        if h == 0 {
+            return Err(invalid(h, "the null handle names no object"));
+        }
+        let gen = h >> OFFSET_BITS;
+        let at = h & ((1 << OFFSET_BITS) - 1);
+        if at < 8 || at % 8 != 0 {
+            return Err(invalid(h, "not the handle of an object of this pool"));
+        }
+        let header_at = at - 8;
+        let Some(f) = self.frame_of(header_at) else {
+            return Err(invalid(h, "it points into no object page of this pool"));
+        };
+        if (header_at - f.base) % slot_bytes(f.class) != 0 {
+            return Err(invalid(h, "it points into the middle of a slot"));
+        }
+        let w = self.read_word(&f, header_at, h)?;
+        let header = Header::decode(w).ok_or_else(|| invalid(h, "its slot header is damaged"))?;
+        if header.gen == 0 {
+            return Err(invalid(h, "its slot was never allocated"));
+        }
+        if !header.live || header.gen != gen {
+            return Err(invalid(h, "the object was freed"));
+        }
+        Ok(Obj {
+            header_at,
+            at,
+            size: header.size,
+            class: f.class,
+            header,
+        })
+    }
+
+    fn range(h: u64, o: &Obj, offset: usize, len: usize) -> Result<(), PtmError> {
+        if offset as u64 + len as u64 > o.size {
+            return Err(PtmError::TooLarge(format!(
+                "{len} bytes at offset {offset} run past the end of object {h:#x} ({} bytes)",
+                o.size
+            )));
+        }
+        Ok(())
+    }
+
+    fn write_bytes(&mut self, f: &Frame, at: u64, src: &[u8], h: u64) -> Result<(), PtmError> {
+        let mut i = 0usize;
+        while i < src.len() {
+            let addr = (at + i as u64) & !7;
+            let skip = (at + i as u64 - addr) as usize;
+            let n = (8 - skip).min(src.len() - i);
+            let value = if n == 8 {
+                u64::from_le_bytes(src[i..i + 8].try_into().expect("8 bytes"))
+            } else {
+                let mut b = self.read_word(f, addr, h)?.to_le_bytes();
+                b[skip..skip + n].copy_from_slice(&src[i..i + n]);
+                u64::from_le_bytes(b)
+            };
+            self.writes.insert(addr, (value, false));
+            i += n;
+        }
+        Ok(())
+    }
+
+    fn clear(&mut self) {
+        self.reads.clear();
+        self.writes.clear();
+        self.allocated.clear();
+        self.freed.clear();
+    }
+
+    fn conflict(&mut self, h: u64) -> PtmError {
+        PtmError::Conflict {
+            handle: h,
+            retries: 0,
+        }
+    }
+}
+
+impl PtmWorker for StmWorker {
+    fn begin(&mut self) {
+        self.clear();
+        self.rv = self.inner.clock.load(Ordering::SeqCst);
+    }
+
+    fn read(&mut self, h: u64, offset: usize, dst: &mut [u8]) -> Result<(), PtmError> {
+        let o = self.object(h)?;
+        Self::range(h, &o, offset, dst.len())?;
+        let f = self.frame_of(o.at).expect("the object's frame");
+        let at = o.at + offset as u64;
+        let mut i = 0usize;
+        while i < dst.len() {
+            let addr = (at + i as u64) & !7;
+            let skip = (at + i as u64 - addr) as usize;
+            let n = (8 - skip).min(dst.len() - i);
+            let b = self.read_word(&f, addr, h)?.to_le_bytes();
+            dst[i..i + n].copy_from_slice(&b[skip..skip + n]);
+            i += n;
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, h: u64, offset: usize, src: &[u8]) -> Result<(), PtmError> {
+        let o = self.object(h)?;
+        Self::range(h, &o, offset, src.len())?;
+        let f = self.frame_of(o.at).expect("the object's frame");
+        self.write_bytes(&f, o.at + offset as u64, src, h)
+    }
+
+    /// `pmalloc` (§3.6): a free slot from the DRAM free lists; its header (a new generation)
+    /// and bytes go into the write set, the header as an allocation-log op.
+    fn alloc(&mut self, init: &[u8]) -> Result<u64, PtmError> {
+        if init.len() > MAX_OBJECT {
+            return Err(PtmError::TooLarge(format!(
+                "an object of {} bytes is larger than the largest object ({MAX_OBJECT} bytes)",
+                init.len()
+            )));
+        }
+        let class = class_for(init.len()).expect("a class for an object up to MAX_OBJECT");
+        let core = &self.inner.core;
+        let header_at = self
+            .inner
+            .shadow
+            .take_slot(&core.pool, &core.pages, class)
+            .map_err(|detail| PtmError::PoolFull {
+                bytes: init.len(),
+                detail,
+            })?;
+        self.allocated.push((class, header_at));
+        let f = self.frame_of(header_at).expect("the new slot's frame");
+        // The slot is this transaction's alone while it is off the free list: its committed
+        // header (the last generation) is read directly.
+        let old = Header::decode(f.word(header_at).load(Ordering::SeqCst)).unwrap_or(Header {
+            live: false,
+            gen: 0,
+            size: 0,
+        });
+        let gen = old.gen % 0xFFFF + 1;
+        let header = Header {
+            live: true,
+            gen,
+            size: init.len() as u64,
+        };
+        self.writes.insert(header_at, (header.encode(), true));
+        let h = (gen << OFFSET_BITS) | (header_at + 8);
+        self.write_bytes(&f, header_at + 8, init, h)?;
+        Ok(h)
+    }
+
+    /// `pfree` (§3.6): the header, marked free, into the write set; the slot returns to the
+    /// free list when the transaction commits.
+    fn free(&mut self, h: u64) -> Result<(), PtmError> {
+        if h == self.inner.root {
+            return Err(invalid(h, "the root object cannot be freed"));
+        }
+        let o = self.object(h)?;
+        let header = Header {
+            live: false,
+            ..o.header
+        };
+        self.writes.insert(o.header_at, (header.encode(), true));
+        self.freed.push((o.class, o.header_at));
+        Ok(())
+    }
+
+    fn size_of(&mut self, h: u64) -> Result<usize, PtmError> {
+        self.object(h).map(|o| o.size as usize)
+    }
+
+    fn commit(&mut self) -> Result<(), PtmError> {
+        if self.writes.is_empty() {
+            // Read-only: every read was consistent with the snapshot when it was made.
+            self.clear();
+            return Ok(());
+        }
+        let inner = self.inner.clone();
+        let core = &inner.core;
+        if let Some(why) = core.state.lock().failed.clone() {
+            return Err(PtmError::Pool(why));
+        }
+        // The redo log (§3.2): data words and the allocation log (§3.6).
+        let mut log = Vec::with_capacity(self.writes.len() * 25);
+        for (&addr, &(value, header)) in &self.writes {
+            if header && inner.fault == Some(DudetxPtmFault::SkipAllocLog) {
+                continue;
+            }
+            let space = if header { ALLOC_LOG } else { WORD_LOG };
+            encode_op(&mut log, space, addr, Some(&value.to_le_bytes()));
+        }
+        let limit = super::super::pipeline::max_record_raw(core.ring.capacity());
+        if log.len() > limit {
+            return Err(PtmError::TooLarge(format!(
+                "the transaction's redo log of {} bytes exceeds a quarter of the DUDETx log \
+                 ring ({limit} bytes): split the transaction",
+                log.len()
+            )));
+        }
+        let id = {
+            let _order = inner.commit_lock.lock();
+            let mut stripes: Vec<usize> = self.writes.keys().map(|&a| stripe(a)).collect();
+            stripes.sort_unstable();
+            stripes.dedup();
+            for &s in &stripes {
+                inner.locks[s].fetch_or(LOCKED, Ordering::SeqCst);
+            }
+            if !self.reads_valid() {
+                for &s in &stripes {
+                    inner.locks[s].fetch_and(!LOCKED, Ordering::SeqCst);
+                }
+                let h = self.writes.keys().next().copied().unwrap_or(0);
+                return Err(self.conflict(h));
+            }
+            let id = core.committed.load(Ordering::Relaxed) + 1;
+            inner.clock.store(id, Ordering::SeqCst);
+            let mut live_delta = 0i64;
+            for (&addr, &(value, header)) in &self.writes {
+                let f = inner.shadow.frame(addr).expect("a written word's frame");
+                let w = f.word(addr);
+                if header {
+                    let was = Header::decode(w.load(Ordering::Relaxed)).is_some_and(|h| h.live);
+                    let is = Header::decode(value).is_some_and(|h| h.live);
+                    live_delta += i64::from(is) - i64::from(was);
+                }
+                w.store(value, Ordering::Relaxed);
+            }
+            fence(Ordering::Release);
+            for &s in &stripes {
+                inner.locks[s].store(id, Ordering::SeqCst);
+            }
+            inner.live.fetch_add(live_delta as u64, Ordering::Relaxed);
+            core.committed.store(id, Ordering::Release);
+            inner.shadow.release(&self.freed);
+            core.enqueue(id, log).map_err(PtmError::Pool)?;
+            id
+        };
+        self.allocated.clear();
+        self.clear();
+        if core.config.mode == DurabilityMode::Sync {
+            core.wait_durable(id).map_err(PtmError::Pool)?;
+        }
+        Ok(())
+    }
+
+    fn abort(&mut self) {
+        self.inner.shadow.release(&self.allocated);
+        self.clear();
+    }
+}
+
+impl Drop for StmWorker {
+    fn drop(&mut self) {
+        self.inner.shadow.release(&self.allocated);
+        self.inner.workers.fetch_sub(1, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,410 @@
+//! The persistent-object API (`pmtx::ptm`) on DUDETx (§3, §3.6): behaviour and errors, a
+//! proptest against a DRAM model with restarts, concurrent transfers, sync and async modes, the
+//! perform modes (§4.2 refusal), and crash tests under the crash simulator (ADR and eADR) before
+//! every PM event of an alloc/write/free workload, with and without each fault.
+
+use pmtx::crashtest::ptm::{
+    setup, state_of, sweep as sweep_all, transfer, Lcg, Node, PtmCrashConfig, Root,
+};
+use pmtx::engine::dudetx::ptm::{DudetxPtmFault, PerformMode};
+use pmtx::engine::dudetx::DurabilityMode;
+use pmtx::pmem::{CrashTrigger, PersistenceDomain};
+use pmtx::ptm::{PPtr, Ptm, PtmConfig, PtmEngineKind, PtmError};
+use std::collections::HashMap;
+
+fn small() -> PtmConfig {
+    PtmConfig::temporary()
+        .size(16 << 20)
+        .engine(PtmEngineKind::Dudetx)
+}
+
+#[test]
+fn alloc_read_write_free_and_the_root() {
+    let ptm = Ptm::<Root>::create(small()).unwrap();
+    assert_eq!(ptm.engine().name(), "dudetx");
+    let (a, n) = ptm
+        .run(|tx| {
+            let a = tx.alloc(&41u64)?;
+            let n = tx.alloc(&Node {
+                value: 1,
+                next: PPtr::null(),
+            })?;
+            tx.write(a, &42)?;
+            assert_eq!(tx.read(a)?, 42, "a transaction reads its own writes");
+            let root = tx.root();
+            tx.update(root, |r| {
+                r.accounts[0] = a;
+                r.head = n;
+                r.len = 1;
+            })?;
+            Ok((a, n))
+        })
+        .unwrap();
+    let (v, node, r) = ptm
+        .run(|tx| Ok((tx.read(a)?, tx.read(n)?, tx.read(tx.root())?)))
+        .unwrap();
+    assert_eq!(
+        (v, node.value, r.accounts[0], r.head, r.len),
+        (42, 1, a, n, 1)
+    );
+    ptm.run(|tx| tx.write_at(n, 8, &a.raw())).unwrap();
+    assert_eq!(
+        ptm.run(|tx| tx.read_at::<Node, u64>(n, 8)).unwrap(),
+        a.raw()
+    );
+    // A sub-word field write keeps the rest of the word.
+    let b = ptm.run(|tx| tx.alloc(&[1u8; 12])).unwrap();
+    ptm.run(|tx| tx.write_at(b, 5, &[9u8; 4])).unwrap();
+    assert_eq!(
+        ptm.run(|tx| tx.read(b)).unwrap(),
+        [1, 1, 1, 1, 1, 9, 9, 9, 9, 1, 1, 1]
+    );
+    ptm.run(|tx| tx.free(a)).unwrap();
+    let err = ptm.run(|tx| tx.read(a)).unwrap_err();
+    assert!(matches!(err, PtmError::InvalidHandle { .. }), "{err}");
+    assert!(err.to_string().contains("freed"), "{err}");
+    assert!(!ptm.run(|tx| tx.is_valid(a)).unwrap());
+    ptm.check_invariants().unwrap();
+}
+
+#[test]
+fn errors_are_typed_and_clear() {
+    let ptm = Ptm::<Root>::create(small()).unwrap();
+    let null: PPtr<u64> = PPtr::null();
+    let e = ptm.run(|tx| tx.read(null)).unwrap_err();
+    assert!(e.to_string().contains("null"), "{e}");
+    let bogus: PPtr<u64> = PPtr::from_raw(7 << 48 | 123_456);
+    let e = ptm.run(|tx| tx.write(bogus, &1)).unwrap_err();
+    assert!(matches!(e, PtmError::InvalidHandle { .. }), "{e}");
+    let a = ptm.run(|tx| tx.alloc(&1u64)).unwrap();
+    let e = ptm.run(|tx| tx.write_at(a, 4, &0u64)).unwrap_err();
+    assert!(matches!(e, PtmError::TooLarge(_)), "{e}");
+    let mut w = ptm.engine().worker().unwrap();
+    w.begin();
+    let e = w.alloc(&vec![0u8; 3 << 20]).unwrap_err();
+    w.abort();
+    drop(w);
+    assert!(e.to_string().contains("largest object"), "{e}");
+    let e = ptm
+        .run(|tx| {
+            let r = tx.root();
+            tx.free(r)
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("root object cannot be freed"), "{e}");
+    // A freed slot reused: the old handle is refused (another generation).
+    ptm.run(|tx| tx.free(a)).unwrap();
+    let b = ptm.run(|tx| tx.alloc(&2u64)).unwrap();
+    assert_ne!(a, b);
+    assert_eq!(
+        a.raw() & 0xffff_ffff_ffff,
+        b.raw() & 0xffff_ffff_ffff,
+        "the slot is reused"
+    );
+    assert!(ptm.run(|tx| tx.read(a)).is_err());
+    assert_eq!(ptm.run(|tx| tx.read(b)).unwrap(), 2);
+    let e = ptm
+        .run(|tx| {
+            tx.write(b, &99)?;
+            tx.alloc(&5u64)?;
+            tx.abort::<()>()
+        })
+        .unwrap_err();
+    assert_eq!(e, PtmError::UserAbort);
+    assert_eq!(ptm.run(|tx| tx.read(b)).unwrap(), 2);
+    ptm.check_invariants().unwrap();
+}
+
+fn sweep(cfg: PtmCrashConfig) -> Result<u64, String> {
+    let r = sweep_all(&cfg).unwrap();
+    match r.violations.first() {
+        Some(v) => Err(v.clone()),
+        None => Ok(r.points),
+    }
+}
+
+/// A crash before every PM event of the alloc/write/free workload, sync commits, ADR and eADR:
+/// every acknowledged transaction survives, nothing uncommitted appears, no object is leaked or
+/// owned twice (`check_invariants`, live = reachable).
+#[test]
+fn every_crash_point_recovers_sync_under_adr_and_eadr() {
+    for domain in [PersistenceDomain::Adr, PersistenceDomain::Eadr] {
+        let mut cfg = PtmCrashConfig::dudetx(domain, DurabilityMode::Sync, None);
+        cfg.steps = 15;
+        let points = sweep(cfg).unwrap_or_else(|e| panic!("{e}"));
+        assert!(points > 150, "{domain}: only {points} crash points");
+    }
+}
+
+/// Async commits (groups of 3 combined): exactly the transactions up to the recovered durable
+/// id survive, never one after a gap, and nothing reported durable is lost.
+#[test]
+fn every_crash_point_recovers_async_under_adr_and_eadr() {
+    for domain in [PersistenceDomain::Adr, PersistenceDomain::Eadr] {
+        let mut cfg = PtmCrashConfig::dudetx(domain, DurabilityMode::Async, None);
+        cfg.steps = 15;
+        let points = sweep(cfg).unwrap_or_else(|e| panic!("{e}"));
+        assert!(points > 80, "{domain}: only {points} crash points");
+    }
+}
+
+#[test]
+fn each_dudetx_ptm_fault_is_caught() {
+    for fault in DudetxPtmFault::ALL {
+        let domains: &[PersistenceDomain] = if fault.adr_only() {
+            &[PersistenceDomain::Adr]
+        } else {
+            &[PersistenceDomain::Adr, PersistenceDomain::Eadr]
+        };
+        for &domain in domains {
+            eprintln!("{fault} under {domain}: sweeping");
+            let mut cfg = PtmCrashConfig::dudetx(domain, DurabilityMode::Sync, Some(fault));
+            cfg.steps = 15;
+            cfg.images_per_point = 8;
+            let r = sweep(cfg);
+            assert!(
+                r.is_err(),
+                "{fault} under {domain}: no violation found in {r:?} crash points"
+            );
+            eprintln!("{fault} under {domain}: {}", r.unwrap_err());
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Alloc(u64),
+    Write(usize, u64),
+    Free(usize),
+    Read(usize),
+}
+
+fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+    use proptest::prelude::*;
+    prop_oneof![
+        any::<u64>().prop_map(Op::Alloc),
+        (any::<usize>(), any::<u64>()).prop_map(|(i, v)| Op::Write(i, v)),
+        any::<usize>().prop_map(Op::Free),
+        any::<usize>().prop_map(Op::Read),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+
+    /// The API against a DRAM model with restarts (a power-off: the durable image, recovered),
+    /// sync and async: after a restart the pool holds the model as of the recovered durable id
+    /// (sync: the last commit), freed handles are refused, nothing leaked or owned twice.
+    #[test]
+    fn the_api_behaves_like_a_hashmap_across_restarts(
+        txs in proptest::collection::vec(
+            (proptest::collection::vec(op(), 1..6), proptest::bool::weighted(0.2), proptest::bool::weighted(0.15)),
+            1..30,
+        ),
+        domain in proptest::prop_oneof![
+            proptest::strategy::Just(PersistenceDomain::Adr),
+            proptest::strategy::Just(PersistenceDomain::Eadr)
+        ],
+        asynchronous in proptest::bool::ANY,
+        group in 1usize..5,
+    ) {
+        let with_sim = || {
+            let mut c = small().domain(domain);
+            c.crash_sim = Some(CrashTrigger::Never);
+            c.dudetx.group = group;
+            if asynchronous {
+                c.dudetx.mode = DurabilityMode::Async;
+            }
+            c
+        };
+        let mut ptm = Ptm::<Root>::create(with_sim()).unwrap();
+        let mut model: HashMap<u64, u64> = HashMap::new();
+        // The model after each commit id.
+        let mut by_id: Vec<(u64, HashMap<u64, u64>)> = vec![(ptm.committed_id().unwrap(), model.clone())];
+        let mut freed: Vec<u64> = Vec::new();
+        for (ops, abort, restart) in txs {
+            let mut handles: Vec<u64> = model.keys().copied().collect();
+            handles.sort_unstable();
+            let mut next = model.clone();
+            let mut new_freed = Vec::new();
+            let r = ptm.run(|tx| {
+                next = model.clone();
+                new_freed.clear();
+                let mut hs = handles.clone();
+                for op in &ops {
+                    match *op {
+                        Op::Alloc(v) => {
+                            let p = tx.alloc(&v)?;
+                            next.insert(p.raw(), v);
+                            hs.push(p.raw());
+                        }
+                        Op::Write(i, v) if !hs.is_empty() => {
+                            let h = hs[i % hs.len()];
+                            tx.write(PPtr::<u64>::from_raw(h), &v)?;
+                            next.insert(h, v);
+                        }
+                        Op::Free(i) if !hs.is_empty() => {
+                            let h = hs.remove(i % hs.len());
+                            tx.free(PPtr::<u64>::from_raw(h))?;
+                            next.remove(&h);
+                            new_freed.push(h);
+                        }
+                        Op::Read(i) if !hs.is_empty() => {
+                            let h = hs[i % hs.len()];
+                            assert_eq!(tx.read(PPtr::<u64>::from_raw(h))?, next[&h]);
+                        }
+                        _ => {}
+                    }
+                }
+                if abort { tx.abort() } else { Ok(()) }
+            });
+            match r {
+                Ok(()) => {
+                    model = next.clone();
+                    freed.append(&mut new_freed);
+                    by_id.push((ptm.committed_id().unwrap(), model.clone()));
+                }
+                Err(e) => proptest::prop_assert_eq!(e, PtmError::UserAbort),
+            }
+            if restart {
+                let durable_before = ptm.durable_id().unwrap();
+                ptm.engine().pool().crash_now();
+                let sim = ptm.engine().pool().crash_sim().unwrap().clone();
+                let image = sim.crash_state().unwrap().durable_image();
+                drop(ptm);
+                ptm = Ptm::<Root>::open_image(&image.bytes, with_sim()).unwrap();
+                let d = ptm.durable_id().unwrap();
+                proptest::prop_assert!(d >= durable_before);
+                if !asynchronous {
+                    proptest::prop_assert_eq!(d, by_id.last().unwrap().0);
+                }
+                // The model as of the durable id: later commits are gone, in order.
+                let k = by_id.iter().rposition(|(id, _)| *id <= d).unwrap();
+                by_id.truncate(k + 1);
+                model = by_id[k].1.clone();
+            }
+            for (&h, &v) in &model {
+                proptest::prop_assert_eq!(ptm.run(|tx| tx.read(PPtr::<u64>::from_raw(h))).unwrap(), v);
+            }
+            for &h in &freed {
+                if !model.contains_key(&h) {
+                    let r = ptm.run(|tx| tx.read(PPtr::<u64>::from_raw(h)));
+                    proptest::prop_assert!(
+                        matches!(r, Err(PtmError::InvalidHandle { .. })),
+                        "freed handle {:#x} read as {:?}", h, r
+                    );
+                }
+            }
+            ptm.check_invariants().map_err(proptest::test_runner::TestCaseError::fail)?;
+            let live = ptm.stats().iter().find(|s| s.0 == "live_objects").unwrap().1 as usize;
+            proptest::prop_assert_eq!(live, model.len() + 1);
+        }
+    }
+}
+
+#[test]
+fn two_threads_of_transfers_keep_the_total_in_sync_and_async_modes() {
+    for mode in [DurabilityMode::Sync, DurabilityMode::Async] {
+        let mut c = small();
+        c.dudetx.mode = mode;
+        let ptm = Ptm::<Root>::create(c).unwrap();
+        setup(&ptm).unwrap();
+        std::thread::scope(|s| {
+            for t in 0..2u64 {
+                let ptm = &ptm;
+                s.spawn(move || {
+                    let mut rng = Lcg(t + 1);
+                    for i in 0..1000 {
+                        if i % 5 == 0 {
+                            let sum: u64 = ptm
+                                .run(|tx| {
+                                    let r = tx.read(tx.root())?;
+                                    r.accounts.iter().map(|&a| tx.read(a)).sum()
+                                })
+                                .unwrap();
+                            assert_eq!(sum, 800, "{mode}: a transaction saw a partial transfer");
+                            continue;
+                        }
+                        transfer(ptm, &mut rng, 30).unwrap();
+                        if i % 50 == 0 {
+                            let p = ptm.run(|tx| tx.alloc(&Node::default())).unwrap();
+                            ptm.run(|tx| tx.free(p)).unwrap();
+                        }
+                    }
+                });
+            }
+        });
+        let (s, _) = state_of(&ptm).unwrap();
+        assert_eq!(s.accounts.iter().sum::<u64>(), 800);
+        ptm.check_invariants().unwrap();
+        let d = ptm.durable_id().unwrap();
+        assert_eq!(d, ptm.committed_id().unwrap(), "{mode}: drained");
+        let stats: HashMap<_, _> = ptm.stats().into_iter().collect();
+        assert!(stats["log_records"] > 0 && stats["log_stored_bytes"] > 0);
+    }
+}
+
+/// §3.3: in async mode a group combines transactions, so a word written by every one of them is
+/// logged once per record: fewer combined bytes than raw.
+#[test]
+fn async_groups_combine_repeated_writes() {
+    let mut c = small();
+    c.dudetx.mode = DurabilityMode::Async;
+    c.dudetx.group = 100;
+    c.crash_sim = Some(CrashTrigger::Never); // inline steps: groups fill deterministically
+    let ptm = Ptm::<Root>::create(c).unwrap();
+    let a = ptm.run(|tx| tx.alloc(&0u64)).unwrap();
+    for i in 0..500u64 {
+        ptm.run(|tx| tx.write(a, &i)).unwrap();
+    }
+    ptm.check_invariants().unwrap();
+    let s: HashMap<_, _> = ptm.stats().into_iter().collect();
+    assert!(
+        s["log_combined_bytes"] * 20 < s["log_raw_bytes"],
+        "combination saved too little: {s:?}"
+    );
+    assert_eq!(ptm.run(|tx| tx.read(a)).unwrap(), 499);
+}
+
+#[test]
+fn a_pool_file_reopens_with_its_objects() {
+    let path = std::env::temp_dir().join(format!("pmtx-ptm-dudetx-{}.pool", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let cfg = || small().path(&path);
+    let a = {
+        let ptm = Ptm::<Root>::create(cfg()).unwrap();
+        setup(&ptm).unwrap();
+        let a = ptm.run(|tx| tx.alloc(&77u64)).unwrap();
+        ptm.run(|tx| tx.update(tx.root(), |r| r.len = a.raw()))
+            .unwrap();
+        a
+    };
+    let ptm = Ptm::<Root>::open(cfg()).unwrap();
+    let r = ptm.run(|tx| tx.read(tx.root())).unwrap();
+    assert_eq!(r.len, a.raw());
+    assert_eq!(ptm.run(|tx| tx.read(a)).unwrap(), 77);
+    ptm.check_invariants().unwrap();
+    drop(ptm);
+    std::fs::remove_file(&path).unwrap();
+}
+
+/// §4.2: this machine has no RTM; the HTM mode is refused with a message naming what is
+/// missing, and the HTM-or-STM mode falls back to the STM and works.
+#[test]
+fn htm_mode_is_refused_without_rtm_and_falls_back() {
+    let mut c = small();
+    c.dudetx.perform = PerformMode::Htm;
+    let e = Ptm::<Root>::create(c).err().expect("HTM refused");
+    assert!(e.to_string().contains("RTM"), "{e}");
+    if !pmtx::engine::dudetx::ptm::cpu_has_rtm() {
+        assert!(e.to_string().contains("does not have"), "{e}");
+    }
+    let mut c = small();
+    c.dudetx.perform = PerformMode::HtmOrStm;
+    if pmtx::engine::dudetx::ptm::cpu_has_rtm() {
+        return;
+    }
+    let ptm = Ptm::<Root>::create(c).unwrap();
+    setup(&ptm).unwrap();
+    assert_eq!(state_of(&ptm).unwrap().0.accounts, vec![100; 8]);
+}
