@@ -132,7 +132,13 @@ fn every_crash_point_recovers_sync_under_adr_and_eadr() {
         let mut cfg = PtmCrashConfig::dudetx(domain, DurabilityMode::Sync, None);
         cfg.steps = 15;
         let points = sweep(cfg).unwrap_or_else(|e| panic!("{e}"));
-        assert!(points > 150, "{domain}: only {points} crash points");
+        // eADR has no flush events, so fewer points (116 at 15 steps).
+        let enough = if domain == PersistenceDomain::Adr {
+            150
+        } else {
+            100
+        };
+        assert!(points > enough, "{domain}: only {points} crash points");
     }
 }
 
@@ -144,7 +150,13 @@ fn every_crash_point_recovers_async_under_adr_and_eadr() {
         let mut cfg = PtmCrashConfig::dudetx(domain, DurabilityMode::Async, None);
         cfg.steps = 15;
         let points = sweep(cfg).unwrap_or_else(|e| panic!("{e}"));
-        assert!(points > 80, "{domain}: only {points} crash points");
+        // eADR has no flush events, so fewer points (76 at 15 steps).
+        let enough = if domain == PersistenceDomain::Adr {
+            80
+        } else {
+            60
+        };
+        assert!(points > enough, "{domain}: only {points} crash points");
     }
 }
 
