@@ -52,7 +52,7 @@ pub const MAX_BATCH: usize = 256;
 ///     }
 ///     Ok(total)
 /// })?;
-/// assert_eq!(total, (10..20).map(|k| k * 10).sum());
+/// assert_eq!(total, (10..20u64).map(|k| k * 10).sum::<u64>());
 /// let last_three: Vec<u64> = db.run(|tx| {
 ///     tx.range_rev(items, ..=50).take(3).map(|r| r.map(|(k, _)| k)).collect()
 /// })?;
