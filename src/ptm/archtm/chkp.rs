@@ -24,7 +24,7 @@
 //! - **Freed objects:** garbage collection clears the CHKP entry of an object before it zeroes
 //!   the tombstone that deletes it (else a crash would revive the checkpointed version).
 //!
-//! Checkpoint ordering (each step a fault of [`ArchtmFault`](super::ArchtmFault)): entries and
+//! Checkpoint ordering (each step a fault of [`ArchtmFault`]): entries and
 //! the new diff records written and flushed; fence (`archtm-chkp-persist`); the epoch word
 //! stored and persisted (the switch).
 
