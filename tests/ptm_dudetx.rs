@@ -3,6 +3,8 @@
 //! perform modes (§4.2 refusal), and crash tests under the crash simulator (ADR and eADR) before
 //! every PM event of an alloc/write/free workload, with and without each fault.
 
+mod common;
+use common::ptm_model::{self, op};
 use pmtx::crashtest::ptm::{
     setup, state_of, sweep as sweep_all, transfer, Lcg, Node, PtmCrashConfig, Root,
 };
@@ -183,24 +185,6 @@ fn each_dudetx_ptm_fault_is_caught() {
     }
 }
 
-#[derive(Clone, Debug)]
-enum Op {
-    Alloc(u64),
-    Write(usize, u64),
-    Free(usize),
-    Read(usize),
-}
-
-fn op() -> impl proptest::strategy::Strategy<Value = Op> {
-    use proptest::prelude::*;
-    prop_oneof![
-        any::<u64>().prop_map(Op::Alloc),
-        (any::<usize>(), any::<u64>()).prop_map(|(i, v)| Op::Write(i, v)),
-        any::<usize>().prop_map(Op::Free),
-        any::<usize>().prop_map(Op::Read),
-    ]
-}
-
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
 
@@ -235,41 +219,7 @@ proptest::proptest! {
         let mut by_id: Vec<(u64, HashMap<u64, u64>)> = vec![(ptm.committed_id().unwrap(), model.clone())];
         let mut freed: Vec<u64> = Vec::new();
         for (ops, abort, restart) in txs {
-            let mut handles: Vec<u64> = model.keys().copied().collect();
-            handles.sort_unstable();
-            let mut next = model.clone();
-            let mut new_freed = Vec::new();
-            let r = ptm.run(|tx| {
-                next = model.clone();
-                new_freed.clear();
-                let mut hs = handles.clone();
-                for op in &ops {
-                    match *op {
-                        Op::Alloc(v) => {
-                            let p = tx.alloc(&v)?;
-                            next.insert(p.raw(), v);
-                            hs.push(p.raw());
-                        }
-                        Op::Write(i, v) if !hs.is_empty() => {
-                            let h = hs[i % hs.len()];
-                            tx.write(PPtr::<u64>::from_raw(h), &v)?;
-                            next.insert(h, v);
-                        }
-                        Op::Free(i) if !hs.is_empty() => {
-                            let h = hs.remove(i % hs.len());
-                            tx.free(PPtr::<u64>::from_raw(h))?;
-                            next.remove(&h);
-                            new_freed.push(h);
-                        }
-                        Op::Read(i) if !hs.is_empty() => {
-                            let h = hs[i % hs.len()];
-                            assert_eq!(tx.read(PPtr::<u64>::from_raw(h))?, next[&h]);
-                        }
-                        _ => {}
-                    }
-                }
-                if abort { tx.abort() } else { Ok(()) }
-            });
+            let (r, next, mut new_freed) = ptm_model::run_ops(&ptm, &model, &ops, abort);
             match r {
                 Ok(()) => {
                     model = next.clone();

@@ -1,5 +1,8 @@
 //! Helpers shared by the integration tests (`mod common;` in each test file that uses them).
 
+#[allow(dead_code)] // only the persistent-object API tests use it
+pub mod ptm_model;
+
 /// A scratch directory for pool files: under /dev/shm when it exists (DRAM standing in for PM,
 /// as the project's default pools), else the system temp dir. Removed when dropped.
 #[allow(dead_code)] // only some of the test files that include this module call it
