@@ -110,6 +110,14 @@ impl Protocol {
         )
     }
 
+    /// Whether scans are validated against phantoms at commit (`engine::common::ScanSet`): under
+    /// the single-version protocols, which claim serializability with one current version per
+    /// key. The multi-version ones read scans at a snapshot (SI admits phantoms by definition;
+    /// docs/CC.md states the weaker guarantee of MVOCC, MV2PL and MVTO).
+    pub fn validates_scans(self) -> bool {
+        !self.is_multi_version()
+    }
+
     /// Whether a transaction locks tuples as it writes them (2PL, TO) rather than at commit;
     /// MV2PL's read-only transactions take no locks.
     pub fn locks_writes_early(self, read_only: bool) -> bool {

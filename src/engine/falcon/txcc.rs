@@ -468,14 +468,6 @@ impl FalconWorker {
         }
     }
 
-    /// Whether this transaction's scans are validated against phantoms at commit: under the
-    /// single-version protocols, which claim serializability with one current version per key.
-    /// The multi-version ones read scans at a snapshot (SI admits phantoms by definition; for
-    /// MVOCC, MV2PL and MVTO docs/CC.md states the weaker guarantee).
-    pub(super) fn validates_scans(&self) -> bool {
-        !self.proto.is_multi_version()
-    }
-
     /// Phantom validation ([`ScanSet`](crate::engine::common::ScanSet)): every interval a scan
     /// covered still holds the keys it held, this transaction's own inserts (in the index since
     /// commit step 2) aside. Runs after the write set is locked, like read validation.

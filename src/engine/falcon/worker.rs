@@ -1130,7 +1130,7 @@ impl EngineWorker for FalconWorker {
                 )
             });
         if let Ok(visited) = result {
-            if self.validates_scans() && limit > 0 {
+            if self.proto.validates_scans() && limit > 0 {
                 let covered = ScanSet::covered(table, from, reverse, limit, &hits, visited);
                 self.scan_sets.push(covered);
             }

@@ -1156,8 +1156,7 @@ impl EngineWorker for ZenWorker {
                     common::visit_hits(&hits, &mut row, |key, _, out| self.read(table, key, out), f)
                 });
         if let Ok(visited) = result {
-            // Phantoms: see `common::ScanSet`; the multi-version protocols read at a snapshot.
-            if !self.proto.is_multi_version() && limit > 0 {
+            if self.proto.validates_scans() && limit > 0 {
                 let covered = ScanSet::covered(table, from, reverse, limit, &hits, visited);
                 self.scan_sets.push(covered);
             }
