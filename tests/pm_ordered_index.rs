@@ -377,6 +377,136 @@ fn concurrent_writers_and_scanners_see_every_stable_key_in_order() {
     assert!(all.windows(2).all(|w| w[0].0 < w[1].0));
 }
 
+#[test]
+fn a_queue_leaves_no_trail_of_empty_leaves_and_reuses_their_slots() {
+    // 4 leaves a page, 8 MiB: about a dozen pages. 300 rounds of 200 appends drained from the low
+    // end would need ~1,900 leaves if emptied ones stayed on the chain.
+    let (pool, pages, index) = fresh(PersistenceDomain::Adr, 8, 4);
+    let mut next_key = 1u64;
+    let mut pm_after_warmup = 0;
+    for round in 0..300 {
+        let first = next_key;
+        for _ in 0..200 {
+            index.insert_new(next_key, round).unwrap().unwrap();
+            next_key += 1;
+        }
+        for k in first..next_key - 10 {
+            assert_eq!(index.remove(k), Some(round));
+            // The oldest entry is found at once: no empty leaf precedes it.
+            assert_eq!(index.first_at_or_after(0), Some((k + 1, round)));
+        }
+        for k in next_key - 10..next_key {
+            index.remove(k);
+        }
+        if round == 2 {
+            pm_after_warmup = index.pm_bytes();
+        }
+    }
+    assert!(index.is_empty());
+    assert_eq!(
+        index.pm_bytes(),
+        pm_after_warmup,
+        "emptied leaves' slots are reused"
+    );
+    let root = index.root();
+    drop(index);
+    let (index, stats) = PmOrderedIndex::recover(pool.clone(), pages.clone(), root).unwrap();
+    assert_eq!(stats.entries, 0);
+    assert_eq!(
+        stats.leaves, 1,
+        "only the first leaf stays on an emptied chain"
+    );
+    index.insert_new(5, 5).unwrap().unwrap();
+    assert_eq!(contents(&index), vec![(5, 5)]);
+    assert_eq!(tagged_pages(&pool, &pages) * PAGE_SIZE, index.pm_bytes());
+}
+
+#[test]
+fn concurrent_queues_unlink_leaves_under_scanners_and_readers() {
+    let (pool, pages, index) = fresh(PersistenceDomain::Adr, 24, 8);
+    // Stable keys every 1000; each writer fills and drains its own blocks of 300 keys between
+    // them, ascending, so leaves empty and leave the chain (and their slots are reused) while
+    // readers scan and look up.
+    const BLOCKS: u64 = 40;
+    for b in 0..BLOCKS {
+        index.insert_new(b * 1000, b).unwrap().unwrap();
+    }
+    let done = AtomicBool::new(false);
+    let writers_left = AtomicUsize::new(2);
+    std::thread::scope(|s| {
+        for t in 0..2u64 {
+            let (index, done, writers_left) = (&index, &done, &writers_left);
+            s.spawn(move || {
+                for round in 0..12u64 {
+                    for b in (t..BLOCKS).step_by(2) {
+                        let keys = b * 1000 + 1..=b * 1000 + 300;
+                        for k in keys.clone() {
+                            index.insert_new(k, round).unwrap().unwrap();
+                        }
+                        for k in keys {
+                            assert_eq!(index.remove(k), Some(round), "key {k} lost");
+                        }
+                    }
+                }
+                if writers_left.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    done.store(true, Ordering::Release);
+                }
+            });
+        }
+        for t in 0..2u64 {
+            let (index, done) = (&index, &done);
+            s.spawn(move || {
+                let mut passes = 0;
+                while !done.load(Ordering::Acquire) || passes < 2 {
+                    passes += 1;
+                    let mut prev = None;
+                    let mut stable = 0;
+                    let forward = (t + passes) % 2 == 0;
+                    let mut visit = |k: u64, v: u64| {
+                        if let Some(p) = prev {
+                            assert!(
+                                if forward { k > p } else { k < p },
+                                "scan out of order: {p} then {k}"
+                            );
+                        }
+                        prev = Some(k);
+                        if k % 1000 == 0 {
+                            assert_eq!(v, k / 1000);
+                            stable += 1;
+                        }
+                        true
+                    };
+                    if forward {
+                        index.scan(0, usize::MAX, &mut visit);
+                    } else {
+                        index.scan_rev(u64::MAX, usize::MAX, &mut visit);
+                    }
+                    assert_eq!(stable, BLOCKS, "a scan missed a stable key");
+                    for b in 0..BLOCKS {
+                        assert_eq!(index.get(b * 1000), Some(b));
+                        // The next key is in this block or the next stable one.
+                        let next = index.first_at_or_after(b * 1000 + 1).map(|(k, _)| k);
+                        assert!(
+                            b + 1 == BLOCKS || next.is_some_and(|k| k <= (b + 1) * 1000),
+                            "after {}: {next:?}",
+                            b * 1000
+                        );
+                    }
+                }
+            });
+        }
+    });
+    let expected: Vec<(u64, u64)> = (0..BLOCKS).map(|b| (b * 1000, b)).collect();
+    assert_eq!(contents(&index), expected);
+    assert_eq!(index.len(), BLOCKS as usize);
+    let root = index.root();
+    drop(index);
+    let (index, stats) = PmOrderedIndex::recover(pool, pages, root).unwrap();
+    assert_eq!(contents(&index), expected);
+    // Each stable key's leaf, plus the first: every drained leaf left the chain.
+    assert!(stats.leaves <= BLOCKS + 1, "{} leaves", stats.leaves);
+}
+
 // ---------------------------------------------------------------------------------------------
 // crash consistency
 
@@ -403,6 +533,14 @@ fn crash_ops() -> Vec<Op> {
     // Ascending appends above every key: a split that moves nothing.
     for i in 0..36 {
         ops.push(Op::InsertNew(2000 + i, 7));
+    }
+    // A queue: the appended keys removed from the low end, which empties leaves and unlinks
+    // them; then appends that reuse their slots.
+    for i in 0..36 {
+        ops.push(Op::Remove(2000 + i));
+    }
+    for i in 0..34 {
+        ops.push(Op::InsertNew(3000 + i, 8));
     }
     ops
 }

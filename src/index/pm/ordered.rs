@@ -7,7 +7,7 @@
 
 use std::fmt;
 use std::ops::{Bound, RangeBounds};
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -114,13 +114,17 @@ fn micros<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_u64(d.as_micros() as u64)
 }
 
-/// The DRAM side of one leaf: its version (bit 0: a writer holds it) and its high key (the `low`
-/// of the next leaf; meaningless for the last leaf).
+/// The DRAM side of one leaf: its version (bit 0: a writer holds it), its high key (the `low`
+/// of the next leaf; meaningless for the last leaf) and whether it was unlinked from the chain.
 #[derive(Default)]
 struct LeafMeta {
     /// The leaf's seqlock (`seqlock.rs`).
     version: crate::index::sync::AtomicU64,
     high: AtomicU64,
+    /// Set (under the leaf's lock) when an emptied leaf leaves the chain; a reader or writer
+    /// that reaches it through a stale inner-map entry or `next` starts over from the map.
+    /// Cleared when a split reuses the slot.
+    unlinked: AtomicBool,
 }
 
 impl LeafMeta {
@@ -242,10 +246,12 @@ enum Op {
 /// Each leaf has a version word in DRAM (bit 0: locked), so PM holds no lock to reset at
 /// recovery. Readers take no lock: they read the version, the leaf, and validate the version.
 /// Writers lock the one leaf they change; a split happens under the leaf's lock. Leaves are never
-/// removed or merged (an emptied leaf stays in the chain; see below), and a leaf's `low` never
-/// changes, so whatever leaf the DRAM inner map returns for a key covers it or precedes the one
-/// that does: operations move right along `next` while the key is at or above the leaf's high key
-/// (a B-link tree, Lehman and Yao), so a reader never restarts because of a split.
+/// merged, and a linked leaf's `low` never changes, so whatever linked leaf the DRAM inner map
+/// returns for a key covers it or precedes the one that does: operations move right along `next`
+/// while the key is at or above the leaf's high key (a B-link tree, Lehman and Yao), so a reader
+/// never restarts because of a split. An emptied leaf is unlinked under its predecessor's lock and
+/// its own, then marked in DRAM; a reader or writer that reaches a marked leaf, or a reused slot
+/// starting above its key, starts over from the inner map (which no longer holds the leaf).
 ///
 /// The inner nodes are the crate's DRAM B+-tree (`index::btree`, optimistic lock coupling)
 /// mapping each leaf's `low` to its offset; a split adds one separator after the leaf is linked.
@@ -266,8 +272,9 @@ enum Op {
 ///   CAS protocol on PM words; readers are lock-free, as in NBTree.
 /// - Inner nodes are always in DRAM and rebuilt eagerly at recovery (NBTree can keep them in PM
 ///   and rebuild lazily); the rebuild is O(leaves).
-/// - Empty leaves are not merged or unlinked: a queue-like workload leaves a trail of empty leaves
-///   that scans walk over (each costs one header line) until keys come back to their range.
+/// - Underfull leaves are not merged, but an emptied leaf leaves the chain (`unlink_if_empty`:
+///   one persisted store of its predecessor's `next`), so a queue-like workload (TPC-C
+///   NEW-ORDER) leaves no trail of empty leaves for scans to walk over, and the slot is reused.
 /// - A split records its moving entries in the leaf's state word (a micro-log in the header line)
 ///   so that recovery can finish it without reading keys.
 pub struct PmOrderedIndex {
@@ -647,6 +654,12 @@ impl PmOrderedIndex {
             let Some(v) = meta.read_begin() else {
                 continue;
             };
+            if !self.still_covers(leaf, meta, key) {
+                if meta.validate(v) {
+                    leaf = self.locate(key);
+                }
+                continue;
+            }
             let next = self.pool.read_u64(leaf + NEXT);
             if next != 0 && key >= meta.high.load(Ordering::Relaxed) {
                 if meta.validate(v) {
@@ -661,12 +674,25 @@ impl PmOrderedIndex {
         }
     }
 
+    /// Whether `leaf` may still cover `key` or precede the leaf that does: it is on the chain
+    /// (not unlinked) and starts at or below `key` (a slot unlinked and then reused by a split
+    /// elsewhere may start above it). Read under the leaf's validated version or its lock.
+    #[inline]
+    fn still_covers(&self, leaf: u64, meta: &LeafMeta, key: u64) -> bool {
+        !meta.unlinked.load(Ordering::Relaxed) && self.pool.read_u64(leaf + LOW) <= key
+    }
+
     /// Locks the leaf covering `key`.
     fn lock_covering(&self, key: u64) -> (u64, LeafGuard<'_>) {
         let mut leaf = self.locate(key);
         loop {
             let meta = self.meta(leaf);
             let guard = meta.lock();
+            if !self.still_covers(leaf, meta, key) {
+                drop(guard);
+                leaf = self.locate(key);
+                continue;
+            }
             let next = self.pool.read_u64(leaf + NEXT);
             if next != 0 && key >= meta.high.load(Ordering::Relaxed) {
                 drop(guard);
@@ -763,11 +789,12 @@ impl PmOrderedIndex {
     fn write(&self, key: u64, op: Op) -> Result<(Option<u64>, bool), PmOrderedError> {
         let pool = &*self.pool;
         loop {
-            let (leaf, _guard) = self.lock_covering(key);
+            let (leaf, guard) = self.lock_covering(key);
             let bitmap = pool.read_u64(leaf + BITMAP);
             let found = self.find(leaf, bitmap, key);
             let value_at = |slot| entry_at(leaf, slot) + 8;
-            return Ok(match (op, found) {
+            let mut emptied = false;
+            let outcome = match (op, found) {
                 (Op::InsertNew(_), Some((_, old))) => (Some(old), false),
                 (Op::Upsert(value), Some((slot, old))) => {
                     // One 8-byte store: atomic with respect to a power failure.
@@ -791,6 +818,7 @@ impl PmOrderedIndex {
                     pool.write_u64_ordered(leaf + BITMAP, bitmap & !(1 << slot));
                     pool.persist(leaf + BITMAP, 8);
                     self.add_count(leaf, -1);
+                    emptied = bitmap & !(1 << slot) == 0;
                     (Some(old), true)
                 }
                 (Op::Replace { expected, new }, Some((slot, old))) if old == expected => {
@@ -799,8 +827,71 @@ impl PmOrderedIndex {
                     (Some(old), true)
                 }
                 (Op::Remove(_) | Op::Replace { .. }, found) => (found.map(|(_, v)| v), false),
-            });
+            };
+            drop(guard);
+            if emptied && leaf != self.first_leaf {
+                self.unlink_if_empty(leaf);
+            }
+            return Ok(outcome);
         }
+    }
+
+    /// Takes the emptied `leaf` out of the chain, so that a queue-like table (TPC-C NEW-ORDER:
+    /// inserts at the high end, removes at the low end) leaves no trail of empty leaves for
+    /// scans to walk over and its slots are reused (a departure from NBTree, which merges;
+    /// documented on [`PmOrderedIndex`]).
+    ///
+    /// Locks the predecessor, then the leaf (left to right, the only order in which two leaves
+    /// are ever locked), and unlinks it if it is still empty with one persisted 8-byte store of
+    /// the predecessor's `next`: atomic with respect to a power failure, after which recovery
+    /// finds the slot off the chain and frees it. The predecessor inherits the leaf's range.
+    fn unlink_if_empty(&self, leaf: u64) {
+        let pool = &*self.pool;
+        let low = pool.read_u64(leaf + LOW);
+        if low == 0 {
+            return;
+        }
+        let mut prev = self.locate(low - 1);
+        let prev_guard = loop {
+            let meta = self.meta(prev);
+            let guard = meta.lock();
+            if meta.unlinked.load(Ordering::Relaxed) {
+                drop(guard);
+                prev = self.locate(low - 1);
+                continue;
+            }
+            // The predecessor's next is linked while its lock is held (unlinking it needs
+            // that lock), so its `low` is stable.
+            match pool.read_u64(prev + NEXT) {
+                next if next == leaf => break guard,
+                next if next != 0 && pool.read_u64(next + LOW) < low => {
+                    drop(guard);
+                    prev = next;
+                }
+                // `leaf` is no longer on the chain: another remover unlinked it.
+                _ => return,
+            }
+        };
+        let meta = self.meta(leaf);
+        let guard = meta.lock();
+        if pool.read_u64(leaf + BITMAP) & FULL_MASK != 0 {
+            return;
+        }
+        pool.write_u64_ordered(prev + NEXT, pool.read_u64(leaf + NEXT));
+        pool.persist(prev + NEXT, 8);
+        self.meta(prev)
+            .high
+            .store(meta.high.load(Ordering::Relaxed), Ordering::Relaxed);
+        // Out of the map before the leaf is marked: a reader that finds the mark (after its
+        // version moved) and asks the map again gets the predecessor.
+        self.inner.remove_if([low], leaf);
+        meta.unlinked.store(true, Ordering::Relaxed);
+        drop(guard);
+        drop(prev_guard);
+        // Durably off the chain (persisted above), so a split may rewrite the slot at once:
+        // a reader still holding its offset fails validation (the split locks it) or finds it
+        // starting above its key (`still_covers`).
+        self.slots.lock().free.push(leaf);
     }
 
     /// Writes `key → value` into free slot `slot` of the locked `leaf`, then makes it valid.
@@ -845,6 +936,11 @@ impl PmOrderedIndex {
             (entries[mid].0, &entries[mid..])
         };
         let new = self.alloc_leaf()?;
+        // A reused slot may still be read by an optimistic reader holding its old offset: locked
+        // while it is rewritten, so that reader fails validation.
+        let new_meta = self.meta(new);
+        let new_guard = new_meta.lock();
+        new_meta.unlinked.store(false, Ordering::Relaxed);
         let old_next = pool.read_u64(leaf + NEXT);
 
         // (1) The new leaf, complete and durable before anything refers to it.
@@ -865,7 +961,7 @@ impl PmOrderedIndex {
         pool.write_u64(new + STATE, STATE_CLEAN);
         pool.persist(new, HEADER + moving.len() as u64 * ENTRY);
         let meta = self.meta(leaf);
-        self.meta(new)
+        new_meta
             .high
             .store(meta.high.load(Ordering::Relaxed), Ordering::Relaxed);
 
@@ -885,6 +981,7 @@ impl PmOrderedIndex {
         }
         meta.high.store(split_key, Ordering::Relaxed);
         let _ = self.inner.insert_new([split_key], new);
+        drop(new_guard);
         Ok(())
     }
 
@@ -901,7 +998,7 @@ impl PmOrderedIndex {
         self.first_at_or_after(0).is_none()
     }
 
-    /// Removes every entry (leaves stay, empty).
+    /// Removes every entry (emptied leaves leave the chain; the first one stays).
     pub fn clear(&self) {
         let mut keys = Vec::new();
         self.for_each(|key, _| keys.push(key));
@@ -1062,8 +1159,11 @@ impl PmOrderedIndex {
                 high: self.meta(leaf).high.load(Ordering::Relaxed),
             }
         });
-        // Sorted outside the optimistic section.
-        out.sort_unstable_by_key(|&(k, _)| k);
+        // Sorted outside the optimistic section. Ascending appends (TPC-C's order lines) fill
+        // the slots in key order: most leaves need no sort.
+        if !out.windows(2).all(|pair| pair[0].0 <= pair[1].0) {
+            out.sort_unstable_by_key(|&(k, _)| k);
+        }
         view
     }
 }
