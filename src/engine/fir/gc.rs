@@ -60,6 +60,9 @@ impl FirEngine {
             for &(page, _) in chunk {
                 self.pages.free(&self.pool, page);
             }
+            self.gc
+                .blocks_in_use
+                .fetch_sub(chunk.len() as u64, Ordering::Relaxed);
             if record {
                 self.pool.write_u64_ordered(self.gc_at, 0);
                 self.pool.persist(self.gc_at, 8);

@@ -420,6 +420,10 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
         region_list.push((region, blocks.into_iter().map(|(_, i)| i).collect()));
     }
     region_list.sort_unstable_by_key(|r| r.0);
+    engine.gc.blocks_in_use.store(
+        region_list.iter().map(|(_, b)| b.len() as u64).sum(),
+        Ordering::Relaxed,
+    );
     for ((_, table), blocks) in &region_list {
         let t = &tables[*table as usize];
         for &block in blocks {
