@@ -486,4 +486,28 @@ impl Engine for DudetxEngine {
         recovery::compare_heap_with_shadow(self, &counts)?;
         Ok(counts)
     }
+
+    /// Drops `table` (issue 21): under the commit lock, once everything committed is
+    /// reproduced (so no record of the table is still on its way to the heap), the DRAM table
+    /// and then the table's PM heap pages are freed; recovery skips the table's log records.
+    fn drop_table(&self, table: TableId) -> Result<(), DbError> {
+        let _order = self.commit_lock.lock();
+        self.drain()?;
+        let mut catalog = self.catalog.lock();
+        crate::engine::shadow::drop_table(
+            &mut catalog,
+            &self.catalog_store,
+            &self.core.pool,
+            table,
+            || self.shadow.drop_table(table),
+            || {
+                let freed = self.core.heap.lock().drop_table(table);
+                for page in freed {
+                    let index = self.core.pages.page_of(page).expect("a heap page");
+                    self.core.pages.free(&self.core.pool, index);
+                }
+                Ok(())
+            },
+        )
+    }
 }

@@ -73,6 +73,7 @@
 //!   tid lease (`sweep.rs`), where Falcon clears locks from the write sets in its window.
 
 mod commit;
+mod drop;
 pub mod layout;
 mod recovery;
 mod sweep;
@@ -571,6 +572,8 @@ impl FalconEngine {
                 })?;
             }
         }
+        let (catalog, dropped_pages) =
+            drop::finish_drops(&pool, &pages, meta_page, catalog, &catalog_store)?;
         let catalog_ms = started.elapsed().as_secs_f64() * 1e3;
         let index_started = std::time::Instant::now();
         let (indexes, index_facts) = recovery::recover_indexes(&pool, &pages, meta_page, &catalog)?;
@@ -587,6 +590,11 @@ impl FalconEngine {
             ],
         );
         report.facts.extend(index_facts);
+        if dropped_pages > 0 {
+            report
+                .facts
+                .push(("pages of dropped tables freed".into(), dropped_pages));
+        }
         report.total_ms += catalog_ms + index_ms;
         engine.clock = TidClock::new(floor);
         engine.cc.snapshots.raise_to(floor);
@@ -792,6 +800,10 @@ impl Engine for FalconEngine {
 
     fn worker(self: Arc<Self>, thread: usize) -> Result<Box<dyn EngineWorker>, DbError> {
         Ok(Box::new(worker::FalconWorker::new(self, thread)?))
+    }
+
+    fn drop_table(&self, table: TableId) -> Result<(), DbError> {
+        self.drop_table_now(table)
     }
 
     fn recovery_report(&self) -> Option<RecoveryReport> {

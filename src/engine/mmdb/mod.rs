@@ -515,4 +515,25 @@ impl Engine for MmdbEngine {
     fn checkpoint(&self) -> Option<Result<crate::engine::fir::CheckpointStats, DbError>> {
         Some(self.take_checkpoint())
     }
+
+    /// Drops `table` (issue 21): the DRAM table goes under the commit lock (a checkpoint copies
+    /// the tables under it), then a checkpoint without the table's rows frees the pages of the
+    /// previous one (its log records are skipped by recovery, `recovery.rs`).
+    fn drop_table(&self, table: TableId) -> Result<(), DbError> {
+        let mut catalog = self.catalog.lock();
+        crate::engine::shadow::drop_table(
+            &mut catalog,
+            &self.catalog_store,
+            &self.core.pool,
+            table,
+            || {
+                let _order = self.core.commit_lock.lock();
+                self.core.shadow.drop_table(table)
+            },
+            || {
+                self.take_checkpoint()?;
+                Ok(())
+            },
+        )
+    }
 }
