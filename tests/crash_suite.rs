@@ -829,3 +829,26 @@ fn tpcc_is_refused_for_real_kills() {
     .unwrap_err();
     assert!(matches!(err, CrashTestError::Unsupported(_)), "{err}");
 }
+
+/// Issue 21: power fails before each PM event of a table drop, on every engine that drops
+/// tables; each image recovers with the table intact or gone, the other table intact, and the
+/// space reusable (`crashtest::drop`).
+#[test]
+fn crashes_inside_a_table_drop() {
+    let engines = [
+        (EngineKind::Falcon, Adr),
+        (EngineKind::Falcon, Eadr),
+        (EngineKind::Inp, Adr),
+        (EngineKind::Outp, Adr),
+        (EngineKind::Wbl, Adr),
+        (EngineKind::Dudetx, Adr),
+        (EngineKind::Mmdb, Adr),
+    ];
+    for (engine, domain) in engines {
+        let r = crashtest::drop::run(engine, domain, 2, 1)
+            .unwrap_or_else(|e| panic!("{engine} {domain}: {e}"));
+        assert!(r.events > 5, "{engine} {domain}: {r:?}");
+        assert!(r.gone > 0 && r.intact > 0, "{engine} {domain}: {r:?}");
+        assert!(r.images > r.events, "{engine} {domain}: {r:?}");
+    }
+}

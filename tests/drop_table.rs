@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// The engines that drop tables; the others refuse (see `refusing_engines_say_so`).
-const DROPPING: [EngineKind; 7] = [
+const DROPPING: [EngineKind; 9] = [
     EngineKind::Falcon,
     EngineKind::FalconNoflush,
     EngineKind::FalconAllflush,
@@ -16,6 +16,8 @@ const DROPPING: [EngineKind; 7] = [
     EngineKind::Outp,
     EngineKind::Wbl,
     EngineKind::Volatile,
+    EngineKind::Dudetx,
+    EngineKind::Mmdb,
 ];
 
 fn config(engine: EngineKind) -> DbConfig {
@@ -57,7 +59,9 @@ fn a_dropped_table_is_gone_its_name_reusable_and_its_id_an_error() {
     for engine in DROPPING {
         let db = Db::create(config(engine)).unwrap();
         let keep = db.create_table(kv("keep")).unwrap();
-        let t = db.create_table(kv("t").with_secondary("by_v", &["v"])).unwrap();
+        let t = db
+            .create_table(kv("t").with_secondary("by_v", &["v"]))
+            .unwrap();
         fill(&db, keep, 0..50, 1000);
         fill(&db, t, 0..300, 0);
         db.drop_table(t).unwrap();
@@ -67,7 +71,10 @@ fn a_dropped_table_is_gone_its_name_reusable_and_its_id_an_error() {
         assert_eq!(names, ["keep"], "{engine}");
         // Use after drop: every operation names the dropped table.
         let err = db.run(|tx| tx.get(t, 1)).unwrap_err();
-        assert!(err.to_string().contains("'t' (id 1) was dropped"), "{engine}: {err}");
+        assert!(
+            err.to_string().contains("'t' (id 1) was dropped"),
+            "{engine}: {err}"
+        );
         for op in 0..4 {
             let err = db
                 .run(|tx| match op {
@@ -77,13 +84,23 @@ fn a_dropped_table_is_gone_its_name_reusable_and_its_id_an_error() {
                     _ => tx.read_into(t, 1, &mut [0; 8]),
                 })
                 .unwrap_err();
-            assert!(err.to_string().contains("was dropped"), "{engine} op {op}: {err}");
+            assert!(
+                err.to_string().contains("was dropped"),
+                "{engine} op {op}: {err}"
+            );
         }
-        assert!(db.column(t, "v").unwrap_err().to_string().contains("dropped"));
+        assert!(db
+            .column(t, "v")
+            .unwrap_err()
+            .to_string()
+            .contains("dropped"));
         // Drop twice, an unknown id.
         let err = db.drop_table(t).unwrap_err();
         assert!(
-            matches!(err, DbError::Catalog(CatalogError::TableDropped { id: 1, .. })),
+            matches!(
+                err,
+                DbError::Catalog(CatalogError::TableDropped { id: 1, .. })
+            ),
             "{engine}: {err}"
         );
         let err = db.drop_table(42).unwrap_err();
@@ -115,7 +132,10 @@ fn a_drop_waits_for_other_workers_and_fails_clearly_if_they_stay() {
         let held = db.worker().unwrap();
         let err = db.drop_table(t).unwrap_err();
         assert!(
-            matches!(&err, DbError::Catalog(CatalogError::Busy { workers: 1, .. })),
+            matches!(
+                &err,
+                DbError::Catalog(CatalogError::Busy { workers: 1, .. })
+            ),
             "{engine}: {err}"
         );
         assert_eq!(value(&db, t, 3), Some(3), "the failed drop changed nothing");
@@ -166,7 +186,8 @@ fn a_drop_survives_a_reopen() {
             fill(&db, keep, 0..40, 100);
             fill(&db, t, 0..400, 0);
             // Updates leave the table's entries in the log windows, which recovery must skip.
-            db.run(|tx| tx.update(t, 3, &[(0, Value::U64(77))])).unwrap();
+            db.run(|tx| tx.update(t, 3, &[(0, Value::U64(77))]))
+                .unwrap();
             db.drop_table(t).unwrap();
             (keep, t)
         };
@@ -192,7 +213,12 @@ fn a_drop_survives_a_reopen() {
 /// would be full after a few rounds.
 #[test]
 fn create_and_drop_in_a_loop_never_fills_a_small_pool() {
-    let big = |name: &str| Schema::new(name, &[("v", ColumnType::U64), ("pad", ColumnType::Bytes(992))]);
+    let big = |name: &str| {
+        Schema::new(
+            name,
+            &[("v", ColumnType::U64), ("pad", ColumnType::Bytes(992))],
+        )
+    };
     for engine in DROPPING {
         let db = Db::create(config(engine)).unwrap();
         let keep = db.create_table(kv("keep")).unwrap();
@@ -213,4 +239,75 @@ fn create_and_drop_in_a_loop_never_fills_a_small_pool() {
         assert_eq!(value(&db, keep, 19), Some(19), "{engine}");
         assert_eq!(db.tables().len(), 1);
     }
+}
+
+#[test]
+fn refusing_engines_say_so_and_change_nothing() {
+    for engine in EngineKind::ALL
+        .into_iter()
+        .filter(|e| !DROPPING.contains(e))
+    {
+        let db = Db::create(config(engine)).unwrap();
+        let t = db.create_table(kv("t")).unwrap();
+        fill(&db, t, 0..5, 0);
+        let err = db.drop_table(t).unwrap_err();
+        assert!(matches!(err, DbError::Unsupported(_)), "{engine}: {err}");
+        assert!(err.to_string().contains(engine.name()), "{err}");
+        assert_eq!(value(&db, t, 4), Some(4), "{engine}");
+        assert_eq!(db.tables().len(), 1);
+    }
+}
+
+#[test]
+fn a_table_with_persistent_indexes_drops_and_its_index_pages_are_reused() {
+    use pmtx::index::IndexPlacement;
+    let file = PoolFile::new("pmindex", EngineKind::Falcon);
+    let cfg = || on_file(EngineKind::Falcon, &file).index_placement(IndexPlacement::Pm);
+    {
+        let db = Db::create(cfg()).unwrap();
+        let keep = db.create_table(kv("keep").ordered()).unwrap();
+        fill(&db, keep, 0..30, 0);
+        for round in 0..20 {
+            let t = db
+                .create_table(kv("t").ordered().with_secondary("by_v", &["v"]))
+                .unwrap();
+            fill(&db, t, 0..2000, round);
+            db.drop_table(t).unwrap();
+        }
+    }
+    let db = Db::open(cfg()).unwrap();
+    assert_eq!(db.tables().len(), 1);
+    assert_eq!(value(&db, 0, 29), Some(29));
+    db.check_structure().unwrap();
+    let t = db.create_table(kv("t").ordered()).unwrap();
+    fill(&db, t, 0..100, 1);
+    assert_eq!(value(&db, t, 99), Some(100));
+}
+
+#[test]
+fn pmtx_inspect_lists_no_dropped_table() {
+    let file = PoolFile::new("inspect", EngineKind::Falcon);
+    {
+        let db = Db::create(on_file(EngineKind::Falcon, &file)).unwrap();
+        let gone = db.create_table(kv("gone_table")).unwrap();
+        let kept = db.create_table(kv("kept_table")).unwrap();
+        fill(&db, gone, 0..10, 0);
+        fill(&db, kept, 0..3, 0);
+        db.drop_table(gone).unwrap();
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pmtx"))
+        .args(["inspect", "--json", file.0.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let tables = json["tables"].as_array().expect("tables");
+    assert_eq!(tables.len(), 1, "{stdout}");
+    assert_eq!(tables[0]["table"], "kept_table");
+    assert_eq!(tables[0]["rows"], 3);
 }

@@ -340,21 +340,6 @@ fn columns_by_name_and_checked_getters_return_errors_instead_of_panicking() {
 }
 
 #[test]
-fn dropping_a_table_is_refused_clearly_by_every_engine_and_changes_nothing() {
-    for (engine, db, t) in every_engine_with_row_1(1) {
-        let err = db.drop_table(t).unwrap_err();
-        assert!(matches!(err, DbError::Unsupported(_)), "{engine}: {err}");
-        assert!(err.to_string().contains(engine.name()), "{err}");
-        assert!(matches!(
-            db.drop_table(7),
-            Err(DbError::Tx(TxError::SchemaMismatch(_)))
-        ));
-        assert_eq!(value(&db, t, 1), Some(1), "{engine}");
-        assert_eq!(db.tables().len(), 1);
-    }
-}
-
-#[test]
 fn read_only_transactions_under_snapshot_protocols_read_a_snapshot_and_never_block_writers() {
     for engine in [EngineKind::Falcon, EngineKind::Zen] {
         for protocol in [Protocol::Si, Protocol::Mvocc, Protocol::Mv2pl] {

@@ -135,7 +135,11 @@ mod tests {
         assert!(!c.is_live(t));
         let err = c.check_live(t).unwrap_err().to_string();
         assert!(err.contains("dropped"), "{err}");
-        assert!(c.check_live(9).unwrap_err().to_string().contains("no table"));
+        assert!(c
+            .check_live(9)
+            .unwrap_err()
+            .to_string()
+            .contains("no table"));
         let t2 = c.add(s, 100).unwrap();
         assert_eq!(t2, t + 1);
         assert_eq!(c.table_id("t"), Some(t2));

@@ -741,7 +741,10 @@ impl Db {
     /// Every table, with its id, in creation order (dropped tables left out).
     pub fn tables(&self) -> Vec<(TableId, Schema)> {
         let catalog = self.engine.catalog();
-        catalog.live_tables().map(|(id, s)| (id, s.clone())).collect()
+        catalog
+            .live_tables()
+            .map(|(id, s)| (id, s.clone()))
+            .collect()
     }
 
     /// The position of column `column` of table `table`, resolved once for the fast getters by
@@ -1853,7 +1856,10 @@ impl<'w> Tx<'w> {
         limit: usize,
         f: &mut dyn FnMut(u64, &[u8]) -> bool,
     ) -> Result<(), TxError> {
-        let result = self.live_table(table)?.inner.scan(table, from, reverse, limit, f);
+        let result = self
+            .live_table(table)?
+            .inner
+            .scan(table, from, reverse, limit, f);
         self.settle(result)
     }
 

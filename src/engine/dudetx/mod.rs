@@ -66,6 +66,10 @@
 //!   open) rather than §3.6's allocation logs: a slot becomes live only through a reproduced put,
 //!   so the logs already say everything an allocation log would. The persistent-object API's
 //!   heap ([`ptm`]) does log `pmalloc`/`pfree` (allocation-log ops in the redo record).
+//! - **Dropping a table** (issue 21; not in the paper): under the commit lock the pipeline is
+//!   drained (nothing of the table is still on its way to the heap), then the DRAM table and the
+//!   table's PM heap pages are freed; recovery frees pages a crash left and skips the table's
+//!   log records (`heap.rs`).
 //!
 //! # The persistent-object API
 //!

@@ -109,13 +109,19 @@ impl FalconEngine {
         self.catalog_store.store(&self.pool, &dropping)?;
         *catalog = dropping;
         let rt = self.tables.read()[table as usize].clone();
-        free_space(&self.pool, &self.pages, self.meta_page, &[table], |_, page| {
-            // The multi-version protocols' DRAM chains are keyed by tuple address: a later
-            // table's tuple at the same address must not find the dropped one's versions.
-            for t in (page..page + PAGE_SIZE).step_by(rt.slot as usize) {
-                self.cc.versions.clear(t);
-            }
-        })?;
+        free_space(
+            &self.pool,
+            &self.pages,
+            self.meta_page,
+            &[table],
+            |_, page| {
+                // The multi-version protocols' DRAM chains are keyed by tuple address: a later
+                // table's tuple at the same address must not find the dropped one's versions.
+                for t in (page..page + PAGE_SIZE).step_by(rt.slot as usize) {
+                    self.cc.versions.clear(t);
+                }
+            },
+        )?;
         for st in states.iter_mut().filter_map(|s| s.as_mut()) {
             if let Some(ta) = st.tables.get_mut(table as usize) {
                 *ta = TableAlloc::default();
@@ -132,7 +138,8 @@ impl FalconEngine {
             .map(|_| TableSecondary::Dram(SecondaryIndex::new()))
             .collect();
         let index = TableIndex::dram(schema.primary_index);
-        self.tables.write()[table as usize] = Arc::new(TableRt::new(table, schema, index, secondary));
+        self.tables.write()[table as usize] =
+            Arc::new(TableRt::new(table, schema, index, secondary));
         *catalog = done;
         Ok(())
     }

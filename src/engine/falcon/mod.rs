@@ -71,6 +71,10 @@
 //!   issue 17): recovered by their own recovery functions, with no heap scan; stale locks and free
 //!   slots are then found lazily while transactions run, and the clock restarts above a persisted
 //!   tid lease (`sweep.rs`), where Falcon clears locks from the write sets in its window.
+//! - *Dropping a table* (issue 21, not in the paper; `drop.rs`): with no worker alive, the
+//!   catalog says `dropping`, the table's heap and index pages are freed, the catalog says
+//!   `dropped`; recovery finishes an interrupted drop and skips window entries of tables that
+//!   are not live.
 
 mod commit;
 mod drop;

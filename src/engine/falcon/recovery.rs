@@ -153,7 +153,9 @@ fn pm_index_tag(catalog: &Catalog, table: u64, owner: u8) -> bool {
 /// Whether a log entry's table is a live one (entries of dropped tables are ignored); an
 /// unknown table counts as live, so that the replay reports it.
 fn live_entry(tables: &[Arc<TableRt>], table: u32) -> bool {
-    tables.get(table as usize).is_none_or(|t| t.schema.is_live())
+    tables
+        .get(table as usize)
+        .map_or(true, |t| t.schema.is_live())
 }
 
 /// Runs recovery; returns the report and the timestamp floor for the tid clock.
@@ -607,7 +609,7 @@ fn repair_pm_secondaries(
             .expect("validated above")
             .into_iter()
             // A dropped table's entries point into pages it no longer owns (`drop.rs`).
-            .filter(|e| live_entry(&tables, e.table))
+            .filter(|e| live_entry(tables, e.table))
         {
             let Some(table) = tables.get(e.table as usize) else {
                 // An entry of a table that does not exist: replay refused it already.

@@ -74,6 +74,9 @@
 //! - **Checkpoints are on by default** (Zen §4 disables them for throughput runs): set
 //!   `checkpoint_interval` to zero to run without periodic ones (the log still forces one when
 //!   it is half full).
+//! - **Dropping a table** (issue 21; not in the papers): the DRAM table is dropped under the
+//!   commit lock and a checkpoint without its rows frees the previous checkpoint's pages;
+//!   recovery skips rows of tables that are not live, in the checkpoint and in the log.
 //! - **Inline mode** (`background: false`, for the crash simulator, whose PM events must come
 //!   from the threads it drives): the committing thread writes its own record, and a checkpoint
 //!   is taken every [`MmdbConfig::checkpoint_every`] commits and when the ring is full.
