@@ -106,22 +106,32 @@ impl FalconEngine {
             }
             states.push(guard);
         }
+        let rt = self.tables.read()[table as usize].clone();
+        let free = || {
+            free_space(
+                &self.pool,
+                &self.pages,
+                self.meta_page,
+                &[table],
+                |_, page| {
+                    // The multi-version protocols' DRAM chains are keyed by tuple address: a later
+                    // table's tuple at the same address must not find the dropped one's versions.
+                    for t in (page..page + PAGE_SIZE).step_by(rt.slot as usize) {
+                        self.cc.versions.clear(t);
+                    }
+                },
+            )
+        };
+        // The deliberate bug of the crash harness frees first (test-only).
+        let early = self.config.fault == Some(super::Fault::DropFreeBeforeTombstone);
+        if early {
+            free()?;
+        }
         self.catalog_store.store(&self.pool, &dropping)?;
         *catalog = dropping;
-        let rt = self.tables.read()[table as usize].clone();
-        free_space(
-            &self.pool,
-            &self.pages,
-            self.meta_page,
-            &[table],
-            |_, page| {
-                // The multi-version protocols' DRAM chains are keyed by tuple address: a later
-                // table's tuple at the same address must not find the dropped one's versions.
-                for t in (page..page + PAGE_SIZE).step_by(rt.slot as usize) {
-                    self.cc.versions.clear(t);
-                }
-            },
-        )?;
+        if !early {
+            free()?;
+        }
         for st in states.iter_mut().filter_map(|s| s.as_mut()) {
             if let Some(ta) = st.tables.get_mut(table as usize) {
                 *ta = TableAlloc::default();

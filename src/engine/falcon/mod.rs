@@ -150,11 +150,14 @@ pub enum Fault {
     WblAckBeforeCp,
     /// `wbl` only: free the superseded versions before the group commit covers the commit.
     WblFreeBeforeCp,
+    /// Drop table (issue 21): free the table's pages before the catalog says `dropping`, so a
+    /// crash in between leaves a live table with rows missing (`crashtest::drop` catches it).
+    DropFreeBeforeTombstone,
 }
 
 impl Fault {
     /// Every fault.
-    pub const ALL: [Fault; 9] = [
+    pub const ALL: [Fault; 10] = [
         Fault::SkipLogFlush,
         Fault::SkipLogFence,
         Fault::CommitMarkFirst,
@@ -164,6 +167,7 @@ impl Fault {
         Fault::WblSkipTidFence,
         Fault::WblAckBeforeCp,
         Fault::WblFreeBeforeCp,
+        Fault::DropFreeBeforeTombstone,
     ];
 
     /// The command-line name.
@@ -178,6 +182,7 @@ impl Fault {
             Fault::WblSkipTidFence => "wbl-skip-tid-fence",
             Fault::WblAckBeforeCp => "wbl-ack-before-cp",
             Fault::WblFreeBeforeCp => "wbl-free-before-cp",
+            Fault::DropFreeBeforeTombstone => "drop-free-before-tombstone",
         }
     }
 
@@ -200,6 +205,9 @@ impl Fault {
             Fault::WblAckBeforeCp => "wbl: a commit returns before c_p covers it",
             Fault::WblFreeBeforeCp => {
                 "wbl: superseded versions are freed before c_p covers their replacement"
+            }
+            Fault::DropFreeBeforeTombstone => {
+                "drop table: the table's pages are freed before the catalog says it is dropping"
             }
         }
     }
