@@ -2,23 +2,24 @@
 //! drop survives a reopen, its space is reused by other tables (a create/drop loop in a small
 //! pool never runs out), and every misuse is a clear error; on every engine.
 
+use common::value;
 use pmtx::catalog::CatalogError;
 use pmtx::prelude::*;
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// The engines that drop tables; the others refuse (see `refusing_engines_say_so`).
-const DROPPING: [EngineKind; 9] = [
-    EngineKind::Falcon,
-    EngineKind::FalconNoflush,
-    EngineKind::FalconAllflush,
-    EngineKind::Inp,
-    EngineKind::Outp,
-    EngineKind::Wbl,
-    EngineKind::Volatile,
-    EngineKind::Dudetx,
-    EngineKind::Mmdb,
-];
+mod common;
+
+/// Whether `engine` drops tables; the others (Zen, FIR) refuse (see
+/// `refusing_engines_say_so_and_change_nothing`).
+fn drops(engine: &EngineKind) -> bool {
+    !matches!(engine, EngineKind::Zen | EngineKind::Fir)
+}
+
+/// The engines that drop tables.
+fn dropping() -> impl Iterator<Item = EngineKind> {
+    EngineKind::ALL.into_iter().filter(drops)
+}
 
 fn config(engine: EngineKind) -> DbConfig {
     DbConfig::temporary()
@@ -45,18 +46,9 @@ fn fill(db: &Db, t: TableId, keys: std::ops::Range<u64>, v: u64) {
     }
 }
 
-fn value(db: &Db, t: TableId, key: u64) -> Option<u64> {
-    db.run(|tx| match tx.get(t, key) {
-        Ok(row) => Ok(Some(row.u64(0))),
-        Err(TxError::NotFound { .. }) => Ok(None),
-        Err(e) => Err(e),
-    })
-    .unwrap()
-}
-
 #[test]
 fn a_dropped_table_is_gone_its_name_reusable_and_its_id_an_error() {
-    for engine in DROPPING {
+    for engine in dropping() {
         let db = Db::create(config(engine)).unwrap();
         let keep = db.create_table(kv("keep")).unwrap();
         let t = db
@@ -177,7 +169,7 @@ fn on_file(engine: EngineKind, file: &PoolFile) -> DbConfig {
 
 #[test]
 fn a_drop_survives_a_reopen() {
-    for engine in DROPPING.into_iter().filter(|&e| e != EngineKind::Volatile) {
+    for engine in dropping().filter(|&e| e != EngineKind::Volatile) {
         let file = PoolFile::new("reopen", engine);
         let (keep, t) = {
             let db = Db::create(on_file(engine, &file)).unwrap();
@@ -219,7 +211,7 @@ fn create_and_drop_in_a_loop_never_fills_a_small_pool() {
             &[("v", ColumnType::U64), ("pad", ColumnType::Bytes(992))],
         )
     };
-    for engine in DROPPING {
+    for engine in dropping() {
         let db = Db::create(config(engine)).unwrap();
         let keep = db.create_table(kv("keep")).unwrap();
         fill(&db, keep, 0..20, 0);
@@ -243,10 +235,7 @@ fn create_and_drop_in_a_loop_never_fills_a_small_pool() {
 
 #[test]
 fn refusing_engines_say_so_and_change_nothing() {
-    for engine in EngineKind::ALL
-        .into_iter()
-        .filter(|e| !DROPPING.contains(e))
-    {
+    for engine in EngineKind::ALL.into_iter().filter(|e| !drops(e)) {
         let db = Db::create(config(engine)).unwrap();
         let t = db.create_table(kv("t")).unwrap();
         fill(&db, t, 0..5, 0);

@@ -2,9 +2,12 @@
 //! wait, the per-thread cached worker of `Db::run`, and the catalog (list, drop, columns by name,
 //! checked getters), on every engine.
 
+use common::value;
 use pmtx::prelude::*;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
+
+mod common;
 
 fn kv() -> Schema {
     Schema::new("kv", &[("v", ColumnType::U64)])
@@ -36,15 +39,6 @@ fn every_engine_with_row_1(v: u64) -> impl Iterator<Item = (EngineKind, Db, Tabl
 fn waiting_db(slots: usize, wait: Duration) -> Db {
     let cfg = DbConfig::temporary().pool_size(24 << 20);
     Db::create(cfg.max_threads(slots).worker_wait(wait)).unwrap()
-}
-
-fn value(db: &Db, t: TableId, key: u64) -> Option<u64> {
-    db.run(|tx| match tx.get(t, key) {
-        Ok(row) => Ok(Some(row.u64(0))),
-        Err(TxError::NotFound { .. }) => Ok(None),
-        Err(e) => Err(e),
-    })
-    .unwrap()
 }
 
 #[test]

@@ -64,13 +64,14 @@ pub(crate) fn row_len(catalog: &Catalog, table: TableId) -> Result<usize, TxErro
 /// Recovery ignores a table that is not live wherever its rows come from (a checkpoint, the
 /// log, the heap), so a crash anywhere in between leaves it gone.
 pub(crate) fn drop_table(
-    catalog: &mut Catalog,
+    catalog: &parking_lot::Mutex<Catalog>,
     store: &CatalogStore,
     pool: &Pool,
     table: TableId,
     drop_shadow: impl FnOnce() -> Result<(), DbError>,
     free_pm: impl FnOnce() -> Result<(), DbError>,
 ) -> Result<(), DbError> {
+    let mut catalog = catalog.lock();
     let dropping = catalog.with_state(table, crate::catalog::TableState::Dropping)?;
     store.store(pool, &dropping)?;
     *catalog = dropping;

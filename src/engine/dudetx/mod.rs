@@ -497,9 +497,8 @@ impl Engine for DudetxEngine {
     fn drop_table(&self, table: TableId) -> Result<(), DbError> {
         let _order = self.commit_lock.lock();
         self.drain()?;
-        let mut catalog = self.catalog.lock();
         crate::engine::shadow::drop_table(
-            &mut catalog,
+            &self.catalog,
             &self.catalog_store,
             &self.core.pool,
             table,

@@ -523,9 +523,8 @@ impl Engine for MmdbEngine {
     /// the tables under it), then a checkpoint without the table's rows frees the pages of the
     /// previous one (its log records are skipped by recovery, `recovery.rs`).
     fn drop_table(&self, table: TableId) -> Result<(), DbError> {
-        let mut catalog = self.catalog.lock();
         crate::engine::shadow::drop_table(
-            &mut catalog,
+            &self.catalog,
             &self.catalog_store,
             &self.core.pool,
             table,
