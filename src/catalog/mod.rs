@@ -15,6 +15,10 @@
 //! write, and `load` reports it rather than quietly falling back to the older catalog (which
 //! would silently drop the newest tables).
 
+mod drop;
+
+pub use drop::TableState;
+
 use crate::index::{IndexPlacement, PrimaryIndexKind};
 use crate::pmem::Pool;
 use serde::{Deserialize, Serialize};
@@ -80,6 +84,9 @@ pub struct Schema {
     /// default does not move the index). Absent in catalogs written before issue 17: DRAM.
     #[serde(default)]
     pub index_placement: Option<IndexPlacement>,
+    /// Live, or a dropped table's tombstone (issue 21; see [`TableState`]).
+    #[serde(default, skip_serializing_if = "TableState::is_live")]
+    pub state: TableState,
 }
 
 /// Why a schema or catalog was refused.
@@ -104,6 +111,29 @@ pub enum CatalogError {
         needed: usize,
         /// Slot capacity.
         capacity: usize,
+    },
+    /// No table has that id.
+    #[error("no table with id {0}")]
+    NoSuchTable(TableId),
+    /// The table was dropped.
+    #[error("table '{name}' (id {id}) was dropped")]
+    TableDropped {
+        /// Its id.
+        id: TableId,
+        /// Its name.
+        name: String,
+    },
+    /// A drop could not run alone (see `Db::drop_table`).
+    #[error(
+        "cannot drop table '{table}': {workers} worker(s) stayed in use for as long as the \
+         database waits for a slot (a drop runs alone: end the other workers' transactions \
+         and drop the workers first)"
+    )]
+    Busy {
+        /// The table.
+        table: String,
+        /// Workers still in use.
+        workers: usize,
     },
     /// Neither catalog slot holds a valid catalog.
     #[error("catalog is corrupt: {0}")]
@@ -135,6 +165,7 @@ impl Schema {
             primary_index: PrimaryIndexKind::Hash,
             secondary: Vec::new(),
             index_placement: None,
+            state: TableState::Live,
         }
     }
 
@@ -226,11 +257,11 @@ pub struct Catalog {
 }
 
 impl Catalog {
-    /// The id of the table called `name`.
+    /// The id of the live table called `name` (a dropped table's tombstone has none).
     pub fn table_id(&self, name: &str) -> Option<TableId> {
         self.tables
             .iter()
-            .position(|t| t.name == name)
+            .position(|t| t.name == name && t.is_live())
             .map(|i| i as TableId)
     }
 

@@ -203,7 +203,13 @@ pub(crate) fn run(args: CheckArgs) -> ExitCode {
                 );
             }
             outln!("indexes       ok (every entry names a live slot holding its key; every live slot indexed)");
-            for (schema, n) in r.db.engine().catalog().tables.iter().zip(&r.rows) {
+            let catalog = r.db.engine().catalog();
+            for (schema, n) in catalog
+                .tables
+                .iter()
+                .zip(&r.rows)
+                .filter(|(s, _)| s.is_live())
+            {
                 outln!("  table {:<20} {n} rows", schema.name);
             }
             outln!("clean");

@@ -67,8 +67,11 @@ pub(crate) fn run(args: InspectArgs) -> CliResult {
                         dram_bytes: 0,
                         pm_bytes: 0,
                     });
-                    (s.name.clone(), s.row_size(), n, index)
+                    (s, n, index)
                 })
+                // A dropped table's tombstone keeps its id (issue 21) but is no table.
+                .filter(|(s, _, _)| s.is_live())
+                .map(|(s, n, index)| (s.name.clone(), s.row_size(), n, index))
                 .collect::<Vec<_>>())
         }
         Err(super::check::Failure::Damaged(m) | super::check::Failure::CannotCheck(m)) => Err(m),

@@ -100,7 +100,7 @@ pub(crate) fn run(args: RecoverArgs) -> CliResult {
         outln!("  {fact:<32} {n:>10}");
     }
     let catalog = db.engine().catalog();
-    for (schema, n) in catalog.tables.iter().zip(rows) {
+    for (schema, n) in catalog.tables.iter().zip(rows).filter(|(s, _)| s.is_live()) {
         outln!("  table {:<20} {n} rows", schema.name);
     }
     Ok(())

@@ -94,6 +94,8 @@ impl InjectedFault {
             InjectedFault::Falcon(
                 Fault::WblSkipTidFence | Fault::WblAckBeforeCp | Fault::WblFreeBeforeCp,
             ) => &[EngineKind::Wbl],
+            // Shown by the drop crash test (`crashtest::drop`), not by the workloads.
+            InjectedFault::Falcon(Fault::DropFreeBeforeTombstone) => &[EngineKind::Falcon],
             InjectedFault::Falcon(Fault::SkipDataFlush | Fault::SkipDataFence) => {
                 FALCON_DATA_ENGINES
             }
@@ -147,6 +149,7 @@ impl InjectedFault {
                     | Fault::OutpKeepOldLive
                     | Fault::WblAckBeforeCp
                     | Fault::WblFreeBeforeCp
+                    | Fault::DropFreeBeforeTombstone
             ),
             InjectedFault::Zen(f) => f != ZenFault::SkipFence,
             // FIR's `fir-lctt-first` stores the commit point before the contents, and the two

@@ -14,6 +14,7 @@
 //! Real crashes (SIGKILL of a child `pmtx` process) are in [`realkill`].
 
 pub mod checks;
+pub mod drop;
 pub mod fault;
 pub mod fuzz;
 pub mod ptm;

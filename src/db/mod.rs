@@ -26,6 +26,7 @@ use crate::engine::{
 use crate::pmem::{platform, PersistenceDomain, Pool, PoolOptions};
 use std::path::{Path, PathBuf};
 
+mod drop;
 mod range;
 pub use range::{RangeIter, FIRST_BATCH, MAX_BATCH};
 use std::sync::Arc;
@@ -732,37 +733,41 @@ impl Db {
         self.engine.catalog().table_id(name)
     }
 
-    /// The schema of table `id`.
+    /// The schema of table `id` (`None` for a dropped table).
     pub fn schema(&self, id: TableId) -> Option<Schema> {
-        self.engine.catalog().tables.get(id as usize).cloned()
+        self.engine.catalog().check_live(id).ok().cloned()
     }
 
-    /// Every table, with its id, in creation order.
+    /// Every table, with its id, in creation order (dropped tables left out).
     pub fn tables(&self) -> Vec<(TableId, Schema)> {
-        (0..)
-            .zip(self.engine.catalog().tables)
-            .collect::<Vec<(TableId, Schema)>>()
+        let catalog = self.engine.catalog();
+        catalog
+            .live_tables()
+            .map(|(id, s)| (id, s.clone()))
+            .collect()
     }
 
     /// The position of column `column` of table `table`, resolved once for the fast getters by
     /// position ([`Row::u64`]...) and for [`Tx::update`]; an error naming what is missing.
     pub fn column(&self, table: TableId, column: &str) -> Result<usize, DbError> {
-        let schema = self
-            .schema(table)
-            .ok_or_else(|| TxError::SchemaMismatch(format!("no table with id {table}")))?;
+        let catalog = self.engine.catalog();
+        let schema = catalog
+            .check_live(table)
+            .map_err(|e| TxError::SchemaMismatch(e.to_string()))?;
         Ok(schema.column_index(column).ok_or_else(|| {
             TxError::SchemaMismatch(format!("table {} has no column '{column}'", schema.name))
         })?)
     }
 
-    /// Drops table `table` and frees its rows' space, where the engine can: no engine of this
-    /// build can yet, and each refuses with [`DbError::Unsupported`] saying why (see
-    /// [`Engine::drop_table`] and docs/ARCHITECTURE.md, "The embedding API").
+    /// Drops table `table` and frees its rows' space for any table to reuse. Its name is free
+    /// at once for a new table (with a new id); its id stays taken, and using it is an error
+    /// that says the table was dropped. The drop runs alone: it waits (up to
+    /// [`DbConfig::worker_wait`]) until no other worker is in use, discarding the idle ones
+    /// [`Db::run`] keeps, and fails with [`CatalogError::Busy`](crate::catalog::CatalogError)
+    /// if some stay in use. Crash-safe: after a crash the table is either intact or gone, its
+    /// space freed (docs/ARCHITECTURE.md, "The embedding API").
     pub fn drop_table(&self, table: TableId) -> Result<(), DbError> {
-        if self.schema(table).is_none() {
-            return Err(TxError::SchemaMismatch(format!("no table with id {table}")).into());
-        }
-        self.engine.drop_table(table)
+        self.drop_table_alone(table)
     }
 
     /// Claims a worker slot for the calling thread; released when the worker drops. When all
@@ -1580,15 +1585,13 @@ fn leaves_transaction_open(error: &TxError) -> bool {
 }
 
 fn schema_of(schemas: &[Schema], table: TableId) -> Result<&Schema, TxError> {
-    schemas
-        .get(table as usize)
-        .ok_or_else(|| TxError::SchemaMismatch(format!("no table with id {table}")))
+    drop::live(schemas.get(table as usize), table)
 }
 
 fn layout_of(layouts: &[Arc<RowLayout>], table: TableId) -> Result<&Arc<RowLayout>, TxError> {
-    layouts
-        .get(table as usize)
-        .ok_or_else(|| TxError::SchemaMismatch(format!("no table with id {table}")))
+    let layout = layouts.get(table as usize);
+    drop::live(layout.map(|l| &l.schema), table)?;
+    Ok(layout.expect("checked"))
 }
 
 impl<'w> Tx<'w> {
@@ -1607,6 +1610,14 @@ impl<'w> Tx<'w> {
             return Err(e.clone());
         }
         Ok(self.core())
+    }
+
+    /// [`live`](Self::live), for an operation on `table`, which must be a live table (the raw
+    /// operations reach the engine without a schema lookup otherwise).
+    fn live_table(&mut self, table: TableId) -> Result<&mut WorkerCore, TxError> {
+        let c = self.live()?;
+        schema_of(&c.schemas, table)?;
+        Ok(c)
     }
 
     /// Lets the engine turn a miss caused by a stale read into a conflict
@@ -1659,7 +1670,7 @@ impl<'w> Tx<'w> {
 
     /// Reads the row with `key` into `out` (exactly the row size); no allocation.
     pub fn read_into(&mut self, table: TableId, key: u64, out: &mut [u8]) -> Result<(), TxError> {
-        let read = self.live()?.inner.read(table, key, out);
+        let read = self.live_table(table)?.inner.read(table, key, out);
         self.settle(read)
     }
 
@@ -1740,7 +1751,7 @@ impl<'w> Tx<'w> {
         key: u64,
         writes: &[FieldWrite<'_>],
     ) -> Result<(), TxError> {
-        let result = self.live()?.inner.update(table, key, writes);
+        let result = self.live_table(table)?.inner.update(table, key, writes);
         self.settle(result)
     }
 
@@ -1779,13 +1790,13 @@ impl<'w> Tx<'w> {
 
     /// Inserts a row given as raw bytes (exactly the row size).
     pub fn insert_bytes(&mut self, table: TableId, key: u64, row: &[u8]) -> Result<(), TxError> {
-        let result = self.live()?.inner.insert(table, key, row);
+        let result = self.live_table(table)?.inner.insert(table, key, row);
         self.settle(result)
     }
 
     /// Deletes the row with `key`.
     pub fn delete(&mut self, table: TableId, key: u64) -> Result<(), TxError> {
-        let result = self.live()?.inner.delete(table, key);
+        let result = self.live_table(table)?.inner.delete(table, key);
         self.settle(result)
     }
 
@@ -1845,7 +1856,10 @@ impl<'w> Tx<'w> {
         limit: usize,
         f: &mut dyn FnMut(u64, &[u8]) -> bool,
     ) -> Result<(), TxError> {
-        let result = self.live()?.inner.scan(table, from, reverse, limit, f);
+        let result = self
+            .live_table(table)?
+            .inner
+            .scan(table, from, reverse, limit, f);
         self.settle(result)
     }
 

@@ -408,16 +408,16 @@ pub trait Engine: Send + Sync {
     fn checkpoint(&self) -> Option<Result<fir::CheckpointStats, DbError>> {
         None
     }
-    /// Drops `table` and frees its rows' space. The default refuses, and no engine overrides it
-    /// yet: a table's id is its catalog position, which every engine's recovery walks (a dropped
-    /// table needs a durable tombstone each design's recovery understands), and its space is
-    /// held per design (Falcon's and Zen's per-thread heap pages, FIR's regions, the DRAM shadow
-    /// of DUDETx and MMDB), which each must free crash-safely.
+    /// Drops `table` and frees its rows' space for any table to reuse, crash-safely (catalog
+    /// `dropping`, space freed, catalog `dropped`; see `catalog::TableState`). The caller makes
+    /// sure no worker of the engine is alive (`Db::drop_table` holds every slot). The default
+    /// refuses: Zen and FIR do not drop tables yet (docs/ARCHITECTURE.md, "The embedding API").
     fn drop_table(&self, table: TableId) -> Result<(), DbError> {
         let _ = table;
         Err(DbError::Unsupported(format!(
-            "engine {} cannot drop tables: a table's catalog slot and its space are kept \
-             until the engine implements a crash-safe drop (see Engine::drop_table)",
+            "engine {} cannot drop tables yet: its recovery has no crash-safe way to free a \
+             dropped table's space (falcon and its variants, volatile, mmdb and dudetx drop \
+             tables; see docs/ARCHITECTURE.md, \"The embedding API\")",
             self.kind()
         )))
     }

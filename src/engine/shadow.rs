@@ -49,13 +49,38 @@ pub(crate) fn make_shadow(
     FalconEngine::create(Arc::new(pool), c)
 }
 
-/// The row size of `table` in `catalog`.
+/// The row size of `table` in `catalog`; an error if it is not a live table.
 pub(crate) fn row_len(catalog: &Catalog, table: TableId) -> Result<usize, TxError> {
     catalog
-        .tables
-        .get(table as usize)
+        .check_live(table)
         .map(Schema::row_size)
-        .ok_or_else(|| TxError::SchemaMismatch(format!("no table {table}")))
+        .map_err(|e| TxError::SchemaMismatch(e.to_string()))
+}
+
+/// Drops `table` of a shadow engine (issue 21), with no worker alive: the catalog at `store`
+/// with the table `dropping`, then `drop_shadow` (the DRAM shadow's table, whose slots any table
+/// may then take), then `free_pm` (the engine's PM copy of the rows), then the catalog with the
+/// table `dropped`.
+/// Recovery ignores a table that is not live wherever its rows come from (a checkpoint, the
+/// log, the heap), so a crash anywhere in between leaves it gone.
+pub(crate) fn drop_table(
+    catalog: &parking_lot::Mutex<Catalog>,
+    store: &CatalogStore,
+    pool: &Pool,
+    table: TableId,
+    drop_shadow: impl FnOnce() -> Result<(), DbError>,
+    free_pm: impl FnOnce() -> Result<(), DbError>,
+) -> Result<(), DbError> {
+    let mut catalog = catalog.lock();
+    let dropping = catalog.with_state(table, crate::catalog::TableState::Dropping)?;
+    store.store(pool, &dropping)?;
+    *catalog = dropping;
+    drop_shadow()?;
+    free_pm()?;
+    let done = catalog.drops_finished();
+    store.store(pool, &done)?;
+    *catalog = done;
+    Ok(())
 }
 
 /// Creates a table durably in the catalog at `store` (after `catalog`) and in the DRAM

@@ -60,3 +60,14 @@ pub fn concurrent_transfers(db: &pmtx::db::Db, accounts: u64, per_thread: u64, l
     assert_eq!(total, 1000 * accounts as i64, "{label}");
     assert_eq!(db.check_structure().unwrap(), vec![accounts], "{label}");
 }
+
+/// The `u64` in column 0 of row `key` of table `t`, or `None` when there is no such row.
+#[allow(dead_code)] // only some of the test files that include this module call it
+pub fn value(db: &pmtx::db::Db, t: pmtx::catalog::TableId, key: u64) -> Option<u64> {
+    db.run(|tx| match tx.get(t, key) {
+        Ok(row) => Ok(Some(row.u64(0))),
+        Err(pmtx::engine::TxError::NotFound { .. }) => Ok(None),
+        Err(e) => Err(e),
+    })
+    .unwrap()
+}

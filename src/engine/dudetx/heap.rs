@@ -24,6 +24,8 @@ pub(crate) struct HeapTable {
     free: Vec<u64>,
     /// Heap pages (offsets).
     pub pages: Vec<u64>,
+    /// Dropped (issue 21): no pages, and log records of it are skipped.
+    dropped: bool,
 }
 
 /// The heap's DRAM directory.
@@ -46,6 +48,7 @@ impl Heap {
             self.tables.push(HeapTable {
                 row,
                 slot: slot::size(row),
+                dropped: !schema.is_live(),
                 ..HeapTable::default()
             });
         }
@@ -66,6 +69,11 @@ impl Heap {
                     tag.value
                 )));
             };
+            if t.dropped {
+                // A drop a crash interrupted (issue 21): finish freeing the table's pages.
+                pages.free(pool, index);
+                continue;
+            }
             t.pages.push(page);
             let slots = PAGE_SIZE / t.slot;
             for i in (0..slots).rev() {
@@ -84,6 +92,23 @@ impl Heap {
             }
         }
         Ok(heap)
+    }
+
+    /// Forgets `table` (dropped, issue 21) and returns its pages for the caller to free; log
+    /// records of it are skipped from now on.
+    pub fn drop_table(&mut self, table: TableId) -> Vec<u64> {
+        let Some(t) = self.tables.get_mut(table as usize) else {
+            return Vec::new();
+        };
+        let (row, slot) = (t.row, t.slot);
+        let pages = std::mem::take(&mut t.pages);
+        *t = HeapTable {
+            row,
+            slot,
+            dropped: true,
+            ..HeapTable::default()
+        };
+        pages
     }
 
     /// A free slot of `table`, taking a new page when none is left.
@@ -146,6 +171,10 @@ impl super::pipeline::Apply for Heap {
                 op.table
             ));
         };
+        if t.dropped {
+            // The table was dropped after this record (ids are never reused): it is gone.
+            return Ok(());
+        }
         let flush = fault != Some(DudetxFault::SkipHeapFlush);
         match &op.row {
             Some(row) => {

@@ -66,6 +66,10 @@
 //!   open) rather than §3.6's allocation logs: a slot becomes live only through a reproduced put,
 //!   so the logs already say everything an allocation log would. The persistent-object API's
 //!   heap ([`ptm`]) does log `pmalloc`/`pfree` (allocation-log ops in the redo record).
+//! - **Dropping a table** (issue 21; not in the paper): under the commit lock the pipeline is
+//!   drained (nothing of the table is still on its way to the heap), then the DRAM table and the
+//!   table's PM heap pages are freed; recovery frees pages a crash left and skips the table's
+//!   log records (`heap.rs`).
 //!
 //! # The persistent-object API
 //!
@@ -485,5 +489,28 @@ impl Engine for DudetxEngine {
         self.core.drain()?;
         recovery::compare_heap_with_shadow(self, &counts)?;
         Ok(counts)
+    }
+
+    /// Drops `table` (issue 21): under the commit lock, once everything committed is
+    /// reproduced (so no record of the table is still on its way to the heap), the DRAM table
+    /// and then the table's PM heap pages are freed; recovery skips the table's log records.
+    fn drop_table(&self, table: TableId) -> Result<(), DbError> {
+        let _order = self.commit_lock.lock();
+        self.drain()?;
+        crate::engine::shadow::drop_table(
+            &self.catalog,
+            &self.catalog_store,
+            &self.core.pool,
+            table,
+            || self.shadow.drop_table(table),
+            || {
+                let freed = self.core.heap.lock().drop_table(table);
+                for page in freed {
+                    let index = self.core.pages.page_of(page).expect("a heap page");
+                    self.core.pages.free(&self.core.pool, index);
+                }
+                Ok(())
+            },
+        )
     }
 }

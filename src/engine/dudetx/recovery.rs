@@ -147,7 +147,7 @@ pub(super) fn open(
     let mut rows = 0u64;
     {
         let mut w = shadow.clone().worker(config.max_threads)?;
-        for table in 0..catalog.tables.len() as u32 {
+        for (table, _) in catalog.live_tables() {
             for chunk in heap.rows(&pool, table).chunks(512) {
                 w.begin(false);
                 for (key, row) in chunk {
@@ -169,6 +169,18 @@ pub(super) fn open(
     report.rows = rows;
     report.facts.push(("durable_id".into(), durable));
     report.total_ms = report.phases.iter().map(|p| p.1).sum();
+    // Interrupted drops are finished: `Heap::load` freed their pages, the replay skipped them.
+    let catalog = if catalog.dropping_ids().is_empty() {
+        catalog
+    } else {
+        let done = catalog.drops_finished();
+        crate::catalog::CatalogStore {
+            base: meta_page + meta::CATALOG_AT,
+            slot_bytes: meta::CATALOG_SLOT_BYTES,
+        }
+        .store(&pool, &done)?;
+        done
+    };
     let core = Core::new(pool, pages, meta_page, ring, config, heap, durable, pos);
     DudetxEngine::assemble(core, shadow, catalog, Some(report))
 }

@@ -71,8 +71,13 @@
 //!   issue 17): recovered by their own recovery functions, with no heap scan; stale locks and free
 //!   slots are then found lazily while transactions run, and the clock restarts above a persisted
 //!   tid lease (`sweep.rs`), where Falcon clears locks from the write sets in its window.
+//! - *Dropping a table* (issue 21, not in the paper; `drop.rs`): with no worker alive, the
+//!   catalog says `dropping`, the table's heap and index pages are freed, the catalog says
+//!   `dropped`; recovery finishes an interrupted drop and skips window entries of tables that
+//!   are not live.
 
 mod commit;
+mod drop;
 pub mod layout;
 mod recovery;
 mod sweep;
@@ -145,11 +150,14 @@ pub enum Fault {
     WblAckBeforeCp,
     /// `wbl` only: free the superseded versions before the group commit covers the commit.
     WblFreeBeforeCp,
+    /// Drop table (issue 21): free the table's pages before the catalog says `dropping`, so a
+    /// crash in between leaves a live table with rows missing (`crashtest::drop` catches it).
+    DropFreeBeforeTombstone,
 }
 
 impl Fault {
     /// Every fault.
-    pub const ALL: [Fault; 9] = [
+    pub const ALL: [Fault; 10] = [
         Fault::SkipLogFlush,
         Fault::SkipLogFence,
         Fault::CommitMarkFirst,
@@ -159,6 +167,7 @@ impl Fault {
         Fault::WblSkipTidFence,
         Fault::WblAckBeforeCp,
         Fault::WblFreeBeforeCp,
+        Fault::DropFreeBeforeTombstone,
     ];
 
     /// The command-line name.
@@ -173,6 +182,7 @@ impl Fault {
             Fault::WblSkipTidFence => "wbl-skip-tid-fence",
             Fault::WblAckBeforeCp => "wbl-ack-before-cp",
             Fault::WblFreeBeforeCp => "wbl-free-before-cp",
+            Fault::DropFreeBeforeTombstone => "drop-free-before-tombstone",
         }
     }
 
@@ -195,6 +205,9 @@ impl Fault {
             Fault::WblAckBeforeCp => "wbl: a commit returns before c_p covers it",
             Fault::WblFreeBeforeCp => {
                 "wbl: superseded versions are freed before c_p covers their replacement"
+            }
+            Fault::DropFreeBeforeTombstone => {
+                "drop table: the table's pages are freed before the catalog says it is dropping"
             }
         }
     }
@@ -571,6 +584,8 @@ impl FalconEngine {
                 })?;
             }
         }
+        let (catalog, dropped_pages) =
+            drop::finish_drops(&pool, &pages, meta_page, catalog, &catalog_store)?;
         let catalog_ms = started.elapsed().as_secs_f64() * 1e3;
         let index_started = std::time::Instant::now();
         let (indexes, index_facts) = recovery::recover_indexes(&pool, &pages, meta_page, &catalog)?;
@@ -587,6 +602,11 @@ impl FalconEngine {
             ],
         );
         report.facts.extend(index_facts);
+        if dropped_pages > 0 {
+            report
+                .facts
+                .push(("pages of dropped tables freed".into(), dropped_pages));
+        }
         report.total_ms += catalog_ms + index_ms;
         engine.clock = TidClock::new(floor);
         engine.cc.snapshots.raise_to(floor);
@@ -792,6 +812,10 @@ impl Engine for FalconEngine {
 
     fn worker(self: Arc<Self>, thread: usize) -> Result<Box<dyn EngineWorker>, DbError> {
         Ok(Box::new(worker::FalconWorker::new(self, thread)?))
+    }
+
+    fn drop_table(&self, table: TableId) -> Result<(), DbError> {
+        self.drop_table_now(table)
     }
 
     fn recovery_report(&self) -> Option<RecoveryReport> {

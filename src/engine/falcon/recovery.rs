@@ -76,7 +76,8 @@ pub(super) fn recover_indexes(
     let mut facts = Vec::new();
     let mut indexes = Vec::with_capacity(ntables);
     for (t, schema) in catalog.tables.iter().enumerate() {
-        if schema.index_placement != Some(IndexPlacement::Pm) {
+        // A dropped table's indexes are gone (`drop.rs`): its tombstone gets empty DRAM ones.
+        if schema.index_placement != Some(IndexPlacement::Pm) || !schema.is_live() {
             let secondary = schema
                 .secondary
                 .iter()
@@ -143,8 +144,18 @@ pub(super) fn recover_indexes(
 /// (owner 0) or a secondary (owner `1 + i`) of a table whose indexes are in PM.
 fn pm_index_tag(catalog: &Catalog, table: u64, owner: u8) -> bool {
     catalog.tables.get(table as usize).is_some_and(|s| {
-        s.index_placement == Some(IndexPlacement::Pm) && usize::from(owner) <= s.secondary.len()
+        s.index_placement == Some(IndexPlacement::Pm)
+            && s.is_live()
+            && usize::from(owner) <= s.secondary.len()
     })
+}
+
+/// Whether a log entry's table is a live one (entries of dropped tables are ignored); an
+/// unknown table counts as live, so that the replay reports it.
+fn live_entry(tables: &[Arc<TableRt>], table: u32) -> bool {
+    tables
+        .get(table as usize)
+        .map_or(true, |t| t.schema.is_live())
 }
 
 /// Runs recovery; returns the report and the timestamp floor for the tid clock.
@@ -252,7 +263,12 @@ pub(super) fn recover(engine: &mut FalconEngine) -> Result<(RecoveryReport, u64)
     let mut effective_ts: HashMap<u64, u64> = HashMap::new();
     let mut headers: HashMap<u64, (u64, u64, Option<u64>)> = HashMap::new(); // tuple -> (tid, flags, key)
     for txn in &committed {
-        for e in window::decode(&txn.payload).expect("validated above") {
+        for e in window::decode(&txn.payload)
+            .expect("validated above")
+            .into_iter()
+            // A dropped table's entries point into pages it no longer owns (`drop.rs`).
+            .filter(|e| live_entry(&tables, e.table))
+        {
             if e.kind == EntryKind::SecondaryOld {
                 // Not a tuple change: used by the secondary-index pass below.
                 continue;
@@ -303,7 +319,12 @@ pub(super) fn recover(engine: &mut FalconEngine) -> Result<(RecoveryReport, u64)
             report.replayed_entries += 1;
         }
         // Entries of one transaction on one tuple share the tid: later ones of the same txn apply.
-        for e in window::decode(&txn.payload).expect("validated above") {
+        for e in window::decode(&txn.payload)
+            .expect("validated above")
+            .into_iter()
+            // A dropped table's entries point into pages it no longer owns (`drop.rs`).
+            .filter(|e| live_entry(&tables, e.table))
+        {
             if e.kind != EntryKind::SecondaryOld {
                 effective_ts.insert(e.tuple, effective_ts[&e.tuple].max(txn.tid));
             }
@@ -336,7 +357,12 @@ pub(super) fn recover(engine: &mut FalconEngine) -> Result<(RecoveryReport, u64)
     // atomic w.r.t. a crash and the slots stay COMMITTED until the end, so a crash here repeats
     // it. Inserts were published before their log slot was written, so theirs is normally there.
     for txn in &committed {
-        for e in window::decode(&txn.payload).expect("validated above") {
+        for e in window::decode(&txn.payload)
+            .expect("validated above")
+            .into_iter()
+            // A dropped table's entries point into pages it no longer owns (`drop.rs`).
+            .filter(|e| live_entry(&tables, e.table))
+        {
             let table = &tables[e.table as usize];
             if !table.index.is_pm() || matches!(e.kind, EntryKind::Update | EntryKind::SecondaryOld)
             {
@@ -579,7 +605,12 @@ fn repair_pm_secondaries(
     // (table, primary key) -> the old secondary keys logged, per secondary index.
     let mut touched: HashMap<(u32, u64), Vec<(usize, u64)>> = HashMap::new();
     for txn in committed {
-        for e in window::decode(&txn.payload).expect("validated above") {
+        for e in window::decode(&txn.payload)
+            .expect("validated above")
+            .into_iter()
+            // A dropped table's entries point into pages it no longer owns (`drop.rs`).
+            .filter(|e| live_entry(tables, e.table))
+        {
             let Some(table) = tables.get(e.table as usize) else {
                 // An entry of a table that does not exist: replay refused it already.
                 continue;

@@ -223,6 +223,13 @@ impl FalconWorker {
         if id as usize >= self.tables.len() {
             return Err(TxError::SchemaMismatch(format!("no table with id {id}")));
         }
+        let schema = &self.tables[id as usize].schema;
+        if !schema.is_live() {
+            return Err(TxError::SchemaMismatch(format!(
+                "table '{}' (id {id}) was dropped",
+                schema.name
+            )));
+        }
         Ok(())
     }
 

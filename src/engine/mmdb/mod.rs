@@ -74,6 +74,9 @@
 //! - **Checkpoints are on by default** (Zen §4 disables them for throughput runs): set
 //!   `checkpoint_interval` to zero to run without periodic ones (the log still forces one when
 //!   it is half full).
+//! - **Dropping a table** (issue 21; not in the papers): the DRAM table is dropped under the
+//!   commit lock and a checkpoint without its rows frees the previous checkpoint's pages;
+//!   recovery skips rows of tables that are not live, in the checkpoint and in the log.
 //! - **Inline mode** (`background: false`, for the crash simulator, whose PM events must come
 //!   from the threads it drives): the committing thread writes its own record, and a checkpoint
 //!   is taken every [`MmdbConfig::checkpoint_every`] commits and when the ring is full.
@@ -514,5 +517,25 @@ impl Engine for MmdbEngine {
 
     fn checkpoint(&self) -> Option<Result<crate::engine::fir::CheckpointStats, DbError>> {
         Some(self.take_checkpoint())
+    }
+
+    /// Drops `table` (issue 21): the DRAM table goes under the commit lock (a checkpoint copies
+    /// the tables under it), then a checkpoint without the table's rows frees the pages of the
+    /// previous one (its log records are skipped by recovery, `recovery.rs`).
+    fn drop_table(&self, table: TableId) -> Result<(), DbError> {
+        crate::engine::shadow::drop_table(
+            &self.catalog,
+            &self.catalog_store,
+            &self.core.pool,
+            table,
+            || {
+                let _order = self.core.commit_lock.lock();
+                self.core.shadow.drop_table(table)
+            },
+            || {
+                self.take_checkpoint()?;
+                Ok(())
+            },
+        )
     }
 }

@@ -100,13 +100,16 @@ fn load_checkpoint(pool: &Pool, pages: &PageManager, meta_page: u64) -> Result<L
 
 /// Applies one transaction's ops (or a chunk of the snapshot) to the DRAM tables as one
 /// transaction: a put replaces the row or inserts it, a delete removes the key if present.
-fn apply(w: &mut dyn EngineWorker, ops: &[Op], row_len: &[usize]) -> Result<(), String> {
+fn apply(w: &mut dyn EngineWorker, ops: &[Op], row_len: &[Option<usize>]) -> Result<(), String> {
     w.begin(false);
     let mut scratch = Vec::new();
     for op in ops {
         let len = *row_len
             .get(op.table as usize)
             .ok_or_else(|| format!("an op names table {}, which does not exist", op.table))?;
+        // A dropped table's rows (in a checkpoint taken before the drop, or in the log) are
+        // gone (issue 21).
+        let Some(len) = len else { continue };
         scratch.resize(len, 0);
         let exists = match w.read(op.table, op.key, &mut scratch) {
             Ok(()) => true,
@@ -166,7 +169,11 @@ pub(super) fn open(pool: Arc<Pool>, mut config: MmdbConfig) -> Result<Arc<MmdbEn
     for schema in &catalog.tables {
         tables.create_table(schema.clone())?;
     }
-    let row_len: Vec<usize> = catalog.tables.iter().map(|s| s.row_size()).collect();
+    let row_len: Vec<Option<usize>> = catalog
+        .tables
+        .iter()
+        .map(|s| s.is_live().then(|| s.row_size()))
+        .collect();
     let loaded = load_checkpoint(&pool, &pages, meta_page)?;
     let mut w = tables.clone().worker(config.max_threads)?;
     for chunk in loaded.ops.chunks(512) {
@@ -225,7 +232,18 @@ pub(super) fn open(pool: Arc<Pool>, mut config: MmdbConfig) -> Result<Arc<MmdbEn
     );
     // The head stays at the checkpoint's position: the log from there is still needed.
     core.state.lock().head = loaded.pos;
-    MmdbEngine::assemble(core, catalog, Some(report))
+    let interrupted = !catalog.dropping_ids().is_empty();
+    let engine = MmdbEngine::assemble(core, catalog, Some(report))?;
+    if interrupted {
+        // A drop a crash interrupted: a checkpoint without the table's rows frees the older
+        // one's pages, then the drop is recorded as finished.
+        engine.take_checkpoint()?;
+        let mut catalog = engine.catalog.lock();
+        let done = catalog.drops_finished();
+        engine.catalog_store.store(&engine.core.pool, &done)?;
+        *catalog = done;
+    }
+    Ok(engine)
 }
 
 /// Walks the log from the checkpoint's position, handing each transaction after the covered id
