@@ -852,10 +852,10 @@ fn varlen_values(domain: PersistenceDomain, images: u64) {
 
 #[test]
 fn varlen_values_adr() {
-    varlen_values(Adr, 30);
+    varlen_values(Adr, 24);
 }
 
 #[test]
 fn varlen_values_eadr() {
-    varlen_values(Eadr, 30);
+    varlen_values(Eadr, 24);
 }

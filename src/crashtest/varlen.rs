@@ -227,9 +227,9 @@ impl CrashWorkload for VarlenCrash {
     }
 
     fn extra_pages_per_thread(&self) -> u64 {
-        // The hidden chunk table: a heap page per thread, and spill room for a transaction
-        // writing two rows of up to five chunks each.
-        3
+        // The hidden chunk table's heap pages, and spill pages for redo logs of up to ten chunks
+        // (more than a log window slot holds), for the threads and the liveness check's.
+        6
     }
 }
 
