@@ -209,7 +209,11 @@ fn check_against(db: &Db, t: TableId, model: &HashMap<u64, Doc>) {
         })
         .unwrap();
     assert_eq!(&scanned, model);
-    assert_eq!(chunk_rows(db), expected_chunks(model.values()), "chunk rows");
+    assert_eq!(
+        chunk_rows(db),
+        expected_chunks(model.values()),
+        "chunk rows"
+    );
 }
 
 proptest! {
@@ -254,7 +258,10 @@ fn boundary_lengths_on_every_engine() {
             let (b, n) = db
                 .run(|tx| {
                     let row = tx.get(t, k as u64)?;
-                    Ok((row.get_bytes("blob")?.to_vec(), row.get_str("note")?.to_string()))
+                    Ok((
+                        row.get_bytes("blob")?.to_vec(),
+                        row.get_str("note")?.to_string(),
+                    ))
                 })
                 .unwrap();
             assert_eq!((b.len(), n.len()), (len, len), "{engine}: length {len}");
@@ -264,7 +271,9 @@ fn boundary_lengths_on_every_engine() {
         let too_long = vec![7u8; BLOB_MAX + 1];
         let err = db
             .run(|tx| {
-                let e = tx.update(t, 0, &[(2, Value::Bytes(&too_long))]).unwrap_err();
+                let e = tx
+                    .update(t, 0, &[(2, Value::Bytes(&too_long))])
+                    .unwrap_err();
                 tx.update(t, 0, &[(0, Value::U64(2))])?;
                 Ok(e)
             })
@@ -274,13 +283,25 @@ fn boundary_lengths_on_every_engine() {
         let name = "n".repeat(NAME_MAX + 1);
         let err = db
             .run(|tx| {
-                tx.insert(t, 9, &[Value::U64(0), Value::Str(&name), Value::Bytes(b""), Value::Str("")])
+                tx.insert(
+                    t,
+                    9,
+                    &[
+                        Value::U64(0),
+                        Value::Str(&name),
+                        Value::Bytes(b""),
+                        Value::Str(""),
+                    ],
+                )
             })
             .unwrap_err();
         assert!(err.to_string().contains("'name'"), "{engine}: {err}");
         let n = db.run(|tx| tx.get(t, 0).map(|r| r.u64(0))).unwrap();
         assert_eq!(n, 2, "{engine}");
-        assert_eq!(chunk_rows(&db), 2 * (1 + (BLOB_MAX - INLINE_CAPACITY).div_ceil(CHUNK_BYTES)) as u64);
+        assert_eq!(
+            chunk_rows(&db),
+            2 * (1 + (BLOB_MAX - INLINE_CAPACITY).div_ceil(CHUNK_BYTES)) as u64
+        );
     }
 }
 
@@ -289,16 +310,34 @@ fn getters_refuse_wrong_types_and_invalid_utf8() {
     let db = db_of(EngineKind::Falcon);
     let t = db.create_table(schema()).unwrap();
     db.run(|tx| {
-        tx.insert(t, 1, &[Value::U64(5), Value::Str("ada"), Value::Bytes(&[0xff; 200]), Value::Str("hi")])
+        tx.insert(
+            t,
+            1,
+            &[
+                Value::U64(5),
+                Value::Str("ada"),
+                Value::Bytes(&[0xff; 200]),
+                Value::Str("hi"),
+            ],
+        )
     })
     .unwrap();
     db.run(|tx| {
         let row = tx.get(t, 1)?;
         assert_eq!(row.get_str("name")?, "ada");
-        assert!(matches!(row.get_str("blob"), Err(TxError::SchemaMismatch(_))));
+        assert!(matches!(
+            row.get_str("blob"),
+            Err(TxError::SchemaMismatch(_))
+        ));
         assert!(matches!(row.get_str("n"), Err(TxError::SchemaMismatch(_))));
-        assert!(matches!(row.get_u64("name"), Err(TxError::SchemaMismatch(_))));
-        assert!(matches!(row.get_str("nope"), Err(TxError::SchemaMismatch(_))));
+        assert!(matches!(
+            row.get_u64("name"),
+            Err(TxError::SchemaMismatch(_))
+        ));
+        assert!(matches!(
+            row.get_str("nope"),
+            Err(TxError::SchemaMismatch(_))
+        ));
         assert!(row.try_str(9).is_err());
         // A VarBytes column takes bytes or a string, a Text column only a string.
         assert!(matches!(
@@ -308,7 +347,10 @@ fn getters_refuse_wrong_types_and_invalid_utf8() {
         tx.update(t, 1, &[(2, Value::Str("text as bytes"))])?;
         assert_eq!(tx.get(t, 1)?.get_bytes("blob")?, b"text as bytes");
         // Raw writes cannot keep chunks in step: refused on a table whose values may spill.
-        assert!(matches!(tx.insert_bytes(t, 2, &[0; 8]), Err(TxError::Unsupported(_))));
+        assert!(matches!(
+            tx.insert_bytes(t, 2, &[0; 8]),
+            Err(TxError::Unsupported(_))
+        ));
         Ok(())
     })
     .unwrap();
@@ -320,12 +362,25 @@ fn getters_refuse_wrong_types_and_invalid_utf8() {
     raw[..4].copy_from_slice(&2u32.to_le_bytes());
     raw[4..6].copy_from_slice(&[0xc3, 0x28]);
     db.run(|tx| tx.insert_bytes(short, 1, &raw)).unwrap();
-    let err = db.run(|tx| tx.get(short, 1)?.get_str("s").map(str::len)).unwrap_err();
+    let err = db
+        .run(|tx| tx.get(short, 1)?.get_str("s").map(str::len))
+        .unwrap_err();
     assert!(err.to_string().contains("invalid UTF-8"), "{err}");
     raw[..4].copy_from_slice(&9u32.to_le_bytes());
-    db.run(|tx| tx.update_bytes(short, 1, &[pmtx::engine::FieldWrite { offset: 0, bytes: &raw[..4] }]))
-        .unwrap();
-    let err = db.run(|tx| tx.get(short, 1)?.get_str("s").map(str::len)).unwrap_err();
+    db.run(|tx| {
+        tx.update_bytes(
+            short,
+            1,
+            &[pmtx::engine::FieldWrite {
+                offset: 0,
+                bytes: &raw[..4],
+            }],
+        )
+    })
+    .unwrap();
+    let err = db
+        .run(|tx| tx.get(short, 1)?.get_str("s").map(str::len))
+        .unwrap_err();
     assert!(err.to_string().contains("beyond its maximum"), "{err}");
 }
 
@@ -337,19 +392,37 @@ fn updates_and_deletes_free_chunks_on_every_engine() {
         assert_eq!(chunk_rows(&db), 0);
         let big = vec![1u8; BLOB_MAX];
         let note = "y".repeat(INLINE_CAPACITY + 2 * CHUNK_BYTES);
-        db.run(|tx| tx.insert(t, 1, &[Value::U64(0), Value::Str(""), Value::Bytes(&big), Value::Str(&note)]))
-            .unwrap();
+        db.run(|tx| {
+            tx.insert(
+                t,
+                1,
+                &[
+                    Value::U64(0),
+                    Value::Str(""),
+                    Value::Bytes(&big),
+                    Value::Str(&note),
+                ],
+            )
+        })
+        .unwrap();
         assert_eq!(chunk_rows(&db), 3 + 2, "{engine}");
         // Shrinking keeps the common chunks, frees the rest.
         db.run(|tx| tx.update(t, 1, &[(2, Value::Bytes(&big[..INLINE_CAPACITY + 1]))]))
             .unwrap();
         assert_eq!(chunk_rows(&db), 1 + 2, "{engine}");
         // Back inline: no chunk left for the column.
-        db.run(|tx| tx.update(t, 1, &[(2, Value::Bytes(b"small"))])).unwrap();
+        db.run(|tx| tx.update(t, 1, &[(2, Value::Bytes(b"small"))]))
+            .unwrap();
         assert_eq!(chunk_rows(&db), 2, "{engine}");
         // The same column twice in one update: the last value wins, nothing leaks.
-        db.run(|tx| tx.update(t, 1, &[(2, Value::Bytes(&big)), (2, Value::Bytes(&big[..500]))]))
-            .unwrap();
+        db.run(|tx| {
+            tx.update(
+                t,
+                1,
+                &[(2, Value::Bytes(&big)), (2, Value::Bytes(&big[..500]))],
+            )
+        })
+        .unwrap();
         assert_eq!(chunk_rows(&db), 1 + 2, "{engine}");
         // A rolled-back update changes nothing.
         let mut txn = db.begin().unwrap();
@@ -366,7 +439,10 @@ fn updates_and_deletes_free_chunks_on_every_engine() {
 
 #[test]
 fn values_survive_reopen() {
-    for engine in EngineKind::ALL.into_iter().filter(|&e| e != EngineKind::Volatile) {
+    for engine in EngineKind::ALL
+        .into_iter()
+        .filter(|&e| e != EngineKind::Volatile)
+    {
         let path = std::path::Path::new("/dev/shm").join(format!(
             "pmtx-varlen-reopen-{}-{engine}.pool",
             std::process::id()
@@ -380,15 +456,31 @@ fn values_survive_reopen() {
             cfg.domain = Some(PersistenceDomain::Eadr);
             let db = Db::create(cfg).unwrap();
             let t = db.create_table(schema()).unwrap();
-            db.run(|tx| tx.insert(t, 3, &[Value::U64(9), Value::Str("x"), Value::Bytes(&blob), Value::Str(&note)]))
-                .unwrap();
+            db.run(|tx| {
+                tx.insert(
+                    t,
+                    3,
+                    &[
+                        Value::U64(9),
+                        Value::Str("x"),
+                        Value::Bytes(&blob),
+                        Value::Str(&note),
+                    ],
+                )
+            })
+            .unwrap();
         }
         let db = Db::open(config(engine).path(&path)).unwrap();
         let t = db.table("docs").unwrap();
         let doc = db.run(|tx| Ok(read_doc(&tx.get(t, 3)?))).unwrap();
         assert_eq!(
             doc,
-            Doc { n: 9, name: "x".into(), blob, note },
+            Doc {
+                n: 9,
+                name: "x".into(),
+                blob,
+                note
+            },
             "{engine}"
         );
         drop(db);
@@ -403,11 +495,18 @@ fn row_size_limit_and_reserved_names() {
     let err = db
         .create_table(Schema::new(
             "wide",
-            &[("a", ColumnType::U64), ("t", ColumnType::Text(5000)), ("b", ColumnType::Bytes(200))],
+            &[
+                ("a", ColumnType::U64),
+                ("t", ColumnType::Text(5000)),
+                ("b", ColumnType::Bytes(200)),
+            ],
         ))
         .unwrap_err()
         .to_string();
-    assert!(err.contains("340") && err.contains("256") && err.contains("max_row_bytes"), "{err}");
+    assert!(
+        err.contains("340") && err.contains("256") && err.contains("max_row_bytes"),
+        "{err}"
+    );
     // A refused schema leaves no chunk table behind.
     assert!(db.engine().catalog().table_id(CHUNK_TABLE).is_none());
     // Long values do not count against the limit: chunks are rows of at most the limit.
@@ -416,10 +515,16 @@ fn row_size_limit_and_reserved_names() {
         .unwrap();
     let long = "z".repeat(5000);
     db.run(|tx| tx.insert(t, 1, &[Value::Str(&long)])).unwrap();
-    assert_eq!(db.run(|tx| Ok(tx.get(t, 1)?.get_str("t")?.len())).unwrap(), 5000);
+    assert_eq!(
+        db.run(|tx| Ok(tx.get(t, 1)?.get_str("t")?.len())).unwrap(),
+        5000
+    );
     let chunk_table = db.engine().catalog().table_id(CHUNK_TABLE).unwrap();
     assert_eq!(db.schema(chunk_table).unwrap().row_size(), 256);
-    assert_eq!(chunk_rows(&db), (5000 - INLINE_CAPACITY).div_ceil(256) as u64);
+    assert_eq!(
+        chunk_rows(&db),
+        (5000 - INLINE_CAPACITY).div_ceil(256) as u64
+    );
     let err = db
         .create_table(Schema::new("__pmtx_mine", &[("a", ColumnType::U64)]))
         .unwrap_err();

@@ -76,15 +76,29 @@ fn chunks(seed: u64, chunk: usize) -> u64 {
 }
 
 /// Writes the row of `key` for `seed` (an insert, or an update of every column).
-fn write(tx: &mut crate::db::Tx<'_>, t: u32, key: u64, seed: u64, insert: bool) -> Result<(), TxError> {
+fn write(
+    tx: &mut crate::db::Tx<'_>,
+    t: u32,
+    key: u64,
+    seed: u64,
+    insert: bool,
+) -> Result<(), TxError> {
     let (b, s) = (blob(seed), text(seed));
     if insert {
-        tx.insert(t, key, &[Value::U64(seed), Value::Bytes(&b), Value::Str(&s)])
+        tx.insert(
+            t,
+            key,
+            &[Value::U64(seed), Value::Bytes(&b), Value::Str(&s)],
+        )
     } else {
         tx.update(
             t,
             key,
-            &[(0, Value::U64(seed)), (1, Value::Bytes(&b)), (2, Value::Str(&s))],
+            &[
+                (0, Value::U64(seed)),
+                (1, Value::Bytes(&b)),
+                (2, Value::Str(&s)),
+            ],
         )
     }
 }
@@ -130,7 +144,10 @@ impl CrashWorkload for VarlenCrash {
         let op = rng.gen_range(0..100u32);
         if op < 55 {
             // Replace the values of two loaded rows (a read-modify-write of each).
-            let keys = [rng.gen_range(0..self.records), rng.gen_range(0..self.records)];
+            let keys = [
+                rng.gen_range(0..self.records),
+                rng.gen_range(0..self.records),
+            ];
             let seeds: [u64; 2] = [rng.gen(), rng.gen()];
             ctx.run(|otx| {
                 for (i, &k) in keys.iter().enumerate() {
@@ -176,7 +193,9 @@ impl CrashWorkload for VarlenCrash {
                 at += slot.len();
                 let len = u32::from_le_bytes(slot[..LEN_WORD].try_into().expect("4 bytes"));
                 let inline = value.len().min(INLINE_CAPACITY);
-                if len as usize != value.len() || slot[LEN_WORD..LEN_WORD + inline] != value[..inline] {
+                if len as usize != value.len()
+                    || slot[LEN_WORD..LEN_WORD + inline] != value[..inline]
+                {
                     problems.push(format!(
                         "row {k:#x}: the {name} slot does not hold the value of seed {seed:#x}"
                     ));
@@ -198,10 +217,14 @@ impl CrashWorkload for VarlenCrash {
                 let seed = row.get_u64("seed")?;
                 seeds.push(seed);
                 if row.get_bytes("blob")? != blob(seed).as_slice() {
-                    problems.push(format!("row {k:#x}: the blob is not the one of seed {seed:#x}"));
+                    problems.push(format!(
+                        "row {k:#x}: the blob is not the one of seed {seed:#x}"
+                    ));
                 }
                 if row.get_str("text")? != text(seed) {
-                    problems.push(format!("row {k:#x}: the text is not the one of seed {seed:#x}"));
+                    problems.push(format!(
+                        "row {k:#x}: the text is not the one of seed {seed:#x}"
+                    ));
                 }
             }
             Ok((problems, seeds))

@@ -29,8 +29,8 @@ use std::path::{Path, PathBuf};
 mod range;
 pub use range::{RangeIter, FIRST_BATCH, MAX_BATCH};
 mod varlen;
-pub use varlen::{CHUNK_BYTES, CHUNK_TABLE};
 use std::sync::Arc;
+pub use varlen::{CHUNK_BYTES, CHUNK_TABLE};
 
 /// How to create or open a database.
 #[derive(Clone, Debug)]

@@ -224,11 +224,10 @@ impl Tx<'_> {
             for n in 0..chunk_count(len, chunk) {
                 let at = value.len();
                 value.resize(at + chunk, 0);
-                let read = self.live()?.inner.read(
-                    chunks,
-                    chunk_key(table, key, i, n),
-                    &mut value[at..],
-                );
+                let read =
+                    self.live()?
+                        .inner
+                        .read(chunks, chunk_key(table, key, i, n), &mut value[at..]);
                 self.chunk_result(read)?;
             }
             value.truncate(len);
@@ -260,7 +259,14 @@ impl Tx<'_> {
             let k = chunk_key(table, key, column, n);
             let inner = &mut self.live()?.inner;
             let result = if n < old {
-                inner.update(chunks, k, &[FieldWrite { offset: 0, bytes: &buf }])
+                inner.update(
+                    chunks,
+                    k,
+                    &[FieldWrite {
+                        offset: 0,
+                        bytes: &buf,
+                    }],
+                )
             } else {
                 inner.insert(chunks, k, &buf)
             };
