@@ -6,6 +6,26 @@
 //! the area zeroed); a longer one keeps its first `INLINE_CAPACITY` bytes inline and the rest in
 //! chunk rows of a hidden table that the `db` layer writes in the same engine transaction as the
 //! row (see `db::varlen`). A column whose maximum fits inline never goes out of line.
+//!
+//! ```
+//! use pmtx::prelude::*;
+//!
+//! let db = Db::create(DbConfig::temporary().pool_size(32 << 20).max_threads(1))?;
+//! let t = db.create_table(Schema::new(
+//!     "notes",
+//!     &[("title", ColumnType::Text(64)), ("body", ColumnType::VarBytes(1 << 16))],
+//! ))?;
+//! let body = vec![7u8; 5000]; // longer than the inline area: out of line
+//! db.run(|tx| tx.insert(t, 1, &[Value::Str("groceries"), Value::Bytes(&body)]))?;
+//! db.run(|tx| {
+//!     let row = tx.get(t, 1)?;
+//!     assert_eq!(row.get_str("title")?, "groceries");
+//!     assert_eq!(row.get_bytes("body")?.len(), 5000);
+//!     assert!(row.get_str("body").is_err()); // not a Text column
+//!     Ok(())
+//! })?;
+//! # Ok::<(), DbError>(())
+//! ```
 
 use super::{ColumnType, Schema};
 
