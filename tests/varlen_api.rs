@@ -424,6 +424,16 @@ fn updates_and_deletes_free_chunks_on_every_engine() {
         })
         .unwrap();
         assert_eq!(chunk_rows(&db), 1 + 2, "{engine}");
+        // Updating only columns that never spill leaves the chunks alone.
+        db.run(|tx| tx.update(t, 1, &[(0, Value::U64(4)), (1, Value::Str("short"))]))
+            .unwrap();
+        assert_eq!(chunk_rows(&db), 1 + 2, "{engine}");
+        let doc = db.run(|tx| Ok(read_doc(&tx.get(t, 1)?))).unwrap();
+        assert_eq!(
+            (doc.n, doc.name.as_str(), doc.blob.len()),
+            (4, "short", 500)
+        );
+        assert_eq!(doc.note, note, "{engine}");
         // A rolled-back update changes nothing.
         let mut txn = db.begin().unwrap();
         txn.update(t, 1, &[(3, Value::Str(""))]).unwrap();

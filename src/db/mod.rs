@@ -1801,10 +1801,15 @@ impl<'w> Tx<'w> {
             layouts,
             ..
         } = self.live()?;
-        if layout_of(layouts, table)?.spills {
+        let schema = schema_of(schemas, table)?;
+        // A column whose old value may have chunks needs the old row (see `varlen`).
+        if layout_of(layouts, table)?.spills
+            && values
+                .iter()
+                .any(|(c, _)| schema.columns.get(*c).is_some_and(|c| c.ty.spills()))
+        {
             return self.update_varlen(table, key, values);
         }
-        let schema = schema_of(schemas, table)?;
         buf.row.clear();
         buf.spans.clear();
         for (col, value) in values {
