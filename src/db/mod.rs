@@ -1009,8 +1009,6 @@ struct WorkerCore {
     /// that cloning one into a row touches a counter no other thread writes.
     layouts: Vec<Arc<RowLayout>>,
     buffers: TxBuffers,
-    /// The chunk table of out-of-line values and its chunk size, once it exists.
-    chunks: Option<(TableId, usize)>,
 }
 
 impl WorkerCore {
@@ -1020,7 +1018,6 @@ impl WorkerCore {
             schemas: Vec::new(),
             layouts: Vec::new(),
             buffers: TxBuffers::default(),
-            chunks: None,
         }
     }
 }
@@ -1131,8 +1128,10 @@ impl<'db> Worker<'db> {
         {
             let catalog = self.db.engine.catalog();
             self.core.schemas = catalog.tables;
-            self.core.layouts = self.core.schemas.iter().map(RowLayout::of).collect();
-            self.core.chunks = varlen::find_chunk_table(&self.core.schemas);
+            let chunks = varlen::find_chunk_table(&self.core.schemas);
+            self.core.layouts = (self.core.schemas.iter())
+                .map(|s| RowLayout::of(s, chunks))
+                .collect();
         }
     }
 
@@ -1278,10 +1277,12 @@ struct RowLayout {
     schema: Schema,
     /// Some column's values may be stored out of line (see [`varlen`]).
     spills: bool,
+    /// The chunk table of out-of-line values and its chunk size, once it exists.
+    chunks: Option<(TableId, usize)>,
 }
 
 impl RowLayout {
-    fn of(schema: &Schema) -> Arc<RowLayout> {
+    fn of(schema: &Schema, chunks: Option<(TableId, usize)>) -> Arc<RowLayout> {
         let bounds = (0..schema.columns.len())
             .map(|i| schema.column_offset(i))
             .chain(std::iter::once(schema.row_size()))
@@ -1290,6 +1291,7 @@ impl RowLayout {
             bounds,
             schema: schema.clone(),
             spills: schema.columns.iter().any(|c| c.ty.spills()),
+            chunks,
         })
     }
 
@@ -1749,7 +1751,11 @@ impl<'w> Tx<'w> {
         Ok(RowRef {
             bytes: &c.buffers.read,
             layout: layout_of(&c.layouts, table)?,
-            large: if spills { &c.buffers.large } else { &[] },
+            large: if spills {
+                c.buffers.large.as_slice()
+            } else {
+                &[]
+            },
         })
     }
 

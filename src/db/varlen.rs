@@ -174,7 +174,8 @@ pub(super) fn decode<'a>(
 impl Tx<'_> {
     /// The chunk table's id and chunk size.
     fn chunk_table(&mut self) -> Result<(TableId, usize), TxError> {
-        self.live()?.chunks.ok_or_else(|| {
+        let layouts = &self.live()?.layouts;
+        layouts.first().and_then(|l| l.chunks).ok_or_else(|| {
             TxError::Corrupt(format!(
                 "a row has out-of-line values but the database has no '{CHUNK_TABLE}' table"
             ))
@@ -340,7 +341,7 @@ impl Tx<'_> {
             .collect();
         let result = self.live()?.inner.update(table, key, &writes);
         self.settle(result)?;
-        let chunk = match self.live()?.chunks {
+        let chunk = match layout.chunks {
             Some((_, chunk)) => chunk,
             None => CHUNK_BYTES,
         };
