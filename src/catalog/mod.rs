@@ -1,8 +1,12 @@
 //! Schemas, tables and their persistence: what recovery reads first.
 //!
-//! Tables have fixed-size columns and an 8-byte primary key supplied by the caller (composite keys,
-//! such as TPC-C's, are packed into it by the workload). A row is the concatenation of its columns
-//! in declaration order, each at its natural size, with no padding.
+//! Tables have an 8-byte primary key supplied by the caller (composite keys, such as TPC-C's, are
+//! packed into it by the workload). A row is the concatenation of its columns in declaration order,
+//! each at its stored size, with no padding: the engines see fixed-size rows only. Fixed-width
+//! columns (`U64`, `I64`, `F64`, `Bytes(n)`) are stored at their natural size; variable-length
+//! columns (`VarBytes(max)`, `Text(max)`) as a length word and an inline area of up to
+//! [`INLINE_CAPACITY`] bytes, a longer value's rest going out of line into a hidden chunk table
+//! (see [`varlen`] and the `db` module).
 //!
 //! The catalog is stored in PM as JSON in two alternating slots, each with a sequence number and a
 //! CRC: a new version is written to the slot not holding the newest valid one and persisted; open
@@ -23,10 +27,14 @@ use crate::index::{IndexPlacement, PrimaryIndexKind};
 use crate::pmem::Pool;
 use serde::{Deserialize, Serialize};
 
+pub mod varlen;
+pub use varlen::{INLINE_CAPACITY, LEN_WORD, RESERVED_PREFIX};
+
 /// Identifies a table within a database: its position in the catalog.
 pub type TableId = u32;
 
-/// A column's type; all are fixed-size.
+/// A column's type. All take a fixed number of bytes in the row ([`ColumnType::size`]); the
+/// variable-length ones store their length and keep a long value's rest out of line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ColumnType {
@@ -38,14 +46,20 @@ pub enum ColumnType {
     F64,
     /// Exactly this many bytes (shorter values are zero-padded on write).
     Bytes(u32),
+    /// Variable-length bytes, at most this many, with a stored length (see [`varlen`]).
+    VarBytes(u32),
+    /// A UTF-8 string of at most this many bytes, with a stored length (see [`varlen`]).
+    Text(u32),
 }
 
 impl ColumnType {
-    /// The column's size in bytes.
+    /// The column's size in the row, in bytes (for a variable-length column: its length word
+    /// and inline area).
     pub fn size(self) -> usize {
         match self {
             ColumnType::U64 | ColumnType::I64 | ColumnType::F64 => 8,
             ColumnType::Bytes(n) => n as usize,
+            ColumnType::VarBytes(_) | ColumnType::Text(_) => LEN_WORD + self.inline_capacity(),
         }
     }
 }
@@ -212,13 +226,16 @@ impl Schema {
             if !seen.insert(c.name.as_str()) {
                 return Err(bad(format!("column '{}' appears twice", c.name)));
             }
-            if c.ty.size() == 0 {
+            if c.ty.size() == 0 || c.ty.max_len() == Some(0) {
                 return Err(bad(format!("column '{}' has size 0", c.name)));
             }
         }
+        varlen::validate_secondary(self).map_err(bad)?;
         if self.row_size() > max_row {
             return Err(bad(format!(
-                "rows of {} bytes exceed the tuple size limit of {max_row} bytes",
+                "rows of {} bytes exceed the tuple size limit of {max_row} bytes \
+                 (DbConfig::max_row_bytes; a variable-length column takes {LEN_WORD} + up to \
+                 {INLINE_CAPACITY} bytes of the row)",
                 self.row_size()
             )));
         }

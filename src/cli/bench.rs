@@ -148,6 +148,10 @@ pub struct YcsbArgs {
     /// Updates write every field (Falcon §6.2.3 updates all ten).
     #[arg(long)]
     pub write_all_fields: bool,
+    /// Field storage: bytes (fixed `Bytes(field_len)` columns, raw row writes) or text
+    /// (`Text(field_len)` string columns through the typed API; issue 21).
+    #[arg(long, default_value = "bytes")]
+    pub value_type: crate::workload::ycsb::driver::ValueType,
 }
 
 /// Arguments of `pmtx bench bank`.
@@ -429,6 +433,7 @@ fn workload_of(args: &YcsbArgs) -> Result<Workload, Box<dyn std::error::Error>> 
     w.field_len = args.field_len;
     w.write_all_fields = args.write_all_fields;
     w.ops_per_txn = args.ops_per_txn;
+    w.value_type = args.value_type;
     w.validate()?;
     Ok(w)
 }
@@ -500,6 +505,7 @@ pub(crate) fn ycsb_params(args: &YcsbArgs, workload: &Workload, round: usize) ->
         "field_count": workload.field_count,
         "field_len": workload.field_len,
         "write_all_fields": workload.write_all_fields,
+        "value_type": workload.value_type,
         "round": round,
     })
 }
@@ -515,7 +521,7 @@ pub(crate) fn ycsb_engine_run(
 ) -> Result<RunReport, Box<dyn std::error::Error>> {
     let common = &args.common;
     let (workload, pool_size) = (&plan.workload, plan.pool_size);
-    let row = workload.field_count as usize * workload.field_len;
+    let row = driver::schema(workload).row_size();
     let mut config = common.db_config(engine, threads, pool_size);
     config.max_row_bytes = config.max_row_bytes.max(row);
     let dram_before = rss_anon_bytes();

@@ -20,6 +20,7 @@ pub mod fuzz;
 pub mod ptm;
 pub mod realkill;
 pub mod tpcc;
+pub mod varlen;
 pub mod workload;
 
 use crate::alloc::PAGE_SIZE;

@@ -29,7 +29,9 @@ use std::path::{Path, PathBuf};
 mod drop;
 mod range;
 pub use range::{RangeIter, FIRST_BATCH, MAX_BATCH};
+mod varlen;
 use std::sync::Arc;
+pub use varlen::{CHUNK_BYTES, CHUNK_TABLE};
 
 /// How to create or open a database.
 #[derive(Clone, Debug)]
@@ -57,7 +59,9 @@ pub struct DbConfig {
     pub max_pool_size: Option<u64>,
     /// Worker slots (threads that may run transactions at once).
     pub max_threads: usize,
-    /// The tuple size limit: larger rows are refused.
+    /// The tuple size limit: a table whose rows (as stored: fixed-width columns at their size,
+    /// variable-length ones as a length word and their inline area) are larger is refused; see
+    /// [`DbConfig::max_row_bytes`].
     pub max_row_bytes: usize,
     /// Log window slots per thread (Falcon).
     pub window_slots: Option<usize>,
@@ -263,6 +267,18 @@ impl DbConfig {
         self.max_pool_size = Some(bytes);
         self
     }
+    /// Sets the tuple size limit (default 4,096 bytes): [`Db::create_table`] refuses a table
+    /// whose stored row is larger, with an error naming both sizes. A stored row counts each
+    /// fixed-width column at its size and each variable-length column (`VarBytes(max)`,
+    /// `Text(max)`) as its 4-byte length word and inline area (`min(max, INLINE_CAPACITY)`
+    /// bytes): the out-of-line part of a long value is not in the row, so a value is limited
+    /// by its column's maximum, not by this. The out-of-line chunks are rows of at most
+    /// [`CHUNK_BYTES`] (less if this limit is smaller). Engines size their log records and
+    /// heap slots from it, so a larger limit costs space per row.
+    pub fn max_row_bytes(mut self, bytes: usize) -> Self {
+        self.max_row_bytes = bytes;
+        self
+    }
     /// Sets the number of worker slots.
     pub fn max_threads(mut self, n: usize) -> Self {
         self.max_threads = n;
@@ -449,8 +465,11 @@ pub enum Value<'a> {
     I64(i64),
     /// For `F64` columns.
     F64(f64),
-    /// For `Bytes(n)` columns: at most n bytes, zero-padded.
+    /// For `Bytes(n)` columns: at most n bytes, zero-padded; for `VarBytes(max)` columns: at
+    /// most `max` bytes, stored with their length.
     Bytes(&'a [u8]),
+    /// For `Text(max)` (and `VarBytes(max)`) columns: at most `max` bytes of UTF-8.
+    Str(&'a str),
 }
 
 impl Db {
@@ -722,6 +741,7 @@ impl Db {
 
     /// Creates a table, durably, and returns its id.
     pub fn create_table(&self, schema: Schema) -> Result<TableId, DbError> {
+        varlen::prepare_table(self, &schema)?;
         let id = self.engine.create_table(schema)?;
         self.table_count
             .fetch_max(id as usize + 1, std::sync::atomic::Ordering::Release);
@@ -738,11 +758,13 @@ impl Db {
         self.engine.catalog().check_live(id).ok().cloned()
     }
 
-    /// Every table, with its id, in creation order (dropped tables left out).
+    /// Every table, with its id, in creation order (dropped tables and the database's own
+    /// hidden tables, such as [`CHUNK_TABLE`], left out).
     pub fn tables(&self) -> Vec<(TableId, Schema)> {
         let catalog = self.engine.catalog();
         catalog
             .live_tables()
+            .filter(|(_, s)| !varlen::is_hidden(&s.name))
             .map(|(id, s)| (id, s.clone()))
             .collect()
     }
@@ -1015,6 +1037,8 @@ struct TxBuffers {
     read: Vec<u8>,
     /// Per updated column: (row offset, start in `row`, length).
     spans: Vec<(usize, usize, usize)>,
+    /// The out-of-line values of the row read by [`Tx::get_ref`].
+    large: Vec<(usize, Vec<u8>)>,
 }
 
 impl Drop for Worker<'_> {
@@ -1109,7 +1133,10 @@ impl<'db> Worker<'db> {
         {
             let catalog = self.db.engine.catalog();
             self.core.schemas = catalog.tables;
-            self.core.layouts = self.core.schemas.iter().map(RowLayout::of).collect();
+            let chunks = varlen::find_chunk_table(&self.core.schemas);
+            self.core.layouts = (self.core.schemas.iter())
+                .map(|s| RowLayout::of(s, chunks))
+                .collect();
         }
     }
 
@@ -1253,10 +1280,14 @@ struct RowLayout {
     /// Column `i` is `bounds[i]..bounds[i + 1]`.
     bounds: Box<[usize]>,
     schema: Schema,
+    /// Some column's values may be stored out of line (see [`varlen`]).
+    spills: bool,
+    /// The chunk table of out-of-line values and its chunk size, once it exists.
+    chunks: Option<(TableId, usize)>,
 }
 
 impl RowLayout {
-    fn of(schema: &Schema) -> Arc<RowLayout> {
+    fn of(schema: &Schema, chunks: Option<(TableId, usize)>) -> Arc<RowLayout> {
         let bounds = (0..schema.columns.len())
             .map(|i| schema.column_offset(i))
             .chain(std::iter::once(schema.row_size()))
@@ -1264,6 +1295,8 @@ impl RowLayout {
         Arc::new(RowLayout {
             bounds,
             schema: schema.clone(),
+            spills: schema.columns.iter().any(|c| c.ty.spills()),
+            chunks,
         })
     }
 
@@ -1308,6 +1341,9 @@ fn row_buffer(len: usize) -> Vec<u8> {
 pub struct Row {
     bytes: Vec<u8>,
     layout: Arc<RowLayout>,
+    /// The out-of-line variable-length values read with the row, (column, whole value); empty
+    /// (no allocation) for rows without any.
+    large: Vec<(usize, Vec<u8>)>,
 }
 
 impl Drop for Row {
@@ -1362,9 +1398,18 @@ macro_rules! checked_getters {
         pub fn get_f64(&self, name: &str) -> Result<f64, TxError> {
             self.as_ref().get_f64(name)
         }
-        /// The bytes of the column called `name` (a `Bytes(n)` column: all n bytes, zero-padded).
+        /// The bytes of the column called `name` (a `Bytes(n)` column: all n bytes, zero-padded;
+        /// a `VarBytes` or `Text` column: the value, at its length).
         pub fn get_bytes(&self, name: &str) -> Result<&[u8], TxError> {
             self.as_ref().get_bytes(name)
+        }
+        /// Column `i` as a string; an error unless it is a `Text` column holding UTF-8.
+        pub fn try_str(&self, i: usize) -> Result<&str, TxError> {
+            self.as_ref().try_str(i)
+        }
+        /// The `Text` column called `name`.
+        pub fn get_str(&self, name: &str) -> Result<&str, TxError> {
+            self.as_ref().get_str(name)
         }
     };
 }
@@ -1375,6 +1420,7 @@ impl Row {
         RowRef {
             bytes: &self.bytes,
             layout: &self.layout,
+            large: &self.large,
         }
     }
     /// The row's bytes.
@@ -1403,7 +1449,8 @@ impl Row {
     pub fn f64(&self, i: usize) -> f64 {
         self.as_ref().f64(i)
     }
-    /// Column `i`'s bytes.
+    /// Column `i`'s bytes as stored in the row (for a variable-length column: its length word
+    /// and inline area; [`Row::try_bytes_at`] gives the value).
     ///
     /// # Panics
     /// If there is no column `i`; [`Row::try_bytes_at`] returns an error instead.
@@ -1419,6 +1466,8 @@ impl Row {
 pub struct RowRef<'a> {
     bytes: &'a [u8],
     layout: &'a RowLayout,
+    /// See [`Row`]'s field.
+    large: &'a [(usize, Vec<u8>)],
 }
 
 impl<'a> RowRef<'a> {
@@ -1426,7 +1475,7 @@ impl<'a> RowRef<'a> {
     pub fn bytes(&self) -> &'a [u8] {
         self.bytes
     }
-    /// Column `i`'s bytes.
+    /// Column `i`'s bytes as stored in the row (see [`Row::bytes_at`]).
     ///
     /// # Panics
     /// If there is no column `i`; [`RowRef::try_bytes_at`] returns an error instead.
@@ -1513,9 +1562,36 @@ impl<'a> RowRef<'a> {
         self.checked_word(i, ColumnType::F64)
             .map(f64::from_le_bytes)
     }
-    /// Column `i`'s bytes; an error if there is no column `i`.
+    /// Column `i`'s bytes (a `VarBytes` or `Text` column: its value, at its length); an error
+    /// if there is no column `i`.
     pub fn try_bytes_at(&self, i: usize) -> Result<&'a [u8], TxError> {
-        self.checked(i, None)
+        let bytes = self.checked(i, None)?;
+        if self.layout.schema.columns[i].ty.is_varlen() {
+            return varlen::decode(self.layout, i, bytes, self.large);
+        }
+        Ok(bytes)
+    }
+    /// Column `i` as a string; an error unless it is a `Text` column holding UTF-8.
+    pub fn try_str(&self, i: usize) -> Result<&'a str, TxError> {
+        let bytes = self.checked(i, None)?;
+        let column = &self.layout.schema.columns[i];
+        if !matches!(column.ty, ColumnType::Text(_)) {
+            return Err(TxError::SchemaMismatch(format!(
+                "column '{}' of table {} is {:?}, not Text",
+                column.name, self.layout.schema.name, column.ty
+            )));
+        }
+        let value = varlen::decode(self.layout, i, bytes, self.large)?;
+        std::str::from_utf8(value).map_err(|e| {
+            TxError::Corrupt(format!(
+                "column '{}' of table {} holds invalid UTF-8 ({e})",
+                column.name, self.layout.schema.name
+            ))
+        })
+    }
+    /// The `Text` column called `name`.
+    pub fn get_str(&self, name: &str) -> Result<&'a str, TxError> {
+        self.try_str(self.column(name)?)
     }
     /// The `U64` column called `name`.
     pub fn get_u64(&self, name: &str) -> Result<u64, TxError> {
@@ -1529,7 +1605,8 @@ impl<'a> RowRef<'a> {
     pub fn get_f64(&self, name: &str) -> Result<f64, TxError> {
         self.try_f64(self.column(name)?)
     }
-    /// The bytes of the column called `name` (a `Bytes(n)` column: all n bytes, zero-padded).
+    /// The bytes of the column called `name` (a `Bytes(n)` column: all n bytes, zero-padded;
+    /// a `VarBytes` or `Text` column: the value, at its length).
     pub fn get_bytes(&self, name: &str) -> Result<&'a [u8], TxError> {
         self.try_bytes_at(self.column(name)?)
     }
@@ -1566,6 +1643,10 @@ fn encode_value(
             }
             out[..b.len()].copy_from_slice(b);
             out[b.len()..].fill(0);
+        }
+        (ty @ (ColumnType::VarBytes(_) | ColumnType::Text(_)), _) => {
+            let bytes = varlen::value_bytes(ty, value).ok_or_else(mismatch)?;
+            varlen::encode_slot(schema, column, bytes, out)?;
         }
         _ => return Err(mismatch()),
     }
@@ -1644,9 +1725,14 @@ impl<'w> Tx<'w> {
         let mut row = Row {
             bytes: row_buffer(layout.row_size()),
             layout,
+            large: Vec::new(),
         };
         let read = c.inner.read(table, key, &mut row.bytes);
         self.settle(read)?;
+        if row.layout.spills {
+            let layout = row.layout.clone();
+            self.materialise(table, key, &row.bytes, &layout, &mut row.large)?;
+        }
         Ok(row)
     }
 
@@ -1662,9 +1748,25 @@ impl<'w> Tx<'w> {
         c.buffers.read = bytes;
         self.settle(read)?;
         let c = self.core();
+        let spills = layout_of(&c.layouts, table)?.spills;
+        if spills {
+            let layout = layout_of(&c.layouts, table)?.clone();
+            let bytes = std::mem::take(&mut c.buffers.read);
+            let mut large = std::mem::take(&mut c.buffers.large);
+            let read = self.materialise(table, key, &bytes, &layout, &mut large);
+            let c = self.core();
+            (c.buffers.read, c.buffers.large) = (bytes, large);
+            read?;
+        }
+        let c = self.core();
         Ok(RowRef {
             bytes: &c.buffers.read,
             layout: layout_of(&c.layouts, table)?,
+            large: if spills {
+                c.buffers.large.as_slice()
+            } else {
+                &[]
+            },
         })
     }
 
@@ -1713,9 +1815,18 @@ impl<'w> Tx<'w> {
             inner,
             schemas,
             buffers: buf,
+            layouts,
             ..
         } = self.live()?;
         let schema = schema_of(schemas, table)?;
+        // A column whose old value may have chunks needs the old row (see `varlen`).
+        if layout_of(layouts, table)?.spills
+            && values
+                .iter()
+                .any(|(c, _)| schema.columns.get(*c).is_some_and(|c| c.ty.spills()))
+        {
+            return self.update_varlen(table, key, values);
+        }
         buf.row.clear();
         buf.spans.clear();
         for (col, value) in values {
@@ -1751,6 +1862,7 @@ impl<'w> Tx<'w> {
         key: u64,
         writes: &[FieldWrite<'_>],
     ) -> Result<(), TxError> {
+        self.refuse_raw_write(table)?;
         let result = self.live_table(table)?.inner.update(table, key, writes);
         self.settle(result)
     }
@@ -1766,8 +1878,10 @@ impl<'w> Tx<'w> {
             inner,
             schemas,
             buffers,
+            layouts,
             ..
         } = self.live()?;
+        let spills = layout_of(layouts, table)?.spills;
         let schema = schema_of(schemas, table)?;
         if values.len() != schema.columns.len() {
             return Err(TxError::SchemaMismatch(format!(
@@ -1785,17 +1899,25 @@ impl<'w> Tx<'w> {
             encode_value(schema, i, v, &mut row[at..at + schema.columns[i].ty.size()])?;
         }
         let result = inner.insert(table, key, row);
-        self.settle(result)
+        self.settle(result)?;
+        if spills {
+            return self.insert_chunks(table, key, values);
+        }
+        Ok(())
     }
 
     /// Inserts a row given as raw bytes (exactly the row size).
     pub fn insert_bytes(&mut self, table: TableId, key: u64, row: &[u8]) -> Result<(), TxError> {
+        self.refuse_raw_write(table)?;
         let result = self.live_table(table)?.inner.insert(table, key, row);
         self.settle(result)
     }
 
     /// Deletes the row with `key`.
     pub fn delete(&mut self, table: TableId, key: u64) -> Result<(), TxError> {
+        if layout_of(&self.live_table(table)?.layouts, table)?.spills {
+            return self.delete_varlen(table, key);
+        }
         let result = self.live_table(table)?.inner.delete(table, key);
         self.settle(result)
     }
@@ -1839,11 +1961,16 @@ impl<'w> Tx<'w> {
                 Row {
                     bytes,
                     layout: layout.clone(),
+                    large: Vec::new(),
                 },
             ));
             true
         });
         self.settle(result)?;
+        for (key, row) in rows.iter_mut().filter(|(_, r)| r.layout.spills) {
+            let layout = row.layout.clone();
+            self.materialise(table, *key, &row.bytes, &layout, &mut row.large)?;
+        }
         Ok(rows)
     }
 

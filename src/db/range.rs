@@ -134,6 +134,7 @@ impl<'t, 'w> RangeIter<'t, 'w> {
         let core = self.tx.live()?;
         let layout = layout_of(&core.layouts, table)?.clone();
         let rows = &mut self.rows;
+        let fetched_from = rows.len();
         let mut passed_end = false;
         let result = core
             .inner
@@ -149,11 +150,24 @@ impl<'t, 'w> RangeIter<'t, 'w> {
                     Row {
                         bytes: row,
                         layout: layout.clone(),
+                        large: Vec::new(),
                     },
                 ));
                 true
             });
         self.tx.settle(result)?;
+        if layout.spills {
+            // Long variable-length values come with their rows (see `varlen`).
+            for (key, row) in self.rows.iter_mut().skip(fetched_from) {
+                let read = self
+                    .tx
+                    .materialise(table, *key, &row.bytes, &layout, &mut row.large);
+                if read.is_err() {
+                    self.rows.clear();
+                    return read;
+                }
+            }
+        }
         let full = self.rows.len() == limit;
         if full && !passed_end {
             let &(last, _) = self.rows.back().expect("a full batch has rows");

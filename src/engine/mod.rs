@@ -220,6 +220,10 @@ pub enum TxError {
     /// closure): not retried; [`DbError::app_error`] gets the error back by its type.
     #[error("transaction aborted by the application: {0}")]
     Abort(AppError),
+    /// Stored rows contradict each other (a variable-length value's out-of-line chunk is
+    /// missing, or a chunk id is taken): the transaction is aborted.
+    #[error("stored data is inconsistent: {0}")]
+    Corrupt(String),
 }
 
 impl TxError {

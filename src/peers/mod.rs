@@ -396,6 +396,11 @@ pub fn check_ycsb_workload(workload: &Workload) -> Result<(), PeerError> {
             workload.name
         )));
     }
+    if workload.value_type != crate::workload::ycsb::driver::ValueType::Bytes {
+        return Err(PeerError::Config(
+            "the peers store YCSB fields as raw bytes only: compare with --value-type bytes".into(),
+        ));
+    }
     Ok(())
 }
 

@@ -6,22 +6,47 @@ use super::{
 };
 use crate::bench::{DriverError, TxnDriver, TxnOutcome};
 use crate::catalog::{ColumnType, Schema, TableId};
-use crate::db::{Db, Worker};
+use crate::db::{Db, Value, Worker};
 use crate::engine::{DbError, FieldWrite, TxError};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use std::sync::Arc;
 
-/// The YCSB table: `field_count` columns of `field_len` bytes; an ordered index when the workload
-/// scans (E), a hash index otherwise.
+/// How YCSB stores a record's fields ([`Workload::value_type`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ValueType {
+    /// `Bytes(field_len)` columns, read and written as raw row bytes (YCSB's usual shape).
+    #[default]
+    Bytes,
+    /// `Text(field_len)` columns holding ASCII strings of `field_len` bytes, inserted, updated
+    /// and read through the typed API (`Value::Str`, `RowRef::try_str`): what an application
+    /// storing strings pays (issue 21).
+    Text,
+}
+
+impl std::str::FromStr for ValueType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "bytes" => Ok(ValueType::Bytes),
+            "text" => Ok(ValueType::Text),
+            _ => Err(format!("unknown value type '{s}' (expected bytes or text)")),
+        }
+    }
+}
+
+/// The YCSB table: `field_count` columns of `field_len` bytes (fixed, or text of that length;
+/// see [`ValueType`]); an ordered index when the workload scans (E), a hash index otherwise.
 pub fn schema(workload: &Workload) -> Schema {
     let names: Vec<String> = (0..workload.field_count)
         .map(|i| format!("field{i}"))
         .collect();
-    let columns: Vec<(&str, ColumnType)> = names
-        .iter()
-        .map(|n| (n.as_str(), ColumnType::Bytes(workload.field_len as u32)))
-        .collect();
+    let ty = match workload.value_type {
+        ValueType::Bytes => ColumnType::Bytes(workload.field_len as u32),
+        ValueType::Text => ColumnType::Text(workload.field_len as u32),
+    };
+    let columns: Vec<(&str, ColumnType)> = names.iter().map(|n| (n.as_str(), ty)).collect();
     let s = Schema::new("usertable", &columns);
     if workload.scan_proportion > 0.0 {
         s.ordered()
@@ -57,6 +82,8 @@ pub fn load(
                 s.spawn(move || -> Result<(), DbError> {
                     let mut w = db.worker()?;
                     let mut row = vec![0u8; row_len];
+                    let text = workload.value_type == ValueType::Text;
+                    let mut texts = vec![String::new(); workload.field_count as usize];
                     let (lo, hi) = (records * t / threads, records * (t + 1) / threads);
                     let mut next = lo;
                     while next < hi {
@@ -64,7 +91,11 @@ pub fn load(
                         w.run(|tx| {
                             for r in next..end {
                                 initial_row(workload, r, &mut row);
-                                tx.insert_bytes(table, build_key(r), &row)?;
+                                if text {
+                                    insert_text(tx, table, build_key(r), &row, &mut texts)?;
+                                } else {
+                                    tx.insert_bytes(table, build_key(r), &row)?;
+                                }
                             }
                             Ok(())
                         })?;
@@ -102,6 +133,8 @@ pub struct YcsbDriver<'db> {
     field_len: usize,
     field_count: u32,
     last_read_only: bool,
+    /// Text fields (see [`ValueType::Text`]): `Some`, with a buffer per field.
+    texts: Option<Vec<String>>,
 }
 
 /// The transaction kinds a [`YcsbDriver`] reports, by [`TxnOutcome::kind`].
@@ -141,6 +174,8 @@ impl<'db> YcsbDriver<'db> {
             field_len: workload.field_len,
             field_count: workload.field_count,
             last_read_only: false,
+            texts: (workload.value_type == ValueType::Text)
+                .then(|| vec![String::new(); workload.field_count as usize]),
         })
     }
 
@@ -170,6 +205,16 @@ impl<'db> YcsbDriver<'db> {
                 Op::Update { key, .. } => overwrite_keys.push(key),
                 Op::Insert { .. } | Op::Scan { .. } => {}
             }
+        }
+        if let Some(texts) = &mut self.texts {
+            let outcome = self.worker.run_counted(read_only, |tx| {
+                tx.prefetch(table, keys);
+                tx.prefetch_for_overwrite(table, overwrite_keys);
+                ops.iter()
+                    .try_for_each(|op| text_op(tx, table, op, version, row, texts))
+            })?;
+            self.acknowledge_inserts();
+            return Ok(outcome.aborts);
         }
         let outcome = self.worker.run_counted(read_only, |tx| {
             // The transaction's keys are known up front: overlap their misses.
@@ -220,6 +265,11 @@ impl<'db> YcsbDriver<'db> {
             }
             Ok(())
         })?;
+        self.acknowledge_inserts();
+        Ok(outcome.aborts)
+    }
+
+    fn acknowledge_inserts(&self) {
         for op in &self.ops {
             if let Op::Insert { key } = op {
                 // Acknowledging makes the record visible to later key choices (YCSB's
@@ -227,7 +277,78 @@ impl<'db> YcsbDriver<'db> {
                 let _ = self.inserts.acknowledge(key_to_record(*key));
             }
         }
-        Ok(outcome.aborts)
+    }
+}
+
+/// `out` set to ASCII letters made from `bytes` (a deterministic field, or a version).
+fn letters(bytes: impl IntoIterator<Item = u8>, out: &mut String) {
+    out.clear();
+    out.extend(bytes.into_iter().map(|b| char::from(b'a' + b % 26)));
+}
+
+/// Inserts the record `key` whose fixed-shape fields are `row`, as text fields.
+fn insert_text(
+    tx: &mut crate::db::Tx<'_>,
+    table: TableId,
+    key: u64,
+    row: &[u8],
+    texts: &mut [String],
+) -> Result<(), TxError> {
+    let field_len = row.len() / texts.len().max(1);
+    for (text, field) in texts.iter_mut().zip(row.chunks(field_len)) {
+        letters(field.iter().copied(), text);
+    }
+    let values: smallvec::SmallVec<[Value<'_>; 16]> = texts.iter().map(|t| Value::Str(t)).collect();
+    tx.insert(table, key, &values)
+}
+
+/// One YCSB operation on text fields ([`ValueType::Text`]): reads take every field as a string,
+/// updates write strings through [`crate::db::Tx::update`].
+fn text_op(
+    tx: &mut crate::db::Tx<'_>,
+    table: TableId,
+    op: &Op,
+    version: u64,
+    row: &mut [u8],
+    texts: &mut [String],
+) -> Result<(), TxError> {
+    let read_all = |tx: &mut crate::db::Tx<'_>, key: u64| -> Result<(), TxError> {
+        let r = tx.get_ref(table, key)?;
+        for f in 0..texts.len() {
+            std::hint::black_box(r.try_str(f)?);
+        }
+        Ok(())
+    };
+    match *op {
+        Op::Read { key } => read_all(tx, key),
+        Op::Update { key, field } | Op::ReadModifyWrite { key, field } => {
+            if matches!(op, Op::ReadModifyWrite { .. }) {
+                read_all(tx, key)?;
+            }
+            let field_len = row.len() / texts.len().max(1);
+            let text = &mut texts[0];
+            letters((0..field_len).map(|i| (version as usize + i) as u8), text);
+            let text = texts[0].as_str();
+            match field {
+                Some(f) => tx.update(table, key, &[(f as usize, Value::Str(text))]),
+                None => {
+                    let all: smallvec::SmallVec<[(usize, Value<'_>); 16]> =
+                        (0..texts.len()).map(|f| (f, Value::Str(text))).collect();
+                    tx.update(table, key, &all)
+                }
+            }
+        }
+        Op::Insert { key } => {
+            let field_len = row.len() / texts.len().max(1);
+            initial_row_for_key(key, field_len, row);
+            match insert_text(tx, table, key, row, texts) {
+                Ok(()) | Err(TxError::DuplicateKey { .. }) => Ok(()),
+                Err(e) => Err(e),
+            }
+        }
+        Op::Scan { start_key, len } => {
+            tx.scan_with(table, start_key, false, len as usize, &mut |_, _| true)
+        }
     }
 }
 
@@ -275,5 +396,37 @@ mod tests {
                 assert!(rows > 2000, "workload {name} inserts");
             }
         }
+    }
+    #[test]
+    fn text_values_run_through_the_typed_api() {
+        // 100-byte strings stay inline; 300-byte ones spill into the chunk table.
+        for (name, field_len) in [("a", 100), ("d", 300), ("e", 100), ("f", 300)] {
+            let mut workload = Workload::from_name(name).unwrap().with_ops_per_txn(4);
+            workload.field_count = 3;
+            workload.field_len = field_len;
+            workload.value_type = ValueType::Text;
+            let db = Db::create(DbConfig::temporary().pool_size(64 << 20).max_threads(4)).unwrap();
+            let table = db.create_table(schema(&workload)).unwrap();
+            load(&db, table, &workload, 300, 2, &|_| {}).unwrap();
+            let inserts = Arc::new(AcknowledgedCounter::new(300));
+            let mut d = YcsbDriver::new(&db, table, &workload, 300, inserts.clone(), 7).unwrap();
+            for _ in 0..100 {
+                d.run_one().unwrap();
+            }
+            let field = db
+                .run(|tx| Ok(tx.get(table, build_key(0))?.get_str("field2")?.to_string()))
+                .unwrap();
+            assert_eq!(field.len(), field_len, "workload {name}");
+            assert!(field.bytes().all(|b| b.is_ascii_lowercase()), "{field}");
+            assert_eq!(
+                db.check_structure().unwrap()[table as usize],
+                inserts.acknowledged_count()
+            );
+        }
+        assert_eq!("text".parse::<ValueType>(), Ok(ValueType::Text));
+        assert!("utf8"
+            .parse::<ValueType>()
+            .unwrap_err()
+            .contains("bytes or text"));
     }
 }

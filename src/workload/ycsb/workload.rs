@@ -68,6 +68,10 @@ pub struct Workload {
     pub write_all_fields: bool,
     /// Operations per transaction (1 is plain YCSB; Zen/FIR-style runs use 16).
     pub ops_per_txn: usize,
+    /// How fields are stored: fixed `Bytes(field_len)` columns written as raw bytes (the
+    /// default), or `Text(field_len)` strings through the typed API (issue 21).
+    #[serde(default)]
+    pub value_type: super::driver::ValueType,
 }
 
 impl Workload {
@@ -89,6 +93,7 @@ impl Workload {
             field_len: 100,
             write_all_fields: false,
             ops_per_txn: 1,
+            value_type: super::driver::ValueType::Bytes,
         }
     }
 
