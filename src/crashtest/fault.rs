@@ -94,6 +94,11 @@ impl InjectedFault {
             InjectedFault::Falcon(
                 Fault::WblSkipTidFence | Fault::WblAckBeforeCp | Fault::WblFreeBeforeCp,
             ) => &[EngineKind::Wbl],
+            // Steps of PM secondary indexes, which the crash suite runs on falcon (`--index pm`,
+            // workload `secondary`).
+            InjectedFault::Falcon(Fault::SecondarySkipOldLog | Fault::SecondaryRemoveBeforeLog) => {
+                &[EngineKind::Falcon]
+            }
             InjectedFault::Falcon(Fault::SkipDataFlush | Fault::SkipDataFence) => {
                 FALCON_DATA_ENGINES
             }
@@ -147,6 +152,8 @@ impl InjectedFault {
                     | Fault::OutpKeepOldLive
                     | Fault::WblAckBeforeCp
                     | Fault::WblFreeBeforeCp
+                    | Fault::SecondarySkipOldLog
+                    | Fault::SecondaryRemoveBeforeLog
             ),
             InjectedFault::Zen(f) => f != ZenFault::SkipFence,
             // FIR's `fir-lctt-first` stores the commit point before the contents, and the two

@@ -145,11 +145,19 @@ pub enum Fault {
     WblAckBeforeCp,
     /// `wbl` only: free the superseded versions before the group commit covers the commit.
     WblFreeBeforeCp,
+    /// PM secondary indexes: do not log the old secondary keys a commit replaces
+    /// (`SecondaryOld` entries), so a crash between the commit mark and the index changes
+    /// leaves a stale pair that recovery cannot find.
+    SecondarySkipOldLog,
+    /// PM secondary indexes: remove the old pairs a commit replaces before its log entries and
+    /// mark, so a crash before the mark leaves a row of a transaction that never committed
+    /// without its pair.
+    SecondaryRemoveBeforeLog,
 }
 
 impl Fault {
     /// Every fault.
-    pub const ALL: [Fault; 9] = [
+    pub const ALL: [Fault; 11] = [
         Fault::SkipLogFlush,
         Fault::SkipLogFence,
         Fault::CommitMarkFirst,
@@ -159,6 +167,8 @@ impl Fault {
         Fault::WblSkipTidFence,
         Fault::WblAckBeforeCp,
         Fault::WblFreeBeforeCp,
+        Fault::SecondarySkipOldLog,
+        Fault::SecondaryRemoveBeforeLog,
     ];
 
     /// The command-line name.
@@ -173,6 +183,8 @@ impl Fault {
             Fault::WblSkipTidFence => "wbl-skip-tid-fence",
             Fault::WblAckBeforeCp => "wbl-ack-before-cp",
             Fault::WblFreeBeforeCp => "wbl-free-before-cp",
+            Fault::SecondarySkipOldLog => "secondary-skip-old-log",
+            Fault::SecondaryRemoveBeforeLog => "secondary-remove-before-log",
         }
     }
 
@@ -195,6 +207,12 @@ impl Fault {
             Fault::WblAckBeforeCp => "wbl: a commit returns before c_p covers it",
             Fault::WblFreeBeforeCp => {
                 "wbl: superseded versions are freed before c_p covers their replacement"
+            }
+            Fault::SecondarySkipOldLog => {
+                "pm secondary indexes: the old keys a commit replaces are not logged"
+            }
+            Fault::SecondaryRemoveBeforeLog => {
+                "pm secondary indexes: old pairs are removed before the commit is logged"
             }
         }
     }
