@@ -53,7 +53,8 @@ def main():
     if args.rounds < 1 or args.duration <= 0 or args.records < 1:
         sys.exit("--rounds and --records must be at least 1 and --duration positive")
     subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
-    binary = os.path.join(ROOT, "target", "release", "pmtx")
+    target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
+    binary = os.path.join(target, "release", "pmtx")
     print(f"{args.rounds} rounds of {args.duration} s, {args.records} YCSB records, interleaved; "
           f"machine: {os.cpu_count()} CPUs", flush=True)
     tput = {}  # (case, config, threads) -> [tx/s]; config: dram, pm, volatile
