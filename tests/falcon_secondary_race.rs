@@ -129,19 +129,15 @@ fn race(placement: IndexPlacement, protocol: Protocol, time: Duration) -> Result
 }
 
 #[test]
-fn secondary_pairs_follow_racing_updates_dram() {
-    for protocol in [Protocol::Occ, Protocol::NoWait] {
-        let commits = race(IndexPlacement::Dram, protocol, Duration::from_secs(2))
-            .unwrap_or_else(|e| panic!("{protocol:?}: {e}"));
-        assert!(commits > 100, "{protocol:?}: only {commits} commits");
-    }
-}
-
-#[test]
-fn secondary_pairs_follow_racing_updates_pm() {
-    for protocol in [Protocol::Occ, Protocol::NoWait] {
-        let commits = race(IndexPlacement::Pm, protocol, Duration::from_secs(2))
-            .unwrap_or_else(|e| panic!("{protocol:?}: {e}"));
-        assert!(commits > 100, "{protocol:?}: only {commits} commits");
+fn secondary_pairs_follow_racing_updates() {
+    for placement in [IndexPlacement::Dram, IndexPlacement::Pm] {
+        for protocol in [Protocol::Occ, Protocol::NoWait] {
+            let commits = race(placement, protocol, Duration::from_secs(2))
+                .unwrap_or_else(|e| panic!("{placement} {protocol:?}: {e}"));
+            assert!(
+                commits > 100,
+                "{placement} {protocol:?}: only {commits} commits"
+            );
+        }
     }
 }

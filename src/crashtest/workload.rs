@@ -417,6 +417,34 @@ impl<'db, 'r> TxCtx<'db, 'r> {
         self.recorder.record(OracleEvent::DurableUpTo { tid: 0 });
     }
 
+    /// Inserts into workload table `table` a row under this thread's next key (`row` builds it
+    /// from the key); the key joins [`TxCtx::own_keys`] if the insert committed.
+    pub fn insert_own(
+        &mut self,
+        table: usize,
+        row: impl FnOnce(u64) -> Vec<u8>,
+    ) -> Result<(), DbError> {
+        let key = self.next_key;
+        self.next_key += 1;
+        let row = row(key);
+        if self.run(|tx| tx.insert(table, key, &row))? {
+            self.own_keys.push(key);
+        }
+        Ok(())
+    }
+
+    /// Deletes from workload table `table` one of this thread's keys, drawn with `rng` (none
+    /// left: nothing).
+    pub fn delete_own(&mut self, table: usize, rng: &mut StdRng) -> Result<(), DbError> {
+        if self.own_keys.is_empty() {
+            return Ok(());
+        }
+        let i = rng.gen_range(0..self.own_keys.len());
+        let key = self.own_keys.swap_remove(i);
+        self.run(|tx| tx.delete(table, key))?;
+        Ok(())
+    }
+
     /// Runs `f` as a transaction (retrying conflicts), recording its writes before the commit and
     /// its tid after. `Ok(false)`: it failed with a non-retryable transaction error (e.g. a
     /// duplicate key), which the workload may treat as a skipped operation.
@@ -828,16 +856,10 @@ impl CrashWorkload for YcsbCrash {
                 ctx.own_keys.extend(first..first + 4);
             }
         } else if op < inserts || ctx.own_keys.is_empty() {
-            let key = ctx.next_key;
-            ctx.next_key += 1;
             let v: [u64; YCSB_FIELDS] = std::array::from_fn(|_| rng.gen_range(0..1000));
-            if ctx.run(|tx| tx.insert(0, key, &ycsb_row(key, &v)))? {
-                ctx.own_keys.push(key);
-            }
+            ctx.insert_own(0, |key| ycsb_row(key, &v))?;
         } else {
-            let i = rng.gen_range(0..ctx.own_keys.len());
-            let key = ctx.own_keys.swap_remove(i);
-            ctx.run(|tx| tx.delete(0, key))?;
+            ctx.delete_own(0, rng)?;
         }
         Ok(())
     }
@@ -919,16 +941,10 @@ impl CrashWorkload for SecondaryCrash {
                 Ok(())
             })?;
         } else if op < 85 || ctx.own_keys.is_empty() {
-            let key = ctx.next_key;
-            ctx.next_key += 1;
             let sk = rng.gen_range(0..keys);
-            if ctx.run(|tx| tx.insert(0, key, &secondary_row(key, sk, 0)))? {
-                ctx.own_keys.push(key);
-            }
+            ctx.insert_own(0, |key| secondary_row(key, sk, 0))?;
         } else {
-            let i = rng.gen_range(0..ctx.own_keys.len());
-            let key = ctx.own_keys.swap_remove(i);
-            ctx.run(|tx| tx.delete(0, key))?;
+            ctx.delete_own(0, rng)?;
         }
         Ok(())
     }
