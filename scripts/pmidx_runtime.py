@@ -12,7 +12,7 @@ volatile engine to each run. Prints per case and thread count the median through
 configuration with its range, the ratio PM/DRAM (the issue's goal: >= 0.8) and each one's ratio
 to volatile, then the DRAM bytes per record after the YCSB load (from the bench JSON).
 
-    scripts/pmidx_runtime.py [--rounds 3] [--duration 3] [--records 1000000] [--smoke]
+    scripts/pmidx_runtime.py [--rounds 3] [--duration 3] [--records 1000000] [--smoke] [--no-build]
 
 --smoke: one round of 1 s at 100 k records (checks the script and the binary, measures nothing).
 Needs python3 and cargo; nothing else should run on the machine meanwhile.
@@ -47,13 +47,17 @@ def main():
     parser.add_argument("--duration", type=float, default=3)
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--no-build", action="store_true",
+                        help="use the release binary already built (CARGO_TARGET_DIR or target)")
     args = parser.parse_args()
     if args.smoke:
         args.rounds, args.duration, args.records = 1, 1, 100_000
     if args.rounds < 1 or args.duration <= 0 or args.records < 1:
         sys.exit("--rounds and --records must be at least 1 and --duration positive")
-    subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
-    binary = os.path.join(ROOT, "target", "release", "pmtx")
+    if not args.no_build:
+        subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
+    target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
+    binary = os.path.join(target, "release", "pmtx")
     print(f"{args.rounds} rounds of {args.duration} s, {args.records} YCSB records, interleaved; "
           f"machine: {os.cpu_count()} CPUs", flush=True)
     tput = {}  # (case, config, threads) -> [tx/s]; config: dram, pm, volatile

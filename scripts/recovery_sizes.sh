@@ -14,6 +14,8 @@
 #     CONFIGS: space-separated ENGINE:INDEX (default "falcon:pm falcon:dram zen:dram fir:dram")
 #     RECORDS: default 250000 500000 1000000 2000000 (pools of about 0.5, 1, 2 and 4 GiB)
 #     ROUNDS (env): recoveries per pool, default 3
+#     CARGO_TARGET_DIR (env): where cargo builds (default target); NO_BUILD=1: use the binary there
+#     RATE (env): records loaded per second, default 400000 (the kill comes 3 s after the load)
 #     MODE (env): kill (default: SIGKILL mid-run, the paper's unplanned crash) or clean (the bench
 #       runs for the same time and shuts down cleanly)
 set -euo pipefail
@@ -24,12 +26,13 @@ sizes=${*:-"250000 500000 1000000 2000000"}
 rounds=${ROUNDS:-3}
 mode=${MODE:-kill}
 case "$mode" in kill | clean) ;; *) echo "MODE must be kill or clean, not $mode" >&2; exit 2 ;; esac
-cargo build --release --quiet
-pmtx=target/release/pmtx
+[ -n "${NO_BUILD:-}" ] || cargo build --release --quiet
+pmtx=${CARGO_TARGET_DIR:-target}/release/pmtx
 dir=${PMTX_POOL_DIR:-/dev/shm}
 for records in $sizes; do
-    # Load time grows with the records (about 400k per second with 2 threads, release build).
-    kill_after=$(( records / 400000 + 3 ))
+    # Load time grows with the records (about 400k per second with 2 threads, release build, on
+    # an idle machine; set RATE lower on a loaded one, or the kill lands in the load).
+    kill_after=$(( records / ${RATE:-400000} + 3 ))
     for config in $configs; do
         e=${config%%:*}
         index=${config##*:}

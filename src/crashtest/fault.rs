@@ -96,6 +96,11 @@ impl InjectedFault {
             ) => &[EngineKind::Wbl],
             // Shown by the drop crash test (`crashtest::drop`), not by the workloads.
             InjectedFault::Falcon(Fault::DropFreeBeforeTombstone) => &[EngineKind::Falcon],
+            // Steps of PM secondary indexes, which the crash suite runs on falcon (`--index pm`,
+            // workload `secondary`).
+            InjectedFault::Falcon(Fault::SecondarySkipOldLog | Fault::SecondaryRemoveBeforeLog) => {
+                &[EngineKind::Falcon]
+            }
             InjectedFault::Falcon(Fault::SkipDataFlush | Fault::SkipDataFence) => {
                 FALCON_DATA_ENGINES
             }
@@ -150,6 +155,8 @@ impl InjectedFault {
                     | Fault::WblAckBeforeCp
                     | Fault::WblFreeBeforeCp
                     | Fault::DropFreeBeforeTombstone
+                    | Fault::SecondarySkipOldLog
+                    | Fault::SecondaryRemoveBeforeLog
             ),
             InjectedFault::Zen(f) => f != ZenFault::SkipFence,
             // FIR's `fir-lctt-first` stores the commit point before the contents, and the two

@@ -417,6 +417,34 @@ impl<'db, 'r> TxCtx<'db, 'r> {
         self.recorder.record(OracleEvent::DurableUpTo { tid: 0 });
     }
 
+    /// Inserts into workload table `table` a row under this thread's next key (`row` builds it
+    /// from the key); the key joins [`TxCtx::own_keys`] if the insert committed.
+    pub fn insert_own(
+        &mut self,
+        table: usize,
+        row: impl FnOnce(u64) -> Vec<u8>,
+    ) -> Result<(), DbError> {
+        let key = self.next_key;
+        self.next_key += 1;
+        let row = row(key);
+        if self.run(|tx| tx.insert(table, key, &row))? {
+            self.own_keys.push(key);
+        }
+        Ok(())
+    }
+
+    /// Deletes from workload table `table` one of this thread's keys, drawn with `rng` (none
+    /// left: nothing).
+    pub fn delete_own(&mut self, table: usize, rng: &mut StdRng) -> Result<(), DbError> {
+        if self.own_keys.is_empty() {
+            return Ok(());
+        }
+        let i = rng.gen_range(0..self.own_keys.len());
+        let key = self.own_keys.swap_remove(i);
+        self.run(|tx| tx.delete(table, key))?;
+        Ok(())
+    }
+
     /// Runs `f` as a transaction (retrying conflicts), recording its writes before the commit and
     /// its tid after. `Ok(false)`: it failed with a non-retryable transaction error (e.g. a
     /// duplicate key), which the workload may treat as a skipped operation.
@@ -537,17 +565,23 @@ pub enum WorkloadKind {
     /// Rows with variable-length values, many out of line (issue 21): every recovered value must
     /// be exactly a committed one, and the hidden chunk table hold exactly its chunks.
     Varlen,
+    /// Rows under a secondary index whose key changes: transactions move rows between
+    /// secondary keys, insert and delete them (issue 17: with `--index pm`, the PM secondary
+    /// index's ordering steps, from the `SecondaryOld` log entry to the index change, meet the
+    /// crash images; the structure check compares the index with the rows).
+    Secondary,
 }
 
 impl WorkloadKind {
     /// Every workload.
-    pub const ALL: [WorkloadKind; 6] = [
+    pub const ALL: [WorkloadKind; 7] = [
         WorkloadKind::Bank,
         WorkloadKind::Ycsb,
         WorkloadKind::Tpcc,
         WorkloadKind::Grow,
         WorkloadKind::YcsbOrdered,
         WorkloadKind::Varlen,
+        WorkloadKind::Secondary,
     ];
 
     /// The command-line name.
@@ -559,6 +593,7 @@ impl WorkloadKind {
             WorkloadKind::Grow => "grow",
             WorkloadKind::YcsbOrdered => "ycsb-ordered",
             WorkloadKind::Varlen => "varlen",
+            WorkloadKind::Secondary => "secondary",
         }
     }
 
@@ -580,6 +615,7 @@ impl WorkloadKind {
             }
             WorkloadKind::Grow => Box::new(GrowCrash { rows_per_step: 192 }),
             WorkloadKind::Varlen => Box::new(super::varlen::VarlenCrash { records: 6 }),
+            WorkloadKind::Secondary => Box::new(SecondaryCrash { rows: 12, keys: 5 }),
         }
     }
 }
@@ -826,16 +862,10 @@ impl CrashWorkload for YcsbCrash {
                 ctx.own_keys.extend(first..first + 4);
             }
         } else if op < inserts || ctx.own_keys.is_empty() {
-            let key = ctx.next_key;
-            ctx.next_key += 1;
             let v: [u64; YCSB_FIELDS] = std::array::from_fn(|_| rng.gen_range(0..1000));
-            if ctx.run(|tx| tx.insert(0, key, &ycsb_row(key, &v)))? {
-                ctx.own_keys.push(key);
-            }
+            ctx.insert_own(0, |key| ycsb_row(key, &v))?;
         } else {
-            let i = rng.gen_range(0..ctx.own_keys.len());
-            let key = ctx.own_keys.swap_remove(i);
-            ctx.run(|tx| tx.delete(0, key))?;
+            ctx.delete_own(0, rng)?;
         }
         Ok(())
     }
@@ -845,6 +875,130 @@ impl CrashWorkload for YcsbCrash {
             .iter()
             .filter_map(|(k, r)| ycsb_verify(*k, r).err())
             .collect()
+    }
+}
+
+/// Rows that move between the keys of a secondary index ([`WorkloadKind::Secondary`]): a row is
+/// (secondary key, moves, key × moves + secondary key); steps move two rows to new secondary keys
+/// (a whole-row write, so each logs its old key), insert rows and delete them. The rows' own
+/// check is the third column; the secondary index is compared with the rows by the structure
+/// check and, through the public API, by [`CrashWorkload::check_db`].
+pub struct SecondaryCrash {
+    /// Rows loaded.
+    pub rows: u64,
+    /// Distinct secondary keys (small, so that many rows share one).
+    pub keys: u64,
+}
+
+fn secondary_row(key: u64, sk: u64, moves: u64) -> Vec<u8> {
+    let mut row = sk.to_le_bytes().to_vec();
+    row.extend_from_slice(&moves.to_le_bytes());
+    row.extend_from_slice(&key.wrapping_mul(moves).wrapping_add(sk).to_le_bytes());
+    row
+}
+
+impl CrashWorkload for SecondaryCrash {
+    fn name(&self) -> &'static str {
+        "secondary"
+    }
+
+    fn schemas(&self) -> Vec<Schema> {
+        // An ordered primary index: `check_db` scans the table.
+        let mut schema = Schema::new(
+            "secondary_crash",
+            &[
+                ("sk", ColumnType::U64),
+                ("moves", ColumnType::U64),
+                ("check", ColumnType::U64),
+            ],
+        )
+        .with_secondary("by_sk", &["sk"]);
+        schema.primary_index = crate::index::PrimaryIndexKind::Ordered;
+        vec![schema]
+    }
+
+    fn load(&self, ctx: &mut TxCtx<'_, '_>) -> Result<(), DbError> {
+        let (rows, keys) = (self.rows, self.keys);
+        ctx.run(|tx| (0..rows).try_for_each(|k| tx.insert(0, k, &secondary_row(k, k % keys, 0))))?;
+        Ok(())
+    }
+
+    fn step(&self, ctx: &mut TxCtx<'_, '_>, rng: &mut StdRng) -> Result<(), DbError> {
+        let op = rng.gen_range(0..100u32);
+        let keys = self.keys;
+        if op < 60 {
+            // Two rows (loaded or this thread's) move to new secondary keys.
+            let pick = |rng: &mut StdRng, own: &[u64]| {
+                if own.is_empty() || rng.gen_bool(0.7) {
+                    rng.gen_range(0..self.rows)
+                } else {
+                    own[rng.gen_range(0..own.len())]
+                }
+            };
+            let moves: Vec<(u64, u64)> = (0..2)
+                .map(|_| (pick(rng, &ctx.own_keys), rng.gen_range(0..keys)))
+                .collect();
+            ctx.run(|tx| {
+                for &(k, sk) in &moves {
+                    if let Some(row) = tx.get(0, k)? {
+                        tx.put(0, k, &secondary_row(k, sk, word(&row, 8) + 1))?;
+                    }
+                }
+                Ok(())
+            })?;
+        } else if op < 85 || ctx.own_keys.is_empty() {
+            let sk = rng.gen_range(0..keys);
+            ctx.insert_own(0, |key| secondary_row(key, sk, 0))?;
+        } else {
+            ctx.delete_own(0, rng)?;
+        }
+        Ok(())
+    }
+
+    fn check(&self, rows: &Observed) -> Vec<String> {
+        rows[0]
+            .iter()
+            .filter(|(&k, r)| {
+                r.len() != 24 || word(r, 16) != k.wrapping_mul(word(r, 8)).wrapping_add(word(r, 0))
+            })
+            .map(|(k, _)| format!("row {k:#x} is torn or mixed"))
+            .collect()
+    }
+
+    /// Every row is found through the secondary index under its key, and nothing else is: per
+    /// secondary key, the index's primary keys equal the rows holding it.
+    fn check_db(&self, db: &Db) -> Vec<String> {
+        let Some(table) = db.table("secondary_crash") else {
+            return Vec::new();
+        };
+        let checked = db.worker().and_then(|mut w| {
+            w.run_read_only(|tx| {
+                let mut want: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+                tx.scan_with(table, 0, false, usize::MAX, &mut |key, row| {
+                    want.entry(word(row, 0)).or_default().push(key);
+                    true
+                })?;
+                let mut problems = Vec::new();
+                for sk in 0..self.keys {
+                    let mut found = tx.lookup_secondary(table, 0, &[crate::db::Value::U64(sk)])?;
+                    found.sort_unstable();
+                    let mut rows = want.remove(&sk).unwrap_or_default();
+                    rows.sort_unstable();
+                    if found != rows {
+                        problems.push(format!(
+                            "secondary key {sk}: the index gives {found:?}, the rows {rows:?}"
+                        ));
+                    }
+                }
+                for (sk, rows) in want {
+                    problems.push(format!(
+                        "rows {rows:?} hold secondary key {sk}, out of range"
+                    ));
+                }
+                Ok(problems)
+            })
+        });
+        checked.unwrap_or_else(|e| vec![format!("reading the secondary index failed: {e}")])
     }
 }
 

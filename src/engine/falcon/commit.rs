@@ -130,6 +130,14 @@ impl FalconWorker {
             self.rollback(published);
             return Err(e);
         }
+        if self.eng.config.fault == Some(Fault::SecondaryRemoveBeforeLog) {
+            for &(table, si, key, old_key) in &secondary_changes {
+                let sec = &self.tables[table as usize].secondary[si];
+                if sec.is_pm() {
+                    sec.remove(old_key, key);
+                }
+            }
+        }
         // 5. Log window: entries and the COMMITTED mark (Algorithm 1, line 2).
         let logged = if policy.log {
             match self.log_commit(tid, &secondary_changes) {
@@ -151,9 +159,18 @@ impl FalconWorker {
         let streamed_any = self.apply_ranges(&flush);
         self.write_keys_and_flags();
         self.persist_applied(streamed_any);
-        // 7. Headers, write_ts, lock release (line 5); index maintenance.
+        // 7. The secondary indexes follow the applied rows while the write locks are still
+        // held: a transaction that locks a row after the release must find its pairs moved, or
+        // its own move of the same pair could run first and leave a stale or missing pair
+        // (issue 17). PM secondaries: after the commit mark, as before; a crash in between is
+        // repaired from the log (`SecondaryOld`, `recovery::repair_pm_secondaries`).
+        self.maintain_secondaries(secondary_changes);
+        // Headers, write_ts, lock release (line 5); primary-index maintenance.
         self.publish_versions(tid);
-        self.replace_secondary_keys(secondary_changes);
+        #[cfg(test)]
+        if let Some(mut hook) = self.after_release.take() {
+            hook();
+        }
         // 8. Selective data flush (lines 7–11).
         self.selective_flush(&flush);
         self.flush_write = flush;
@@ -471,12 +488,11 @@ impl FalconWorker {
         }
     }
 
-    /// Step 7: each new version's `write_ts`, the release of its lock, and the index changes of
-    /// deletes, Outp's moved versions and inserts' secondary keys.
+    /// Step 7: each new version's `write_ts`, the release of its lock, and the primary-index
+    /// changes of deletes and Outp's moved versions.
     fn publish_versions(&mut self, tid: u64) {
         let policy = self.eng.policy;
         let reuse = self.reuse_stamp(tid);
-        let mut row = std::mem::take(&mut self.row_buf);
         for i in 0..self.writes.len() {
             let (table, key, t, kind) = (
                 self.writes[i].table,
@@ -521,37 +537,37 @@ impl FalconWorker {
                     .deleted
                     .push_back((superseded, reuse));
             }
-            match kind {
-                WriteKind::Delete => {
-                    rt.deleted_up_to.fetch_max(tid, Ordering::SeqCst);
-                    rt.index.remove_if(key, t);
-                    table_alloc(self.state.as_mut().expect("state present"), table)
-                        .deleted
-                        .push_back((t, reuse));
-                }
-                WriteKind::Insert if !rt.secondary.is_empty() => {
-                    row.resize(rt.row, 0);
-                    self.pool.read_bytes(t + tuple::HEADER, &mut row);
-                    for si in 0..rt.secondary.len() {
-                        let rt = &self.tables[table as usize];
-                        let result = rt.secondary[si].insert(
-                            &rt.schema.name,
-                            rt.secondary_key(si, &row),
-                            key,
-                        );
-                        self.note_late(result);
-                    }
-                }
-                _ => {}
+            if kind == WriteKind::Delete {
+                rt.deleted_up_to.fetch_max(tid, Ordering::SeqCst);
+                rt.index.remove_if(key, t);
+                table_alloc(self.state.as_mut().expect("state present"), table)
+                    .deleted
+                    .push_back((t, reuse));
             }
         }
-        self.row_buf = row;
     }
 
-    /// Moves the secondary entries of updated rows from their old keys (`changes`, read before
-    /// the apply) to the new ones.
-    fn replace_secondary_keys(&mut self, changes: Vec<(TableId, usize, u64, u64)>) {
+    /// Step 7, before the lock release: the secondary pairs of inserted rows, and those of
+    /// updated or deleted rows moved from their old keys (`changes`, read before the apply) to
+    /// the new ones (deleted rows: removed).
+    fn maintain_secondaries(&mut self, changes: Vec<(TableId, usize, u64, u64)>) {
         let mut row = std::mem::take(&mut self.row_buf);
+        for i in 0..self.writes.len() {
+            let w = &self.writes[i];
+            let rt = &self.tables[w.table as usize];
+            if w.kind != WriteKind::Insert || rt.secondary.is_empty() {
+                continue;
+            }
+            let (key, t) = (w.key, w.tuple);
+            row.resize(rt.row, 0);
+            self.pool.read_bytes(t + tuple::HEADER, &mut row);
+            for si in 0..rt.secondary.len() {
+                let rt = &self.tables[self.writes[i].table as usize];
+                let result =
+                    rt.secondary[si].insert(&rt.schema.name, rt.secondary_key(si, &row), key);
+                self.note_late(result);
+            }
+        }
         for &(table, si, key, old_key) in &changes {
             let rt = &self.tables[table as usize];
             rt.secondary[si].remove(old_key, key);
@@ -635,5 +651,90 @@ impl FalconWorker {
         // above have persisted.
         self.pool.write_u64_ordered(at + slot::STATE, slot::FREE);
         self.pool.persist(at, 8);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::worker::FalconWorker;
+    use super::super::{FalconConfig, FalconEngine};
+    use crate::catalog::{ColumnType, Schema, TableId};
+    use crate::cc::Protocol;
+    use crate::engine::{Engine, EngineKind, EngineWorker, FieldWrite};
+    use crate::index::IndexPlacement;
+    use crate::pmem::{PersistenceDomain, Pool, PoolOptions};
+    use std::sync::Arc;
+
+    /// An engine with table `t(city)` indexed by city, rows 0..4 with city `k % 2`, and two
+    /// idle workers.
+    fn setup(
+        placement: IndexPlacement,
+        protocol: Protocol,
+    ) -> (Arc<FalconEngine>, TableId, FalconWorker, FalconWorker) {
+        let opts = PoolOptions::new(EngineKind::Falcon.layout(), PersistenceDomain::Adr);
+        let pool = Arc::new(Pool::create_in_memory(32 << 20, &opts).unwrap());
+        let mut config = FalconConfig::new(EngineKind::Falcon, protocol);
+        config.max_threads = 2;
+        config.index_placement = placement;
+        let eng = FalconEngine::create(pool, config).unwrap();
+        let schema = Schema::new("t", &[("city", ColumnType::U64)]).with_secondary("c", &["city"]);
+        let t = eng.create_table(schema).unwrap();
+        let mut a = FalconWorker::new(eng.clone(), 0).unwrap();
+        a.begin(false);
+        for k in 0..4u64 {
+            a.insert(t, k, &(k % 2).to_le_bytes()).unwrap();
+        }
+        a.commit().unwrap();
+        let b = FalconWorker::new(eng.clone(), 1).unwrap();
+        (eng, t, a, b)
+    }
+
+    fn set_city(w: &mut FalconWorker, t: TableId, key: u64, city: u64) {
+        let bytes = city.to_le_bytes();
+        w.update(
+            t,
+            key,
+            &[FieldWrite {
+                offset: 0,
+                bytes: &bytes,
+            }],
+        )
+        .unwrap();
+    }
+
+    /// Issue 17, item 1: a second transaction that takes a row's lock the moment the first
+    /// commit releases it (the hook runs it there) and changes the indexed column again, or
+    /// re-inserts a deleted row with the same secondary key, finds the first commit's
+    /// secondary changes done: no stale pair, no missing one. Before the fix the first commit
+    /// moved its pairs after the release, and this failed with DRAM and PM indexes.
+    #[test]
+    fn secondary_changes_precede_the_lock_release() {
+        for placement in [IndexPlacement::Dram, IndexPlacement::Pm] {
+            for protocol in [Protocol::Occ, Protocol::NoWait] {
+                let (eng, t, mut a, mut b) = setup(placement, protocol);
+                a.begin(false);
+                // Row 1 moves from city 1 to 7; row 2 (city 0) is deleted.
+                set_city(&mut a, t, 1, 7);
+                a.delete(t, 2).unwrap();
+                a.after_release = Some(Box::new(move || {
+                    b.begin(false);
+                    set_city(&mut b, t, 1, 8);
+                    b.insert(t, 2, &0u64.to_le_bytes()).unwrap();
+                    b.commit().expect("the rows are unlocked once released");
+                }));
+                a.commit().unwrap();
+                drop(a);
+                let what = format!("{placement:?} {protocol:?}");
+                assert_eq!(
+                    Engine::check_structure(&*eng).map_err(|e| format!("{what}: {e}")),
+                    Ok(vec![4])
+                );
+                let rt = eng.tables.read()[t as usize].clone();
+                let key = |city: u64| rt.secondary_key(0, &city.to_le_bytes());
+                assert!(rt.secondary[0].contains(key(8), 1), "{what}");
+                assert!(!rt.secondary[0].contains(key(7), 1), "{what}");
+                assert!(rt.secondary[0].contains(key(0), 2), "{what}");
+            }
+        }
     }
 }

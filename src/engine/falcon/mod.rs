@@ -153,11 +153,19 @@ pub enum Fault {
     /// Drop table (issue 21): free the table's pages before the catalog says `dropping`, so a
     /// crash in between leaves a live table with rows missing (`crashtest::drop` catches it).
     DropFreeBeforeTombstone,
+    /// PM secondary indexes: do not log the old secondary keys a commit replaces
+    /// (`SecondaryOld` entries), so a crash between the commit mark and the index changes
+    /// leaves a stale pair that recovery cannot find.
+    SecondarySkipOldLog,
+    /// PM secondary indexes: remove the old pairs a commit replaces before its log entries and
+    /// mark, so a crash before the mark leaves a row of a transaction that never committed
+    /// without its pair.
+    SecondaryRemoveBeforeLog,
 }
 
 impl Fault {
     /// Every fault.
-    pub const ALL: [Fault; 10] = [
+    pub const ALL: [Fault; 12] = [
         Fault::SkipLogFlush,
         Fault::SkipLogFence,
         Fault::CommitMarkFirst,
@@ -168,6 +176,8 @@ impl Fault {
         Fault::WblAckBeforeCp,
         Fault::WblFreeBeforeCp,
         Fault::DropFreeBeforeTombstone,
+        Fault::SecondarySkipOldLog,
+        Fault::SecondaryRemoveBeforeLog,
     ];
 
     /// The command-line name.
@@ -183,6 +193,8 @@ impl Fault {
             Fault::WblAckBeforeCp => "wbl-ack-before-cp",
             Fault::WblFreeBeforeCp => "wbl-free-before-cp",
             Fault::DropFreeBeforeTombstone => "drop-free-before-tombstone",
+            Fault::SecondarySkipOldLog => "secondary-skip-old-log",
+            Fault::SecondaryRemoveBeforeLog => "secondary-remove-before-log",
         }
     }
 
@@ -208,6 +220,12 @@ impl Fault {
             }
             Fault::DropFreeBeforeTombstone => {
                 "drop table: the table's pages are freed before the catalog says it is dropping"
+            }
+            Fault::SecondarySkipOldLog => {
+                "pm secondary indexes: the old keys a commit replaces are not logged"
+            }
+            Fault::SecondaryRemoveBeforeLog => {
+                "pm secondary indexes: old pairs are removed before the commit is logged"
             }
         }
     }

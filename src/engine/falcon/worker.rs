@@ -157,6 +157,10 @@ pub(crate) struct FalconWorker {
     /// Outp, during a commit: per write, the old version an update supersedes (0: none; the
     /// write's `tuple` is then the new version). Empty outside an Outp commit.
     pub(super) superseded: Vec<u64>,
+    /// Unit tests: run once by the next commit right after it releases its write locks, to
+    /// interleave another transaction there deterministically (`commit.rs` tests).
+    #[cfg(test)]
+    pub(super) after_release: Option<Box<dyn FnMut() + Send>>,
 }
 
 impl FalconWorker {
@@ -205,6 +209,8 @@ impl FalconWorker {
             late_error: None,
             row_buf: Vec::new(),
             superseded: Vec::new(),
+            #[cfg(test)]
+            after_release: None,
             eng,
         })
     }
@@ -727,7 +733,9 @@ impl FalconWorker {
             );
         }
         for &(table, si, key, old_key) in secondary_changes {
-            if self.tables[table as usize].secondary[si].is_pm() {
+            if self.tables[table as usize].secondary[si].is_pm()
+                && fault != Some(Fault::SecondarySkipOldLog)
+            {
                 window::encode(
                     &mut self.payload,
                     EntryKind::SecondaryOld,
