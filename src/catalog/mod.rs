@@ -1,8 +1,10 @@
 //! Schemas, tables and their persistence: what recovery reads first.
 //!
-//! Tables have fixed-size columns and an 8-byte primary key supplied by the caller (composite keys,
-//! such as TPC-C's, are packed into it by the workload). A row is the concatenation of its columns
-//! in declaration order, each at its natural size, with no padding.
+//! Tables have fixed-size columns and a primary key that is either an 8-byte `u64` supplied by the
+//! caller (composite keys, such as TPC-C's, are packed into it by the workload) or, declared with
+//! [`Schema::with_byte_keys`], an ordered byte string of bounded length, mapped to internal `u64`
+//! row ids by a B+-tree kept in a hidden table ([`bytekey`]). A row is the concatenation of its
+//! columns in declaration order, each at its natural size, with no padding.
 //!
 //! The catalog is stored in PM as JSON in two alternating slots, each with a sequence number and a
 //! CRC: a new version is written to the slot not holding the newest valid one and persisted; open
@@ -18,6 +20,9 @@
 use crate::index::{IndexPlacement, PrimaryIndexKind};
 use crate::pmem::Pool;
 use serde::{Deserialize, Serialize};
+
+pub mod bytekey;
+pub use bytekey::{ByteKeys, PrimaryKey};
 
 /// Identifies a table within a database: its position in the catalog.
 pub type TableId = u32;
@@ -80,6 +85,10 @@ pub struct Schema {
     /// default does not move the index). Absent in catalogs written before issue 17: DRAM.
     #[serde(default)]
     pub index_placement: Option<IndexPlacement>,
+    /// How rows are keyed: `u64` (the default, and every catalog written before issue 21) or
+    /// byte strings ([`Schema::with_byte_keys`]).
+    #[serde(default)]
+    pub key: PrimaryKey,
 }
 
 /// Why a schema or catalog was refused.
@@ -119,6 +128,7 @@ impl Schema {
             && self.columns == other.columns
             && self.primary_index == other.primary_index
             && self.secondary == other.secondary
+            && self.key.same_keys_as(&other.key)
     }
 
     /// A schema with a hash primary index and no secondary index.
@@ -135,6 +145,7 @@ impl Schema {
             primary_index: PrimaryIndexKind::Hash,
             secondary: Vec::new(),
             index_placement: None,
+            key: PrimaryKey::U64,
         }
     }
 
@@ -191,6 +202,7 @@ impl Schema {
                 self.row_size()
             )));
         }
+        self.validate_key(max_row)?;
         for s in &self.secondary {
             if s.columns.is_empty() || s.columns.iter().any(|&c| c >= self.columns.len()) {
                 return Err(bad(format!(

@@ -26,7 +26,9 @@ use crate::engine::{
 use crate::pmem::{platform, PersistenceDomain, Pool, PoolOptions};
 use std::path::{Path, PathBuf};
 
+mod bytekey;
 mod range;
+pub use bytekey::{ByteKeyIndex, ByteRangeIter};
 pub use range::{RangeIter, FIRST_BATCH, MAX_BATCH};
 use std::sync::Arc;
 
@@ -721,7 +723,17 @@ impl Db {
 
     /// Creates a table, durably, and returns its id.
     pub fn create_table(&self, schema: Schema) -> Result<TableId, DbError> {
-        let id = self.engine.create_table(schema)?;
+        if crate::catalog::bytekey::is_hidden(&schema.name) {
+            return Err(crate::catalog::CatalogError::InvalidSchema {
+                reason: "names starting with __pmtx_ are the database's own tables".into(),
+                table: schema.name,
+            }
+            .into());
+        }
+        let id = match schema.key {
+            crate::catalog::PrimaryKey::U64 => self.engine.create_table(schema)?,
+            crate::catalog::PrimaryKey::Bytes(_) => self.create_byte_key_table(schema)?,
+        };
         self.table_count
             .fetch_max(id as usize + 1, std::sync::atomic::Ordering::Release);
         Ok(id)
@@ -737,10 +749,11 @@ impl Db {
         self.engine.catalog().tables.get(id as usize).cloned()
     }
 
-    /// Every table, with its id, in creation order.
+    /// Every table, with its id, in creation order (not the database's own hidden tables).
     pub fn tables(&self) -> Vec<(TableId, Schema)> {
         (0..)
             .zip(self.engine.catalog().tables)
+            .filter(|(_, s)| !crate::catalog::bytekey::is_hidden(&s.name))
             .collect::<Vec<(TableId, Schema)>>()
     }
 
@@ -1628,6 +1641,11 @@ impl<'w> Tx<'w> {
 
     /// Reads the row with `key`.
     pub fn get(&mut self, table: TableId, key: u64) -> Result<Row, TxError> {
+        bytekey::check_u64_keys(&self.live()?.schemas, table)?;
+        self.read_row(table, key)
+    }
+
+    fn read_row(&mut self, table: TableId, key: u64) -> Result<Row, TxError> {
         let c = self.live()?;
         let layout = layout_of(&c.layouts, table)?.clone();
         let mut row = Row {
@@ -1643,6 +1661,11 @@ impl<'w> Tx<'w> {
     /// and no copy beyond the consistent read itself. The view lives until the next call on this
     /// transaction; use [`get`](Self::get) for a row to keep.
     pub fn get_ref(&mut self, table: TableId, key: u64) -> Result<RowRef<'_>, TxError> {
+        bytekey::check_u64_keys(&self.live()?.schemas, table)?;
+        self.read_row_ref(table, key)
+    }
+
+    fn read_row_ref(&mut self, table: TableId, key: u64) -> Result<RowRef<'_>, TxError> {
         let c = self.live()?;
         let size = layout_of(&c.layouts, table)?.row_size();
         let mut bytes = std::mem::take(&mut c.buffers.read);
@@ -1659,6 +1682,7 @@ impl<'w> Tx<'w> {
 
     /// Reads the row with `key` into `out` (exactly the row size); no allocation.
     pub fn read_into(&mut self, table: TableId, key: u64, out: &mut [u8]) -> Result<(), TxError> {
+        bytekey::check_u64_keys(&self.live()?.schemas, table)?;
         let read = self.live()?.inner.read(table, key, out);
         self.settle(read)
     }
@@ -1693,6 +1717,16 @@ impl<'w> Tx<'w> {
 
     /// Sets some columns of the row with `key`: `(column position, value)` pairs.
     pub fn update(
+        &mut self,
+        table: TableId,
+        key: u64,
+        values: &[(usize, Value<'_>)],
+    ) -> Result<(), TxError> {
+        bytekey::check_u64_keys(&self.live()?.schemas, table)?;
+        self.update_values(table, key, values)
+    }
+
+    fn update_values(
         &mut self,
         table: TableId,
         key: u64,
@@ -1740,12 +1774,23 @@ impl<'w> Tx<'w> {
         key: u64,
         writes: &[FieldWrite<'_>],
     ) -> Result<(), TxError> {
+        bytekey::check_u64_keys(&self.live()?.schemas, table)?;
         let result = self.live()?.inner.update(table, key, writes);
         self.settle(result)
     }
 
     /// Inserts a row given one value per column.
     pub fn insert(
+        &mut self,
+        table: TableId,
+        key: u64,
+        values: &[Value<'_>],
+    ) -> Result<(), TxError> {
+        bytekey::check_u64_keys(&self.live()?.schemas, table)?;
+        self.insert_values(table, key, values)
+    }
+
+    fn insert_values(
         &mut self,
         table: TableId,
         key: u64,
@@ -1779,12 +1824,14 @@ impl<'w> Tx<'w> {
 
     /// Inserts a row given as raw bytes (exactly the row size).
     pub fn insert_bytes(&mut self, table: TableId, key: u64, row: &[u8]) -> Result<(), TxError> {
+        bytekey::check_u64_keys(&self.live()?.schemas, table)?;
         let result = self.live()?.inner.insert(table, key, row);
         self.settle(result)
     }
 
     /// Deletes the row with `key`.
     pub fn delete(&mut self, table: TableId, key: u64) -> Result<(), TxError> {
+        bytekey::check_u64_keys(&self.live()?.schemas, table)?;
         let result = self.live()?.inner.delete(table, key);
         self.settle(result)
     }
@@ -1817,6 +1864,7 @@ impl<'w> Tx<'w> {
         reverse: bool,
         limit: usize,
     ) -> Result<Vec<(u64, Row)>, TxError> {
+        bytekey::check_u64_keys(&self.live()?.schemas, table)?;
         let c = self.live()?;
         let layout = layout_of(&c.layouts, table)?;
         let mut rows = Vec::new();
@@ -1845,6 +1893,7 @@ impl<'w> Tx<'w> {
         limit: usize,
         f: &mut dyn FnMut(u64, &[u8]) -> bool,
     ) -> Result<(), TxError> {
+        bytekey::check_u64_keys(&self.live()?.schemas, table)?;
         let result = self.live()?.inner.scan(table, from, reverse, limit, f);
         self.settle(result)
     }
