@@ -56,7 +56,7 @@ impl ByteKeys {
     /// The smallest node that holds four entries of `max_len`-byte keys: a split of a node
     /// overflowing by one entry then leaves two halves that each fit (each half holds at most
     /// half the bytes plus one entry) and keep at least one entry.
-    pub fn min_node_bytes(max_len: usize) -> usize {
+    pub const fn min_node_bytes(max_len: usize) -> usize {
         NODE_HEADER_BYTES + 4 * (NODE_ENTRY_OVERHEAD + max_len)
     }
 }

@@ -534,16 +534,21 @@ pub enum WorkloadKind {
     /// with deletes: with `--index pm` (issue 17) the persistent ordered index's leaf inserts,
     /// removals and splits (the load alone overfills the first leaf) meet the crash images.
     YcsbOrdered,
+    /// A table with byte-string keys (issue 21) and small index nodes: inserts splitting nodes
+    /// at several levels, updates and deletes, a ledger the oracle checks, and after each
+    /// recovery a check that the index is well-formed and maps exactly the ledger's keys.
+    ByteKeys,
 }
 
 impl WorkloadKind {
     /// Every workload.
-    pub const ALL: [WorkloadKind; 5] = [
+    pub const ALL: [WorkloadKind; 6] = [
         WorkloadKind::Bank,
         WorkloadKind::Ycsb,
         WorkloadKind::Tpcc,
         WorkloadKind::Grow,
         WorkloadKind::YcsbOrdered,
+        WorkloadKind::ByteKeys,
     ];
 
     /// The command-line name.
@@ -554,6 +559,7 @@ impl WorkloadKind {
             WorkloadKind::Tpcc => "tpcc",
             WorkloadKind::Grow => "grow",
             WorkloadKind::YcsbOrdered => "ycsb-ordered",
+            WorkloadKind::ByteKeys => "bytekeys",
         }
     }
 
@@ -574,6 +580,7 @@ impl WorkloadKind {
                 Box::new(super::tpcc::TpccCrash::new(super::tpcc::crash_config()))
             }
             WorkloadKind::Grow => Box::new(GrowCrash { rows_per_step: 192 }),
+            WorkloadKind::ByteKeys => Box::new(super::bytekey::ByteKeyCrash { keys: 48 }),
         }
     }
 }
