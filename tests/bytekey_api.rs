@@ -3,6 +3,7 @@
 //! protection of byte-key ranges under the serializable protocols, and the error cases.
 
 use pmtx::catalog::ByteKeys;
+use pmtx::engine::FieldWrite;
 use pmtx::prelude::*;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
@@ -165,19 +166,22 @@ fn run_model(db: &Db, t: TableId, ops: &[Op], model: &mut BTreeMap<Vec<u8>, u64>
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 44, ..ProptestConfig::default() })]
 
-    /// Random operations against the model on the volatile engine (every engine runs the same
-    /// tree code; the test below runs each engine on a fixed sequence).
+    /// Random operations against the model, on an engine drawn per case (about four cases per
+    /// engine; the fixed sequence below runs on each engine for sure).
     #[test]
-    fn byte_keys_match_a_btreemap(ops in prop::collection::vec(op(), 1..160)) {
-        let db = db_of(EngineKind::Volatile);
+    fn byte_keys_match_a_btreemap(
+        engine in prop::sample::select(EngineKind::ALL.to_vec()),
+        ops in prop::collection::vec(op(), 1..160),
+    ) {
+        let db = db_of(engine);
         let t = db.create_table(small_node_schema("kv")).unwrap();
         let mut model = BTreeMap::new();
         run_model(&db, t, &ops, &mut model);
         let index = db.check_byte_keys(t).unwrap();
         let keys: Vec<Vec<u8>> = index.entries.into_iter().map(|(k, _)| k).collect();
-        prop_assert_eq!(keys, model.keys().cloned().collect::<Vec<_>>());
+        prop_assert_eq!(keys, model.keys().cloned().collect::<Vec<_>>(), "{}", engine);
     }
 }
 
@@ -208,7 +212,11 @@ fn fixed_ops() -> Vec<Op> {
         Bound::Included(b"8".to_vec()),
         true,
     ));
-    ops.extend(keys.iter().filter(|k| k.len() % 4 != 1).map(|k| Op::Delete(k.clone())));
+    ops.extend(
+        keys.iter()
+            .filter(|k| k.len() % 4 != 1)
+            .map(|k| Op::Delete(k.clone())),
+    );
     ops.push(Op::Range(Bound::Unbounded, Bound::Unbounded, false));
     ops.push(Op::Range(Bound::Unbounded, Bound::Unbounded, true));
     ops.extend(keys.iter().take(40).map(|k| Op::Insert(k.clone(), 1)));
@@ -237,7 +245,9 @@ fn every_engine_keeps_byte_keys_through_splits_deletes_and_reopen() {
             let db = Db::create(config.clone()).unwrap();
             let t = db.create_table(small_node_schema("kv")).unwrap();
             run_model(&db, t, split_at, &mut model);
-            let index = db.check_byte_keys(t).unwrap_or_else(|e| panic!("{engine}: {e}"));
+            let index = db
+                .check_byte_keys(t)
+                .unwrap_or_else(|e| panic!("{engine}: {e}"));
             assert!(index.depth >= 3, "{engine}: {} levels", index.depth);
             assert_eq!(index.entries.len(), model.len());
         }
@@ -250,14 +260,20 @@ fn every_engine_keeps_byte_keys_through_splits_deletes_and_reopen() {
         let t = db.table("kv").unwrap();
         assert_eq!(
             contents(&db, t, (Bound::Unbounded, Bound::Unbounded), false),
-            model.iter().map(|(k, v)| (k.clone(), *v)).collect::<Vec<_>>(),
+            model
+                .iter()
+                .map(|(k, v)| (k.clone(), *v))
+                .collect::<Vec<_>>(),
             "{engine}: after reopen"
         );
         run_model(&db, t, rest, &mut model);
         db.check_byte_keys(t)
             .unwrap_or_else(|e| panic!("{engine}: {e}"));
         assert_eq!(
-            db.tables().into_iter().map(|(_, s)| s.name).collect::<Vec<_>>(),
+            db.tables()
+                .into_iter()
+                .map(|(_, s)| s.name)
+                .collect::<Vec<_>>(),
             ["kv"],
             "{engine}: the index table is hidden"
         );
@@ -270,7 +286,9 @@ fn every_engine_keeps_byte_keys_through_splits_deletes_and_reopen() {
 fn deleting_every_key_frees_the_nodes_and_the_tree_takes_keys_again() {
     let db = db_of(EngineKind::Falcon);
     let t = db.create_table(small_node_schema("kv")).unwrap();
-    let keys: Vec<Vec<u8>> = (0u32..120).map(|i| format!("k{i:03}").into_bytes()).collect();
+    let keys: Vec<Vec<u8>> = (0u32..120)
+        .map(|i| format!("k{i:03}").into_bytes())
+        .collect();
     db.run(|tx| {
         keys.iter()
             .try_for_each(|k| tx.insert_by(t, k, &[Value::U64(1)]))
@@ -288,6 +306,70 @@ fn deleting_every_key_frees_the_nodes_and_the_tree_takes_keys_again() {
     db.run(|tx| tx.insert_by(t, b"again", &[Value::U64(2)]))
         .unwrap();
     assert_eq!(db.run(|tx| Ok(tx.get_by(t, b"again")?.u64(0))).unwrap(), 2);
+}
+
+#[test]
+fn the_index_check_reports_a_damaged_tree() {
+    // The crash suite trusts Db::check_byte_keys to find a broken index: it must.
+    let damage = |harm: &dyn Fn(&Db, TableId), what: &str| {
+        let db = db_of(EngineKind::Falcon);
+        let t = db.create_table(small_node_schema("kv")).unwrap();
+        db.run(|tx| {
+            (0..30u64)
+                .try_for_each(|i| tx.insert_by(t, format!("k{i:02}").as_bytes(), &[Value::U64(i)]))
+        })
+        .unwrap();
+        db.check_byte_keys(t).unwrap();
+        let nodes = db.table("__pmtx_bkey_kv").expect("the hidden index table");
+        harm(&db, nodes);
+        let e = db.check_byte_keys(t).unwrap_err();
+        assert!(e.contains(what), "{e}");
+    };
+    let node_bytes = ByteKeys::min_node_bytes(MAX_LEN);
+    damage(
+        &|db, nodes| {
+            let junk = vec![7u8; node_bytes];
+            db.run(|tx| tx.insert_bytes(nodes, 12345, &junk)).unwrap();
+        },
+        "node rows",
+    );
+    damage(
+        &|db, nodes| {
+            let junk = vec![9u8; node_bytes];
+            db.run(|tx| {
+                tx.update_bytes(
+                    nodes,
+                    1,
+                    &[FieldWrite {
+                        offset: 0,
+                        bytes: &junk,
+                    }],
+                )
+            })
+            .unwrap();
+        },
+        "malformed",
+    );
+    damage(
+        &|db, nodes| {
+            // The root's first separator moved past its keys: they are outside its fences.
+            let mut root = db.run(|tx| Ok(tx.get(nodes, 1)?.bytes().to_vec())).unwrap();
+            let at = 16 + 2;
+            root[at] = b'z';
+            db.run(|tx| {
+                tx.update_bytes(
+                    nodes,
+                    1,
+                    &[FieldWrite {
+                        offset: 0,
+                        bytes: &root,
+                    }],
+                )
+            })
+            .unwrap();
+        },
+        "outside its fences",
+    );
 }
 
 #[test]
@@ -322,7 +404,9 @@ fn errors_name_the_key_and_the_wrong_kind_of_key_is_refused() {
     ));
     assert!(!txn.exists_by(bk, b"bob").unwrap());
     assert!(txn.exists_by(bk, b"ada").unwrap());
-    let long = txn.insert_by(bk, b"123456789", &[Value::U64(1)]).unwrap_err();
+    let long = txn
+        .insert_by(bk, b"123456789", &[Value::U64(1)])
+        .unwrap_err();
     assert!(
         matches!(&long, TxError::RowTooLarge(m) if m.contains("at most 8")),
         "{long}"
@@ -337,7 +421,11 @@ fn errors_name_the_key_and_the_wrong_kind_of_key_is_refused() {
         txn.range(bk, ..).next().unwrap().map(|_| ()).unwrap_err(),
         txn.get_by(u, b"x").map(|_| ()).unwrap_err(),
         txn.insert_by(u, b"x", &[Value::U64(1)]).unwrap_err(),
-        txn.range_by::<&[u8]>(u, ..).next().unwrap().map(|_| ()).unwrap_err(),
+        txn.range_by::<&[u8]>(u, ..)
+            .next()
+            .unwrap()
+            .map(|_| ())
+            .unwrap_err(),
     ] {
         assert!(matches!(e, TxError::SchemaMismatch(_)), "{e}");
     }
@@ -357,7 +445,10 @@ fn bad_byte_key_schemas_are_refused_with_a_reason() {
     let base = || Schema::new("t", &[("v", ColumnType::U64)]);
     refuse(base().with_byte_keys(0), "1 to 1024");
     refuse(base().with_byte_keys(5000), "1 to 1024");
-    refuse(base().with_byte_keys(16).index_node_bytes(64), "need at least");
+    refuse(
+        base().with_byte_keys(16).index_node_bytes(64),
+        "need at least",
+    );
     refuse(
         base().with_byte_keys(1024),
         "exceed the tuple size limit of 4096",
@@ -419,7 +510,9 @@ fn sum_then_insert(db: &Db, t: TableId, key: &[u8]) -> (Result<(), DbError>, Res
         .sum::<Result<u64, _>>()
         .unwrap();
     assert_eq!(sum, (10..20).sum::<u64>());
-    reader.update_by(t, b"k00", &[(0, Value::U64(sum))]).unwrap();
+    reader
+        .update_by(t, b"k00", &[(0, Value::U64(sum))])
+        .unwrap();
     let mut writer = db.worker().unwrap();
     let inserted = writer.run(|tx| tx.insert_by(t, key, &[Value::U64(1000)]));
     drop(writer);
@@ -454,7 +547,8 @@ fn a_split_by_a_concurrent_insert_aborts_a_transaction_that_read_the_leaf() {
     let db = db_of(EngineKind::Falcon);
     let t = db.create_table(small_node_schema("kv")).unwrap();
     db.run(|tx| {
-        (0..30u64).try_for_each(|i| tx.insert_by(t, format!("k{i:02}").as_bytes(), &[Value::U64(i)]))
+        (0..30u64)
+            .try_for_each(|i| tx.insert_by(t, format!("k{i:02}").as_bytes(), &[Value::U64(i)]))
     })
     .unwrap();
     let before = db.check_byte_keys(t).unwrap();
@@ -471,7 +565,10 @@ fn a_split_by_a_concurrent_insert_aborts_a_transaction_that_read_the_leaf() {
         })
         .unwrap();
     drop(writer);
-    assert!(db.check_byte_keys(t).unwrap().nodes > before.nodes, "the leaf split");
+    assert!(
+        db.check_byte_keys(t).unwrap().nodes > before.nodes,
+        "the leaf split"
+    );
     assert!(matches!(
         reader.commit(),
         Err(DbError::Tx(TxError::Conflict))
@@ -480,7 +577,12 @@ fn a_split_by_a_concurrent_insert_aborts_a_transaction_that_read_the_leaf() {
 
 #[test]
 fn concurrent_writers_on_byte_keys_leave_a_well_formed_tree() {
-    for engine in [EngineKind::Falcon, EngineKind::Zen, EngineKind::Fir, EngineKind::Mmdb] {
+    for engine in [
+        EngineKind::Falcon,
+        EngineKind::Zen,
+        EngineKind::Fir,
+        EngineKind::Mmdb,
+    ] {
         let db = db_of(engine);
         let t = db.create_table(small_node_schema("kv")).unwrap();
         std::thread::scope(|s| {

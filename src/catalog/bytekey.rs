@@ -166,8 +166,7 @@ impl Schema {
         }
         if !self.secondary.is_empty() {
             return Err(bad(
-                "secondary indexes map to u64 primary keys: a table with byte keys has none"
-                    .into(),
+                "secondary indexes map to u64 primary keys: a table with byte keys has none".into(),
             ));
         }
         Ok(())

@@ -1012,7 +1012,8 @@ impl Tx<'_> {
         out: &mut Walk,
     ) -> Result<(), TxError> {
         if depth > MAX_DEPTH {
-            out.problems.push(format!("node {id:#x} is deeper than {MAX_DEPTH} levels"));
+            out.problems
+                .push(format!("node {id:#x} is deeper than {MAX_DEPTH} levels"));
             return Ok(());
         }
         let mut buf = vec![0; tree.node_bytes];
@@ -1037,12 +1038,14 @@ impl Tx<'_> {
             || keys.first().is_some_and(|k| low.is_some_and(|l| *k < l))
             || keys.last().is_some_and(|k| high.is_some_and(|h| *k >= h))
         {
-            out.problems
-                .push(format!("node {id:#x}: keys out of order or outside its fences"));
+            out.problems.push(format!(
+                "node {id:#x}: keys out of order or outside its fences"
+            ));
         }
         if keys.iter().any(|k| k.len() > tree.max_len) || node.size() > tree.node_bytes {
-            out.problems
-                .push(format!("node {id:#x}: a key over the limit or an overfull node"));
+            out.problems.push(format!(
+                "node {id:#x}: a key over the limit or an overfull node"
+            ));
         }
         if node.leaf {
             out.index.leaves += 1;
@@ -1058,7 +1061,8 @@ impl Tx<'_> {
             return Ok(());
         }
         if node.first == 0 {
-            out.problems.push(format!("inner node {id:#x} has no child"));
+            out.problems
+                .push(format!("inner node {id:#x} has no child"));
             return Ok(());
         }
         for slot in 0..=node.entries.len() {
