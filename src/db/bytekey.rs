@@ -942,7 +942,7 @@ impl Db {
         let schema = self
             .schema(table)
             .ok_or_else(|| format!("no table with id {table}"))?;
-        let tree = tree_of(&[schema.clone()], 0)
+        let tree = tree_of(std::slice::from_ref(&schema), 0)
             .map(|t| Tree { rows: table, ..t })
             .map_err(|e| e.to_string())?;
         let counts = self.check_structure()?;
