@@ -19,15 +19,22 @@ fn small_node_schema(name: &str) -> Schema {
         .index_node_bytes(ByteKeys::min_node_bytes(MAX_LEN))
 }
 
+mod common;
+
 fn db_of(engine: EngineKind) -> Db {
-    Db::create(
-        DbConfig::temporary()
-            .engine(engine)
-            .protocol(engine.default_protocol())
-            .pool_size(48 << 20)
-            .max_threads(2),
-    )
-    .unwrap()
+    common::temp_db(engine, 48 << 20)
+}
+
+/// A Falcon database whose small-node table holds `k00`..`k29` (values 0..29).
+fn loaded_30() -> (Db, TableId) {
+    let db = db_of(EngineKind::Falcon);
+    let t = db.create_table(small_node_schema("kv")).unwrap();
+    db.run(|tx| {
+        (0..30u64)
+            .try_for_each(|i| tx.insert_by(t, format!("k{i:02}").as_bytes(), &[Value::U64(i)]))
+    })
+    .unwrap();
+    (db, t)
 }
 
 /// Every key with its value, through a forward or reverse range.
@@ -53,14 +60,7 @@ fn model_range(
     bounds: &(Bound<Vec<u8>>, Bound<Vec<u8>>),
     reverse: bool,
 ) -> Vec<(Vec<u8>, u64)> {
-    // BTreeMap::range panics on an inverted or empty-excluded range; the iterator reads nothing.
-    let empty = match bounds {
-        (Bound::Included(a), Bound::Included(b)) => a > b,
-        (Bound::Included(a) | Bound::Excluded(a), Bound::Excluded(b))
-        | (Bound::Excluded(a), Bound::Included(b)) => a >= b,
-        _ => false,
-    };
-    if empty {
+    if common::empty_range(bounds) {
         return Vec::new();
     }
     let mut out: Vec<(Vec<u8>, u64)> = model
@@ -227,11 +227,8 @@ fn fixed_ops() -> Vec<Op> {
 #[test]
 fn every_engine_keeps_byte_keys_through_splits_deletes_and_reopen() {
     for engine in EngineKind::ALL {
-        let path = std::path::PathBuf::from(format!(
-            "/dev/shm/pmtx-bytekey-{}-{engine}.pool",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_file(&path);
+        let dir = common::pool_dir();
+        let path = dir.path().join(format!("pmtx-bytekey-{engine}.pool"));
         let config = DbConfig::default()
             .path(&path)
             .engine(engine)
@@ -252,8 +249,7 @@ fn every_engine_keeps_byte_keys_through_splits_deletes_and_reopen() {
             assert_eq!(index.entries.len(), model.len());
         }
         if engine == EngineKind::Volatile {
-            // Nothing survives a volatile database: finish the sequence on a new one.
-            let _ = std::fs::remove_file(&path);
+            // Nothing survives a volatile database.
             continue;
         }
         let db = Db::open(config).unwrap();
@@ -277,8 +273,6 @@ fn every_engine_keeps_byte_keys_through_splits_deletes_and_reopen() {
             ["kv"],
             "{engine}: the index table is hidden"
         );
-        drop(db);
-        let _ = std::fs::remove_file(&path);
     }
 }
 
@@ -312,13 +306,7 @@ fn deleting_every_key_frees_the_nodes_and_the_tree_takes_keys_again() {
 fn the_index_check_reports_a_damaged_tree() {
     // The crash suite trusts Db::check_byte_keys to find a broken index: it must.
     let damage = |harm: &dyn Fn(&Db, TableId), what: &str| {
-        let db = db_of(EngineKind::Falcon);
-        let t = db.create_table(small_node_schema("kv")).unwrap();
-        db.run(|tx| {
-            (0..30u64)
-                .try_for_each(|i| tx.insert_by(t, format!("k{i:02}").as_bytes(), &[Value::U64(i)]))
-        })
-        .unwrap();
+        let (db, t) = loaded_30();
         db.check_byte_keys(t).unwrap();
         let nodes = db.table("__pmtx_bkey_kv").expect("the hidden index table");
         harm(&db, nodes);
@@ -544,13 +532,7 @@ fn an_insert_into_a_scanned_byte_key_range_aborts_one_of_the_two() {
 fn a_split_by_a_concurrent_insert_aborts_a_transaction_that_read_the_leaf() {
     // OCC: a lookup reads the path to a leaf; another transaction's inserts split that leaf
     // (rewriting it and its parent); the first fails validation at commit.
-    let db = db_of(EngineKind::Falcon);
-    let t = db.create_table(small_node_schema("kv")).unwrap();
-    db.run(|tx| {
-        (0..30u64)
-            .try_for_each(|i| tx.insert_by(t, format!("k{i:02}").as_bytes(), &[Value::U64(i)]))
-    })
-    .unwrap();
+    let (db, t) = loaded_30();
     let before = db.check_byte_keys(t).unwrap();
     let mut reader = db.begin().unwrap();
     assert!(!reader.exists_by(t, b"k05a").unwrap());

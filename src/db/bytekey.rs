@@ -840,6 +840,15 @@ impl<'t, 'w> ByteRangeIter<'t, 'w> {
             };
             (entries, next)
         })?;
+        // Fences advance strictly (each leaf's interval lies beyond the previous one's) in any
+        // consistent tree; a view made inconsistent by concurrent splits could otherwise send
+        // the iteration round in circles before validation rejects it.
+        if let (Some(prev), Next::Fence(new)) = (&fence, &next) {
+            if (new <= prev) != reverse || new == prev {
+                self.tx.doomed = Some(TxError::Conflict);
+                return Err(TxError::Conflict);
+            }
+        }
         self.pending.extend(entries);
         self.next = next;
         Ok(())
