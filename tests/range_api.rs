@@ -12,15 +12,10 @@ fn ordered_kv() -> Schema {
     Schema::new("kv", &[("v", ColumnType::U64)]).ordered()
 }
 
+mod common;
+
 fn db_of(engine: EngineKind) -> Db {
-    Db::create(
-        DbConfig::temporary()
-            .engine(engine)
-            .protocol(engine.default_protocol())
-            .pool_size(32 << 20)
-            .max_threads(2),
-    )
-    .unwrap()
+    common::temp_db(engine, 32 << 20)
 }
 
 /// A database of `engine` whose ordered table holds `keys`, each with value `key ^ 7`.
@@ -60,14 +55,7 @@ fn keys_in(db: &Db, t: TableId, bounds: (Bound<u64>, Bound<u64>), reverse: bool)
 
 fn model(keys: &[u64], bounds: (Bound<u64>, Bound<u64>), reverse: bool) -> Vec<u64> {
     let map: BTreeMap<u64, ()> = keys.iter().map(|&k| (k, ())).collect();
-    // BTreeMap::range panics on an empty or inverted range; the iterator yields nothing there.
-    let empty = match bounds {
-        (Bound::Included(a), Bound::Included(b)) => a > b,
-        (Bound::Included(a) | Bound::Excluded(a), Bound::Excluded(b))
-        | (Bound::Excluded(a), Bound::Included(b)) => a >= b,
-        _ => false,
-    };
-    if empty {
+    if common::empty_range(&bounds) {
         return Vec::new();
     }
     let mut out: Vec<u64> = map.range(bounds).map(|(&k, _)| k).collect();

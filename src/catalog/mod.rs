@@ -1,12 +1,14 @@
 //! Schemas, tables and their persistence: what recovery reads first.
 //!
-//! Tables have an 8-byte primary key supplied by the caller (composite keys, such as TPC-C's, are
-//! packed into it by the workload). A row is the concatenation of its columns in declaration order,
-//! each at its stored size, with no padding: the engines see fixed-size rows only. Fixed-width
-//! columns (`U64`, `I64`, `F64`, `Bytes(n)`) are stored at their natural size; variable-length
-//! columns (`VarBytes(max)`, `Text(max)`) as a length word and an inline area of up to
-//! [`INLINE_CAPACITY`] bytes, a longer value's rest going out of line into a hidden chunk table
-//! (see [`varlen`] and the `db` module).
+//! Tables have a primary key that is either an 8-byte `u64` supplied by the caller (composite
+//! keys, such as TPC-C's, are packed into it by the workload) or, declared with
+//! [`Schema::with_byte_keys`], an ordered byte string of bounded length, mapped to internal `u64`
+//! row ids by a B+-tree kept in a hidden table ([`bytekey`]). A row is the concatenation of its
+//! columns in declaration order, each at its stored size, with no padding: the engines see
+//! fixed-size rows only. Fixed-width columns (`U64`, `I64`, `F64`, `Bytes(n)`) are stored at
+//! their natural size; variable-length columns (`VarBytes(max)`, `Text(max)`) as a length word
+//! and an inline area of up to [`INLINE_CAPACITY`] bytes, a longer value's rest going out of
+//! line into a hidden chunk table (see [`varlen`] and the `db` module).
 //!
 //! The catalog is stored in PM as JSON in two alternating slots, each with a sequence number and a
 //! CRC: a new version is written to the slot not holding the newest valid one and persisted; open
@@ -29,6 +31,8 @@ use serde::{Deserialize, Serialize};
 
 pub mod varlen;
 pub use varlen::{INLINE_CAPACITY, LEN_WORD, RESERVED_PREFIX};
+pub mod bytekey;
+pub use bytekey::{ByteKeys, PrimaryKey};
 
 /// Identifies a table within a database: its position in the catalog.
 pub type TableId = u32;
@@ -101,6 +105,10 @@ pub struct Schema {
     /// Live, or a dropped table's tombstone (issue 21; see [`TableState`]).
     #[serde(default, skip_serializing_if = "TableState::is_live")]
     pub state: TableState,
+    /// How rows are keyed: `u64` (the default, and every catalog written before issue 21) or
+    /// byte strings ([`Schema::with_byte_keys`]).
+    #[serde(default)]
+    pub key: PrimaryKey,
 }
 
 /// Why a schema or catalog was refused.
@@ -163,6 +171,7 @@ impl Schema {
             && self.columns == other.columns
             && self.primary_index == other.primary_index
             && self.secondary == other.secondary
+            && self.key.same_keys_as(&other.key)
     }
 
     /// A schema with a hash primary index and no secondary index.
@@ -180,6 +189,7 @@ impl Schema {
             secondary: Vec::new(),
             index_placement: None,
             state: TableState::Live,
+            key: PrimaryKey::U64,
         }
     }
 
@@ -239,6 +249,7 @@ impl Schema {
                 self.row_size()
             )));
         }
+        self.validate_key(max_row)?;
         for s in &self.secondary {
             if s.columns.is_empty() || s.columns.iter().any(|&c| c >= self.columns.len()) {
                 return Err(bad(format!(

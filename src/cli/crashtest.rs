@@ -23,9 +23,10 @@ pub struct Args {
     pub domain: PersistenceDomain,
     /// The workload: bank, ycsb, tpcc (a tiny TPC-C loaded before the crash window), grow
     /// (4000-byte rows until the heap needs more than one page per thread) or ycsb-ordered
-    /// (ycsb under an ordered primary index, insert-heavy: with `--index pm`, PM leaf splits) or
+    /// (ycsb under an ordered primary index, insert-heavy: with `--index pm`, PM leaf splits),
     /// secondary (rows moved between the keys of a secondary index: with `--index pm`, the PM
-    /// secondary index's steps).
+    /// secondary index's steps) or bytekeys (a table with byte-string keys: index node splits
+    /// and removals).
     #[arg(long, default_value = "bank")]
     pub workload: WorkloadKind,
     /// The concurrency-control protocol (default: the engine's, occ; mvto for fir).

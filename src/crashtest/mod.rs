@@ -13,6 +13,7 @@
 //!
 //! Real crashes (SIGKILL of a child `pmtx` process) are in [`realkill`].
 
+pub mod bytekey;
 pub mod checks;
 pub mod drop;
 pub mod fault;

@@ -570,11 +570,15 @@ pub enum WorkloadKind {
     /// index's ordering steps, from the `SecondaryOld` log entry to the index change, meet the
     /// crash images; the structure check compares the index with the rows).
     Secondary,
+    /// A table with byte-string keys (issue 21) and small index nodes: inserts splitting nodes
+    /// at several levels, updates and deletes, a ledger the oracle checks, and after each
+    /// recovery a check that the index is well-formed and maps exactly the ledger's keys.
+    ByteKeys,
 }
 
 impl WorkloadKind {
     /// Every workload.
-    pub const ALL: [WorkloadKind; 7] = [
+    pub const ALL: [WorkloadKind; 8] = [
         WorkloadKind::Bank,
         WorkloadKind::Ycsb,
         WorkloadKind::Tpcc,
@@ -582,6 +586,7 @@ impl WorkloadKind {
         WorkloadKind::YcsbOrdered,
         WorkloadKind::Varlen,
         WorkloadKind::Secondary,
+        WorkloadKind::ByteKeys,
     ];
 
     /// The command-line name.
@@ -594,6 +599,7 @@ impl WorkloadKind {
             WorkloadKind::YcsbOrdered => "ycsb-ordered",
             WorkloadKind::Varlen => "varlen",
             WorkloadKind::Secondary => "secondary",
+            WorkloadKind::ByteKeys => "bytekeys",
         }
     }
 
@@ -616,6 +622,7 @@ impl WorkloadKind {
             WorkloadKind::Grow => Box::new(GrowCrash { rows_per_step: 192 }),
             WorkloadKind::Varlen => Box::new(super::varlen::VarlenCrash { records: 6 }),
             WorkloadKind::Secondary => Box::new(SecondaryCrash { rows: 12, keys: 5 }),
+            WorkloadKind::ByteKeys => Box::new(super::bytekey::ByteKeyCrash { keys: 48 }),
         }
     }
 }

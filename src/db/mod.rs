@@ -26,8 +26,10 @@ use crate::engine::{
 use crate::pmem::{platform, PersistenceDomain, Pool, PoolOptions};
 use std::path::{Path, PathBuf};
 
+mod bytekey;
 mod drop;
 mod range;
+pub use bytekey::{ByteKeyIndex, ByteRangeIter};
 pub use range::{RangeIter, FIRST_BATCH, MAX_BATCH};
 mod varlen;
 use std::sync::Arc;
@@ -742,7 +744,10 @@ impl Db {
     /// Creates a table, durably, and returns its id.
     pub fn create_table(&self, schema: Schema) -> Result<TableId, DbError> {
         varlen::prepare_table(self, &schema)?;
-        let id = self.engine.create_table(schema)?;
+        let id = match schema.key {
+            crate::catalog::PrimaryKey::U64 => self.engine.create_table(schema)?,
+            crate::catalog::PrimaryKey::Bytes(_) => self.create_byte_key_table(schema)?,
+        };
         self.table_count
             .fetch_max(id as usize + 1, std::sync::atomic::Ordering::Release);
         Ok(id)
@@ -789,7 +794,27 @@ impl Db {
     /// if some stay in use. Crash-safe: after a crash the table is either intact or gone, its
     /// space freed (docs/ARCHITECTURE.md, "The embedding API").
     pub fn drop_table(&self, table: TableId) -> Result<(), DbError> {
-        self.drop_table_alone(table)
+        let schema = self.engine.catalog().check_live(table)?.clone();
+        // A table's long values live in the shared chunk table under keys derived from its rows:
+        // dropping the table alone would leave them there for good.
+        if schema.columns.iter().any(|c| c.ty.spills()) {
+            return Err(DbError::Unsupported(format!(
+                "table '{}' has variable-length columns whose values may be stored out of \
+                 line, in the shared chunk table: this version cannot drop such a table \
+                 (deleting its rows frees their values)",
+                schema.name
+            )));
+        }
+        self.drop_table_alone(table)?;
+        // A byte-key table's index is a hidden table of its own: dropped after the table (a
+        // crash in between leaves an unused index table, which the next `create_table` of the
+        // name takes over).
+        if let crate::catalog::PrimaryKey::Bytes(keys) = &schema.key {
+            if let Some(index) = keys.index_table {
+                self.drop_table_alone(index)?;
+            }
+        }
+        Ok(())
     }
 
     /// Claims a worker slot for the calling thread; released when the worker drops. When all
@@ -1720,6 +1745,11 @@ impl<'w> Tx<'w> {
 
     /// Reads the row with `key`.
     pub fn get(&mut self, table: TableId, key: u64) -> Result<Row, TxError> {
+        bytekey::check_u64_keys(&self.live()?.schemas, table)?;
+        self.read_row(table, key)
+    }
+
+    fn read_row(&mut self, table: TableId, key: u64) -> Result<Row, TxError> {
         let c = self.live()?;
         let layout = layout_of(&c.layouts, table)?.clone();
         let mut row = Row {
@@ -1740,6 +1770,11 @@ impl<'w> Tx<'w> {
     /// and no copy beyond the consistent read itself. The view lives until the next call on this
     /// transaction; use [`get`](Self::get) for a row to keep.
     pub fn get_ref(&mut self, table: TableId, key: u64) -> Result<RowRef<'_>, TxError> {
+        bytekey::check_u64_keys(&self.live()?.schemas, table)?;
+        self.read_row_ref(table, key)
+    }
+
+    fn read_row_ref(&mut self, table: TableId, key: u64) -> Result<RowRef<'_>, TxError> {
         let c = self.live()?;
         let size = layout_of(&c.layouts, table)?.row_size();
         let mut bytes = std::mem::take(&mut c.buffers.read);
@@ -1772,6 +1807,7 @@ impl<'w> Tx<'w> {
 
     /// Reads the row with `key` into `out` (exactly the row size); no allocation.
     pub fn read_into(&mut self, table: TableId, key: u64, out: &mut [u8]) -> Result<(), TxError> {
+        bytekey::check_u64_keys(&self.live_table(table)?.schemas, table)?;
         let read = self.live_table(table)?.inner.read(table, key, out);
         self.settle(read)
     }
@@ -1806,6 +1842,16 @@ impl<'w> Tx<'w> {
 
     /// Sets some columns of the row with `key`: `(column position, value)` pairs.
     pub fn update(
+        &mut self,
+        table: TableId,
+        key: u64,
+        values: &[(usize, Value<'_>)],
+    ) -> Result<(), TxError> {
+        bytekey::check_u64_keys(&self.live()?.schemas, table)?;
+        self.update_values(table, key, values)
+    }
+
+    fn update_values(
         &mut self,
         table: TableId,
         key: u64,
@@ -1862,6 +1908,7 @@ impl<'w> Tx<'w> {
         key: u64,
         writes: &[FieldWrite<'_>],
     ) -> Result<(), TxError> {
+        bytekey::check_u64_keys(&self.live_table(table)?.schemas, table)?;
         self.refuse_raw_write(table)?;
         let result = self.live_table(table)?.inner.update(table, key, writes);
         self.settle(result)
@@ -1869,6 +1916,16 @@ impl<'w> Tx<'w> {
 
     /// Inserts a row given one value per column.
     pub fn insert(
+        &mut self,
+        table: TableId,
+        key: u64,
+        values: &[Value<'_>],
+    ) -> Result<(), TxError> {
+        bytekey::check_u64_keys(&self.live()?.schemas, table)?;
+        self.insert_values(table, key, values)
+    }
+
+    fn insert_values(
         &mut self,
         table: TableId,
         key: u64,
@@ -1908,6 +1965,7 @@ impl<'w> Tx<'w> {
 
     /// Inserts a row given as raw bytes (exactly the row size).
     pub fn insert_bytes(&mut self, table: TableId, key: u64, row: &[u8]) -> Result<(), TxError> {
+        bytekey::check_u64_keys(&self.live_table(table)?.schemas, table)?;
         self.refuse_raw_write(table)?;
         let result = self.live_table(table)?.inner.insert(table, key, row);
         self.settle(result)
@@ -1915,6 +1973,7 @@ impl<'w> Tx<'w> {
 
     /// Deletes the row with `key`.
     pub fn delete(&mut self, table: TableId, key: u64) -> Result<(), TxError> {
+        bytekey::check_u64_keys(&self.live_table(table)?.schemas, table)?;
         if layout_of(&self.live_table(table)?.layouts, table)?.spills {
             return self.delete_varlen(table, key);
         }
@@ -1950,6 +2009,7 @@ impl<'w> Tx<'w> {
         reverse: bool,
         limit: usize,
     ) -> Result<Vec<(u64, Row)>, TxError> {
+        bytekey::check_u64_keys(&self.live()?.schemas, table)?;
         let c = self.live()?;
         let layout = layout_of(&c.layouts, table)?;
         let mut rows = Vec::new();
@@ -1983,6 +2043,7 @@ impl<'w> Tx<'w> {
         limit: usize,
         f: &mut dyn FnMut(u64, &[u8]) -> bool,
     ) -> Result<(), TxError> {
+        bytekey::check_u64_keys(&self.live_table(table)?.schemas, table)?;
         let result = self
             .live_table(table)?
             .inner

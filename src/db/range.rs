@@ -132,6 +132,7 @@ impl<'t, 'w> RangeIter<'t, 'w> {
         self.batch = (self.batch * 2).min(MAX_BATCH);
         let stop = self.stop;
         let core = self.tx.live()?;
+        super::bytekey::check_u64_keys(&core.schemas, table)?;
         let layout = layout_of(&core.layouts, table)?.clone();
         let rows = &mut self.rows;
         let fetched_from = rows.len();

@@ -197,6 +197,22 @@ pub enum TxError {
         /// The key.
         key: u64,
     },
+    /// No row with that byte-string key (a table with byte keys, `Tx::get_by`...).
+    #[error("no row with key \"{}\" in table {table}", .key.escape_ascii())]
+    ByteKeyNotFound {
+        /// The table.
+        table: TableId,
+        /// The key.
+        key: Vec<u8>,
+    },
+    /// A row with that byte-string key exists already.
+    #[error("a row with key \"{}\" already exists in table {table}", .key.escape_ascii())]
+    DuplicateByteKey {
+        /// The table.
+        table: TableId,
+        /// The key.
+        key: Vec<u8>,
+    },
     /// Persistent memory is full.
     #[error("persistent memory is full: {0}")]
     PmFull(String),

@@ -71,3 +71,30 @@ pub fn value(db: &pmtx::db::Db, t: pmtx::catalog::TableId, key: u64) -> Option<u
     })
     .unwrap()
 }
+
+/// A temporary database of `engine` under its default protocol, with two worker slots and a
+/// pool of `pool_bytes`.
+#[allow(dead_code)] // only some of the test files that include this module call it
+pub fn temp_db(engine: pmtx::engine::EngineKind, pool_bytes: u64) -> pmtx::db::Db {
+    pmtx::db::Db::create(
+        pmtx::db::DbConfig::temporary()
+            .engine(engine)
+            .protocol(engine.default_protocol())
+            .pool_size(pool_bytes)
+            .max_threads(2),
+    )
+    .unwrap()
+}
+
+/// Whether `bounds` is inverted, or empty with an excluded bound: `BTreeMap::range` panics on
+/// it, where the range iterators read nothing.
+#[allow(dead_code)] // only some of the test files that include this module call it
+pub fn empty_range<T: Ord>(bounds: &(std::ops::Bound<T>, std::ops::Bound<T>)) -> bool {
+    use std::ops::Bound;
+    match bounds {
+        (Bound::Included(a), Bound::Included(b)) => a > b,
+        (Bound::Included(a) | Bound::Excluded(a), Bound::Excluded(b))
+        | (Bound::Excluded(a), Bound::Included(b)) => a >= b,
+        _ => false,
+    }
+}
