@@ -305,6 +305,33 @@ fn pages_allocated_but_never_linked_are_reclaimed_at_recovery() {
     assert_eq!(index.len(), 600);
 }
 
+/// Scans the whole index forward or backward, checking that keys come strictly in order and that
+/// each stable key (a multiple of `every`) maps to `key / every`; returns the stable keys seen.
+fn scan_stable(index: &PmOrderedIndex, forward: bool, every: u64) -> u64 {
+    let mut prev = None;
+    let mut stable = 0;
+    let mut visit = |k: u64, v: u64| {
+        if let Some(p) = prev {
+            assert!(
+                if forward { k > p } else { k < p },
+                "scan out of order: {p} then {k}"
+            );
+        }
+        prev = Some(k);
+        if k % every == 0 {
+            assert_eq!(v, k / every);
+            stable += 1;
+        }
+        true
+    };
+    if forward {
+        index.scan(0, usize::MAX, &mut visit);
+    } else {
+        index.scan_rev(u64::MAX, usize::MAX, &mut visit);
+    }
+    stable
+}
+
 #[test]
 fn concurrent_writers_and_scanners_see_every_stable_key_in_order() {
     let (_pool, _pages, index) = fresh(PersistenceDomain::Adr, 24, 64);
@@ -342,29 +369,12 @@ fn concurrent_writers_and_scanners_see_every_stable_key_in_order() {
                 let mut passes = 0;
                 while !done.load(Ordering::Acquire) || passes < 2 {
                     passes += 1;
-                    let mut prev = None;
-                    let mut stable = 0;
                     let forward = t == 0 || passes % 2 == 0;
-                    let mut visit = |k: u64, v: u64| {
-                        if let Some(p) = prev {
-                            assert!(
-                                if forward { k > p } else { k < p },
-                                "scan out of order: {p} then {k}"
-                            );
-                        }
-                        prev = Some(k);
-                        if k % 4 == 0 {
-                            assert_eq!(v, k / 4);
-                            stable += 1;
-                        }
-                        true
-                    };
-                    if forward {
-                        index.scan(0, usize::MAX, &mut visit);
-                    } else {
-                        index.scan_rev(u64::MAX, usize::MAX, &mut visit);
-                    }
-                    assert_eq!(stable, N, "a scan missed a stable key");
+                    assert_eq!(
+                        scan_stable(index, forward, 4),
+                        N,
+                        "a scan missed a stable key"
+                    );
                     for k in (0..N).step_by(97) {
                         assert_eq!(index.get(k * 4), Some(k));
                     }
@@ -459,28 +469,8 @@ fn concurrent_queues_unlink_leaves_under_scanners_and_readers() {
                 let mut passes = 0;
                 while !done.load(Ordering::Acquire) || passes < 2 {
                     passes += 1;
-                    let mut prev = None;
-                    let mut stable = 0;
                     let forward = (t + passes) % 2 == 0;
-                    let mut visit = |k: u64, v: u64| {
-                        if let Some(p) = prev {
-                            assert!(
-                                if forward { k > p } else { k < p },
-                                "scan out of order: {p} then {k}"
-                            );
-                        }
-                        prev = Some(k);
-                        if k % 1000 == 0 {
-                            assert_eq!(v, k / 1000);
-                            stable += 1;
-                        }
-                        true
-                    };
-                    if forward {
-                        index.scan(0, usize::MAX, &mut visit);
-                    } else {
-                        index.scan_rev(u64::MAX, usize::MAX, &mut visit);
-                    }
+                    let stable = scan_stable(index, forward, 1000);
                     assert_eq!(stable, BLOCKS, "a scan missed a stable key");
                     for b in 0..BLOCKS {
                         assert_eq!(index.get(b * 1000), Some(b));
