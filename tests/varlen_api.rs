@@ -540,3 +540,59 @@ fn row_size_limit_and_reserved_names() {
         .unwrap_err();
     assert!(err.to_string().contains("reserved"), "{err}");
 }
+
+/// Long values in a table with byte-string keys (issue 21 items 1a and 1b together): the values
+/// go out of line under the row ids the key index hands out, and update and delete by key keep
+/// the chunk table exact.
+#[test]
+fn long_values_in_a_byte_key_table() {
+    for engine in [EngineKind::Falcon, EngineKind::Zen, EngineKind::Mmdb] {
+        let db = Db::create(
+            DbConfig::temporary()
+                .engine(engine)
+                .protocol(engine.default_protocol())
+                .max_threads(2)
+                .pool_size(64 << 20),
+        )
+        .unwrap();
+        let t = db
+            .create_table(
+                Schema::new("docs", &[("body", ColumnType::Text(5000))]).with_byte_keys(32),
+            )
+            .unwrap();
+        let long = "x".repeat(3000);
+        let longer = "y".repeat(4500);
+        db.run(|tx| {
+            tx.insert_by(t, b"alpha", &[Value::Str(&long)])?;
+            tx.insert_by(t, b"beta", &[Value::Str("short")])
+        })
+        .unwrap();
+        let chunks_of = |len: usize| (len - INLINE_CAPACITY).div_ceil(CHUNK_BYTES) as u64;
+        assert_eq!(chunk_rows(&db), chunks_of(3000), "{engine}");
+        db.run(|tx| tx.update_by(t, b"alpha", &[(0, Value::Str(&longer))]))
+            .unwrap();
+        assert_eq!(chunk_rows(&db), chunks_of(4500), "{engine}");
+        let (a, b) = db
+            .run(|tx| {
+                let a = tx.get_by(t, b"alpha")?.get_str("body")?.to_string();
+                let b = tx.get_by(t, b"beta")?.get_str("body")?.to_string();
+                Ok((a, b))
+            })
+            .unwrap();
+        assert_eq!(
+            (a.as_str(), b.as_str()),
+            (longer.as_str(), "short"),
+            "{engine}"
+        );
+        let rows: Vec<String> = db
+            .run(|tx| {
+                tx.range_by::<&[u8]>(t, ..)
+                    .map(|r| r.and_then(|(_, row)| Ok(row.get_str("body")?.len().to_string())))
+                    .collect()
+            })
+            .unwrap();
+        assert_eq!(rows, vec!["4500".to_string(), "5".to_string()], "{engine}");
+        db.run(|tx| tx.delete_by(t, b"alpha")).unwrap();
+        assert_eq!(chunk_rows(&db), 0, "{engine}: chunks freed with the row");
+    }
+}

@@ -638,8 +638,13 @@ impl<'w> Tx<'w> {
             ));
         }
         let (_, row) = leaf.entries.remove(*slot);
-        let delete = self.live()?.inner.delete(table, row);
-        self.settle(delete)?;
+        // A row with values out of line takes its chunks with it (`varlen.rs`).
+        if super::layout_of(&self.live()?.layouts, table)?.spills {
+            self.delete_varlen(table, row)?;
+        } else {
+            let delete = self.live()?.inner.delete(table, row);
+            self.settle(delete)?;
+        }
         // Remove emptied nodes bottom-up; the first node that keeps children is written.
         while let Some((id, node, _)) = path.pop() {
             let empty = if node.leaf {
