@@ -599,13 +599,7 @@ fn concurrent_writers_on_byte_keys_leave_a_well_formed_tree() {
 #[test]
 #[ignore]
 fn lookup_cost() {
-    let db = Db::create(
-        DbConfig::temporary()
-            .engine(EngineKind::Falcon)
-            .pool_size(1 << 30)
-            .max_threads(1),
-    )
-    .unwrap();
+    let db = common::temp_db(EngineKind::Falcon, 1 << 30);
     let bk = db
         .create_table(Schema::new("bk", &[("v", ColumnType::U64)]).with_byte_keys(16))
         .unwrap();
