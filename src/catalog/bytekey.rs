@@ -97,9 +97,7 @@ pub fn index_table_name(table: &str) -> String {
         return name;
     }
     // FNV-1a: stable across builds, unlike std's hasher.
-    let hash = table.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
-    });
+    let hash = crate::index::fnv1a_64(table.as_bytes());
     let mut cut = 64 - 17;
     while !name.is_char_boundary(cut) {
         cut -= 1;

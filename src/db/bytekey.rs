@@ -257,9 +257,7 @@ impl Seek<'_> {
 
 /// FNV-1a of the key: the first row id tried for it.
 fn key_hash(key: &[u8]) -> u64 {
-    key.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
-    })
+    crate::index::fnv1a_64(key)
 }
 
 /// Row ids tried for a key before giving up (a run of taken ids this long means a broken table).
@@ -411,12 +409,14 @@ impl<'w> Tx<'w> {
         Ok(())
     }
 
-    /// Descends to the leaf `seek` names without decoding: calls `at_leaf` with its view and
-    /// its fences (the tightest separators below and above it on the path).
+    /// Descends to the leaf `seek` names without decoding: calls `at_leaf` with its view and,
+    /// when `fences` is asked for (range iterators), its fences: the tightest separators below
+    /// and above it on the path. Point lookups pass `false` and copy no separator.
     fn descend<T>(
         &mut self,
         tree: Tree,
         seek: Seek<'_>,
+        fences: bool,
         at_leaf: impl FnOnce(&View<'_>, Option<&[u8]>, Option<&[u8]>) -> T,
     ) -> Result<T, TxError> {
         let mut buf = take_buffer();
@@ -445,13 +445,17 @@ impl<'w> Tx<'w> {
             let mut entries = view.entries();
             if slot > 0 {
                 let (sep, child) = entries.nth(slot - 1).expect("slot within the node");
-                low = Some(sep.to_vec());
+                if fences {
+                    low = Some(sep.to_vec());
+                }
                 id = child;
             } else {
                 id = view.first;
             }
-            if let Some((sep, _)) = entries.next() {
-                high = Some(sep.to_vec());
+            if fences {
+                if let Some((sep, _)) = entries.next() {
+                    high = Some(sep.to_vec());
+                }
             }
         }
         give_buffer(buf);
@@ -496,7 +500,7 @@ impl<'w> Tx<'w> {
     /// The row id of `key` in a byte-key table, `None` if absent.
     fn row_id(&mut self, tree: Tree, key: &[u8]) -> Result<Option<u64>, TxError> {
         Self::check_key(tree, key)?;
-        self.descend(tree, Seek::Holding(key), |leaf, _, _| {
+        self.descend(tree, Seek::Holding(key), false, |leaf, _, _| {
             leaf.entries().find(|(k, _)| *k == key).map(|(_, id)| id)
         })
     }
@@ -819,7 +823,7 @@ impl<'t, 'w> ByteRangeIter<'t, 'w> {
             },
         };
         let (near, far) = if reverse { (end, start) } else { (start, end) };
-        let (entries, next) = self.tx.descend(tree, seek, |leaf, low, high| {
+        let (entries, next) = self.tx.descend(tree, seek, true, |leaf, low, high| {
             let mut entries: Vec<(Vec<u8>, u64)> = leaf
                 .entries()
                 .filter(|(k, _)| within(near, !reverse, k) && within(far, reverse, k))

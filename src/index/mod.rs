@@ -26,6 +26,7 @@ mod sync;
 pub use hash::HashIndex;
 pub use ordered::OrderedIndex;
 pub use primary::{PrimaryIndex, PrimaryIndexKind};
+pub(crate) use secondary::fnv1a_64;
 pub use secondary::{secondary_key, SecondaryIndex};
 
 /// Where a table's primary index lives, chosen when the table is created (issue 17).

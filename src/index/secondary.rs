@@ -10,6 +10,12 @@ const FNV_OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
 /// FNV-1a 64-bit prime.
 const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 
+/// FNV-1a 64 of `bytes` (stable across builds and platforms, unlike std's hasher): what
+/// byte-key row ids and long hidden-table names are derived from.
+pub(crate) fn fnv1a_64(bytes: &[u8]) -> u64 {
+    fnv1a(FNV_OFFSET_BASIS, bytes)
+}
+
 fn fnv1a(mut hash: u64, bytes: &[u8]) -> u64 {
     for &byte in bytes {
         hash ^= u64::from(byte);
