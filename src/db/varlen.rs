@@ -34,9 +34,7 @@ pub const CHUNK_TABLE: &str = "__pmtx_varlen_chunks";
 pub const CHUNK_BYTES: usize = 1024;
 
 /// Whether `name` is one of the database's own tables (hidden from [`super::Db::tables`]).
-pub(super) fn is_hidden(name: &str) -> bool {
-    name.starts_with(RESERVED_PREFIX)
-}
+pub(super) use crate::catalog::bytekey::is_hidden;
 
 /// Run by [`super::Db::create_table`] before the engine sees `schema`: refuses reserved names and
 /// creates the chunk table if `schema` is the first with a column whose values may spill.
@@ -81,12 +79,8 @@ pub(super) fn find_chunk_table(schemas: &[Schema]) -> Option<(TableId, usize)> {
 
 /// The key of chunk `n` of column `column` of the row `key` of `table` (see the module doc).
 fn chunk_key(table: TableId, key: u64, column: usize, n: usize) -> u64 {
-    // SplitMix64's finaliser: every input bit reaches every output bit.
-    fn mix(mut z: u64) -> u64 {
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
+    // A full-avalanche finaliser: every input bit reaches every output bit.
+    use crate::index::mix64 as mix;
     let h = mix(u64::from(table) ^ 0x9e37_79b9_7f4a_7c15);
     let h = mix(h ^ key);
     mix(h ^ ((column as u64) << 32 | n as u64))
