@@ -9,15 +9,11 @@ use super::Db;
 use crate::catalog::{CatalogError, TableId};
 use crate::engine::DbError;
 
-/// One drop at a time per process: two drops each holding part of the slots would wait for
-/// each other until both time out.
-static DROPS: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
-
 impl Db {
     /// The drop itself (see [`Db::drop_table`]).
     pub(super) fn drop_table_alone(&self, table: TableId) -> Result<(), DbError> {
         let name = self.engine.catalog().check_live(table)?.name.clone();
-        let _one = DROPS.lock();
+        let _one = self.drops.lock();
         let started = std::time::Instant::now();
         let slots = self.config.max_threads;
         let mut held = Vec::with_capacity(slots);

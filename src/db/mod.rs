@@ -456,6 +456,9 @@ pub struct Db {
     table_count: std::sync::atomic::AtomicUsize,
     /// See [`Db::durability_warning`].
     durability_warning: Option<String>,
+    /// One drop at a time (`drop.rs`): two drops each holding part of the slots would wait for
+    /// each other until both time out.
+    drops: parking_lot::Mutex<()>,
 }
 
 /// A value for a column, by position.
@@ -701,6 +704,7 @@ impl Db {
             id: NEXT_DB_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             table_count,
             durability_warning,
+            drops: parking_lot::Mutex::new(()),
         }
     }
 
