@@ -93,14 +93,7 @@ impl Catalog {
     /// Checks that `id` is a live table, with an error that says which of "unknown" and
     /// "dropped" it is.
     pub fn check_live(&self, id: TableId) -> Result<&Schema, CatalogError> {
-        match self.tables.get(id as usize) {
-            None => Err(CatalogError::NoSuchTable(id)),
-            Some(s) if !s.is_live() => Err(CatalogError::TableDropped {
-                id,
-                name: s.name.clone(),
-            }),
-            Some(s) => Ok(s),
-        }
+        live_schema(self.tables.get(id as usize), id)
     }
 
     /// Every table with the drop finished: for recovery, after it has freed what the
@@ -152,5 +145,19 @@ mod tests {
         assert_eq!(json.matches("\"state\"").count(), 1, "{json}");
         let back: Catalog = serde_json::from_str(&json).unwrap();
         assert_eq!(back, c);
+    }
+}
+
+/// `schema`, the catalog's entry for table `id` (`None`: there is none), if the table is live;
+/// else the error saying which of "unknown" and "dropped" it is. The one place of that rule,
+/// for the catalog and for the workers' copies of its schemas.
+pub fn live_schema(schema: Option<&Schema>, id: TableId) -> Result<&Schema, CatalogError> {
+    match schema {
+        None => Err(CatalogError::NoSuchTable(id)),
+        Some(s) if !s.is_live() => Err(CatalogError::TableDropped {
+            id,
+            name: s.name.clone(),
+        }),
+        Some(s) => Ok(s),
     }
 }

@@ -23,7 +23,7 @@
 
 mod drop;
 
-pub use drop::TableState;
+pub use drop::{live_schema, TableState};
 
 use crate::index::{IndexPlacement, PrimaryIndexKind};
 use crate::pmem::Pool;

@@ -50,14 +50,6 @@ pub(super) fn live(
     schema: Option<&crate::catalog::Schema>,
     table: TableId,
 ) -> Result<&crate::catalog::Schema, crate::engine::TxError> {
-    match schema {
-        Some(s) if s.is_live() => Ok(s),
-        Some(s) => Err(crate::engine::TxError::SchemaMismatch(format!(
-            "table '{}' (id {table}) was dropped",
-            s.name
-        ))),
-        None => Err(crate::engine::TxError::SchemaMismatch(format!(
-            "no table with id {table}"
-        ))),
-    }
+    crate::catalog::live_schema(schema, table)
+        .map_err(|e| crate::engine::TxError::SchemaMismatch(e.to_string()))
 }
