@@ -1912,9 +1912,7 @@ impl<'w> Tx<'w> {
         key: u64,
         writes: &[FieldWrite<'_>],
     ) -> Result<(), TxError> {
-        bytekey::check_u64_keys(&self.live_table(table)?.schemas, table)?;
-        self.refuse_raw_write(table)?;
-        let result = self.live_table(table)?.inner.update(table, key, writes);
+        let result = self.raw_writer(table)?.inner.update(table, key, writes);
         self.settle(result)
     }
 
@@ -1969,19 +1967,27 @@ impl<'w> Tx<'w> {
 
     /// Inserts a row given as raw bytes (exactly the row size).
     pub fn insert_bytes(&mut self, table: TableId, key: u64, row: &[u8]) -> Result<(), TxError> {
-        bytekey::check_u64_keys(&self.live_table(table)?.schemas, table)?;
-        self.refuse_raw_write(table)?;
-        let result = self.live_table(table)?.inner.insert(table, key, row);
+        let result = self.raw_writer(table)?.inner.insert(table, key, row);
         self.settle(result)
+    }
+
+    /// The worker for a raw write to `table`, resolved once: a live table with `u64` keys whose
+    /// values never go out of line.
+    fn raw_writer(&mut self, table: TableId) -> Result<&mut WorkerCore, TxError> {
+        let c = self.live()?;
+        bytekey::check_u64_keys(&c.schemas, table)?;
+        varlen::refuse_raw_write(layout_of(&c.layouts, table)?)?;
+        Ok(c)
     }
 
     /// Deletes the row with `key`.
     pub fn delete(&mut self, table: TableId, key: u64) -> Result<(), TxError> {
-        bytekey::check_u64_keys(&self.live_table(table)?.schemas, table)?;
-        if layout_of(&self.live_table(table)?.layouts, table)?.spills {
+        let c = self.live()?;
+        bytekey::check_u64_keys(&c.schemas, table)?;
+        if layout_of(&c.layouts, table)?.spills {
             return self.delete_varlen(table, key);
         }
-        let result = self.live_table(table)?.inner.delete(table, key);
+        let result = c.inner.delete(table, key);
         self.settle(result)
     }
 

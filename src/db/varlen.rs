@@ -20,7 +20,8 @@
 //! Reads: [`Tx::get`], [`Tx::get_ref`], scans and range iterators of a table with spilling columns
 //! read the chunks of its long values with the row (the chunk reads enter the transaction's read
 //! set like any other), so a row's getters return every value whole. Rows of tables without such
-//! columns take exactly the path they took before: one flag is tested.
+//! columns take the path they took before plus one test of the layout's `spills` flag (no
+//! allocation, no chunk read; measured in the issue-21 note: fixed rows 0.99× the previous main).
 
 use super::{encode_value, layout_of, RowLayout, Tx, Value};
 use crate::catalog::{CatalogError, Column, ColumnType, Schema, TableId};
@@ -377,20 +378,6 @@ impl Tx<'_> {
         }
         Ok(())
     }
-
-    /// Refuses a raw write ([`Tx::insert_bytes`], [`Tx::update_bytes`]) to a table with spilling
-    /// columns: raw bytes cannot keep the out-of-line chunks in step with the row.
-    pub(super) fn refuse_raw_write(&mut self, table: TableId) -> Result<(), TxError> {
-        let layout = layout_of(&self.live()?.layouts, table)?;
-        if layout.spills {
-            return Err(TxError::Unsupported(format!(
-                "table {} has variable-length columns whose values may be stored out of line: \
-                 write it with Tx::insert and Tx::update, not with raw bytes",
-                layout.schema.name
-            )));
-        }
-        Ok(())
-    }
 }
 
 /// Chunk rows of a value of `len` bytes, with the transaction's chunk size.
@@ -420,4 +407,17 @@ mod tests {
         assert_eq!(chunk_count(INLINE_CAPACITY + 1024, 1024), 1);
         assert_eq!(chunk_count(INLINE_CAPACITY + 1025, 1024), 2);
     }
+}
+
+/// Refuses a raw write ([`Tx::insert_bytes`], [`Tx::update_bytes`]) to a table with spilling
+/// columns: raw bytes cannot keep the chunks in step.
+pub(super) fn refuse_raw_write(layout: &RowLayout) -> Result<(), TxError> {
+    if layout.spills {
+        return Err(TxError::Unsupported(format!(
+            "table {} has variable-length columns whose values may be stored out of line: \
+             write it with Tx::insert and Tx::update, not with raw bytes",
+            layout.schema.name
+        )));
+    }
+    Ok(())
 }
