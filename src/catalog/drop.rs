@@ -109,6 +109,20 @@ impl Catalog {
     }
 }
 
+/// `schema`, the catalog's entry for table `id` (`None`: there is none), if the table is live;
+/// else the error saying which of "unknown" and "dropped" it is. The one place of that rule,
+/// for the catalog and for the workers' copies of its schemas.
+pub fn live_schema(schema: Option<&Schema>, id: TableId) -> Result<&Schema, CatalogError> {
+    match schema {
+        None => Err(CatalogError::NoSuchTable(id)),
+        Some(s) if !s.is_live() => Err(CatalogError::TableDropped {
+            id,
+            name: s.name.clone(),
+        }),
+        Some(s) => Ok(s),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,19 +159,5 @@ mod tests {
         assert_eq!(json.matches("\"state\"").count(), 1, "{json}");
         let back: Catalog = serde_json::from_str(&json).unwrap();
         assert_eq!(back, c);
-    }
-}
-
-/// `schema`, the catalog's entry for table `id` (`None`: there is none), if the table is live;
-/// else the error saying which of "unknown" and "dropped" it is. The one place of that rule,
-/// for the catalog and for the workers' copies of its schemas.
-pub fn live_schema(schema: Option<&Schema>, id: TableId) -> Result<&Schema, CatalogError> {
-    match schema {
-        None => Err(CatalogError::NoSuchTable(id)),
-        Some(s) if !s.is_live() => Err(CatalogError::TableDropped {
-            id,
-            name: s.name.clone(),
-        }),
-        Some(s) => Ok(s),
     }
 }

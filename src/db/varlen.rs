@@ -388,6 +388,19 @@ fn chunk_count_of(tx: &mut Tx<'_>, len: usize) -> Result<usize, TxError> {
     Ok(chunk_count(len, tx.chunk_table()?.1))
 }
 
+/// Refuses a raw write ([`Tx::insert_bytes`], [`Tx::update_bytes`]) to a table with spilling
+/// columns: raw bytes cannot keep the chunks in step.
+pub(super) fn refuse_raw_write(layout: &RowLayout) -> Result<(), TxError> {
+    if layout.spills {
+        return Err(TxError::Unsupported(format!(
+            "table {} has variable-length columns whose values may be stored out of line: \
+             write it with Tx::insert and Tx::update, not with raw bytes",
+            layout.schema.name
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -407,17 +420,4 @@ mod tests {
         assert_eq!(chunk_count(INLINE_CAPACITY + 1024, 1024), 1);
         assert_eq!(chunk_count(INLINE_CAPACITY + 1025, 1024), 2);
     }
-}
-
-/// Refuses a raw write ([`Tx::insert_bytes`], [`Tx::update_bytes`]) to a table with spilling
-/// columns: raw bytes cannot keep the chunks in step.
-pub(super) fn refuse_raw_write(layout: &RowLayout) -> Result<(), TxError> {
-    if layout.spills {
-        return Err(TxError::Unsupported(format!(
-            "table {} has variable-length columns whose values may be stored out of line: \
-             write it with Tx::insert and Tx::update, not with raw bytes",
-            layout.schema.name
-        )));
-    }
-    Ok(())
 }
