@@ -299,4 +299,15 @@ fn pmtx_inspect_lists_no_dropped_table() {
     assert_eq!(tables.len(), 1, "{stdout}");
     assert_eq!(tables[0]["table"], "kept_table");
     assert_eq!(tables[0]["rows"], 3);
+    // `pmtx check` and `pmtx recover` list the live tables only.
+    for command in ["check", "recover"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_pmtx"))
+            .args([command, file.0.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "pmtx {command}: {stdout}");
+        assert!(stdout.contains("kept_table"), "pmtx {command}: {stdout}");
+        assert!(!stdout.contains("gone_table"), "pmtx {command}: {stdout}");
+    }
 }
