@@ -334,12 +334,11 @@ impl Tx<'_> {
                 bytes: &encoded[start..start + size],
             })
             .collect();
+        // The real chunk size (smaller than CHUNK_BYTES under a small row limit), known before
+        // anything is written.
+        let (_, chunk) = self.chunk_table()?;
         let result = self.live()?.inner.update(table, key, &writes);
         self.settle(result)?;
-        let chunk = match layout.chunks {
-            Some((_, chunk)) => chunk,
-            None => CHUNK_BYTES,
-        };
         // Per spilling column: its chunk count now (a column may be given twice).
         let mut current: Vec<(usize, usize)> = Vec::new();
         for (col, value) in values {
