@@ -643,7 +643,7 @@ fn lookup_cost() {
 /// Dropping a byte-key table drops its hidden index table too (issue 21), and a table whose
 /// values may go out of line is refused with a reason rather than leaking its chunks.
 #[test]
-fn dropping_a_byte_key_table_drops_its_index_and_spilling_tables_are_refused() {
+fn dropping_a_byte_key_table_drops_its_index_and_chunk_tables() {
     use pmtx::catalog::{ColumnType, Schema};
     let db = common::temp_db(pmtx::engine::EngineKind::Falcon, 64 << 20);
     let t = db
@@ -667,10 +667,24 @@ fn dropping_a_byte_key_table_drops_its_index_and_spilling_tables_are_refused() {
     assert!(db
         .run(|tx| tx.exists_by(t, b"alice"))
         .is_ok_and(|present| !present));
-    let long = db
-        .create_table(Schema::new("docs", &[("body", ColumnType::Text(4000))]))
+    // A byte-key table with long values: its chunk table goes too.
+    let docs = db
+        .create_table(Schema::new("docs", &[("body", ColumnType::Text(4000))]).with_byte_keys(32))
         .unwrap();
-    let err = db.drop_table(long).unwrap_err().to_string();
-    assert!(err.contains("out of line"), "{err}");
-    assert!(db.schema(long).is_some(), "a refused drop changes nothing");
+    let body = "b".repeat(4000);
+    db.run(|tx| tx.insert_by(docs, b"readme", &[pmtx::db::Value::Str(&body)]))
+        .unwrap();
+    let chunks = db.schema(docs).unwrap().chunk_table.expect("a chunk table");
+    let name = &db.engine().catalog().tables[chunks as usize].name;
+    assert!(
+        name.starts_with("__pmtx_vchunks_") && name.ends_with("_docs"),
+        "{name}"
+    );
+    assert_eq!(hidden(&db), 2);
+    db.drop_table(docs).unwrap();
+    assert_eq!(hidden(&db), 1, "the index table went with the table");
+    assert!(
+        db.schema(chunks).is_none(),
+        "the chunk table went with the table"
+    );
 }

@@ -4,7 +4,7 @@
 //! a reopen, the tuple size limit.
 
 use pmtx::catalog::INLINE_CAPACITY;
-use pmtx::db::{CHUNK_BYTES, CHUNK_TABLE};
+use pmtx::db::CHUNK_BYTES;
 use pmtx::prelude::*;
 use proptest::prelude::*;
 use std::collections::HashMap;
@@ -76,13 +76,14 @@ fn expected_chunks<'a>(docs: impl IntoIterator<Item = &'a Doc>) -> u64 {
         .sum()
 }
 
-/// Rows in the hidden chunk table (0 if it does not exist).
+/// Rows in the live tables' chunk tables.
 fn chunk_rows(db: &Db) -> u64 {
-    let Some(id) = db.engine().catalog().table_id(CHUNK_TABLE) else {
-        return 0;
-    };
+    let tables: Vec<u32> = (db.engine().catalog().live_tables())
+        .filter_map(|(_, s)| s.chunk_table)
+        .collect();
     db.release_idle_workers();
-    db.check_structure().unwrap()[id as usize]
+    let counts = db.check_structure().unwrap();
+    tables.iter().map(|&t| counts[t as usize]).sum()
 }
 
 fn doc_strategy() -> impl Strategy<Value = Doc> {
@@ -518,7 +519,7 @@ fn row_size_limit_and_reserved_names() {
         "{err}"
     );
     // A refused schema leaves no chunk table behind.
-    assert!(db.engine().catalog().table_id(CHUNK_TABLE).is_none());
+    assert!(db.engine().catalog().tables.is_empty());
     // Long values do not count against the limit: chunks are rows of at most the limit.
     let t = db
         .create_table(Schema::new("ok", &[("t", ColumnType::Text(5000))]))
@@ -529,7 +530,7 @@ fn row_size_limit_and_reserved_names() {
         db.run(|tx| Ok(tx.get(t, 1)?.get_str("t")?.len())).unwrap(),
         5000
     );
-    let chunk_table = db.engine().catalog().table_id(CHUNK_TABLE).unwrap();
+    let chunk_table = db.schema(t).unwrap().chunk_table.unwrap();
     assert_eq!(db.schema(chunk_table).unwrap().row_size(), 256);
     assert_eq!(
         chunk_rows(&db),
@@ -595,4 +596,142 @@ fn long_values_in_a_byte_key_table() {
         db.run(|tx| tx.delete_by(t, b"alpha")).unwrap();
         assert_eq!(chunk_rows(&db), 0, "{engine}: chunks freed with the row");
     }
+}
+
+/// Engines that drop tables (Zen and FIR refuse, issue 21).
+fn engines_that_drop() -> Vec<EngineKind> {
+    EngineKind::ALL
+        .into_iter()
+        .filter(|&e| {
+            let db = Db::create(config(e)).unwrap();
+            let t = db
+                .create_table(Schema::new("probe", &[("a", ColumnType::U64)]))
+                .unwrap();
+            match db.drop_table(t) {
+                Ok(()) => true,
+                Err(DbError::Unsupported(_)) => false,
+                Err(other) => panic!("{e}: {other}"),
+            }
+        })
+        .collect()
+}
+
+/// A table with long values has a chunk table of its own, dropped with it: forty rounds of
+/// creating, filling (each round's chunks take most of a heap page) and dropping the table in a
+/// pool with room for three such rounds never run out of space, and no hidden table is left.
+#[test]
+fn a_table_with_long_values_drops_its_chunks_and_their_space_is_reused() {
+    let engines = engines_that_drop();
+    assert!(engines.len() >= 7, "{engines:?}");
+    for engine in engines {
+        let pool = pmtx::db::min_pool_size(engine, 2) + 6 * pmtx::alloc::PAGE_SIZE;
+        let db = Db::create(config(engine).pool_size(pool)).unwrap();
+        let body = "x".repeat(INLINE_CAPACITY + 2 * CHUNK_BYTES);
+        for round in 0..40u64 {
+            let t = db
+                .create_table(Schema::new("docs", &[("body", ColumnType::Text(4000))]))
+                .unwrap();
+            for keys in (0..700u64).collect::<Vec<_>>().chunks(50) {
+                db.run(|tx| {
+                    keys.iter()
+                        .try_for_each(|&k| tx.insert(t, k, &[Value::Str(&body)]))
+                })
+                .unwrap_or_else(|e| panic!("{engine}, round {round}: {e}"));
+            }
+            assert_eq!(chunk_rows(&db), 1400, "{engine}");
+            let chunks = db.schema(t).unwrap().chunk_table.unwrap();
+            db.drop_table(t).unwrap();
+            assert!(
+                db.schema(chunks).is_none(),
+                "{engine}: the chunk table is dropped"
+            );
+        }
+        let hidden = (db.engine().catalog().live_tables()).count();
+        assert_eq!(hidden, 0, "{engine}: tables left behind");
+    }
+}
+
+/// A crash between a table's drop and its hidden tables' leaves them unreferenced: the next open
+/// drops them, so their rows do not stay for good and a new table of the name starts empty.
+#[test]
+fn hidden_tables_left_by_an_interrupted_drop_are_dropped_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("orphans.pool");
+    let cfg = || config(EngineKind::Falcon).path(&path);
+    let schema = || Schema::new("docs", &[("body", ColumnType::Text(4000))]).with_byte_keys(16);
+    let body = "y".repeat(3000);
+    let (index, chunks) = {
+        let db = Db::create(cfg()).unwrap();
+        let t = db.create_table(schema()).unwrap();
+        db.run(|tx| tx.insert_by(t, b"k", &[Value::Str(&body)]))
+            .unwrap();
+        let s = db.schema(t).unwrap();
+        let index = match s.key {
+            pmtx::catalog::PrimaryKey::Bytes(k) => k.index_table.unwrap(),
+            _ => unreachable!(),
+        };
+        // The owner's drop alone, as a crash right after it leaves things.
+        db.release_idle_workers();
+        db.engine().drop_table(t).unwrap();
+        assert!(db.schema(index).is_some() && db.schema(chunks_of(&s)).is_some());
+        (index, chunks_of(&s))
+    };
+    let db = Db::open(cfg()).unwrap();
+    assert!(
+        db.schema(index).is_none(),
+        "the index table was dropped at open"
+    );
+    assert!(
+        db.schema(chunks).is_none(),
+        "the chunk table was dropped at open"
+    );
+    let t = db.create_table(schema()).unwrap();
+    assert!(!db.run(|tx| tx.exists_by(t, b"k")).unwrap());
+    assert_eq!(chunk_rows(&db), 0);
+}
+
+fn chunks_of(s: &Schema) -> u32 {
+    s.chunk_table.unwrap()
+}
+
+/// Databases made before each table had its own chunk table keep the shared one: their tables'
+/// long values are read and written there, and dropping such a table is refused with a reason
+/// (its chunks cannot be told from the other tables').
+#[test]
+fn an_older_database_shares_one_chunk_table_and_refuses_its_tables_drop() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("older.pool");
+    let cfg = || config(EngineKind::Falcon).path(&path);
+    {
+        // The catalog an older version wrote: the shared chunk table, then a table without a
+        // chunk table of its own (made through the engine, as `Db::create_table` now adds one).
+        let db = Db::create(cfg()).unwrap();
+        let engine = db.engine();
+        let shared = Schema::new(pmtx::db::CHUNK_TABLE, &[("data", ColumnType::Bytes(1024))]);
+        engine.create_table(shared).unwrap();
+        engine
+            .create_table(Schema::new("old", &[("body", ColumnType::Text(4000))]))
+            .unwrap();
+    }
+    let db = Db::open(cfg()).unwrap();
+    let t = db.table("old").unwrap();
+    assert_eq!(db.schema(t).unwrap().chunk_table, None);
+    let body = "z".repeat(INLINE_CAPACITY + 3 * CHUNK_BYTES);
+    db.run(|tx| tx.insert(t, 1, &[Value::Str(&body)])).unwrap();
+    assert_eq!(
+        db.run(|tx| Ok(tx.get(t, 1)?.get_str("body")?.to_string()))
+            .unwrap(),
+        body
+    );
+    db.release_idle_workers();
+    let counts = db.check_structure().unwrap();
+    assert_eq!(counts[0], 3, "the chunks are in the shared table");
+    let err = db.drop_table(t).unwrap_err().to_string();
+    assert!(err.contains("cannot be dropped"), "{err}");
+    assert!(db.schema(t).is_some(), "a refused drop changes nothing");
+    // A table made now gets its own.
+    let new = db
+        .create_table(Schema::new("new", &[("body", ColumnType::Text(4000))]))
+        .unwrap();
+    assert!(db.schema(new).unwrap().chunk_table.is_some());
 }

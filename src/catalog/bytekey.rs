@@ -89,10 +89,25 @@ pub fn is_hidden(name: &str) -> bool {
 }
 
 /// The name of the hidden table holding the index of the byte-key table `table`: the prefix,
-/// `bkey_` and the table's name, shortened with a hash when that exceeds the 64-byte limit
-/// (so distinct tables get distinct index tables).
+/// `bkey_` and the table's name, shortened with a hash when that exceeds the 64-byte limit (so
+/// distinct tables get distinct index tables).
 pub fn index_table_name(table: &str) -> String {
-    let name = format!("{HIDDEN_PREFIX}bkey_{table}");
+    hidden_table_name("bkey_", table)
+}
+
+/// The name of a hidden table holding the out-of-line values of table `table`, made when the
+/// catalog has `tables` entries: the prefix, `vchunks_`, that count and the table's name (see
+/// [`index_table_name`] for the shortening). The count makes it unique, so a chunk table that a crash left behind
+/// is never taken over by a new table of the name.
+pub fn chunk_table_name(tables: usize, table: &str) -> String {
+    hidden_table_name(&format!("vchunks_{tables}_"), table)
+}
+
+/// The name of a hidden table serving table `table` in the role `role`: the prefix, the role and
+/// the table's name, shortened with a hash when that exceeds the 64-byte limit (so distinct
+/// tables get distinct hidden tables).
+fn hidden_table_name(role: &str, table: &str) -> String {
+    let name = format!("{HIDDEN_PREFIX}{role}{table}");
     if name.len() <= 64 {
         return name;
     }

@@ -109,6 +109,12 @@ pub struct Schema {
     /// byte strings ([`Schema::with_byte_keys`]).
     #[serde(default)]
     pub key: PrimaryKey,
+    /// The hidden table that holds this table's out-of-line values (issue 21; see
+    /// `db::varlen`), set by `Db::create_table` for a table with a column whose values may
+    /// spill, so that dropping the table drops its values too. `None` for other tables and for
+    /// such tables in catalogs written before it, which share the database-wide chunk table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunk_table: Option<TableId>,
 }
 
 /// Why a schema or catalog was refused.
@@ -190,6 +196,7 @@ impl Schema {
             index_placement: None,
             state: TableState::Live,
             key: PrimaryKey::U64,
+            chunk_table: None,
         }
     }
 

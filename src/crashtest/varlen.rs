@@ -12,7 +12,7 @@
 
 use super::workload::{CrashWorkload, Observed, TxCtx};
 use crate::catalog::{ColumnType, Schema, INLINE_CAPACITY, LEN_WORD};
-use crate::db::{Db, Value, CHUNK_BYTES, CHUNK_TABLE};
+use crate::db::{Db, Value, CHUNK_BYTES};
 use crate::engine::{DbError, TxError};
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -234,7 +234,9 @@ impl CrashWorkload for VarlenCrash {
             Err(e) => return vec![format!("reading the values back: {e}")],
         };
         let catalog = db.engine().catalog();
-        if let Some(chunk_table) = catalog.table_id(CHUNK_TABLE) {
+        let chunk_table =
+            (catalog.table_id(TABLE)).and_then(|t| catalog.tables[t as usize].chunk_table);
+        if let Some(chunk_table) = chunk_table {
             let chunk = catalog.tables[chunk_table as usize].row_size();
             let want: u64 = seeds.iter().map(|&s| chunks(s, chunk)).sum();
             match db.check_structure() {

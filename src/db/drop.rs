@@ -6,7 +6,7 @@
 //! [`CatalogError::Busy`] and changes nothing.
 
 use super::Db;
-use crate::catalog::{CatalogError, TableId};
+use crate::catalog::{CatalogError, PrimaryKey, Schema, TableId};
 use crate::engine::DbError;
 
 impl Db {
@@ -42,6 +42,46 @@ impl Db {
         }
         result
     }
+}
+
+impl Db {
+    /// Drops the hidden tables no live table refers to, at open: a crash between a table's drop
+    /// and its hidden tables' leaves them (their rows would otherwise stay for good), as does a
+    /// create that failed after making them. Engines that cannot drop tables keep them: such an
+    /// engine never dropped the owner, so they are a failed create's, which the next create of
+    /// the name takes over.
+    pub(super) fn with_orphans_dropped(self) -> Result<Db, DbError> {
+        let orphans: Vec<TableId> = {
+            let catalog = self.engine.catalog();
+            let used: Vec<TableId> = (catalog.live_tables())
+                .flat_map(|(_, s)| hidden_tables_of(s))
+                .collect();
+            (catalog.live_tables())
+                .filter(|(id, s)| {
+                    super::varlen::is_hidden(&s.name)
+                        && s.name != super::CHUNK_TABLE
+                        && !used.contains(id)
+                })
+                .map(|(id, _)| id)
+                .collect()
+        };
+        for id in orphans {
+            match self.drop_table_alone(id) {
+                Ok(()) | Err(DbError::Unsupported(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(self)
+    }
+}
+
+/// The hidden tables that serve table `schema`: its chunk table and a byte-key table's index.
+pub(super) fn hidden_tables_of(schema: &Schema) -> impl Iterator<Item = TableId> {
+    let index = match &schema.key {
+        PrimaryKey::Bytes(keys) => keys.index_table,
+        PrimaryKey::U64 => None,
+    };
+    schema.chunk_table.into_iter().chain(index)
 }
 
 /// `schema` if it is a live table's, else the error a transaction gets for table `table`: no

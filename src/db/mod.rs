@@ -33,7 +33,7 @@ pub use bytekey::{ByteKeyIndex, ByteRangeIter};
 pub use range::{RangeIter, FIRST_BATCH, MAX_BATCH};
 mod varlen;
 use std::sync::Arc;
-pub use varlen::{CHUNK_BYTES, CHUNK_TABLE};
+pub use varlen::{chunk_table_name, CHUNK_BYTES, CHUNK_TABLE};
 
 /// How to create or open a database.
 #[derive(Clone, Debug)]
@@ -534,7 +534,7 @@ impl Db {
             }
         }
         let engine = Self::make_engine(&config, None, false)?;
-        Ok(Self::assemble(engine, config))
+        Self::assemble(engine, config).with_orphans_dropped()
     }
 
     /// Opens the database at `config.path` if it exists, else creates it.
@@ -549,7 +549,7 @@ impl Db {
     pub fn open_pool(pool: Pool, mut config: DbConfig) -> Result<Db, DbError> {
         config.domain.get_or_insert(pool.domain());
         let engine = Self::engine_on(Arc::new(pool), &config, false)?;
-        Ok(Self::assemble(engine, config))
+        Self::assemble(engine, config).with_orphans_dropped()
     }
 
     /// Creates a database on a pool the caller made (e.g. one with a crash simulator attached).
@@ -747,7 +747,7 @@ impl Db {
 
     /// Creates a table, durably, and returns its id.
     pub fn create_table(&self, schema: Schema) -> Result<TableId, DbError> {
-        varlen::prepare_table(self, &schema)?;
+        let schema = varlen::prepare_table(self, schema)?;
         let id = match schema.key {
             crate::catalog::PrimaryKey::U64 => self.engine.create_table(schema)?,
             crate::catalog::PrimaryKey::Bytes(_) => self.create_byte_key_table(schema)?,
@@ -799,24 +799,20 @@ impl Db {
     /// space freed (docs/ARCHITECTURE.md, "The embedding API").
     pub fn drop_table(&self, table: TableId) -> Result<(), DbError> {
         let schema = self.engine.catalog().check_live(table)?.clone();
-        // A table's long values live in the shared chunk table under keys derived from its rows:
-        // dropping the table alone would leave them there for good.
-        if schema.columns.iter().any(|c| c.ty.spills()) {
+        if schema.columns.iter().any(|c| c.ty.spills()) && schema.chunk_table.is_none() {
             return Err(DbError::Unsupported(format!(
-                "table '{}' has variable-length columns whose values may be stored out of \
-                 line, in the shared chunk table: this version cannot drop such a table \
-                 (deleting its rows frees their values)",
+                "table '{}' keeps its long values in the chunk table '{CHUNK_TABLE}' that every \
+                 table of a database made before tables had chunk tables of their own shares: \
+                 its chunks cannot be told apart, so it cannot be dropped (deleting its rows \
+                 frees their values)",
                 schema.name
             )));
         }
         self.drop_table_alone(table)?;
-        // A byte-key table's index is a hidden table of its own: dropped after the table (a
-        // crash in between leaves an unused index table, which the next `create_table` of the
-        // name takes over).
-        if let crate::catalog::PrimaryKey::Bytes(keys) = &schema.key {
-            if let Some(index) = keys.index_table {
-                self.drop_table_alone(index)?;
-            }
+        // Its hidden tables go after it: a crash in between leaves them unreferenced, and the
+        // next open drops them (`drop_orphans`).
+        for hidden in drop::hidden_tables_of(&schema) {
+            self.drop_table_alone(hidden)?;
         }
         Ok(())
     }
@@ -1162,9 +1158,9 @@ impl<'db> Worker<'db> {
         {
             let catalog = self.db.engine.catalog();
             self.core.schemas = catalog.tables;
-            let chunks = varlen::find_chunk_table(&self.core.schemas);
-            self.core.layouts = (self.core.schemas.iter())
-                .map(|s| RowLayout::of(s, chunks))
+            let schemas = &self.core.schemas;
+            self.core.layouts = (schemas.iter())
+                .map(|s| RowLayout::of(s, varlen::chunks_of(s, schemas)))
                 .collect();
         }
     }
@@ -1311,7 +1307,7 @@ struct RowLayout {
     schema: Schema,
     /// Some column's values may be stored out of line (see [`varlen`]).
     spills: bool,
-    /// The chunk table of out-of-line values and its chunk size, once it exists.
+    /// The table's chunk table of out-of-line values and its chunk size (`spills` only).
     chunks: Option<(TableId, usize)>,
 }
 

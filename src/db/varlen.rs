@@ -3,8 +3,11 @@
 //!
 //! A value sits in its column's slot ([`crate::catalog::varlen`]): a length word and up to
 //! [`INLINE_CAPACITY`] bytes. The rest of a longer value goes **out of line** into chunk rows of
-//! the hidden table [`CHUNK_TABLE`] (one fixed-size column of [`CHUNK_BYTES`], or the tuple limit
-//! if smaller), created with the first table that has a column whose values may spill. Chunks are
+//! a hidden table of the table's own (named by [`chunk_table_name`], unique, recorded as the
+//! schema's `chunk_table`; one fixed-size column of [`CHUNK_BYTES`], or the tuple limit if smaller),
+//! created with the table when it has a column whose values may spill, and dropped with it.
+//! Tables created before each had its own share the database-wide [`CHUNK_TABLE`]; such a table
+//! cannot be dropped (its chunks cannot be told from other tables' without a scan). Chunks are
 //! written, replaced and deleted by the `db` layer **in the same engine transaction as their row**,
 //! so each engine's own logging, recovery and concurrency control cover them: no persistence code
 //! of its own, and a crash leaves a value whole or not at all.
@@ -28,8 +31,11 @@ use crate::catalog::{CatalogError, Column, ColumnType, Schema, TableId};
 use crate::catalog::{INLINE_CAPACITY, LEN_WORD, RESERVED_PREFIX};
 use crate::engine::{DbError, FieldWrite, TxError};
 
-/// The hidden table holding out-of-line chunks of long variable-length values.
+/// The hidden table that held the out-of-line chunks of every table's long values in databases
+/// made before each table had its own (see [`chunk_table_name`]); still read for their tables.
 pub const CHUNK_TABLE: &str = "__pmtx_varlen_chunks";
+
+pub use crate::catalog::bytekey::chunk_table_name;
 
 /// Bytes of value per chunk row (less when the tuple limit is smaller).
 pub const CHUNK_BYTES: usize = 1024;
@@ -37,9 +43,10 @@ pub const CHUNK_BYTES: usize = 1024;
 /// Whether `name` is one of the database's own tables (hidden from [`super::Db::tables`]).
 pub(super) use crate::catalog::bytekey::is_hidden;
 
-/// Run by [`super::Db::create_table`] before the engine sees `schema`: refuses reserved names and
-/// creates the chunk table if `schema` is the first with a column whose values may spill.
-pub(super) fn prepare_table(db: &super::Db, schema: &Schema) -> Result<(), DbError> {
+/// Run by [`super::Db::create_table`] before the engine sees `schema`: refuses reserved names and,
+/// if `schema` has a column whose values may spill, creates its chunk table and returns the
+/// schema that names it.
+pub(super) fn prepare_table(db: &super::Db, mut schema: Schema) -> Result<Schema, DbError> {
     let invalid = |reason: String| CatalogError::InvalidSchema {
         table: schema.name.clone(),
         reason,
@@ -51,31 +58,41 @@ pub(super) fn prepare_table(db: &super::Db, schema: &Schema) -> Result<(), DbErr
         .into());
     }
     if !schema.columns.iter().any(|c| c.ty.spills()) {
-        return Ok(());
+        return Ok(schema);
     }
     // Checked first, so that a refused schema does not leave a chunk table behind.
     schema.validate(db.config.max_row_bytes)?;
-    if db.engine.catalog().table_id(CHUNK_TABLE).is_some() {
-        return Ok(());
+    if db.table(&schema.name).is_some() {
+        return Err(CatalogError::DuplicateTable(schema.name).into());
     }
     let chunk = CHUNK_BYTES.min(db.config.max_row_bytes) as u32;
-    let chunks = Schema::new(CHUNK_TABLE, &[("data", ColumnType::Bytes(chunk))]);
-    match db.engine.create_table(chunks) {
-        Ok(id) => {
-            db.table_count
-                .fetch_max(id as usize + 1, std::sync::atomic::Ordering::Release);
-            Ok(())
+    let id = loop {
+        let name = chunk_table_name(db.engine.catalog().tables.len(), &schema.name);
+        match (db.engine).create_table(Schema::new(&name, &[("data", ColumnType::Bytes(chunk))])) {
+            Ok(id) => break id,
+            // Another create took the count meanwhile: the next name.
+            Err(DbError::Catalog(CatalogError::DuplicateTable(_))) => continue,
+            Err(e) => return Err(e),
         }
-        // Another thread created it meanwhile.
-        Err(DbError::Catalog(CatalogError::DuplicateTable(_))) => Ok(()),
-        Err(e) => Err(e),
-    }
+    };
+    db.table_count
+        .fetch_max(id as usize + 1, std::sync::atomic::Ordering::Release);
+    schema.chunk_table = Some(id);
+    Ok(schema)
 }
 
-/// The chunk table's id and its chunk size, from a worker's copy of the catalog.
-pub(super) fn find_chunk_table(schemas: &[Schema]) -> Option<(TableId, usize)> {
-    let id = schemas.iter().position(|s| s.name == CHUNK_TABLE)?;
-    Some((id as TableId, schemas[id].row_size()))
+/// The chunk table of `schema`'s out-of-line values and its chunk size, from a worker's copy of
+/// the catalog: its own, or the database-wide one of older databases (`None` for a table
+/// without spilling columns).
+pub(super) fn chunks_of(schema: &Schema, schemas: &[Schema]) -> Option<(TableId, usize)> {
+    if !schema.columns.iter().any(|c| c.ty.spills()) {
+        return None;
+    }
+    let id = match schema.chunk_table {
+        Some(id) => id as usize,
+        None => schemas.iter().position(|s| s.name == CHUNK_TABLE)?,
+    };
+    Some((id as TableId, schemas.get(id)?.row_size()))
 }
 
 /// The key of chunk `n` of column `column` of the row `key` of `table` (see the module doc).
@@ -167,12 +184,13 @@ pub(super) fn decode<'a>(
 }
 
 impl Tx<'_> {
-    /// The chunk table's id and chunk size.
-    fn chunk_table(&mut self) -> Result<(TableId, usize), TxError> {
-        let layouts = &self.live()?.layouts;
-        layouts.first().and_then(|l| l.chunks).ok_or_else(|| {
+    /// The id and chunk size of `table`'s chunk table.
+    fn chunk_table(&mut self, table: TableId) -> Result<(TableId, usize), TxError> {
+        let layout = layout_of(&self.live()?.layouts, table)?;
+        layout.chunks.ok_or_else(|| {
             TxError::Corrupt(format!(
-                "a row has out-of-line values but the database has no '{CHUNK_TABLE}' table"
+                "table {} has out-of-line values but no chunk table",
+                layout.schema.name
             ))
         })
     }
@@ -214,7 +232,7 @@ impl Tx<'_> {
             if len <= INLINE_CAPACITY || len > column.ty.max_len().unwrap_or(0) {
                 continue; // inline, or refused by `decode` when read
             }
-            let (chunks, chunk) = self.chunk_table()?;
+            let (chunks, chunk) = self.chunk_table(table)?;
             let mut value = Vec::with_capacity(len + chunk);
             value.extend_from_slice(&slot[LEN_WORD..]);
             for n in 0..chunk_count(len, chunk) {
@@ -246,7 +264,7 @@ impl Tx<'_> {
         if value.len() <= INLINE_CAPACITY && old == 0 {
             return Ok(());
         }
-        let (chunks, chunk) = self.chunk_table()?;
+        let (chunks, chunk) = self.chunk_table(table)?;
         let tail = value.get(INLINE_CAPACITY..).unwrap_or(&[]);
         let mut buf = vec![0u8; chunk];
         for (n, piece) in tail.chunks(chunk).enumerate() {
@@ -336,7 +354,7 @@ impl Tx<'_> {
             .collect();
         // The real chunk size (smaller than CHUNK_BYTES under a small row limit), known before
         // anything is written.
-        let (_, chunk) = self.chunk_table()?;
+        let (_, chunk) = self.chunk_table(table)?;
         let result = self.live()?.inner.update(table, key, &writes);
         self.settle(result)?;
         // Per spilling column: its chunk count now (a column may be given twice).
@@ -371,7 +389,7 @@ impl Tx<'_> {
         for (i, column) in layout.schema.columns.iter().enumerate() {
             if column.ty.spills() {
                 let len = stored_len(&old[layout.bounds[i]..layout.bounds[i + 1]]);
-                let old = chunk_count_of(self, len)?;
+                let old = chunk_count_of(self, table, len)?;
                 self.put_chunks(table, key, i, &[], old)?;
             }
         }
@@ -379,12 +397,12 @@ impl Tx<'_> {
     }
 }
 
-/// Chunk rows of a value of `len` bytes, with the transaction's chunk size.
-fn chunk_count_of(tx: &mut Tx<'_>, len: usize) -> Result<usize, TxError> {
+/// Chunk rows of a value of `len` bytes in `table`, with its chunk size.
+fn chunk_count_of(tx: &mut Tx<'_>, table: TableId, len: usize) -> Result<usize, TxError> {
     if len <= INLINE_CAPACITY {
         return Ok(0);
     }
-    Ok(chunk_count(len, tx.chunk_table()?.1))
+    Ok(chunk_count(len, tx.chunk_table(table)?.1))
 }
 
 /// Refuses a raw write ([`Tx::insert_bytes`], [`Tx::update_bytes`]) to a table with spilling
