@@ -96,9 +96,9 @@ pub fn index_table_name(table: &str) -> String {
 }
 
 /// The name of a hidden table holding the out-of-line values of table `table`, made when the
-/// catalog has `tables` entries: the prefix, `vchunks_`, that count and the table's name (see
-/// [`index_table_name`] for the shortening). The count makes it unique, so a chunk table that a crash left behind
-/// is never taken over by a new table of the name.
+/// catalog has `tables` entries: the prefix, `vchunks_`, that count and the table's name
+/// (shortened as in [`index_table_name`]). The count makes it unique, so a chunk table that a
+/// crash left behind is never taken over by a new table of the name.
 pub fn chunk_table_name(tables: usize, table: &str) -> String {
     hidden_table_name(&format!("vchunks_{tables}_"), table)
 }
