@@ -1,10 +1,11 @@
 //! Crashes inside a table drop (issue 21): a run creates two tables and fills them (updating a
-//! row, so the log holds entries of the table to drop); from that pool's image, the database is
+//! row, so the log holds entries of the table to drop; the dropped table's long values fill its
+//! chunk table, which the drop drops after it, so crashes fall between the two as well); from that pool's image, the database is
 //! opened and the table dropped, and power fails before each PM event of the drop in turn
 //! (only the open and the drop run under the simulator for each point, not the fill); every
 //! sampled crash image is recovered and checked:
-//! - the dropped table is either intact (every row, as committed) or gone (its name unknown,
-//!   its id an error), never partly there;
+//! - the dropped table is either intact (every row and long value, as committed) or gone (its
+//!   name unknown, its id an error), never partly there; no hidden table outlives its table;
 //! - the other table is intact;
 //! - the engine's structure check passes (no leaked or doubly owned slot);
 //! - the space is reusable: the table, dropped now if the crash came before its drop took
@@ -20,6 +21,22 @@ use crate::pmem::{CrashTrigger, PersistenceDomain, Pool};
 const VICTIM_ROWS: u64 = 1500;
 /// Rows of the table that stays.
 const KEEP_ROWS: u64 = 20;
+/// The victim's id: created after the kept table (0) and its own chunk table (1).
+const VICTIM_ID: TableId = 2;
+/// Victim rows with a long value (two chunks each: most of a heap page of its chunk table).
+const LONG_ROWS: u64 = 700;
+
+/// The victim's long value of row `key` (empty for rows past [`LONG_ROWS`]).
+fn note(key: u64) -> String {
+    let len = if key < LONG_ROWS {
+        crate::catalog::INLINE_CAPACITY + 2 * crate::db::CHUNK_BYTES
+    } else {
+        0
+    };
+    (0..len)
+        .map(|i| (b'a' + ((key + i as u64) % 26) as u8) as char)
+        .collect()
+}
 
 /// What [`run`] did.
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -37,7 +54,11 @@ pub struct DropCrashReport {
 fn victim() -> Schema {
     Schema::new(
         "victim",
-        &[("v", ColumnType::U64), ("pad", ColumnType::Bytes(1000))],
+        &[
+            ("v", ColumnType::U64),
+            ("pad", ColumnType::Bytes(1000)),
+            ("note", ColumnType::Text(3000)),
+        ],
     )
 }
 
@@ -53,9 +74,9 @@ fn config(
     let mut cfg = CrashTestConfig::new(engine, domain, WorkloadKind::Bank);
     cfg.fault = fault;
     let mut c = cfg.db_config(2);
-    // Room for the tables and one copy of the victim's rows, not two: a drop that leaked the
-    // victim's space fails the refill.
-    c.pool_size = crate::db::min_pool_size(engine, c.max_threads) + 2 * crate::alloc::PAGE_SIZE;
+    // Room for the tables and one copy of the victim's rows and chunks, not two: a drop that
+    // leaked the victim's space or its chunk table's fails the refill.
+    c.pool_size = crate::db::min_pool_size(engine, c.max_threads) + 3 * crate::alloc::PAGE_SIZE;
     c
 }
 
@@ -63,7 +84,13 @@ fn fill_victim(db: &Db, t: TableId, round: u64) -> Result<(), String> {
     for chunk in (0..VICTIM_ROWS).collect::<Vec<_>>().chunks(100) {
         db.run(|tx| {
             for &k in chunk {
-                tx.insert(t, k, &[Value::U64(k + round), Value::Bytes(&[1; 1000])])?;
+                let note = note(k);
+                let row = [
+                    Value::U64(k + round),
+                    Value::Bytes(&[1; 1000]),
+                    Value::Str(&note),
+                ];
+                tx.insert(t, k, &row)?;
             }
             Ok(())
         })
@@ -77,6 +104,7 @@ fn load(db: &Db) -> Result<(), String> {
     let e = |e: crate::engine::DbError| e.to_string();
     let k = db.create_table(keep()).map_err(e)?;
     let t = db.create_table(victim()).map_err(e)?;
+    assert_eq!(t, VICTIM_ID);
     db.run(|tx| (0..KEEP_ROWS).try_for_each(|i| tx.insert(k, i, &[Value::U64(i)])))
         .map_err(e)?;
     fill_victim(db, t, 0)?;
@@ -106,9 +134,13 @@ fn check(db: &Db) -> Result<bool, String> {
                     for key in 0..VICTIM_ROWS {
                         let want = if key == 7 { 7 } else { key };
                         match tx.get(t, key) {
-                            Ok(r) if r.u64(0) == want => n += 1,
+                            Ok(r) if r.u64(0) == want && r.get_str("note")? == note(key) => n += 1,
                             Ok(r) => {
-                                return Ok(Err(format!("victim row {key} holds {}", r.u64(0))))
+                                return Ok(Err(format!(
+                                    "victim row {key} holds {} and a note of {} bytes",
+                                    r.u64(0),
+                                    r.get_str("note")?.len()
+                                )))
                             }
                             Err(TxError::NotFound { .. }) => {}
                             Err(e) => return Err(e),
@@ -127,15 +159,21 @@ fn check(db: &Db) -> Result<bool, String> {
                 .map_err(|e| format!("dropping the recovered table: {e}"))?;
             false
         }
-        None => {
-            // The victim was created second: id 1.
-            match db.run(|tx| tx.get(1, 0).map(|_| ())) {
-                Err(e) if e.to_string().contains("was dropped") => true,
-                other => return Err(format!("the dropped table's id reads as: {other:?}")),
-            }
-        }
+        None => match db.run(|tx| tx.get(VICTIM_ID, 0).map(|_| ())) {
+            Err(e) if e.to_string().contains("was dropped") => true,
+            other => return Err(format!("the dropped table's id reads as: {other:?}")),
+        },
     };
     db.check_structure()?;
+    let hidden: Vec<String> = (db.engine().catalog().live_tables())
+        .filter(|(_, s)| crate::catalog::bytekey::is_hidden(&s.name))
+        .map(|(_, s)| s.name.clone())
+        .collect();
+    if !hidden.is_empty() {
+        return Err(format!(
+            "hidden tables outlive the dropped table: {hidden:?}"
+        ));
+    }
     let again = db
         .create_table(victim())
         .map_err(|e| format!("creating the table again: {e}"))?;
@@ -183,7 +221,7 @@ pub fn run(
         match catch(|| -> Result<(), String> {
             let db = Db::open_pool(pool, cfg.clone()).map_err(|e| format!("open: {e}"))?;
             at_drop = sim_of(&db).map(|s| s.events());
-            db.drop_table(1).map_err(|e| format!("drop: {e}"))?;
+            db.drop_table(VICTIM_ID).map_err(|e| format!("drop: {e}"))?;
             if let Some(p) = db.engine().pool() {
                 p.crash_now();
             }
