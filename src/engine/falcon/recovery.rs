@@ -8,7 +8,7 @@
 use super::layout::meta;
 use super::layout::{kind, slot, tuple};
 use super::tindex::{TableIndex, TableSecondary};
-use super::window::{self, EntryKind};
+use super::window::{self, Entry, EntryKind};
 use super::{FalconEngine, TableAlloc, TableRt, ThreadState};
 use crate::alloc::PageManager;
 use crate::alloc::PAGE_SIZE;
@@ -150,12 +150,13 @@ fn pm_index_tag(catalog: &Catalog, table: u64, owner: u8) -> bool {
     })
 }
 
-/// Whether a log entry's table is a live one (entries of dropped tables are ignored); an
-/// unknown table counts as live, so that the replay reports it.
-fn live_entry(tables: &[Arc<TableRt>], table: u32) -> bool {
-    tables
-        .get(table as usize)
-        .map_or(true, |t| t.schema.is_live())
+/// A committed transaction's log entries, decoded once for recovery's passes, without those of
+/// dropped tables: they point into pages the table no longer owns (`drop.rs`). An unknown table
+/// counts as live, so that the replay reports it.
+fn live_entries<'p>(txn: &'p CommittedTxn, tables: &[Arc<TableRt>]) -> Vec<Entry<'p>> {
+    let mut entries = window::decode(&txn.payload).expect("validated when read");
+    entries.retain(|e| (tables.get(e.table as usize)).map_or(true, |t| t.schema.is_live()));
+    entries
 }
 
 /// Runs recovery; returns the report and the timestamp floor for the tid clock.
@@ -260,15 +261,13 @@ pub(super) fn recover(engine: &mut FalconEngine) -> Result<(RecoveryReport, u64)
     // Phase 3: replay. Pass 1 writes data, pass 2 headers, each made durable before the next step.
     let heap_tables: HashMap<u64, u32> = heap.iter().map(|&(t, _, off)| (off, t)).collect();
     let tables = engine.tables.read().clone();
+    let entries: Vec<Vec<Entry<'_>>> = (committed.iter())
+        .map(|txn| live_entries(txn, &tables))
+        .collect();
     let mut effective_ts: HashMap<u64, u64> = HashMap::new();
     let mut headers: HashMap<u64, (u64, u64, Option<u64>)> = HashMap::new(); // tuple -> (tid, flags, key)
-    for txn in &committed {
-        for e in window::decode(&txn.payload)
-            .expect("validated above")
-            .into_iter()
-            // A dropped table's entries point into pages it no longer owns (`drop.rs`).
-            .filter(|e| live_entry(&tables, e.table))
-        {
+    for (txn, entries) in committed.iter().zip(&entries) {
+        for e in entries {
             if e.kind == EntryKind::SecondaryOld {
                 // Not a tuple change: used by the secondary-index pass below.
                 continue;
@@ -319,12 +318,7 @@ pub(super) fn recover(engine: &mut FalconEngine) -> Result<(RecoveryReport, u64)
             report.replayed_entries += 1;
         }
         // Entries of one transaction on one tuple share the tid: later ones of the same txn apply.
-        for e in window::decode(&txn.payload)
-            .expect("validated above")
-            .into_iter()
-            // A dropped table's entries point into pages it no longer owns (`drop.rs`).
-            .filter(|e| live_entry(&tables, e.table))
-        {
+        for e in entries {
             if e.kind != EntryKind::SecondaryOld {
                 effective_ts.insert(e.tuple, effective_ts[&e.tuple].max(txn.tid));
             }
@@ -356,38 +350,30 @@ pub(super) fn recover(engine: &mut FalconEngine) -> Result<(RecoveryReport, u64)
     // operation (done after `write_ts`, for a delete) did not reach PM. Each operation is
     // atomic w.r.t. a crash and the slots stay COMMITTED until the end, so a crash here repeats
     // it. Inserts were published before their log slot was written, so theirs is normally there.
-    for txn in &committed {
-        for e in window::decode(&txn.payload)
-            .expect("validated above")
-            .into_iter()
-            // A dropped table's entries point into pages it no longer owns (`drop.rs`).
-            .filter(|e| live_entry(&tables, e.table))
-        {
-            let table = &tables[e.table as usize];
-            if !table.index.is_pm() || matches!(e.kind, EntryKind::Update | EntryKind::SecondaryOld)
-            {
-                continue;
-            }
-            let live_with_key = pool.read_u64(e.tuple + tuple::FLAGS) == tuple::LIVE
-                && pool.read_u64(e.tuple + tuple::KEY) == e.key;
-            if live_with_key {
-                if table.index.get(e.key) != Some(e.tuple) {
-                    table
-                        .index
-                        .upsert(&table.schema.name, e.key, e.tuple)
-                        .map_err(|err| corrupt(format!("replaying an insert: {err}")))?;
-                    repaired += 1;
-                }
-            } else if table.index.remove_if(e.key, e.tuple) {
+    for e in entries.iter().flatten() {
+        let table = &tables[e.table as usize];
+        if !table.index.is_pm() || matches!(e.kind, EntryKind::Update | EntryKind::SecondaryOld) {
+            continue;
+        }
+        let live_with_key = pool.read_u64(e.tuple + tuple::FLAGS) == tuple::LIVE
+            && pool.read_u64(e.tuple + tuple::KEY) == e.key;
+        if live_with_key {
+            if table.index.get(e.key) != Some(e.tuple) {
+                table
+                    .index
+                    .upsert(&table.schema.name, e.key, e.tuple)
+                    .map_err(|err| corrupt(format!("replaying an insert: {err}")))?;
                 repaired += 1;
             }
+        } else if table.index.remove_if(e.key, e.tuple) {
+            repaired += 1;
         }
     }
     if tables.iter().any(|t| t.index.is_pm()) {
         report
             .facts
             .push(("pm index entries repaired by replay".into(), repaired));
-        let pairs = repair_pm_secondaries(&pool, &tables, &committed)?;
+        let pairs = repair_pm_secondaries(&pool, &tables, &entries)?;
         report
             .facts
             .push(("pm secondary pairs repaired by replay".into(), pairs));
@@ -600,48 +586,41 @@ pub(super) fn recover(engine: &mut FalconEngine) -> Result<(RecoveryReport, u64)
 fn repair_pm_secondaries(
     pool: &Pool,
     tables: &[Arc<TableRt>],
-    committed: &[CommittedTxn],
+    entries: &[Vec<Entry<'_>>],
 ) -> Result<u64, DbError> {
     // (table, primary key) -> the old secondary keys logged, per secondary index.
     let mut touched: HashMap<(u32, u64), Vec<(usize, u64)>> = HashMap::new();
-    for txn in committed {
-        for e in window::decode(&txn.payload)
-            .expect("validated above")
-            .into_iter()
-            // A dropped table's entries point into pages it no longer owns (`drop.rs`).
-            .filter(|e| live_entry(tables, e.table))
-        {
-            let Some(table) = tables.get(e.table as usize) else {
-                // An entry of a table that does not exist: replay refused it already.
-                continue;
-            };
-            if !table.secondary.iter().any(TableSecondary::is_pm) {
-                continue;
+    for e in entries.iter().flatten() {
+        let Some(table) = tables.get(e.table as usize) else {
+            // An entry of a table that does not exist: replay refused it already.
+            continue;
+        };
+        if !table.secondary.iter().any(TableSecondary::is_pm) {
+            continue;
+        }
+        match e.kind {
+            EntryKind::Insert => {
+                touched.entry((e.table, e.key)).or_default();
             }
-            match e.kind {
-                EntryKind::Insert => {
-                    touched.entry((e.table, e.key)).or_default();
-                }
-                EntryKind::SecondaryOld => {
-                    let si = e.field_offset as usize;
-                    let old = <[u8; 8]>::try_from(e.bytes)
-                        .ok()
-                        .filter(|_| si < table.secondary.len())
-                        .ok_or_else(|| {
-                            corrupt(format!(
-                                "a log entry names secondary index {si} of table '{}' ({} \
-                                 bytes of old key)",
-                                table.schema.name,
-                                e.bytes.len()
-                            ))
-                        })?;
-                    touched
-                        .entry((e.table, e.key))
-                        .or_default()
-                        .push((si, u64::from_le_bytes(old)));
-                }
-                EntryKind::Update | EntryKind::Delete => {}
+            EntryKind::SecondaryOld => {
+                let si = e.field_offset as usize;
+                let old = <[u8; 8]>::try_from(e.bytes)
+                    .ok()
+                    .filter(|_| si < table.secondary.len())
+                    .ok_or_else(|| {
+                        corrupt(format!(
+                            "a log entry names secondary index {si} of table '{}' ({} \
+                             bytes of old key)",
+                            table.schema.name,
+                            e.bytes.len()
+                        ))
+                    })?;
+                touched
+                    .entry((e.table, e.key))
+                    .or_default()
+                    .push((si, u64::from_le_bytes(old)));
             }
+            EntryKind::Update | EntryKind::Delete => {}
         }
     }
     let mut changed = 0u64;
