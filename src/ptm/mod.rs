@@ -418,8 +418,15 @@ pub struct PtmConfig {
     pub crash_sim: Option<crate::pmem::CrashTrigger>,
     /// ArchTM: a deliberate ordering bug (tests of the crash harness).
     pub archtm_fault: Option<archtm::ArchtmFault>,
-    /// ArchTM: deallocations a thread collects before its commit runs garbage collection.
+    /// ArchTM: deallocations a thread collects before its commit asks for garbage collection
+    /// (wakes the GC thread, or collects inline without one).
     pub gc_threshold: usize,
+    /// ArchTM: run the GC thread (§5.4), which also collects at least this often; `None`:
+    /// commits collect inline (deterministic: what the crash simulator's image sweep uses).
+    pub gc_interval: Option<std::time::Duration>,
+    /// ArchTM: run the defragmentation thread (§4.5), a pass this often when blocks were
+    /// recycled since the last; `None`: only [`Ptm::defragment`] defragments.
+    pub defrag_interval: Option<std::time::Duration>,
     /// ArchTM: take a lookup-table checkpoint (§5.6) every this many commits (0: only on
     /// [`Ptm::checkpoint`]).
     pub checkpoint_every: u64,
@@ -445,6 +452,8 @@ impl PtmConfig {
             crash_sim: None,
             archtm_fault: None,
             gc_threshold: archtm::alloc::GC_THRESHOLD,
+            gc_interval: Some(archtm::background::GC_INTERVAL),
+            defrag_interval: Some(archtm::background::DEFRAG_INTERVAL),
             checkpoint_every: 1 << 16,
             segment_bytes: archtm::alloc::FETCH,
             dudetx: Default::default(),
@@ -473,6 +482,13 @@ impl PtmConfig {
     /// Sets the number of thread slots.
     pub fn max_threads(mut self, n: usize) -> Self {
         self.max_threads = n;
+        self
+    }
+    /// ArchTM: no background threads; garbage collection runs on the committing thread and
+    /// defragmentation only on [`Ptm::defragment`] (deterministic PM events).
+    pub fn inline_background(mut self) -> Self {
+        self.gc_interval = None;
+        self.defrag_interval = None;
         self
     }
 }

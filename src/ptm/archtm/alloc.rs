@@ -13,6 +13,7 @@ use super::{ArchtmFault, Inner};
 use crate::alloc::{PageTag, PAGE_SIZE};
 use crate::ptm::PtmError;
 use parking_lot::Mutex;
+use std::sync::atomic::Ordering;
 
 /// Bytes a slot fetches from the global free list at once (the default segment size).
 pub const FETCH: u64 = 64 << 10;
@@ -206,6 +207,10 @@ impl Inner {
             }
         }
         let bytes = blocks.iter().map(|b| b.len).sum();
+        self.counters.gc_runs.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .recycled_bytes
+            .fetch_add(bytes, Ordering::Release);
         merge_into(
             &mut self.alloc.recycle.lock(),
             blocks.into_iter().map(|b| (b.off, b.len)).collect(),

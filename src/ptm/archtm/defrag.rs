@@ -4,11 +4,13 @@
 //! atomic and crash-safe as any update), after which the regions' blocks are collected and the
 //! regions are wholly free.
 //!
-//! Departure: the paper's fragmentation manager is a background thread that examines the
-//! recycle list; here `Ptm::defragment` (or the engine's) runs it on the caller's thread, and
-//! keeps new copies out of the regions it empties by taking their free space out of every
-//! allocation list for the duration of the move (the paper does not say how its migration
-//! avoids landing in the regions it drains).
+//! The paper's fragmentation manager is a background thread: [`super::background`] runs a pass
+//! every `PtmConfig::defrag_interval` when blocks were recycled since the last one;
+//! `Ptm::defragment` runs one on the caller's thread (one pass at a time). Departures: a pass
+//! finds underused regions from the lookup table's live versions rather than by examining the
+//! recycle list, and keeps new copies out of the regions it empties by taking their free space
+//! out of every allocation list for the duration of the move (the paper does not say how its
+//! migration avoids landing in the regions it drains).
 
 use super::alloc::merge_into;
 use super::layout::block_bytes;
@@ -83,6 +85,7 @@ impl Inner {
 
     /// One defragmentation pass with `worker` (a slot of this engine).
     pub(crate) fn defragment(&self, worker: &mut dyn PtmWorker) -> Result<DefragReport, PtmError> {
+        let _one = self.defrag_lock.lock();
         // Finish pending collections first, so freed blocks count as free.
         self.gc();
         let usage = self.region_usage();
@@ -146,6 +149,10 @@ impl Inner {
         }
         self.gc();
         merge_into(&mut a.free.lock(), quarantine);
+        self.counters.defrag_passes.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .defrag_moved
+            .fetch_add(report.moved, Ordering::Relaxed);
         result.map(|()| report)
     }
 }

@@ -279,7 +279,12 @@ impl ArchtmWorker {
         };
         self.end();
         if pending > self.eng.gc_threshold {
-            self.eng.gc();
+            // §5.4: the GC thread collects; without one, the committing thread does.
+            if self.eng.signal.gc_thread.load(Ordering::Acquire) {
+                self.eng.signal.want_gc();
+            } else {
+                self.eng.gc();
+            }
         }
         self.eng.maybe_checkpoint();
     }
