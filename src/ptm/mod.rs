@@ -789,6 +789,22 @@ impl<R: PObject> PTx<'_, R> {
         self.w.free(p.raw)
     }
 
+    /// Allocates an untyped object holding `init` and returns its raw handle: for buffers too
+    /// large to build as a typed value (ArchTM's large objects, §4.4, reach hundreds of MiB).
+    pub fn alloc_bytes(&mut self, init: &[u8]) -> Result<u64, PtmError> {
+        self.w.alloc(init)
+    }
+
+    /// Reads `dst.len()` bytes from byte `offset` of the object with raw handle `h`.
+    pub fn read_bytes(&mut self, h: u64, offset: usize, dst: &mut [u8]) -> Result<(), PtmError> {
+        self.w.read(h, offset, dst)
+    }
+
+    /// Writes `src` at byte `offset` of the object with raw handle `h`.
+    pub fn write_bytes(&mut self, h: u64, offset: usize, src: &[u8]) -> Result<(), PtmError> {
+        self.w.write(h, offset, src)
+    }
+
     /// Whether `p` names a live object in this transaction's snapshot.
     pub fn is_valid<T: PObject>(&mut self, p: PPtr<T>) -> Result<bool, PtmError> {
         match self.w.size_of(p.raw) {

@@ -68,8 +68,8 @@ impl Inner {
         let mut usage: BTreeMap<u64, (u64, Vec<u64>)> = BTreeMap::new();
         for (id, e) in self.table.iter() {
             let v = e.view();
-            if v.gen == 0 || v.old == 0 {
-                continue;
+            if v.gen == 0 || v.old == 0 || super::layout::is_large(v.size) {
+                continue; // large objects have pages of their own
             }
             let (start, end) = (v.old, v.old + block_bytes(v.size));
             for r in start / REGION..=(end - 1) / REGION {

@@ -56,13 +56,21 @@
 //!   busy flags; recovery clears the checkpoint entry of an object freed since before it zeroes
 //!   the tombstone, as garbage collection does.
 //!
-//! Not built yet (issue 15): the regular data path for large objects (every object takes the
-//! locality-aware path, so the largest object is a page less its header).
+//! - **Large objects (§4.4's regular data path):** [`large`](self) (module `large.rs`): an
+//!   object larger than a data page holds ([`layout::MAX_SMALL`], 2 MiB less the header)
+//!   takes whole pages of its own, a head page (header, page list, payload) and tail pages, up
+//!   to [`MAX_OBJECT`] (about 512 MiB); beyond it `PtmError::TooLarge`. Copy-on-write,
+//!   commit, abort, garbage collection and recovery treat a large version like a small one,
+//!   except that its pages go back to the page manager; recovery always reads the head pages'
+//!   headers (a checkpoint's CHKP-diff records only fetches from the free list) and frees every
+//!   large-object page no live version lists. Departure: the paper gives the regular path no
+//!   layout; the page list is ours, and a version's pages need not be contiguous.
 
 pub mod alloc;
 pub mod background;
 pub mod chkp;
 pub mod defrag;
+mod large;
 pub mod layout;
 mod recovery;
 pub mod table;
@@ -72,14 +80,16 @@ use crate::alloc::{PageManager, PAGE_SIZE};
 use crate::engine::meta::{self as meta_page, MetaLayout};
 use crate::pmem::{Pool, PoolOptions};
 use crate::ptm::{PtmConfig, PtmEngine, PtmError, PtmWorker};
-use layout::{header, meta};
+use layout::meta;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use table::{LookupTable, SlotState};
 
-/// The largest object payload (the locality-aware path only: a block within one page).
-pub const MAX_OBJECT: u64 = PAGE_SIZE - header::BYTES;
+/// The largest object payload: objects up to [`layout::MAX_SMALL`] take the locality-aware
+/// path (a block within one data page), larger ones the large-object pages (§4.4's regular
+/// path), up to a head page and 255 tail pages (about 512 MiB).
+pub const MAX_OBJECT: u64 = layout::MAX_LARGE;
 
 /// A deliberate ordering bug, for showing that the crash tests catch it. Each names the ordering
 /// step (the fault-injection point) it removes.
@@ -445,6 +455,7 @@ impl Inner {
         let _d = self.defrag_lock.lock();
         let _g = self.alloc.gc.lock();
         let mut extents: Vec<(u64, u64, String)> = Vec::new();
+        let mut large_owner = std::collections::BTreeMap::new();
         for (id, e) in self.table.iter() {
             let v = e.view();
             if v.writer != 0 || v.new != 0 {
@@ -463,7 +474,15 @@ impl Inner {
             if u64::from(h.id) != id || u64::from(h.gen) != v.gen || h.tomb || h.size != v.size {
                 return Err(format!("object {id}'s header at {} names {h:?}", v.old));
             }
-            extents.push((v.old, layout::block_bytes(v.size), format!("object {id}")));
+            if layout::is_large(v.size) {
+                for p in self.large_pages_of(v.old) {
+                    if large_owner.insert(p, format!("object {id}")).is_some() {
+                        return Err(format!("large-object page {p} is owned twice"));
+                    }
+                }
+            } else {
+                extents.push((v.old, layout::block_bytes(v.size), format!("object {id}")));
+            }
         }
         let a = &self.alloc;
         for (s, l) in a.lists.iter().enumerate() {
@@ -486,11 +505,36 @@ impl Inner {
                 .map(|&(o, n)| (o, n, "recycle list".into())),
         );
         for d in &a.dealloc {
-            extents.extend(
-                d.lock()
-                    .iter()
-                    .map(|b| (b.off, b.len, "deallocation list".into())),
-            );
+            for b in d.lock().iter() {
+                if b.large {
+                    for p in self.large_pages_of(b.off) {
+                        if large_owner.insert(p, "a deallocation".into()).is_some() {
+                            return Err(format!("large-object page {p} is owned twice"));
+                        }
+                    }
+                } else {
+                    extents.push((b.off, b.len, "deallocation list".into()));
+                }
+            }
+        }
+        // Every large-object page belongs to exactly one version (nothing leaked).
+        let large_pages: std::collections::BTreeSet<u64> = self
+            .pages
+            .allocated(&self.pool)
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .filter(|(_, t)| t.kind == layout::kind::LARGE)
+            .map(|(i, _)| self.pages.page_offset(i))
+            .collect();
+        if let Some(p) = large_pages.iter().find(|p| !large_owner.contains_key(p)) {
+            return Err(format!(
+                "large-object page {p} belongs to no version (leaked)"
+            ));
+        }
+        if let Some((p, who)) = large_owner.iter().find(|(p, _)| !large_pages.contains(p)) {
+            return Err(format!(
+                "{who} names page {p}, which is no large-object page"
+            ));
         }
         extents.sort_by_key(|e| e.0);
         let mut pages = a.pages.lock().clone();
@@ -588,8 +632,17 @@ impl PtmEngine for ArchTm {
         let free = i.alloc.lists.iter().map(|l| sum(&l.lock())).sum::<u64>()
             + sum(&i.alloc.free.lock())
             + sum(&i.alloc.recycle.lock());
+        let large = i
+            .table
+            .iter()
+            .filter(|(_, e)| {
+                let v = e.view();
+                v.gen != 0 && layout::is_large(v.size)
+            })
+            .count() as u64;
         vec![
             ("live_objects", live),
+            ("large_objects", large),
             ("data_pages", i.alloc.pages.lock().len() as u64),
             ("free_bytes", free),
             ("used_regions_4k", i.region_usage().len() as u64),
