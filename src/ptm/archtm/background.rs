@@ -67,7 +67,8 @@ impl Signal {
     /// Waits up to `period` (or until stop, or a GC request when `gc`); false once stopping.
     fn wait(&self, period: Duration, gc: bool) -> bool {
         let mut stop = self.stop.lock();
-        if !*stop && !(gc && self.gc_wanted.load(Ordering::Acquire)) {
+        let woken = *stop || (gc && self.gc_wanted.load(Ordering::Acquire));
+        if !woken {
             self.wake.wait_for(&mut stop, period);
         }
         !*stop

@@ -15,6 +15,7 @@
 use super::alloc::merge_into;
 use super::layout::block_bytes;
 use super::Inner;
+use crate::alloc::PAGE_SIZE;
 use crate::ptm::{PtmError, PtmWorker};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
@@ -51,7 +52,10 @@ fn split_out(list: &mut Vec<(u64, u64)>, regions: &BTreeSet<u64>) -> Vec<(u64, u
                 taken.push(piece);
             } else {
                 match keep.last_mut() {
-                    Some((o, l)) if *o + *l == at => *l += piece.1,
+                    // Merge neighbours within a page only: a block never crosses a page.
+                    Some((o, l)) if *o + *l == at && *o / PAGE_SIZE == at / PAGE_SIZE => {
+                        *l += piece.1
+                    }
                     _ => keep.push(piece),
                 }
             }
@@ -154,5 +158,24 @@ impl Inner {
             .defrag_moved
             .fetch_add(report.moved, Ordering::Relaxed);
         result.map(|()| report)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_out_never_merges_across_a_page() {
+        let p = PAGE_SIZE;
+        // Two extents that touch at a page boundary stay two (a block must not cross it).
+        let mut list = vec![(p - 64, 64), (p, 128)];
+        assert!(split_out(&mut list, &BTreeSet::new()).is_empty());
+        assert_eq!(list, vec![(p - 64, 64), (p, 128)]);
+        // The middle region of one extent is taken out; the rest stays.
+        let mut list = vec![(p, 3 * REGION)];
+        let taken = split_out(&mut list, &[p / REGION + 1].into_iter().collect());
+        assert_eq!(taken, vec![(p + REGION, REGION)]);
+        assert_eq!(list, vec![(p, REGION), (p + 2 * REGION, REGION)]);
     }
 }
