@@ -79,10 +79,12 @@ fn errors_are_typed_and_clear() {
         matches!(e, PtmError::TooLarge(_)) && e.to_string().contains("past"),
         "{e}"
     );
-    // An object larger than a page.
+    // An object larger than the largest (the large-object pages' limit, §4.4).
     let mut w = ptm.engine().worker().unwrap();
     w.begin();
-    let e = w.alloc(&vec![0u8; 3 << 20]).unwrap_err();
+    let e = w
+        .alloc(&vec![0u8; pmtx::ptm::archtm::MAX_OBJECT as usize + 1])
+        .unwrap_err();
     w.abort();
     drop(w);
     assert!(

@@ -56,7 +56,7 @@
 //!   busy flags; recovery clears the checkpoint entry of an object freed since before it zeroes
 //!   the tombstone, as garbage collection does.
 //!
-//! - **Large objects (§4.4's regular data path):** [`large`](self) (module `large.rs`): an
+//! - **Large objects (§4.4's regular data path):** `large.rs`: an
 //!   object larger than a data page holds ([`layout::MAX_SMALL`], 2 MiB less the header)
 //!   takes whole pages of its own, a head page (header, page list, payload) and tail pages, up
 //!   to [`MAX_OBJECT`] (about 512 MiB); beyond it `PtmError::TooLarge`. Copy-on-write,
