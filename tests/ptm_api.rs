@@ -79,10 +79,12 @@ fn errors_are_typed_and_clear() {
         matches!(e, PtmError::TooLarge(_)) && e.to_string().contains("past"),
         "{e}"
     );
-    // An object larger than a page.
+    // An object larger than the largest (the large-object pages' limit, §4.4).
     let mut w = ptm.engine().worker().unwrap();
     w.begin();
-    let e = w.alloc(&vec![0u8; 3 << 20]).unwrap_err();
+    let e = w
+        .alloc(&vec![0u8; pmtx::ptm::archtm::MAX_OBJECT as usize + 1])
+        .unwrap_err();
     w.abort();
     drop(w);
     assert!(
@@ -123,7 +125,8 @@ fn errors_are_typed_and_clear() {
 
 #[test]
 fn a_full_pool_says_so_and_recovers_after_frees() {
-    let ptm = Ptm::<Root>::create(PtmConfig::temporary().size(8 << 20)).unwrap();
+    let ptm =
+        Ptm::<Root>::create(PtmConfig::temporary().size(8 << 20).inline_background()).unwrap();
     let mut handles = Vec::new();
     let err = loop {
         match ptm.run(|tx| tx.alloc(&[7u64; 100])) {
@@ -478,7 +481,7 @@ fn pmtx_crashtest_drives_archtm_and_reports_an_injected_fault() {
 
 #[test]
 fn defragmentation_moves_the_objects_of_underused_regions() {
-    let ptm = Ptm::<Root>::create(small()).unwrap();
+    let ptm = Ptm::<Root>::create(small().inline_background()).unwrap();
     let handles: Vec<PPtr<u64>> = (0..2048u64)
         .map(|i| ptm.run(|tx| tx.alloc(&i)).unwrap())
         .collect();
@@ -536,7 +539,10 @@ fn recovery_after_a_checkpoint_scans_only_the_diff_segments() {
     for checkpoint in [false, true] {
         let path = dir.path().join(format!("ptm-{checkpoint}.pool"));
         let config = || {
-            let mut c = PtmConfig::temporary().size(32 << 20).path(&path);
+            let mut c = PtmConfig::temporary()
+                .size(32 << 20)
+                .path(&path)
+                .inline_background();
             c.checkpoint_every = 0;
             c
         };
@@ -624,7 +630,10 @@ fn checkpoints_alternate_copies_and_trigger_automatically() {
     let dir = tempfile::tempdir_in("/dev/shm").unwrap();
     let path = dir.path().join("ptm.pool");
     let config = || {
-        let mut c = PtmConfig::temporary().size(16 << 20).path(&path);
+        let mut c = PtmConfig::temporary()
+            .size(16 << 20)
+            .path(&path)
+            .inline_background();
         c.checkpoint_every = 100;
         c.segment_bytes = 4096;
         c

@@ -1,8 +1,9 @@
 //! The crash suite for the persistent-object API (`pmtx crashtest --engine archtm`): a
 //! workload of transfers between account objects, list pushes and pops (alloc and free), object
 //! replacement (the free of a committed object: a tombstone), aborted transactions, online
-//! defragmentation and lookup-table checkpoints (§5.6), with garbage collection every few frees, crashed under the simulator before PM events (every one,
-//! or a sample), each crash image recovered and checked: recovery succeeds; the state is the
+//! defragmentation and lookup-table checkpoints (§5.6), with garbage collection every few frees
+//! (inline, or with `background` on ArchTM's GC and defragmentation threads), crashed under the
+//! simulator before PM events (every one, or a sample), each crash image recovered and checked: recovery succeeds; the state is the
 //! one after the last acknowledged step or after the step in flight (so every acknowledged
 //! transaction survives and no uncommitted version is visible); no object is live but
 //! unreachable (leaked); the allocator's invariants hold (nothing leaked or owned twice); and
@@ -222,6 +223,10 @@ pub struct PtmCrashConfig {
     pub images_per_point: usize,
     /// Stop at the first violation.
     pub stop_at_first: bool,
+    /// ArchTM: run the GC and defragmentation threads (every millisecond) instead of the
+    /// inline collection. Their PM events interleave with the workload's differently on every
+    /// run, so crash points are samples (use `points`), not an exhaustive sweep.
+    pub background: bool,
 }
 
 impl PtmCrashConfig {
@@ -239,6 +244,7 @@ impl PtmCrashConfig {
             points: None,
             images_per_point: 2,
             stop_at_first: true,
+            background: false,
         }
     }
 
@@ -267,7 +273,14 @@ impl PtmCrashConfig {
             .size(size)
             .domain(self.domain)
             .max_threads(2)
-            .engine(self.engine);
+            .engine(self.engine)
+            .inline_background();
+        if self.background && self.engine == PtmEngineKind::Archtm {
+            // A slot for the defragmentation thread's mock transactions.
+            c.max_threads = 3;
+            c.gc_interval = Some(std::time::Duration::from_millis(1));
+            c.defrag_interval = Some(std::time::Duration::from_millis(1));
+        }
         c.gc_threshold = 4;
         // Small segments, so fetches (and their CHKP-diff records) happen between checkpoints.
         c.segment_bytes = 1024;
@@ -300,6 +313,9 @@ pub struct PtmCrashReport {
     pub events: u64,
     /// Objects online defragmentation moved in the run (so crashes hit it).
     pub defrag_moved: u64,
+    /// Garbage collections and defragmentation passes of the reference run (engine stats
+    /// `gc_runs`, `defrag_passes`): with `background`, the threads' work the crashes can hit.
+    pub background_work: (u64, u64),
     /// Violations (each names the point, image and what broke).
     pub violations: Vec<String>,
 }
@@ -313,6 +329,7 @@ struct Reference {
     start: u64,
     end: u64,
     moved: u64,
+    work: (u64, u64),
 }
 
 /// Runs the workload to the end.
@@ -333,12 +350,14 @@ fn reference(cfg: &PtmCrashConfig) -> Result<Reference, PtmError> {
         states.push(state_of(&ptm)?.0);
         ids.push(ptm.committed_id());
     }
+    let stat = |name| ptm.stats().iter().find(|s| s.0 == name).map_or(0, |s| s.1);
     Ok(Reference {
         states,
         ids,
         start,
         end: events(),
         moved,
+        work: (stat("gc_runs"), stat("defrag_passes")),
     })
 }
 
@@ -464,6 +483,7 @@ pub fn sweep(cfg: &PtmCrashConfig) -> Result<PtmCrashReport, PtmError> {
     let mut report = PtmCrashReport {
         events: end - start,
         defrag_moved: reference.moved,
+        background_work: reference.work,
         ..Default::default()
     };
     let points: Vec<u64> = match cfg.event {

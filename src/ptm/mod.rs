@@ -418,8 +418,15 @@ pub struct PtmConfig {
     pub crash_sim: Option<crate::pmem::CrashTrigger>,
     /// ArchTM: a deliberate ordering bug (tests of the crash harness).
     pub archtm_fault: Option<archtm::ArchtmFault>,
-    /// ArchTM: deallocations a thread collects before its commit runs garbage collection.
+    /// ArchTM: deallocations a thread collects before its commit asks for garbage collection
+    /// (wakes the GC thread, or collects inline without one).
     pub gc_threshold: usize,
+    /// ArchTM: run the GC thread (§5.4), which also collects at least this often; `None`:
+    /// commits collect inline (deterministic: what the crash simulator's image sweep uses).
+    pub gc_interval: Option<std::time::Duration>,
+    /// ArchTM: run the defragmentation thread (§4.5), a pass this often when blocks were
+    /// recycled since the last; `None`: only [`Ptm::defragment`] defragments.
+    pub defrag_interval: Option<std::time::Duration>,
     /// ArchTM: take a lookup-table checkpoint (§5.6) every this many commits (0: only on
     /// [`Ptm::checkpoint`]).
     pub checkpoint_every: u64,
@@ -445,6 +452,8 @@ impl PtmConfig {
             crash_sim: None,
             archtm_fault: None,
             gc_threshold: archtm::alloc::GC_THRESHOLD,
+            gc_interval: Some(archtm::background::GC_INTERVAL),
+            defrag_interval: Some(archtm::background::DEFRAG_INTERVAL),
             checkpoint_every: 1 << 16,
             segment_bytes: archtm::alloc::FETCH,
             dudetx: Default::default(),
@@ -473,6 +482,13 @@ impl PtmConfig {
     /// Sets the number of thread slots.
     pub fn max_threads(mut self, n: usize) -> Self {
         self.max_threads = n;
+        self
+    }
+    /// ArchTM: no background threads; garbage collection runs on the committing thread and
+    /// defragmentation only on [`Ptm::defragment`] (deterministic PM events).
+    pub fn inline_background(mut self) -> Self {
+        self.gc_interval = None;
+        self.defrag_interval = None;
         self
     }
 }
@@ -771,6 +787,22 @@ impl<R: PObject> PTx<'_, R> {
     /// the transaction, at once).
     pub fn free<T: PObject>(&mut self, p: PPtr<T>) -> Result<(), PtmError> {
         self.w.free(p.raw)
+    }
+
+    /// Allocates an untyped object holding `init` and returns its raw handle: for buffers too
+    /// large to build as a typed value (ArchTM's large objects, §4.4, reach hundreds of MiB).
+    pub fn alloc_bytes(&mut self, init: &[u8]) -> Result<u64, PtmError> {
+        self.w.alloc(init)
+    }
+
+    /// Reads `dst.len()` bytes from byte `offset` of the object with raw handle `h`.
+    pub fn read_bytes(&mut self, h: u64, offset: usize, dst: &mut [u8]) -> Result<(), PtmError> {
+        self.w.read(h, offset, dst)
+    }
+
+    /// Writes `src` at byte `offset` of the object with raw handle `h`.
+    pub fn write_bytes(&mut self, h: u64, offset: usize, src: &[u8]) -> Result<(), PtmError> {
+        self.w.write(h, offset, src)
     }
 
     /// Whether `p` names a live object in this transaction's snapshot.

@@ -13,6 +13,7 @@ use super::{ArchtmFault, Inner};
 use crate::alloc::{PageTag, PAGE_SIZE};
 use crate::ptm::PtmError;
 use parking_lot::Mutex;
+use std::sync::atomic::Ordering;
 
 /// Bytes a slot fetches from the global free list at once (the default segment size).
 pub const FETCH: u64 = 64 << 10;
@@ -29,6 +30,8 @@ pub struct Dealloc {
     /// A tombstone: zeroed only after every ordinary block of the same collection, so that the
     /// copies it deletes cannot reappear after a crash.
     pub tomb: bool,
+    /// A large version (`super::large`): its pages go back to the page manager.
+    pub large: bool,
     /// The object a tombstone deletes (id, generation): its checkpoint entry is cleared first.
     pub object: (u64, u64),
 }
@@ -205,7 +208,17 @@ impl Inner {
                 self.pool.fence();
             }
         }
+        // Large versions' pages, now that their headers are durably invalid (§4.4's regular
+        // path: they return to the page manager, not the recycle list).
+        for b in blocks.iter().filter(|b| b.large) {
+            self.free_large(b.off);
+        }
+        blocks.retain(|b| !b.large);
         let bytes = blocks.iter().map(|b| b.len).sum();
+        self.counters.gc_runs.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .recycled_bytes
+            .fetch_add(bytes, Ordering::Release);
         merge_into(
             &mut self.alloc.recycle.lock(),
             blocks.into_iter().map(|b| (b.off, b.len)).collect(),

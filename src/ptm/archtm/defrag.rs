@@ -4,15 +4,18 @@
 //! atomic and crash-safe as any update), after which the regions' blocks are collected and the
 //! regions are wholly free.
 //!
-//! Departure: the paper's fragmentation manager is a background thread that examines the
-//! recycle list; here `Ptm::defragment` (or the engine's) runs it on the caller's thread, and
-//! keeps new copies out of the regions it empties by taking their free space out of every
-//! allocation list for the duration of the move (the paper does not say how its migration
-//! avoids landing in the regions it drains).
+//! The paper's fragmentation manager is a background thread: [`super::background`] runs a pass
+//! every `PtmConfig::defrag_interval` when blocks were recycled since the last one;
+//! `Ptm::defragment` runs one on the caller's thread (one pass at a time). Departures: a pass
+//! finds underused regions from the lookup table's live versions rather than by examining the
+//! recycle list, and keeps new copies out of the regions it empties by taking their free space
+//! out of every allocation list for the duration of the move (the paper does not say how its
+//! migration avoids landing in the regions it drains).
 
 use super::alloc::merge_into;
 use super::layout::block_bytes;
 use super::Inner;
+use crate::alloc::PAGE_SIZE;
 use crate::ptm::{PtmError, PtmWorker};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
@@ -49,7 +52,10 @@ fn split_out(list: &mut Vec<(u64, u64)>, regions: &BTreeSet<u64>) -> Vec<(u64, u
                 taken.push(piece);
             } else {
                 match keep.last_mut() {
-                    Some((o, l)) if *o + *l == at => *l += piece.1,
+                    // Merge neighbours within a page only: a block never crosses a page.
+                    Some((o, l)) if *o + *l == at && *o / PAGE_SIZE == at / PAGE_SIZE => {
+                        *l += piece.1
+                    }
                     _ => keep.push(piece),
                 }
             }
@@ -66,8 +72,8 @@ impl Inner {
         let mut usage: BTreeMap<u64, (u64, Vec<u64>)> = BTreeMap::new();
         for (id, e) in self.table.iter() {
             let v = e.view();
-            if v.gen == 0 || v.old == 0 {
-                continue;
+            if v.gen == 0 || v.old == 0 || super::layout::is_large(v.size) {
+                continue; // large objects have pages of their own
             }
             let (start, end) = (v.old, v.old + block_bytes(v.size));
             for r in start / REGION..=(end - 1) / REGION {
@@ -83,6 +89,7 @@ impl Inner {
 
     /// One defragmentation pass with `worker` (a slot of this engine).
     pub(crate) fn defragment(&self, worker: &mut dyn PtmWorker) -> Result<DefragReport, PtmError> {
+        let _one = self.defrag_lock.lock();
         // Finish pending collections first, so freed blocks count as free.
         self.gc();
         let usage = self.region_usage();
@@ -146,6 +153,29 @@ impl Inner {
         }
         self.gc();
         merge_into(&mut a.free.lock(), quarantine);
+        self.counters.defrag_passes.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .defrag_moved
+            .fetch_add(report.moved, Ordering::Relaxed);
         result.map(|()| report)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_out_never_merges_across_a_page() {
+        let p = PAGE_SIZE;
+        // Two extents that touch at a page boundary stay two (a block must not cross it).
+        let mut list = vec![(p - 64, 64), (p, 128)];
+        assert!(split_out(&mut list, &BTreeSet::new()).is_empty());
+        assert_eq!(list, vec![(p - 64, 64), (p, 128)]);
+        // The middle region of one extent is taken out; the rest stays.
+        let mut list = vec![(p, 3 * REGION)];
+        let taken = split_out(&mut list, &[p / REGION + 1].into_iter().collect());
+        assert_eq!(taken, vec![(p + REGION, REGION)]);
+        assert_eq!(list, vec![(p, REGION), (p + 2 * REGION, REGION)]);
     }
 }

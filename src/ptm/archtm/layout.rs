@@ -13,6 +13,10 @@
 //!            (segment offset, bytes, epoch, check)
 //! CHKP pages (kind CHKP, tag value = copy << 31 | chunk): 65 536 entries of 32 bytes
 //!   (committed version's offset (0: free id), generation << 32 | size, txid, 0)
+//! large-object pages (kind LARGE; tag value 0: a version's head page, 1: a tail page): §4.4's
+//!   regular data path for objects too large for a data page. Head page: the 32-byte header
+//!   below, at 32 the count of tail pages and their offsets, the payload from 4096 on, then
+//!   on in each tail page, whole.
 //! data pages (kind DATA, owner = the slot that fetched the page): the user data area.
 //!   Objects in 64-byte blocks (§4.5's size class), each:
 //!   0 id (bits 0..32) | generation (bits 32..64)   8 payload bytes (0..32) | flags (32..64)
@@ -33,6 +37,43 @@ pub mod kind {
     pub const DATA: u8 = 2;
     /// A page of a lookup-table checkpoint copy (§5.6).
     pub const CHKP: u8 = 3;
+    /// A page of a large object's version (§4.4's regular data path).
+    pub const LARGE: u8 = 4;
+}
+
+/// The large-object area (§4.4's regular data path): a version larger than a data page holds
+/// takes whole pages of its own, a head page and tail pages.
+pub mod large {
+    use crate::alloc::PAGE_SIZE;
+    /// Tag value of a head page.
+    pub const HEAD: u64 = 0;
+    /// Tag value of a tail page.
+    pub const TAIL: u64 = 1;
+    /// The page list in the head page: the tail count, then the tail pages' offsets.
+    pub const LIST: u64 = 32;
+    /// Where the payload starts in the head page.
+    pub const PAYLOAD: u64 = 4096;
+    /// Tail pages of one version at most (the list fits below `PAYLOAD`).
+    pub const MAX_TAIL: u64 = 255;
+    /// Payload bytes of the head page.
+    pub const HEAD_BYTES: u64 = PAGE_SIZE - PAYLOAD;
+}
+
+/// The largest object the locality-aware path (a block within one data page) takes.
+pub const MAX_SMALL: u64 = crate::alloc::PAGE_SIZE - header::BYTES;
+/// The largest object: a head page and `large::MAX_TAIL` tail pages of payload.
+pub const MAX_LARGE: u64 = large::HEAD_BYTES + large::MAX_TAIL * crate::alloc::PAGE_SIZE;
+
+/// Whether an object of `size` bytes takes the large-object path.
+pub fn is_large(size: u64) -> bool {
+    size > MAX_SMALL
+}
+
+/// Pages of a large version of `size` bytes (head included).
+pub fn large_pages(size: u64) -> u64 {
+    1 + size
+        .saturating_sub(large::HEAD_BYTES)
+        .div_ceil(crate::alloc::PAGE_SIZE)
 }
 
 /// The meta page's words.

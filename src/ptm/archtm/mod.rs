@@ -30,10 +30,13 @@
 //!   with the TOMB flag): the paper does not say how a free survives a crash when the freed
 //!   copy's header is still on PM; the tombstone is the latest version, so recovery drops the
 //!   object, and garbage collection zeroes it only after the copies it deletes.
-//! - **Allocator (§4.4, §5.4):** see [`alloc`]. Garbage collection runs on the committing
-//!   thread when its deallocation list passes a threshold, and when an allocation finds the
-//!   free and recycle lists empty (departure: no separate GC thread; the work is the same and
-//!   needs no thread to stop, or to unwind under the crash simulator).
+//! - **Allocator (§4.4, §5.4):** see [`alloc`]. Garbage collection runs on the GC thread
+//!   ([`background`]), woken when a committing slot's deallocation list passes a threshold and
+//!   every `PtmConfig::gc_interval`; an allocation that finds the free and recycle lists empty
+//!   still collects inline (it cannot wait for the thread). Without the thread
+//!   (`gc_interval: None`, [`PtmConfig::inline_background`](crate::ptm::PtmConfig::inline_background))
+//!   the committing thread collects: the deterministic mode the crash simulator's exhaustive
+//!   image sweep runs (the threads are crash-tested at sampled points instead).
 //! - **Recovery (§5.5):** `recovery.rs`: TxState → uncommitted txids; a scan of the data pages
 //!   for headers whose check word matches; per object id the version with the largest txid
 //!   that is not uncommitted; everything else is garbage and is zeroed before the TxState
@@ -43,7 +46,9 @@
 //!   ([`ArchtmFault`]) that removes it, for the crash tests.
 //!
 //! - **Online defragmentation (§4.5):** [`defrag`]: 4 KiB regions less than half used are
-//!   emptied by a mock write transaction.
+//!   emptied by a mock write transaction, on the defragmentation thread ([`background`], a
+//!   pass every `PtmConfig::defrag_interval` when blocks were recycled since the last) or on
+//!   `Ptm::defragment`.
 //! - **Incremental checkpoint (§5.6):** [`chkp`]: a persistent copy of the lookup table plus
 //!   CHKP-diff (the segments fetched since), so recovery scans only those. Departures (see
 //!   there): two copies alternating by epoch, so a torn checkpoint leaves the last one whole; a
@@ -51,12 +56,21 @@
 //!   busy flags; recovery clears the checkpoint entry of an object freed since before it zeroes
 //!   the tombstone, as garbage collection does.
 //!
-//! Not built yet (issue 15): the regular data path for large objects (every object takes the
-//! locality-aware path, so the largest object is a page less its header).
+//! - **Large objects (§4.4's regular data path):** `large.rs`: an
+//!   object larger than a data page holds ([`layout::MAX_SMALL`], 2 MiB less the header)
+//!   takes whole pages of its own, a head page (header, page list, payload) and tail pages, up
+//!   to [`MAX_OBJECT`] (about 512 MiB); beyond it `PtmError::TooLarge`. Copy-on-write,
+//!   commit, abort, garbage collection and recovery treat a large version like a small one,
+//!   except that its pages go back to the page manager; recovery always reads the head pages'
+//!   headers (a checkpoint's CHKP-diff records only fetches from the free list) and frees every
+//!   large-object page no live version lists. Departure: the paper gives the regular path no
+//!   layout; the page list is ours, and a version's pages need not be contiguous.
 
 pub mod alloc;
+pub mod background;
 pub mod chkp;
 pub mod defrag;
+mod large;
 pub mod layout;
 mod recovery;
 pub mod table;
@@ -66,14 +80,16 @@ use crate::alloc::{PageManager, PAGE_SIZE};
 use crate::engine::meta::{self as meta_page, MetaLayout};
 use crate::pmem::{Pool, PoolOptions};
 use crate::ptm::{PtmConfig, PtmEngine, PtmError, PtmWorker};
-use layout::{header, meta};
+use layout::meta;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use table::{LookupTable, SlotState};
 
-/// The largest object payload (the locality-aware path only: a block within one page).
-pub const MAX_OBJECT: u64 = PAGE_SIZE - header::BYTES;
+/// The largest object payload: objects up to [`layout::MAX_SMALL`] take the locality-aware
+/// path (a block within one data page), larger ones the large-object pages (§4.4's regular
+/// path), up to a head page and 255 tail pages (about 512 MiB).
+pub const MAX_OBJECT: u64 = layout::MAX_LARGE;
 
 /// A deliberate ordering bug, for showing that the crash tests catch it. Each names the ordering
 /// step (the fault-injection point) it removes.
@@ -216,6 +232,15 @@ pub(crate) struct Inner {
     pub(crate) chkp: chkp::Chkp,
     /// What the recovery that opened the pool read.
     pub(crate) recovered: chkp::RecoveryCounts,
+    /// Wakes and stops the background threads.
+    pub(crate) signal: background::Signal,
+    /// What garbage collection and defragmentation did.
+    pub(crate) counters: background::Counters,
+    /// One defragmentation pass at a time (the thread's or [`Ptm::defragment`]'s); an
+    /// invariant check holds it so that no pass is half done.
+    ///
+    /// [`Ptm::defragment`]: crate::ptm::Ptm::defragment
+    pub(crate) defrag_lock: Mutex<()>,
 }
 
 impl Inner {
@@ -235,6 +260,8 @@ impl Inner {
 
 /// The ArchTM engine: create or open a pool, then [`PtmEngine::worker`] per thread.
 pub struct ArchTm {
+    /// The GC and defragmentation threads (stopped and joined first on drop).
+    background: Option<background::Background>,
     inner: Arc<Inner>,
 }
 
@@ -292,6 +319,7 @@ impl ArchTm {
         let (pages, meta_off) = meta_page::format(&pool, &layout_of(&fields))?;
         let inner = Inner::new(pool, pages, meta_off, salt, config, root.len());
         let mut eng = ArchTm {
+            background: None,
             inner: Arc::new(inner),
         };
         // The root object is created by an ordinary transaction, then its handle recorded.
@@ -308,6 +336,7 @@ impl ArchTm {
         Arc::get_mut(&mut eng.inner)
             .expect("no worker outlives creation")
             .root = h;
+        eng.start_background(config)?;
         Ok(eng)
     }
 
@@ -354,9 +383,28 @@ impl ArchTm {
         let mut inner = Inner::new(pool, pages, meta_off, salt, &config, root_size);
         inner.root = root;
         recovery::recover(&mut inner)?;
-        Ok(ArchTm {
+        let mut eng = ArchTm {
+            background: None,
             inner: Arc::new(inner),
-        })
+        };
+        eng.start_background(&config)?;
+        Ok(eng)
+    }
+
+    /// Starts the GC and defragmentation threads the configuration asks for.
+    fn start_background(&mut self, config: &PtmConfig) -> Result<(), PtmError> {
+        if config.gc_interval.is_some() || config.defrag_interval.is_some() {
+            let bg = background::Background::start(
+                &self.inner,
+                config.gc_interval,
+                config.defrag_interval,
+            )
+            .map_err(|e| {
+                PtmError::Pool(format!("cannot start archtm's background threads: {e}"))
+            })?;
+            self.background = Some(bg);
+        }
+        Ok(())
     }
 }
 
@@ -391,6 +439,9 @@ impl Inner {
             root_size,
             chkp: chkp::Chkp::new(capacity, config.checkpoint_every),
             recovered: chkp::RecoveryCounts::default(),
+            signal: background::Signal::default(),
+            counters: background::Counters::default(),
+            defrag_lock: Mutex::new(()),
             pool,
         }
     }
@@ -398,9 +449,13 @@ impl Inner {
     /// Checks the allocator's and the lookup table's invariants: every live object's committed
     /// version holds a valid header naming it; live blocks, free extents (allocation lists,
     /// free list, recycle list) and blocks awaiting collection are disjoint and tile the data
-    /// pages exactly (nothing leaked, nothing owned twice). Call it while no transaction runs.
+    /// pages exactly (nothing leaked, nothing owned twice). Call it while no transaction runs;
+    /// it waits for a background collection or defragmentation pass to finish.
     pub(crate) fn check_invariants(&self) -> Result<(), String> {
+        let _d = self.defrag_lock.lock();
+        let _g = self.alloc.gc.lock();
         let mut extents: Vec<(u64, u64, String)> = Vec::new();
+        let mut large_owner = std::collections::BTreeMap::new();
         for (id, e) in self.table.iter() {
             let v = e.view();
             if v.writer != 0 || v.new != 0 {
@@ -419,7 +474,15 @@ impl Inner {
             if u64::from(h.id) != id || u64::from(h.gen) != v.gen || h.tomb || h.size != v.size {
                 return Err(format!("object {id}'s header at {} names {h:?}", v.old));
             }
-            extents.push((v.old, layout::block_bytes(v.size), format!("object {id}")));
+            if layout::is_large(v.size) {
+                for p in self.large_pages_of(v.old) {
+                    if large_owner.insert(p, format!("object {id}")).is_some() {
+                        return Err(format!("large-object page {p} is owned twice"));
+                    }
+                }
+            } else {
+                extents.push((v.old, layout::block_bytes(v.size), format!("object {id}")));
+            }
         }
         let a = &self.alloc;
         for (s, l) in a.lists.iter().enumerate() {
@@ -442,11 +505,36 @@ impl Inner {
                 .map(|&(o, n)| (o, n, "recycle list".into())),
         );
         for d in &a.dealloc {
-            extents.extend(
-                d.lock()
-                    .iter()
-                    .map(|b| (b.off, b.len, "deallocation list".into())),
-            );
+            for b in d.lock().iter() {
+                if b.large {
+                    for p in self.large_pages_of(b.off) {
+                        if large_owner.insert(p, "a deallocation".into()).is_some() {
+                            return Err(format!("large-object page {p} is owned twice"));
+                        }
+                    }
+                } else {
+                    extents.push((b.off, b.len, "deallocation list".into()));
+                }
+            }
+        }
+        // Every large-object page belongs to exactly one version (nothing leaked).
+        let large_pages: std::collections::BTreeSet<u64> = self
+            .pages
+            .allocated(&self.pool)
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .filter(|(_, t)| t.kind == layout::kind::LARGE)
+            .map(|(i, _)| self.pages.page_offset(i))
+            .collect();
+        if let Some(p) = large_pages.iter().find(|p| !large_owner.contains_key(p)) {
+            return Err(format!(
+                "large-object page {p} belongs to no version (leaked)"
+            ));
+        }
+        if let Some((p, who)) = large_owner.iter().find(|(p, _)| !large_pages.contains(p)) {
+            return Err(format!(
+                "{who} names page {p}, which is no large-object page"
+            ));
         }
         extents.sort_by_key(|e| e.0);
         let mut pages = a.pages.lock().clone();
@@ -495,12 +583,23 @@ impl Inner {
 }
 
 impl ArchTm {
+    /// A free thread slot. The defragmentation thread borrows one for each pass: a caller that
+    /// finds none free while it does waits for the pass instead of failing.
     fn take_slot(&self) -> Result<usize, PtmError> {
-        self.inner
-            .free_slots
-            .lock()
-            .pop()
-            .ok_or(PtmError::TooManyThreads(self.inner.max_threads))
+        loop {
+            {
+                let mut free = self.inner.free_slots.lock();
+                if let Some(slot) = free.pop() {
+                    return Ok(slot);
+                }
+                // Read under the lock the thread sets it under, so a pass that took the last
+                // slot is seen.
+                if !self.inner.signal.defrag_has_slot.load(Ordering::Acquire) {
+                    return Err(PtmError::TooManyThreads(self.inner.max_threads));
+                }
+            }
+            std::thread::yield_now();
+        }
     }
 }
 
@@ -527,13 +626,23 @@ impl PtmEngine for ArchTm {
 
     fn stats(&self) -> Vec<(&'static str, u64)> {
         let i = &self.inner;
+        let c = &i.counters;
         let live = i.table.iter().filter(|(_, e)| e.view().gen != 0).count() as u64;
         let sum = |l: &[(u64, u64)]| l.iter().map(|e| e.1).sum::<u64>();
         let free = i.alloc.lists.iter().map(|l| sum(&l.lock())).sum::<u64>()
             + sum(&i.alloc.free.lock())
             + sum(&i.alloc.recycle.lock());
+        let large = i
+            .table
+            .iter()
+            .filter(|(_, e)| {
+                let v = e.view();
+                v.gen != 0 && layout::is_large(v.size)
+            })
+            .count() as u64;
         vec![
             ("live_objects", live),
+            ("large_objects", large),
             ("data_pages", i.alloc.pages.lock().len() as u64),
             ("free_bytes", free),
             ("used_regions_4k", i.region_usage().len() as u64),
@@ -548,6 +657,14 @@ impl PtmEngine for ArchTm {
             ("recovery_scanned_bytes", i.recovered.scanned_bytes),
             ("recovery_data_bytes", i.recovered.data_bytes),
             ("recovery_segments", i.recovered.segments),
+            ("gc_runs", c.gc_runs.load(Ordering::Relaxed)),
+            ("recycled_bytes", c.recycled_bytes.load(Ordering::Relaxed)),
+            ("defrag_passes", c.defrag_passes.load(Ordering::Relaxed)),
+            ("defrag_moved", c.defrag_moved.load(Ordering::Relaxed)),
+            (
+                "gc_thread",
+                u64::from(i.signal.gc_thread.load(Ordering::Relaxed)),
+            ),
         ]
     }
 

@@ -6,7 +6,9 @@
 
 use super::alloc::merge_into;
 use super::chkp::{read_diff, RecoveryCounts, DIFF_CAP, ENTRY, PER_PAGE};
-use super::layout::{block_bytes, header, kind, meta, state, Header, BLOCK};
+use super::layout::{
+    block_bytes, header, is_large, kind, large, meta, state, Header, BLOCK, MAX_SMALL,
+};
 use super::{txstate_split, Inner, MAX_OBJECT};
 use crate::alloc::PAGE_SIZE;
 use crate::ptm::PtmError;
@@ -28,10 +30,14 @@ pub(super) fn recover(inner: &mut Inner) -> Result<(), PtmError> {
     }
     // 2. The pages: data pages, and the checkpoint copies' pages (§5.6).
     let mut pages = Vec::new();
+    // Large-object pages (§4.4's regular path): offset -> (index, head?).
+    let mut large_pages: HashMap<u64, (u64, bool)> = HashMap::new();
     for (index, tag) in inner.pages.allocated(pool)? {
         let off = inner.pages.page_offset(index);
         if tag.kind == kind::DATA {
             pages.push(off);
+        } else if tag.kind == kind::LARGE {
+            large_pages.insert(off, (index, tag.value == large::HEAD));
         } else if tag.kind == kind::CHKP {
             let (copy, chunk) = ((tag.value >> 31) as usize, tag.value & ((1 << 31) - 1));
             if copy > 1 || !inner.chkp.set_page(copy, chunk, off) {
@@ -52,6 +58,7 @@ pub(super) fn recover(inner: &mut Inner) -> Result<(), PtmError> {
     let overflow = pool.read_u64(inner.meta + meta::CHKP_OVERFLOW);
     inner.chkp.epoch.store(epoch, Ordering::Release);
     let mut from_chkp: HashMap<u32, (u64, Header)> = HashMap::new();
+    let mut stale_large: HashSet<u32> = HashSet::new();
     let extents: Vec<(u64, u64)> = if epoch > 0 && overflow != epoch {
         counts.from_checkpoint = true;
         let copy = (epoch % 2) as usize;
@@ -87,8 +94,17 @@ pub(super) fn recover(inner: &mut Inner) -> Result<(), PtmError> {
                     tomb: false,
                     txid,
                 };
-                if h.gen == 0 || h.size > MAX_OBJECT || !in_pages(&pages, off, block_bytes(h.size))
-                {
+                // A large version's pages may have been freed (and reused) since the
+                // checkpoint, once a later version replaced it: only a live one must be there.
+                let placed = if is_large(h.size) {
+                    if !large_pages.get(&off).is_some_and(|&(_, head)| head) {
+                        stale_large.insert(h.id);
+                    }
+                    true
+                } else {
+                    in_pages(&pages, off, block_bytes(h.size))
+                };
+                if h.gen == 0 || h.size > MAX_OBJECT || !placed {
                     return Err(damaged(format!(
                         "the checkpoint entry of object {id} names {h:?} at offset {off}, not a block of a data page"
                     )));
@@ -131,7 +147,7 @@ pub(super) fn recover(inner: &mut Inner) -> Result<(), PtmError> {
         while pos + header::BYTES <= len {
             let p = pos as usize;
             let at = start + pos;
-            let h = Header::decode(&bytes[p..p + 32], at, inner.salt, MAX_OBJECT);
+            let h = Header::decode(&bytes[p..p + 32], at, inner.salt, MAX_SMALL);
             match h {
                 Some(h) if at % PAGE_SIZE + extent(&h) <= PAGE_SIZE => {
                     found.push((at, h));
@@ -139,6 +155,21 @@ pub(super) fn recover(inner: &mut Inner) -> Result<(), PtmError> {
                     pos += extent(&h);
                 }
                 _ => pos += BLOCK,
+            }
+        }
+    }
+    // The head pages of large versions: always scanned (fetches from the free list, which
+    // CHKP-diff records, never hold them), a header each.
+    for (&off, &(_, head)) in &large_pages {
+        if !head {
+            continue;
+        }
+        let b = pool.read_vec(off, header::BYTES as usize);
+        counts.scanned_bytes += header::BYTES;
+        if let Some(h) = Header::decode(&b, off, inner.salt, MAX_OBJECT) {
+            if is_large(h.size) && !h.tomb {
+                found.push((off, h));
+                max_txid = max_txid.max(h.txid);
             }
         }
     }
@@ -158,6 +189,14 @@ pub(super) fn recover(inner: &mut Inner) -> Result<(), PtmError> {
     }
     let live: HashMap<u32, (u64, Header)> =
         latest.into_iter().filter(|(_, (_, h))| !h.tomb).collect();
+    if let Some(id) = stale_large
+        .iter()
+        .find(|id| live.get(id).is_some_and(|l| from_chkp.get(id) == Some(l)))
+    {
+        return Err(damaged(format!(
+            "the checkpoint's version of large object {id} is live, but its page is no large-object head page"
+        )));
+    }
     // 6. Zero the garbage: ordinary versions first, then tombstones (a tombstone must outlive
     // the versions it deletes), each made durable before the next step; the uncommitted
     // copies are invalid before a new transaction of their slot can overwrite their TxState.
@@ -206,6 +245,37 @@ pub(super) fn recover(inner: &mut Inner) -> Result<(), PtmError> {
             pool.fence();
         }
     }
+    // The pages of the live large versions; every other large-object page (of a garbage or
+    // uncommitted version, whose header is now durably invalid, or never given a header)
+    // returns to the page manager.
+    let mut owned: HashSet<u64> = HashSet::new();
+    for &(off, h) in live.values() {
+        if !is_large(h.size) {
+            continue;
+        }
+        let n = pool.read_u64(off + large::LIST);
+        if n + 1 != super::layout::large_pages(h.size) {
+            return Err(damaged(format!(
+                "the large object {} at {off} lists {n} tail pages for {} bytes",
+                h.id, h.size
+            )));
+        }
+        owned.insert(off);
+        for i in 0..n {
+            let p = pool.read_u64(off + large::LIST + 8 + 8 * i);
+            if large_pages.get(&p).map_or(true, |&(_, head)| head) || !owned.insert(p) {
+                return Err(damaged(format!(
+                    "the large object {} at {off} names page {p}, not a free tail page",
+                    h.id
+                )));
+            }
+        }
+    }
+    for (&off, &(index, _)) in &large_pages {
+        if !owned.contains(&off) {
+            inner.pages.free(pool, index);
+        }
+    }
     // 7. The lookup table, the ID lists and the free space.
     let mut next_id = if counts.from_checkpoint {
         // Ids the checkpoint covers stay handed out (free ones go to the ID list).
@@ -243,6 +313,7 @@ pub(super) fn recover(inner: &mut Inner) -> Result<(), PtmError> {
     }
     let mut blocks: Vec<(u64, u64)> = live
         .values()
+        .filter(|(_, h)| !is_large(h.size))
         .map(|&(off, h)| (off, block_bytes(h.size)))
         .collect();
     blocks.sort_unstable();

@@ -1,7 +1,7 @@
 //! ArchTM's transaction operations (§5.3, Algorithms 1 and 2) for one thread slot.
 
 use super::alloc::Dealloc;
-use super::layout::{block_bytes, header, state, Header, BLOCK};
+use super::layout::{block_bytes, header, is_large, state, Header, BLOCK};
 use super::table::{dstate, Entry};
 use super::{txstate_word, ArchtmFault, Inner, MAX_OBJECT};
 use crate::ptm::{PtmError, PtmWorker};
@@ -195,7 +195,7 @@ impl ArchtmWorker {
         }
         let v = self.lock_committed(e, h, gen)?;
         self.pm_begin();
-        let off = match self.eng.alloc_block(self.slot, block_bytes(v.size)) {
+        let off = match self.eng.alloc_version(self.slot, v.size) {
             Ok(off) => off,
             Err(err) => {
                 e.writer.store(0, Ordering::Release);
@@ -210,9 +210,7 @@ impl ArchtmWorker {
             txid: self.txid,
         };
         self.write_header(off, &hdr);
-        self.eng
-            .pool
-            .copy(v.old + header::BYTES, off + header::BYTES, v.size);
+        self.eng.copy_payload(v.old, off, v.size);
         e.modify(|e| e.new.store(off, Ordering::Release));
         self.write_set.push(id);
         Ok((off, v.size))
@@ -244,6 +242,7 @@ impl ArchtmWorker {
                     off: v.old,
                     len: block_bytes(v.size),
                     tomb: false,
+                    large: is_large(v.size),
                     object: (id, v.gen),
                 });
             }
@@ -252,6 +251,7 @@ impl ArchtmWorker {
                     off: v.new & !(BLOCK - 1),
                     len: tomb_len(v.new, v.size),
                     tomb: true,
+                    large: false,
                     object: (id, v.gen),
                 });
                 e.modify(|e| {
@@ -279,7 +279,12 @@ impl ArchtmWorker {
         };
         self.end();
         if pending > self.eng.gc_threshold {
-            self.eng.gc();
+            // §5.4: the GC thread collects; without one, the committing thread does.
+            if self.eng.signal.gc_thread.load(Ordering::Acquire) {
+                self.eng.signal.want_gc();
+            } else {
+                self.eng.gc();
+            }
         }
         self.eng.maybe_checkpoint();
     }
@@ -344,9 +349,14 @@ impl PtmWorker for ArchtmWorker {
     fn read(&mut self, h: u64, offset: usize, dst: &mut [u8]) -> Result<(), PtmError> {
         let (off, size) = self.resolve(h)?;
         check_bounds(h, offset, dst.len(), size)?;
-        self.eng
-            .pool
-            .read_bytes(off + header::BYTES + offset as u64, dst);
+        let mut at = 0;
+        for (pm, n) in self
+            .eng
+            .payload_spans(off, size, offset as u64, dst.len() as u64)
+        {
+            self.eng.pool.read_bytes(pm, &mut dst[at..at + n as usize]);
+            at += n as usize;
+        }
         Ok(())
     }
 
@@ -359,10 +369,13 @@ impl PtmWorker for ArchtmWorker {
         }
         let (off, size) = self.copy_for_write(h)?;
         check_bounds(h, offset, src.len(), size)?;
-        if !src.is_empty() {
-            self.eng
-                .pool
-                .write_bytes(off + header::BYTES + offset as u64, src);
+        let mut at = 0;
+        for (pm, n) in self
+            .eng
+            .payload_spans(off, size, offset as u64, src.len() as u64)
+        {
+            self.eng.pool.write_bytes(pm, &src[at..at + n as usize]);
+            at += n as usize;
         }
         Ok(())
     }
@@ -392,7 +405,7 @@ impl PtmWorker for ArchtmWorker {
             });
         }
         self.pm_begin();
-        let off = match self.eng.alloc_block(self.slot, block_bytes(size)) {
+        let off = match self.eng.alloc_version(self.slot, size) {
             Ok(off) => off,
             Err(err) => {
                 e.writer.store(0, Ordering::Release);
@@ -411,7 +424,11 @@ impl PtmWorker for ArchtmWorker {
             txid: self.txid,
         };
         self.write_header(off, &hdr);
-        self.eng.pool.write_bytes(off + header::BYTES, init);
+        let mut at = 0;
+        for (pm, n) in self.eng.payload_spans(off, size, 0, size) {
+            self.eng.pool.write_bytes(pm, &init[at..at + n as usize]);
+            at += n as usize;
+        }
         e.modify(|e| {
             e.gen.store(u64::from(gen), Ordering::Release);
             e.size.store(size, Ordering::Release);
@@ -442,9 +459,20 @@ impl PtmWorker for ArchtmWorker {
                     "the object is already freed by this transaction",
                 ));
             }
-            // The transaction's own copy becomes the tombstone.
-            self.write_header(v.new, &tomb);
-            e.modify(|e| e.new.store(v.new | TOMB, Ordering::Release));
+            if !is_large(v.size) {
+                // The transaction's own copy becomes the tombstone.
+                self.write_header(v.new, &tomb);
+                e.modify(|e| e.new.store(v.new | TOMB, Ordering::Release));
+                return Ok(());
+            }
+            // A large copy is dropped at once (its pages are ours alone: invalid on PM before
+            // they go back), and the tombstone takes a block of its own.
+            let off = self.eng.alloc_block(self.slot, BLOCK)?;
+            self.eng.pool.fill(v.new, 0, header::BYTES);
+            self.eng.persist(v.new, header::BYTES);
+            self.eng.free_large(v.new);
+            self.write_header(off, &tomb);
+            e.modify(|e| e.new.store(off | TOMB | TOMB_OWN_BLOCK, Ordering::Release));
             return Ok(());
         }
         self.lock_committed(e, h, gen)?;
@@ -477,12 +505,13 @@ impl PtmWorker for ArchtmWorker {
             // archtm-copy-flush (Alg. 2 line 4)
             for &id in &self.write_set {
                 let v = eng.table.get(id).expect("a locked id").view();
-                let len = if v.new & TOMB != 0 {
-                    header::BYTES
+                if v.new & TOMB != 0 {
+                    eng.pool.flush(v.new & !(BLOCK - 1), header::BYTES);
                 } else {
-                    header::BYTES + v.size
-                };
-                eng.pool.flush(v.new & !(BLOCK - 1), len);
+                    for (off, len) in eng.version_extents(v.new, v.size) {
+                        eng.pool.flush(off, len);
+                    }
+                }
             }
         }
         if eng.fault != Some(ArchtmFault::SkipCopyFence) {
@@ -517,6 +546,7 @@ impl PtmWorker for ArchtmWorker {
         if !self.write_set.is_empty() {
             let keep = eng.fault == Some(ArchtmFault::AbortKeepsCopies);
             let mut blocks = Vec::with_capacity(self.write_set.len());
+            let mut large = Vec::new();
             for &id in &self.write_set {
                 let v = eng.table.get(id).expect("a locked id").view();
                 let off = v.new & !(BLOCK - 1);
@@ -526,12 +556,13 @@ impl PtmWorker for ArchtmWorker {
                         eng.pool.flush(off, header::BYTES);
                     }
                 }
-                let len = if v.new & TOMB != 0 {
-                    tomb_len(v.new, v.size)
+                if v.new & TOMB != 0 {
+                    blocks.push((off, tomb_len(v.new, v.size)));
+                } else if is_large(v.size) {
+                    large.push(off);
                 } else {
-                    block_bytes(v.size)
-                };
-                blocks.push((off, len));
+                    blocks.push((off, block_bytes(v.size)));
+                }
             }
             if !keep {
                 // archtm-abort-invalidate: the copies are invalid on PM before the slot's
@@ -554,6 +585,10 @@ impl PtmWorker for ArchtmWorker {
                 }
             }
             eng.alloc.give_back(self.slot, blocks);
+            // After the fence above: the copies' headers are invalid on PM.
+            for off in large {
+                eng.free_large(off);
+            }
         }
         self.end();
     }
