@@ -10,15 +10,9 @@ use std::time::Duration;
 
 mod common;
 
-/// Whether `engine` drops tables; the others (Zen, FIR) refuse (see
-/// `refusing_engines_say_so_and_change_nothing`).
-fn drops(engine: &EngineKind) -> bool {
-    !matches!(engine, EngineKind::Zen | EngineKind::Fir)
-}
-
-/// The engines that drop tables.
+/// The engines that drop tables: every one.
 fn dropping() -> impl Iterator<Item = EngineKind> {
-    EngineKind::ALL.into_iter().filter(drops)
+    EngineKind::ALL.into_iter()
 }
 
 fn config(engine: EngineKind) -> DbConfig {
@@ -229,20 +223,6 @@ fn create_and_drop_in_a_loop_never_fills_a_small_pool() {
             db.drop_table(t).unwrap();
         }
         assert_eq!(value(&db, keep, 19), Some(19), "{engine}");
-        assert_eq!(db.tables().len(), 1);
-    }
-}
-
-#[test]
-fn refusing_engines_say_so_and_change_nothing() {
-    for engine in EngineKind::ALL.into_iter().filter(|e| !drops(e)) {
-        let db = Db::create(config(engine)).unwrap();
-        let t = db.create_table(kv("t")).unwrap();
-        fill(&db, t, 0..5, 0);
-        let err = db.drop_table(t).unwrap_err();
-        assert!(matches!(err, DbError::Unsupported(_)), "{engine}: {err}");
-        assert!(err.to_string().contains(engine.name()), "{err}");
-        assert_eq!(value(&db, t, 4), Some(4), "{engine}");
         assert_eq!(db.tables().len(), 1);
     }
 }

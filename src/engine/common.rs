@@ -669,6 +669,30 @@ pub(crate) fn join_parts<T, E>(
         .map(|v| v.into_iter().flatten().collect())
 }
 
+/// Every thread slot's state, locked, for a table drop (issue 21), which runs with no worker
+/// alive: a worker holds its slot's state (`None` here) while it lives, and the drop edits each
+/// state (the table's allocation state, queues) before any worker takes it again. An error
+/// naming `table` and the slot if one is in use.
+pub(crate) fn idle_thread_states<'a, T>(
+    slots: &'a [parking_lot::Mutex<Option<T>>],
+    table: &str,
+) -> Result<Vec<parking_lot::MutexGuard<'a, Option<T>>>, crate::engine::DbError> {
+    slots
+        .iter()
+        .enumerate()
+        .map(|(slot, state)| {
+            let guard = state.lock();
+            if guard.is_none() {
+                return Err(crate::engine::DbError::Config(format!(
+                    "cannot drop table '{table}': worker slot {slot} is in use (a drop runs with \
+                     no worker alive)"
+                )));
+            }
+            Ok(guard)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

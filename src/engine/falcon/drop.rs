@@ -94,18 +94,10 @@ impl FalconEngine {
         let dropping = catalog.with_state(table, TableState::Dropping)?;
         // Every thread slot's allocation state, so that no worker runs meanwhile (a worker
         // holds its slot's state while it lives) and each can be told to forget the table.
-        let mut states = Vec::with_capacity(self.threads.len());
-        for (slot, state) in self.threads.iter().enumerate() {
-            let guard = state.lock();
-            if guard.is_none() {
-                return Err(DbError::Config(format!(
-                    "cannot drop table '{}': worker slot {slot} is in use (a drop runs with no \
-                     worker alive)",
-                    catalog.tables[table as usize].name
-                )));
-            }
-            states.push(guard);
-        }
+        let mut states = crate::engine::common::idle_thread_states(
+            &self.threads,
+            &catalog.tables[table as usize].name,
+        )?;
         let rt = self.tables.read()[table as usize].clone();
         let free = || {
             free_space(
