@@ -4,6 +4,7 @@
 
 use common::value;
 use pmtx::catalog::CatalogError;
+use pmtx::engine::Engine;
 use pmtx::prelude::*;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -172,8 +173,17 @@ fn a_drop_survives_a_reopen() {
             fill(&db, keep, 0..40, 100);
             fill(&db, t, 0..400, 0);
             // Updates leave the table's entries in the log windows, which recovery must skip.
-            db.run(|tx| tx.update(t, 3, &[(0, Value::U64(77))]))
-                .unwrap();
+            // The last transaction writes the kept table, then the dropped one: Zen's commit mark
+            // (the LP bit of its last tuple) lies in the dropped table's pages.
+            db.run(|tx| {
+                tx.insert(keep, 40, &[Value::U64(140)])?;
+                tx.update(t, 3, &[(0, Value::U64(77))])
+            })
+            .unwrap();
+            // FIR and MMDB: a checkpoint that names the table's rows, which recovery must skip.
+            if let Some(r) = db.engine().checkpoint() {
+                r.unwrap();
+            }
             db.drop_table(t).unwrap();
             (keep, t)
         };
@@ -181,6 +191,7 @@ fn a_drop_survives_a_reopen() {
         assert_eq!(db.table("t"), None, "{engine}");
         assert_eq!(db.table("keep"), Some(keep), "{engine}");
         assert_eq!(value(&db, keep, 39), Some(139), "{engine}");
+        assert_eq!(value(&db, keep, 40), Some(140), "{engine}");
         let err = db.run(|tx| tx.get(t, 3)).unwrap_err();
         assert!(err.to_string().contains("was dropped"), "{engine}: {err}");
         let t2 = db.create_table(kv("t")).unwrap();

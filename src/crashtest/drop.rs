@@ -56,6 +56,8 @@ fn config(
     let mut cfg = CrashTestConfig::new(engine, domain, WorkloadKind::Bank);
     cfg.fault = fault;
     let mut c = cfg.db_config(2);
+    // FIR: blocks of a whole page (the crash config's 10-slot blocks would need 150 of them).
+    c.fir_block_slots = None;
     // Room for the tables and one copy of the victim's rows, not two: a drop that leaked the
     // victim's space fails the refill.
     c.pool_size = crate::db::min_pool_size(engine, c.max_threads) + 2 * crate::alloc::PAGE_SIZE;
