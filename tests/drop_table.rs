@@ -4,7 +4,6 @@
 
 use common::value;
 use pmtx::catalog::CatalogError;
-use pmtx::engine::Engine;
 use pmtx::prelude::*;
 use std::path::PathBuf;
 use std::time::Duration;

@@ -316,6 +316,51 @@ impl CrashWorkload for ByteKeyCrash {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::db::{DbConfig, CHUNK_TABLE};
+    use crate::engine::EngineKind;
+
+    /// `bytekeys-long` puts values out of line, and its check sees a value that is not its row's.
+    #[test]
+    fn long_values_go_out_of_line_and_a_wrong_blob_is_seen() {
+        let db = Db::create(
+            DbConfig::temporary()
+                .engine(EngineKind::Falcon)
+                .pool_size(64 << 20)
+                .max_threads(2),
+        )
+        .unwrap();
+        let w = ByteKeyCrash {
+            keys: 48,
+            long_values: true,
+        };
+        let ledger = db.create_table(w.schemas().remove(0)).unwrap();
+        let t = db.create_table(table_schema(true)).unwrap();
+        db.run(|tx| {
+            for i in 0..12 {
+                let key = key_of(i);
+                w.insert(tx, t, &key, i)?;
+                tx.insert_bytes(ledger, i, &ledger_row(i, &key))?;
+            }
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(w.check_db(&db), Vec::<String>::new());
+        let catalog = db.engine().catalog();
+        let chunks = catalog
+            .table_id(CHUNK_TABLE)
+            .expect("values went out of line");
+        assert!(db.check_structure().unwrap()[chunks as usize] >= 6);
+        let other = super::super::varlen::blob(6);
+        db.run(|tx| tx.update_by(t, &key_of(4), &[(1, Value::Bytes(&other))]))
+            .unwrap();
+        let problems = w.check_db(&db);
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains("the blob is not the one of value 4")),
+            "{problems:?}"
+        );
+    }
 
     #[test]
     fn the_key_universe_is_distinct_with_prefixes_and_the_empty_key() {
