@@ -93,35 +93,23 @@ impl ByteKeyCrash {
         db.table(TABLE)
     }
 
-    /// Inserts the row of `key` with `value` (and its blob).
-    fn insert(
+    /// Inserts (or, with `insert` false, updates) the row of `key` with `value` (and its blob).
+    fn write(
         &self,
         tx: &mut crate::db::Tx<'_>,
         t: TableId,
         key: &[u8],
         value: u64,
+        insert: bool,
     ) -> Result<(), TxError> {
-        if self.long_values {
-            let blob = super::varlen::blob(value);
-            tx.insert_by(t, key, &[Value::U64(value), Value::Bytes(&blob)])
+        let blob = self.long_values.then(|| super::varlen::blob(value));
+        let mut values = vec![Value::U64(value)];
+        values.extend(blob.as_deref().map(Value::Bytes));
+        if insert {
+            tx.insert_by(t, key, &values)
         } else {
-            tx.insert_by(t, key, &[Value::U64(value)])
-        }
-    }
-
-    /// Sets the row of `key` to `value` (and its blob).
-    fn update(
-        &self,
-        tx: &mut crate::db::Tx<'_>,
-        t: TableId,
-        key: &[u8],
-        value: u64,
-    ) -> Result<(), TxError> {
-        if self.long_values {
-            let blob = super::varlen::blob(value);
-            tx.update_by(t, key, &[(0, Value::U64(value)), (1, Value::Bytes(&blob))])
-        } else {
-            tx.update_by(t, key, &[(0, Value::U64(value))])
+            let columns: Vec<(usize, Value<'_>)> = values.into_iter().enumerate().collect();
+            tx.update_by(t, key, &columns)
         }
     }
 }
@@ -154,7 +142,7 @@ impl CrashWorkload for ByteKeyCrash {
             ctx.run(|tx| {
                 for &i in chunk {
                     let key = key_of(i);
-                    self.insert(tx.tx(), t, &key, i)?;
+                    self.write(tx.tx(), t, &key, i, true)?;
                     tx.insert(0, i, &ledger_row(i, &key))?;
                 }
                 Ok(())
@@ -182,7 +170,7 @@ impl CrashWorkload for ByteKeyCrash {
                 let key = key_of(i);
                 match tx.get(0, i)? {
                     None => {
-                        self.insert(tx.tx(), t, &key, bump)?;
+                        self.write(tx.tx(), t, &key, bump, true)?;
                         tx.insert(0, i, &ledger_row(bump, &key))?;
                     }
                     Some(row) if op < 45 => {
@@ -192,7 +180,7 @@ impl CrashWorkload for ByteKeyCrash {
                     }
                     Some(row) => {
                         let value = ledger_value(&row) + bump;
-                        self.update(tx.tx(), t, &key, value)?;
+                        self.write(tx.tx(), t, &key, value, false)?;
                         tx.put(0, i, &ledger_row(value, &key))?;
                     }
                 }
@@ -338,7 +326,7 @@ mod tests {
         db.run(|tx| {
             for i in 0..12 {
                 let key = key_of(i);
-                w.insert(tx, t, &key, i)?;
+                w.write(tx, t, &key, i, true)?;
                 tx.insert_bytes(ledger, i, &ledger_row(i, &key))?;
             }
             Ok(())

@@ -26,7 +26,7 @@
 use super::layout::{kind, SEQ_BITS};
 use super::storage::{self, Region};
 use super::{FirEngine, FirFault, TableRt};
-use crate::catalog::{TableId, TableState};
+use crate::catalog::TableId;
 use crate::engine::DbError;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -59,12 +59,8 @@ impl FirEngine {
     /// Drops `table` (see the module doc); refuses while a worker of this engine is alive.
     pub(super) fn drop_table_now(&self, table: TableId) -> Result<(), DbError> {
         let _no_checkpoint = self.checkpoint_lock.lock();
-        let mut catalog = self.catalog.lock();
-        let dropping = catalog.with_state(table, TableState::Dropping)?;
-        let mut states = crate::engine::common::idle_thread_states(
-            &self.threads,
-            &catalog.tables[table as usize].name,
-        )?;
+        let (mut catalog, dropping, mut states) =
+            crate::engine::common::start_drop(&self.catalog, &self.threads, table)?;
         // The deliberate bug of the crash harness frees first (test-only).
         let early = self.config.fault == Some(FirFault::DropFreeBeforeTombstone);
         if early {

@@ -27,7 +27,7 @@
 use super::layout::{kind, meta};
 use super::{TableAlloc, TableRt, ZenEngine, ZenFault};
 use crate::alloc::PageManager;
-use crate::catalog::{TableId, TableState};
+use crate::catalog::TableId;
 use crate::engine::DbError;
 use crate::pmem::Pool;
 use std::sync::atomic::Ordering;
@@ -75,13 +75,9 @@ pub(super) fn free_pages(
 impl ZenEngine {
     /// Drops `table` (see the module doc); refuses while a worker of this engine is alive.
     pub(super) fn drop_table_now(&self, table: TableId) -> Result<(), DbError> {
-        let mut catalog = self.catalog.lock();
-        let dropping = catalog.with_state(table, TableState::Dropping)?;
         // Every thread slot's state: no worker runs meanwhile, and each forgets the table's slots.
-        let mut states = crate::engine::common::idle_thread_states(
-            &self.threads,
-            &catalog.tables[table as usize].name,
-        )?;
+        let (mut catalog, dropping, mut states) =
+            crate::engine::common::start_drop(&self.catalog, &self.threads, table)?;
         self.catalog_store.store(&self.pool, &dropping)?;
         *catalog = dropping;
         if self.config.fault != Some(ZenFault::DropSkipWatermark) {
