@@ -10,7 +10,7 @@
 //! tree maps exactly the committed keys.
 //!
 //! With `long_values` (workload `bytekeys-long`) the byte-key table has a variable-length
-//! column as well, whose value is a function of the row's value ([`super::varlen::blob`]: empty,
+//! column as well, whose value is a function of the row's value (`crashtest::varlen`'s blob: empty,
 //! inline, one past the 128-byte inline part, one past a chunk, three chunks...), so most
 //! versions go out of line into the hidden chunk table; the check then also reads every value
 //! back whole and requires the chunk table to hold exactly the chunks they need.
