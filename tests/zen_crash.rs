@@ -233,6 +233,9 @@ fn acknowledged_commits_survive_and_transactions_stay_atomic_under_adr_and_eadr(
 #[test]
 fn every_fault_is_caught_under_adr() {
     for fault in ZenFault::ALL {
+        if pmtx::crashtest::InjectedFault::from(fault).is_drop_step() {
+            continue; // crash_suite's `each_drop_ordering_fault_is_caught`
+        }
         let cfg = config(PersistenceDomain::Adr, Protocol::Occ, Some(fault));
         match sweep(&cfg, 80, 12) {
             Err(e) => eprintln!("{fault}: caught: {e}"),

@@ -8,6 +8,12 @@
 //! [`CrashWorkload::check_db`] checks that the recovered index is well-formed
 //! ([`Db::check_byte_keys`]) and maps exactly the keys of the ledger to their values: so the
 //! tree maps exactly the committed keys.
+//!
+//! With `long_values` (workload `bytekeys-long`) the byte-key table has a variable-length
+//! column as well, whose value is a function of the row's value (`crashtest::varlen`'s blob: empty,
+//! inline, one past the 128-byte inline part, one past a chunk, three chunks...), so most
+//! versions go out of line into the hidden chunk table; the check then also reads every value
+//! back whole and requires the chunk table to hold exactly the chunks they need.
 
 use super::workload::{CrashWorkload, Observed, TxCtx};
 use crate::catalog::{ByteKeys, ColumnType, Schema, TableId};
@@ -30,6 +36,8 @@ pub const MAX_LEN: usize = 16;
 pub struct ByteKeyCrash {
     /// The key universe.
     pub keys: u64,
+    /// Rows carry a long variable-length value too (see the module doc).
+    pub long_values: bool,
 }
 
 /// Key number `i`: its bijective base-3 numeral over `a`, `b`, `c` (0 is the empty key; the
@@ -65,9 +73,17 @@ fn ledger_value(row: &[u8]) -> u64 {
     )
 }
 
-/// The byte-key table's schema: one value column, nodes of the smallest size.
-pub fn table_schema() -> Schema {
-    Schema::new(TABLE, &[("value", ColumnType::U64)])
+/// The byte-key table's schema: one value column (and with `long_values` a blob column of up
+/// to three chunks), nodes of the smallest size.
+pub fn table_schema(long_values: bool) -> Schema {
+    let value = ("value", ColumnType::U64);
+    let blob = ("blob", ColumnType::VarBytes(super::varlen::BLOB_MAX as u32));
+    let columns: &[(&str, ColumnType)] = if long_values {
+        &[value, blob]
+    } else {
+        &[value]
+    };
+    Schema::new(TABLE, columns)
         .with_byte_keys(MAX_LEN)
         .index_node_bytes(ByteKeys::min_node_bytes(MAX_LEN))
 }
@@ -76,11 +92,35 @@ impl ByteKeyCrash {
     fn table(db: &Db) -> Option<TableId> {
         db.table(TABLE)
     }
+
+    /// Inserts (or, with `insert` false, updates) the row of `key` with `value` (and its blob).
+    fn write(
+        &self,
+        tx: &mut crate::db::Tx<'_>,
+        t: TableId,
+        key: &[u8],
+        value: u64,
+        insert: bool,
+    ) -> Result<(), TxError> {
+        let blob = self.long_values.then(|| super::varlen::blob(value));
+        let mut values = vec![Value::U64(value)];
+        values.extend(blob.as_deref().map(Value::Bytes));
+        if insert {
+            tx.insert_by(t, key, &values)
+        } else {
+            let columns: Vec<(usize, Value<'_>)> = values.into_iter().enumerate().collect();
+            tx.update_by(t, key, &columns)
+        }
+    }
 }
 
 impl CrashWorkload for ByteKeyCrash {
     fn name(&self) -> &'static str {
-        "bytekeys"
+        if self.long_values {
+            "bytekeys-long"
+        } else {
+            "bytekeys"
+        }
     }
 
     fn schemas(&self) -> Vec<Schema> {
@@ -96,13 +136,13 @@ impl CrashWorkload for ByteKeyCrash {
     fn load(&self, ctx: &mut TxCtx<'_, '_>) -> Result<(), DbError> {
         let t = match Self::table(ctx.db) {
             Some(t) => t,
-            None => ctx.db.create_table(table_schema())?,
+            None => ctx.db.create_table(table_schema(self.long_values))?,
         };
         for chunk in (0..self.keys / 2).collect::<Vec<_>>().chunks(8) {
             ctx.run(|tx| {
                 for &i in chunk {
                     let key = key_of(i);
-                    tx.tx().insert_by(t, &key, &[Value::U64(i)])?;
+                    self.write(tx.tx(), t, &key, i, true)?;
                     tx.insert(0, i, &ledger_row(i, &key))?;
                 }
                 Ok(())
@@ -130,7 +170,7 @@ impl CrashWorkload for ByteKeyCrash {
                 let key = key_of(i);
                 match tx.get(0, i)? {
                     None => {
-                        tx.tx().insert_by(t, &key, &[Value::U64(bump)])?;
+                        self.write(tx.tx(), t, &key, bump, true)?;
                         tx.insert(0, i, &ledger_row(bump, &key))?;
                     }
                     Some(row) if op < 45 => {
@@ -140,7 +180,7 @@ impl CrashWorkload for ByteKeyCrash {
                     }
                     Some(row) => {
                         let value = ledger_value(&row) + bump;
-                        tx.tx().update_by(t, &key, &[(0, Value::U64(value))])?;
+                        self.write(tx.tx(), t, &key, value, false)?;
                         tx.put(0, i, &ledger_row(value, &key))?;
                     }
                 }
@@ -201,13 +241,40 @@ impl CrashWorkload for ByteKeyCrash {
             Ok(index) => index,
             Err(e) => return vec![format!("the byte-key index is malformed: {e}")],
         };
+        let long = self.long_values;
         let in_tree = db.run_read_only(|tx| {
-            let mut out = Vec::new();
+            let (mut out, mut problems) = (Vec::new(), Vec::new());
             for (key, _) in &index.entries {
-                out.push((key.clone(), tx.get_by(t, key)?.u64(0)));
+                let row = tx.get_by(t, key)?;
+                let value = row.u64(0);
+                if long && row.get_bytes("blob")? != super::varlen::blob(value).as_slice() {
+                    problems.push(format!(
+                        "key \"{}\": the blob is not the one of value {value}",
+                        key.escape_ascii()
+                    ));
+                }
+                out.push((key.clone(), value));
             }
-            Ok(out)
+            Ok((out, problems))
         });
+        let in_tree = match in_tree {
+            Ok((found, mut problems)) => {
+                if long {
+                    let values = found.iter().map(|&(_, v)| v);
+                    problems.extend(super::varlen::check_chunks(
+                        db,
+                        TABLE,
+                        values,
+                        super::varlen::blob_chunks,
+                    ));
+                }
+                if !problems.is_empty() {
+                    return problems;
+                }
+                Ok(found)
+            }
+            Err(e) => Err(e),
+        };
         match in_tree {
             Ok(found) if found == committed => Vec::new(),
             Ok(found) => vec![format!(
@@ -225,14 +292,63 @@ impl CrashWorkload for ByteKeyCrash {
         // The byte-key table and its hidden index table beyond the ledger, and a second
         // worker's window and three heap pages: `Db::create_table` inserts the root on a
         // worker of another slot than the load's, and the liveness check after a recovery
-        // runs on another slot again.
-        8
+        // runs on another slot again; with long values, the chunk table's pages as for the
+        // `varlen` workload.
+        if self.long_values {
+            14
+        } else {
+            8
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::db::DbConfig;
+    use crate::engine::EngineKind;
+
+    /// `bytekeys-long` puts values out of line, and its check sees a value that is not its row's.
+    #[test]
+    fn long_values_go_out_of_line_and_a_wrong_blob_is_seen() {
+        let db = Db::create(
+            DbConfig::temporary()
+                .engine(EngineKind::Falcon)
+                .pool_size(64 << 20)
+                .max_threads(2),
+        )
+        .unwrap();
+        let w = ByteKeyCrash {
+            keys: 48,
+            long_values: true,
+        };
+        let ledger = db.create_table(w.schemas().remove(0)).unwrap();
+        let t = db.create_table(table_schema(true)).unwrap();
+        db.run(|tx| {
+            for i in 0..12 {
+                let key = key_of(i);
+                w.write(tx, t, &key, i, true)?;
+                tx.insert_bytes(ledger, i, &ledger_row(i, &key))?;
+            }
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(w.check_db(&db), Vec::<String>::new());
+        let chunks = (db.schema(t))
+            .and_then(|s| s.chunk_table)
+            .expect("a chunk table");
+        assert!(db.check_structure().unwrap()[chunks as usize] >= 6);
+        let other = super::super::varlen::blob(6);
+        db.run(|tx| tx.update_by(t, &key_of(4), &[(1, Value::Bytes(&other))]))
+            .unwrap();
+        let problems = w.check_db(&db);
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains("the blob is not the one of value 4")),
+            "{problems:?}"
+        );
+    }
 
     #[test]
     fn the_key_universe_is_distinct_with_prefixes_and_the_empty_key() {

@@ -1,6 +1,9 @@
 //! Crashes inside a table drop (issue 21): a run creates two tables and fills them (updating a
-//! row, so the log holds entries of the table to drop; the dropped table's long values fill its
-//! chunk table, which the drop drops after it, so crashes fall between the two as well); from that pool's image, the database is
+//! row, so the log holds entries of the table to drop; the last transaction writes a row of the
+//! kept table and then one of the dropped table, so that the commit evidence of engines that
+//! keep it in the last tuple written, Zen's LP bit, lies in the dropped table's space; the
+//! dropped table's long values fill its chunk table, which the drop drops after it, so crashes
+//! fall between the two as well); from that pool's image, the database is
 //! opened and the table dropped, and power fails before each PM event of the drop in turn
 //! (only the open and the drop run under the simulator for each point, not the fill); every
 //! sampled crash image is recovered and checked:
@@ -74,6 +77,8 @@ fn config(
     let mut cfg = CrashTestConfig::new(engine, domain, WorkloadKind::Bank);
     cfg.fault = fault;
     let mut c = cfg.db_config(2);
+    // FIR: blocks of a whole page (the crash config's 10-slot blocks would need 150 of them).
+    c.fir_block_slots = None;
     // Room for the tables and one copy of the victim's rows and chunks, not two: a drop that
     // leaked the victim's space or its chunk table's fails the refill.
     c.pool_size = crate::db::min_pool_size(engine, c.max_threads) + 3 * crate::alloc::PAGE_SIZE;
@@ -105,11 +110,14 @@ fn load(db: &Db) -> Result<(), String> {
     let k = db.create_table(keep()).map_err(e)?;
     let t = db.create_table(victim()).map_err(e)?;
     assert_eq!(t, VICTIM_ID);
-    db.run(|tx| (0..KEEP_ROWS).try_for_each(|i| tx.insert(k, i, &[Value::U64(i)])))
+    db.run(|tx| (0..KEEP_ROWS - 1).try_for_each(|i| tx.insert(k, i, &[Value::U64(i)])))
         .map_err(e)?;
     fill_victim(db, t, 0)?;
-    db.run(|tx| tx.update(t, 7, &[(0, Value::U64(7))]))
-        .map_err(e)?;
+    db.run(|tx| {
+        tx.insert(k, KEEP_ROWS - 1, &[Value::U64(KEEP_ROWS - 1)])?;
+        tx.update(t, 7, &[(0, Value::U64(7))])
+    })
+    .map_err(e)?;
     Ok(())
 }
 

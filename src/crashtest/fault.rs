@@ -112,6 +112,17 @@ impl InjectedFault {
         }
     }
 
+    /// Whether the fault is a step of a table drop's order, which the crash workloads never
+    /// run: the drop crash test ([`crate::crashtest::drop`]) shows it instead.
+    pub fn is_drop_step(self) -> bool {
+        matches!(
+            self,
+            InjectedFault::Falcon(Fault::DropFreeBeforeTombstone)
+                | InjectedFault::Zen(ZenFault::DropSkipWatermark)
+                | InjectedFault::Fir(FirFault::DropFreeBeforeTombstone)
+        )
+    }
+
     /// Whether the fault applies to `engine`.
     pub fn applies_to(self, engine: EngineKind) -> bool {
         self.engines().contains(&engine)
@@ -158,7 +169,10 @@ impl InjectedFault {
                     | Fault::SecondarySkipOldLog
                     | Fault::SecondaryRemoveBeforeLog
             ),
-            InjectedFault::Zen(f) => f != ZenFault::SkipFence,
+            // A drop without its watermark loses commit evidence under eADR too.
+            InjectedFault::Zen(f) => {
+                !matches!(f, ZenFault::SkipFence | ZenFault::DropSkipWatermark)
+            }
             // FIR's `fir-lctt-first` stores the commit point before the contents, and the two
             // checkpoint faults break the order of stores or the logic, not a flush.
             InjectedFault::Fir(f) => matches!(

@@ -18,7 +18,7 @@ use rand::rngs::StdRng;
 use rand::Rng;
 
 /// Longest blob: the inline part and three chunks.
-const BLOB_MAX: usize = INLINE_CAPACITY + 2 * CHUNK_BYTES + 300;
+pub(super) const BLOB_MAX: usize = INLINE_CAPACITY + 2 * CHUNK_BYTES + 300;
 /// Longest text: the inline part and two chunks.
 const TEXT_MAX: usize = INLINE_CAPACITY + CHUNK_BYTES + 100;
 const TABLE: &str = "varlen_crash";
@@ -57,7 +57,7 @@ fn stream(seed: u64) -> impl Iterator<Item = u8> {
 }
 
 /// The blob a row with `seed` holds.
-fn blob(seed: u64) -> Vec<u8> {
+pub(super) fn blob(seed: u64) -> Vec<u8> {
     stream(seed).take(length(seed, BLOB_MAX)).collect()
 }
 
@@ -69,10 +69,47 @@ fn text(seed: u64) -> String {
         .collect()
 }
 
+/// Chunk rows a value of `len` bytes takes, for chunks of `chunk` bytes.
+fn chunks_of(len: usize, chunk: usize) -> u64 {
+    len.saturating_sub(INLINE_CAPACITY).div_ceil(chunk) as u64
+}
+
 /// Chunk rows the values of a row with `seed` take.
 fn chunks(seed: u64, chunk: usize) -> u64 {
-    let n = |len: usize| len.saturating_sub(INLINE_CAPACITY).div_ceil(chunk) as u64;
-    n(length(seed, BLOB_MAX)) + n(length(seed >> 16, TEXT_MAX))
+    chunks_of(length(seed, BLOB_MAX), chunk) + chunks_of(length(seed >> 16, TEXT_MAX), chunk)
+}
+
+/// Chunk rows [`blob`]`(seed)` takes.
+pub(super) fn blob_chunks(seed: u64, chunk: usize) -> u64 {
+    chunks_of(length(seed, BLOB_MAX), chunk)
+}
+
+/// Checks that table `table`'s chunk table holds exactly the chunks the rows with `seeds` need
+/// (`need(seed, chunk bytes)` each), and the structure check passes: a chunk lost or leaked is
+/// a problem. Nothing to check before the table exists.
+pub(super) fn check_chunks(
+    db: &Db,
+    table: &str,
+    seeds: impl IntoIterator<Item = u64>,
+    need: impl Fn(u64, usize) -> u64,
+) -> Vec<String> {
+    let catalog = db.engine().catalog();
+    let Some(owner) = catalog.table_id(table) else {
+        return Vec::new();
+    };
+    let Some(chunk_table) = catalog.tables[owner as usize].chunk_table else {
+        return vec![format!("table {table} has long values but no chunk table")];
+    };
+    let chunk = catalog.tables[chunk_table as usize].row_size();
+    let want: u64 = seeds.into_iter().map(|s| need(s, chunk)).sum();
+    match db.check_structure() {
+        Ok(counts) if counts[chunk_table as usize] == want => Vec::new(),
+        Ok(counts) => vec![format!(
+            "the chunk table holds {} rows, the values need {want}: chunks lost or leaked",
+            counts[chunk_table as usize]
+        )],
+        Err(e) => vec![e],
+    }
 }
 
 /// Writes the row of `key` for `seed` (an insert, or an update of every column).
@@ -233,21 +270,7 @@ impl CrashWorkload for VarlenCrash {
             Ok(found) => found,
             Err(e) => return vec![format!("reading the values back: {e}")],
         };
-        let catalog = db.engine().catalog();
-        let chunk_table =
-            (catalog.table_id(TABLE)).and_then(|t| catalog.tables[t as usize].chunk_table);
-        if let Some(chunk_table) = chunk_table {
-            let chunk = catalog.tables[chunk_table as usize].row_size();
-            let want: u64 = seeds.iter().map(|&s| chunks(s, chunk)).sum();
-            match db.check_structure() {
-                Ok(counts) if counts[chunk_table as usize] == want => {}
-                Ok(counts) => problems.push(format!(
-                    "the chunk table holds {} rows, the values need {want}: chunks lost or leaked",
-                    counts[chunk_table as usize]
-                )),
-                Err(e) => problems.push(e),
-            }
-        }
+        problems.extend(check_chunks(db, TABLE, seeds, chunks));
         problems
     }
 

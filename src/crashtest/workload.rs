@@ -574,11 +574,15 @@ pub enum WorkloadKind {
     /// at several levels, updates and deletes, a ledger the oracle checks, and after each
     /// recovery a check that the index is well-formed and maps exactly the ledger's keys.
     ByteKeys,
+    /// `ByteKeys` whose rows also carry a variable-length value, most of them longer than the
+    /// 128-byte inline part (out of line in the hidden chunk table): after each recovery every
+    /// value is read back whole and the chunk table must hold exactly the chunks they need.
+    ByteKeysLong,
 }
 
 impl WorkloadKind {
     /// Every workload.
-    pub const ALL: [WorkloadKind; 8] = [
+    pub const ALL: [WorkloadKind; 9] = [
         WorkloadKind::Bank,
         WorkloadKind::Ycsb,
         WorkloadKind::Tpcc,
@@ -587,6 +591,7 @@ impl WorkloadKind {
         WorkloadKind::Varlen,
         WorkloadKind::Secondary,
         WorkloadKind::ByteKeys,
+        WorkloadKind::ByteKeysLong,
     ];
 
     /// The command-line name.
@@ -600,6 +605,7 @@ impl WorkloadKind {
             WorkloadKind::Varlen => "varlen",
             WorkloadKind::Secondary => "secondary",
             WorkloadKind::ByteKeys => "bytekeys",
+            WorkloadKind::ByteKeysLong => "bytekeys-long",
         }
     }
 
@@ -622,7 +628,14 @@ impl WorkloadKind {
             WorkloadKind::Grow => Box::new(GrowCrash { rows_per_step: 192 }),
             WorkloadKind::Varlen => Box::new(super::varlen::VarlenCrash { records: 6 }),
             WorkloadKind::Secondary => Box::new(SecondaryCrash { rows: 12, keys: 5 }),
-            WorkloadKind::ByteKeys => Box::new(super::bytekey::ByteKeyCrash { keys: 48 }),
+            WorkloadKind::ByteKeys => Box::new(super::bytekey::ByteKeyCrash {
+                keys: 48,
+                long_values: false,
+            }),
+            WorkloadKind::ByteKeysLong => Box::new(super::bytekey::ByteKeyCrash {
+                keys: 48,
+                long_values: true,
+            }),
         }
     }
 }

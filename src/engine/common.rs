@@ -669,6 +669,44 @@ pub(crate) fn join_parts<T, E>(
         .map(|v| v.into_iter().flatten().collect())
 }
 
+/// What [`start_drop`] returns: the locked catalog, the catalog with the table dropping, and
+/// every thread slot's state, locked.
+pub(crate) type DropStart<'a, T> = (
+    parking_lot::MutexGuard<'a, crate::catalog::Catalog>,
+    crate::catalog::Catalog,
+    Vec<parking_lot::MutexGuard<'a, Option<T>>>,
+);
+
+/// The start of a table drop (issue 21), which runs with no worker alive: the catalog, locked,
+/// the catalog with `table` dropping (an error if it is not a live table), and every thread
+/// slot's state, locked. A worker holds its slot's state (`None` here) while it lives, so no
+/// worker runs meanwhile, and the drop can make each state forget the table before any worker
+/// takes it again; an error naming the table and the slot if one is in use.
+pub(crate) fn start_drop<'a, T>(
+    catalog: &'a parking_lot::Mutex<crate::catalog::Catalog>,
+    slots: &'a [parking_lot::Mutex<Option<T>>],
+    table: TableId,
+) -> Result<DropStart<'a, T>, crate::engine::DbError> {
+    let current = catalog.lock();
+    let dropping = current.with_state(table, crate::catalog::TableState::Dropping)?;
+    let name = &current.tables[table as usize].name;
+    let states = slots
+        .iter()
+        .enumerate()
+        .map(|(slot, state)| {
+            let guard = state.lock();
+            if guard.is_none() {
+                return Err(crate::engine::DbError::Config(format!(
+                    "cannot drop table '{name}': worker slot {slot} is in use (a drop runs with \
+                     no worker alive)"
+                )));
+            }
+            Ok(guard)
+        })
+        .collect::<Result<_, _>>()?;
+    Ok((current, dropping, states))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

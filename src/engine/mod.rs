@@ -430,14 +430,14 @@ pub trait Engine: Send + Sync {
     }
     /// Drops `table` and frees its rows' space for any table to reuse, crash-safely (catalog
     /// `dropping`, space freed, catalog `dropped`; see `catalog::TableState`). The caller makes
-    /// sure no worker of the engine is alive (`Db::drop_table` holds every slot). The default
-    /// refuses: Zen and FIR do not drop tables yet (docs/ARCHITECTURE.md, "The embedding API").
+    /// sure no worker of the engine is alive (`Db::drop_table` holds every slot). Every engine
+    /// of [`EngineKind::ALL`] implements it; the default refuses, so that an engine added later
+    /// drops nothing until it has a crash-safe order of its own.
     fn drop_table(&self, table: TableId) -> Result<(), DbError> {
         let _ = table;
         Err(DbError::Unsupported(format!(
-            "engine {} cannot drop tables yet: its recovery has no crash-safe way to free a \
-             dropped table's space (falcon and its variants, volatile, mmdb and dudetx drop \
-             tables; see docs/ARCHITECTURE.md, \"The embedding API\")",
+            "engine {} does not drop tables: it has no crash-safe order for freeing a dropped \
+             table's space (see docs/ARCHITECTURE.md, \"The embedding API\")",
             self.kind()
         )))
     }

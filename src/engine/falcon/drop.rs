@@ -20,7 +20,7 @@ use super::layout::{kind, meta};
 use super::tindex::{TableIndex, TableSecondary};
 use super::{FalconEngine, TableAlloc, TableRt};
 use crate::alloc::{PageManager, PAGE_SIZE};
-use crate::catalog::{Catalog, CatalogStore, TableId, TableState};
+use crate::catalog::{Catalog, CatalogStore, TableId};
 use crate::engine::DbError;
 use crate::index::SecondaryIndex;
 use crate::pmem::Pool;
@@ -90,22 +90,10 @@ impl FalconEngine {
         if let Some(sweep) = &self.sweep {
             sweep.finish(self);
         }
-        let mut catalog = self.catalog.lock();
-        let dropping = catalog.with_state(table, TableState::Dropping)?;
-        // Every thread slot's allocation state, so that no worker runs meanwhile (a worker
-        // holds its slot's state while it lives) and each can be told to forget the table.
-        let mut states = Vec::with_capacity(self.threads.len());
-        for (slot, state) in self.threads.iter().enumerate() {
-            let guard = state.lock();
-            if guard.is_none() {
-                return Err(DbError::Config(format!(
-                    "cannot drop table '{}': worker slot {slot} is in use (a drop runs with no \
-                     worker alive)",
-                    catalog.tables[table as usize].name
-                )));
-            }
-            states.push(guard);
-        }
+        // Every thread slot's allocation state, so that no worker runs meanwhile and each can be
+        // told to forget the table.
+        let (mut catalog, dropping, mut states) =
+            crate::engine::common::start_drop(&self.catalog, &self.threads, table)?;
         let rt = self.tables.read()[table as usize].clone();
         let free = || {
             free_space(

@@ -136,12 +136,19 @@
 //!   updates a fixed 90 % lets the regions grow to about 2.6× the live data, which filled the
 //!   auto-sized pool of a 2-thread, 16-op YCSB within seconds
 //!   (`fir_api::gc_keeps_uniform_random_updates_in_a_pool_twice_the_live_data`).
+//! - **Dropping a table** (issue 21; the paper has no drop, `drop.rs`): the table's blocks are
+//!   freed at once, without GC's two stages or its free record, because recovery reads no block
+//!   and installs no checkpoint entry of a table the catalog says is not live; the next
+//!   checkpoint is full, so that it stops naming the table's keys. The freed blocks' tiles become
+//!   unowned, so that another table of the same slot size can take the pages (a page of another
+//!   slot size waits for a restart, as after GC).
 //! - **Checkpoints in the crash suite** (incremental ones, after the first full one) are taken
 //!   by the committing worker every `checkpoint_every_commits` commits (a background thread's would land at other PM events in
 //!   each run of the simulator); real kills run the background checkpointer every 20 ms.
 
 mod checkpoint;
 pub mod cost;
+mod drop;
 mod gc;
 pub mod layout;
 mod recovery;
@@ -203,11 +210,14 @@ pub enum FirFault {
     /// GC frees blocks without first listing them in the meta page's free record: a crash
     /// while a block is being zeroed leaves a half-empty block in the middle of a region.
     GcSkipFreeRecord,
+    /// A table drop frees the table's blocks before the catalog says `dropping` (`drop.rs`): a
+    /// crash in between leaves a live table whose rows are gone.
+    DropFreeBeforeTombstone,
 }
 
 impl FirFault {
     /// Every fault.
-    pub const ALL: [FirFault; 10] = [
+    pub const ALL: [FirFault; 11] = [
         FirFault::SkipTupleFlush,
         FirFault::SkipTupleFence,
         FirFault::LcttFirst,
@@ -218,6 +228,7 @@ impl FirFault {
         FirFault::CheckpointSkipDirectoryFlush,
         FirFault::GcFreeBeforeCheckpoint,
         FirFault::GcSkipFreeRecord,
+        FirFault::DropFreeBeforeTombstone,
     ];
 
     /// The command-line name (unique over every engine's faults).
@@ -233,6 +244,7 @@ impl FirFault {
             FirFault::CheckpointSkipDirectoryFlush => "fir-checkpoint-skip-directory-flush",
             FirFault::GcFreeBeforeCheckpoint => "fir-gc-free-before-checkpoint",
             FirFault::GcSkipFreeRecord => "fir-gc-skip-free-record",
+            FirFault::DropFreeBeforeTombstone => "fir-drop-free-before-tombstone",
         }
     }
 
@@ -260,6 +272,9 @@ impl FirFault {
             }
             FirFault::GcSkipFreeRecord => {
                 "GC frees blocks without recording them for recovery to finish"
+            }
+            FirFault::DropFreeBeforeTombstone => {
+                "a table drop frees its blocks before the catalog says the table is dropping"
             }
         }
     }
@@ -681,7 +696,8 @@ impl FirEngine {
     }
 
     /// The tile of block `block` (made on first use for `table`); `None` if the page had a tile
-    /// of another table or slot size before GC freed it (tiles live as long as the engine).
+    /// of another table or slot size before GC freed it (tiles live as long as the engine). A
+    /// tile a table drop left [`storage::UNOWNED`] serves any table of its slot size.
     pub(crate) fn tile(&self, block: u64, table: TableId, slot_bytes: u64) -> Option<&Tile> {
         let mut fresh = false;
         let tile = self.tiles[block as usize].get_or_init(|| {
@@ -696,10 +712,12 @@ impl FirEngine {
         if fresh {
             return Some(tile);
         }
-        if tile.table != table || tile.slot_bytes != slot_bytes {
+        let owner = tile.table();
+        if (owner != table && owner != storage::UNOWNED) || tile.slot_bytes != slot_bytes {
             return None;
         }
         tile.reset();
+        tile.table.store(table, Ordering::Release);
         Some(tile)
     }
 
@@ -816,6 +834,10 @@ impl Engine for FirEngine {
 
     fn checkpoint(&self) -> Option<Result<CheckpointStats, DbError>> {
         Some(FirEngine::checkpoint(self))
+    }
+
+    fn drop_table(&self, table: TableId) -> Result<(), DbError> {
+        self.drop_table_now(table)
     }
 }
 

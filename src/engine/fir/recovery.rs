@@ -257,14 +257,17 @@ fn read_pages(
                 return Err(bad("is out of key order"));
             }
             prev = Some((table, key));
-            if tables.get(table as usize).is_none() {
+            let Some(t) = tables.get(table as usize) else {
                 return Err(bad("names no table"));
+            };
+            if !t.schema.is_live() {
+                continue; // a dropped table's: its blocks are gone (`drop.rs`)
             }
             let block = storage::block_of(addr) as usize;
             let region = storage::region_of(addr);
             match engine.tiles.get(block).and_then(|t| t.get()) {
                 Some(tile)
-                    if tile.table as u64 == table
+                    if u64::from(tile.table()) == table
                         && region < lctt.len()
                         && storage::offset_of(addr) < tile.headers.len() as u64 => {}
                 _ => return Err(bad("names no slot of a block of its table")),
@@ -279,6 +282,7 @@ fn read_pages(
             entries: n,
         });
     }
+    entries.retain(|e| tables[e[0] as usize].schema.is_live());
     Ok(vec![(out, entries)])
 }
 
@@ -367,7 +371,6 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
     let mut phase = PhaseClock::start();
     let pool = engine.pool.clone();
     let threads = engine.config.max_threads;
-    let tables: Vec<Arc<TableRt>> = engine.tables.read().clone();
 
     // The LCTT: the last committed txnId of every thread (§4.1).
     let lctt: Vec<u64> = (0..threads)
@@ -382,6 +385,25 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
 
     // A GC free a crash interrupted (§4.5) is finished first: its blocks are not read.
     let gc_finished = engine.finish_interrupted_free()?;
+
+    // Table drops (`drop.rs`): every block of a table that is not live is freed before the
+    // regions are read, then an interrupted drop is finished.
+    let dropped = engine.catalog.get_mut().dropped_ids();
+    let dropped_blocks = if dropped.is_empty() {
+        0
+    } else {
+        engine.free_blocks_of(&dropped)?
+    };
+    if !engine.catalog.get_mut().dropping_ids().is_empty() {
+        let done = engine.catalog.get_mut().drops_finished();
+        engine.catalog_store.store(&pool, &done)?;
+        for &t in &dropped {
+            let schema = done.tables[t as usize].clone();
+            engine.tables.get_mut()[t as usize] = Arc::new(TableRt::new(schema));
+        }
+        *engine.catalog.get_mut() = done;
+    }
+    let tables: Vec<Arc<TableRt>> = engine.tables.read().clone();
 
     // The page table: blocks per region, in region order; checkpoint pages.
     let mut regions: HashMap<(usize, TableId), Vec<(u64, u64)>> = HashMap::new();
@@ -509,6 +531,11 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
     let dir = load_checkpoint(engine, &mut tables, &lctt, dir, &redo_per_table, cores)?;
     let (generation, checkpoint_page_count) = (dir.generation, dir.pages.len() as u64);
     let from_checkpoint: u64 = tables.iter().map(|t| t.index.len() as u64).sum();
+    let skipped_dropped = dir.pages.iter().map(|p| p.entries).sum::<u64>() - from_checkpoint;
+    if skipped_dropped > 0 {
+        // The next checkpoint is a full one: it leaves the dropped tables' entries out.
+        engine.need_full.store(true, Ordering::SeqCst);
+    }
     *engine.ckpt.lock() = dir;
     phase.lap(&mut report, "checkpoint load");
 
@@ -592,6 +619,11 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
         ("obsolete versions".into(), obsolete),
         ("tombstones".into(), tombstones),
         ("GC blocks whose free recovery finished".into(), gc_finished),
+        ("blocks of dropped tables freed".into(), dropped_blocks),
+        (
+            "checkpoint entries of dropped tables skipped".into(),
+            skipped_dropped,
+        ),
     ];
     report.total_ms = started.elapsed().as_secs_f64() * 1e3;
     Ok(report)
@@ -700,8 +732,8 @@ pub(super) fn check_structure(engine: &FirEngine) -> Result<Vec<u64>, String> {
                 problem = Some(format!("key {key} of table {table} names block {block}, which has no tile"));
                 return;
             };
-            if tile.table as usize != table || storage::region_of(addr) >= threads {
-                problem = Some(format!("key {key} of table {table} names a block of table {} / region {}", tile.table, storage::region_of(addr)));
+            if tile.table() as usize != table || storage::region_of(addr) >= threads {
+                problem = Some(format!("key {key} of table {table} names a block of table {} / region {}", tile.table(), storage::region_of(addr)));
                 return;
             }
             let h = engine.header(addr);

@@ -4,7 +4,7 @@
 
 use crate::alloc::PAGE_SIZE;
 use crate::catalog::TableId;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// "No version" (a logical address no region can have: regions are thread slots, at most 256).
 pub const NONE: u64 = u64::MAX;
@@ -116,11 +116,16 @@ impl Header {
     }
 }
 
+/// The table of a tile whose block a table drop freed: any table with the same slot size may
+/// take the block (the dropped table's id is never used again).
+pub const UNOWNED: TableId = TableId::MAX;
+
 /// A tile: the tuple headers of one block, and its update_map (§4.1: one bit per slot, set when
 /// the version is obsolete). Both are DRAM-only: recovery rebuilds them.
 pub struct Tile {
-    /// The table whose block this is.
-    pub table: TableId,
+    /// The table whose block this is ([`UNOWNED`] once a drop freed it); changed only while
+    /// nothing refers to the block's versions (a drop, or the block's next allocation).
+    pub table: AtomicU32,
     /// The block page's offset in the pool.
     pub page: u64,
     /// Bytes per tuple_content slot.
@@ -136,12 +141,18 @@ impl Tile {
     pub fn new(table: TableId, page: u64, slot_bytes: u64, slots: u64) -> Tile {
         let slots = slots as usize;
         Tile {
-            table,
+            table: AtomicU32::new(table),
             page,
             slot_bytes,
             headers: (0..slots).map(|_| Header::default()).collect(),
             update_map: (0..slots.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
         }
+    }
+
+    /// The table whose block this is.
+    #[inline]
+    pub fn table(&self) -> TableId {
+        self.table.load(Ordering::Acquire)
     }
 
     /// The pool offset of slot `offset`'s tuple_content.

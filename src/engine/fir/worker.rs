@@ -97,10 +97,13 @@ impl FirWorker {
         if id as usize >= self.tables.len() {
             self.tables = self.eng.tables.read().clone();
         }
-        self.tables
+        let t = self
+            .tables
             .get(id as usize)
-            .cloned()
-            .ok_or_else(|| TxError::SchemaMismatch(format!("no table with id {id}")))
+            .ok_or_else(|| TxError::SchemaMismatch(format!("no table with id {id}")))?;
+        crate::catalog::live_schema(Some(&t.schema), id)
+            .map_err(|e| TxError::SchemaMismatch(e.to_string()))?;
+        Ok(t.clone())
     }
 
     fn find_write(&self, table: TableId, key: u64) -> Option<usize> {

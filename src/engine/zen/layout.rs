@@ -4,6 +4,8 @@
 //! meta page (kind META, found from the pool root):
 //!   0 magic "PMTXZEN1"   8 version   16 max_threads   24 max_row_bytes   32 catalog slot bytes
 //!   40 CRC-32 of bytes 0..4096   4096.. catalog slots A and B
+//!   4096 + 2 × 256 KiB: one commit watermark word per region (0 = none; written by a table
+//!     drop before it frees the table's pages, see `drop.rs`; outside the CRC'd 4 KiB)
 //! NVM-tuple heap pages (kind HEAP, owner = the thread whose region the page belongs to,
 //! value = table id): fixed-size slots, 16-byte aligned, each a 16-byte header and the row:
 //!   0 word: bit 63 LP (last persisted), bit 62 DELETED, bits 0..62 Tx-CTS (the commit tid;
@@ -46,6 +48,10 @@ pub mod meta {
     pub const CATALOG_AT: u64 = 4096;
     /// Bytes per catalog slot.
     pub const CATALOG_SLOT_BYTES: u64 = 256 * 1024;
+    /// Where the per-region commit watermarks start (after catalog slots A and B): region `r`'s
+    /// word at `WATERMARKS_AT + 8 r`, up to [`crate::cc::MAX_THREADS`] regions. A pool written
+    /// before table drops has zeros there, which vouch for nothing.
+    pub const WATERMARKS_AT: u64 = CATALOG_AT + 2 * CATALOG_SLOT_BYTES;
 }
 
 /// NVM-tuple header fields and helpers.

@@ -52,8 +52,13 @@
 //!   the Met-Cache entry's CC-Meta word and Tx-CTS and its per-transaction context in the worker
 //!   (`txcc.rs`); old versions of the multi-version protocols in a DRAM version store per table,
 //!   keyed by primary key. Of Zen's ten methods only Cicada is missing (no engine has it yet).
+//! - *Dropping a table* (issue 21; the paper has no drop): the LP evidence of a region's latest
+//!   commit may lie in the dropped table's pages, so before they are freed each region's latest
+//!   commit tid is persisted as a commit watermark in the meta page, where Algorithm 2's
+//!   `ts-commit` then starts instead of at 0 (`drop.rs`).
 
 mod cache;
+mod drop;
 pub mod layout;
 mod recovery;
 mod txcc;
@@ -86,14 +91,19 @@ pub enum ZenFault {
     SkipTupleFlush,
     /// No fence before `commit` returns under ADR: an acknowledged commit can be lost.
     SkipCommitFence,
+    /// A table drop frees the table's pages without first persisting the regions' commit
+    /// watermarks (`drop.rs`): a region whose latest LP tuple was in the dropped table loses the
+    /// evidence that its later tuples of other tables committed.
+    DropSkipWatermark,
 }
 
 impl ZenFault {
     /// Every fault.
-    pub const ALL: [ZenFault; 3] = [
+    pub const ALL: [ZenFault; 4] = [
         ZenFault::SkipFence,
         ZenFault::SkipTupleFlush,
         ZenFault::SkipCommitFence,
+        ZenFault::DropSkipWatermark,
     ];
 
     /// The command-line name.
@@ -102,6 +112,7 @@ impl ZenFault {
             ZenFault::SkipFence => "skip-fence",
             ZenFault::SkipTupleFlush => "skip-tuple-flush",
             ZenFault::SkipCommitFence => "skip-commit-fence",
+            ZenFault::DropSkipWatermark => "zen-drop-skip-watermark",
         }
     }
 
@@ -111,6 +122,9 @@ impl ZenFault {
             ZenFault::SkipFence => "no sfence between the tuple clwbs and the LP bit",
             ZenFault::SkipTupleFlush => "the new tuples are not flushed before the LP bit",
             ZenFault::SkipCommitFence => "commit returns before the LP bit is durable (ADR)",
+            ZenFault::DropSkipWatermark => {
+                "a table drop frees its pages before persisting the regions' commit watermarks"
+            }
         }
     }
 }
@@ -300,6 +314,8 @@ pub struct ZenEngine {
     pub(crate) config: ZenConfig,
     /// ADR-like domain: flushes and fences are needed for durability.
     pub(crate) flushing: bool,
+    /// The meta page (its per-region commit watermarks, `drop.rs`).
+    meta_page: u64,
     catalog_store: CatalogStore,
     catalog: Mutex<Catalog>,
     pub(crate) tables: RwLock<Vec<Arc<TableRt>>>,
@@ -450,6 +466,7 @@ impl ZenEngine {
             domain: pool.domain(),
             protocol: config.protocol,
             flushing: pool.domain().needs_flush(),
+            meta_page,
             catalog_store: CatalogStore {
                 base: meta_page + meta::CATALOG_AT,
                 slot_bytes: meta::CATALOG_SLOT_BYTES,
@@ -620,6 +637,10 @@ impl Engine for ZenEngine {
 
     fn check_structure(&self) -> Result<Vec<u64>, String> {
         recovery::check_structure(self)
+    }
+
+    fn drop_table(&self, table: TableId) -> Result<(), DbError> {
+        self.drop_table_now(table)
     }
 }
 

@@ -90,20 +90,27 @@ fn update_index_gc(
     }
 }
 
-/// Algorithm 2, `scanRegion`.
+/// Algorithm 2, `scanRegion`, with `ts-commit` starting at the region's persisted commit
+/// `watermark` (0 unless a table drop wrote one, `drop.rs`). A dropped table's pages still
+/// there count for their LP evidence only: their tuples are neither indexed nor freed here (the
+/// pages are freed after the scan).
 fn scan_region(
     pool: &Pool,
     tables: &[Arc<TableRt>],
     region: usize,
+    watermark: u64,
     pages: &[(TableId, u64)],
 ) -> Result<RegionScan, DbError> {
     let mut out = RegionScan {
         region,
+        ts_commit: watermark,
+        max_cts: watermark,
         ..RegionScan::default()
     };
     let mut pending: Vec<(TableId, u64, u64)> = Vec::new();
     for &(table_id, page) in pages {
         let table = &tables[table_id as usize];
+        let live = table.schema.is_live();
         for i in 0..PAGE_SIZE / table.slot {
             let slot = page + i * table.slot;
             let word = pool.read_u64(slot + tuple::WORD);
@@ -118,6 +125,9 @@ fn scan_region(
             out.max_cts = out.max_cts.max(cts);
             if word & tuple::LP != 0 {
                 out.ts_commit = out.ts_commit.max(cts); // lines 11–12
+            }
+            if !live {
+                continue;
             }
             if cts == 0 {
                 out.free.entry(table_id).or_default().push(slot); // line 14 (empty)
@@ -207,6 +217,9 @@ pub(super) fn recover(engine: &mut ZenEngine) -> Result<(RecoveryReport, u64), D
     phase.lap(&mut report, "page table");
 
     // Phase 2: Algorithm 2 on every region, regions spread over the available cores.
+    let watermarks: Vec<u64> = (0..threads)
+        .map(|r| super::drop::watermark(&pool, engine.meta_page, r))
+        .collect();
     let busy: Vec<usize> = (0..threads).filter(|&r| !regions[r].is_empty()).collect();
     let workers = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
@@ -215,11 +228,12 @@ pub(super) fn recover(engine: &mut ZenEngine) -> Result<(RecoveryReport, u64), D
         let handles: Vec<_> = (0..workers)
             .map(|w| {
                 let (pool, tables, regions, busy) = (&pool, &tables, &regions, &busy);
+                let watermarks = &watermarks;
                 s.spawn(move || {
                     busy.iter()
                         .skip(w)
                         .step_by(workers)
-                        .map(|&r| scan_region(pool, tables, r, &regions[r]))
+                        .map(|&r| scan_region(pool, tables, r, watermarks[r], &regions[r]))
                         .collect::<Result<Vec<_>, _>>()
                 })
             })
@@ -230,7 +244,11 @@ pub(super) fn recover(engine: &mut ZenEngine) -> Result<(RecoveryReport, u64), D
     for st in states.iter_mut() {
         st.tables = (0..tables.len()).map(|_| TableAlloc::default()).collect();
     }
-    let mut max_cts = 0u64;
+    // A region without pages keeps its watermark as its latest commit.
+    for (r, &w) in watermarks.iter().enumerate() {
+        engine.region_commit[r].store(w, Ordering::Release);
+    }
+    let mut max_cts = watermarks.iter().copied().max().unwrap_or(0);
     let (mut pending, mut discarded, mut slots, mut old_versions) = (0u64, 0u64, 0u64, 0u64);
     for scan in scans {
         max_cts = max_cts.max(scan.max_cts);
@@ -248,6 +266,34 @@ pub(super) fn recover(engine: &mut ZenEngine) -> Result<(RecoveryReport, u64), D
         st.garbage.extend(scan.garbage);
     }
     phase.lap(&mut report, "scan regions (Algorithm 2)");
+
+    // Interrupted or finished drops (`drop.rs`, steps 2 to 4): the LP evidence the scan found
+    // becomes the watermarks before any page of a dropped table is freed.
+    let dropped = engine.catalog.lock().dropped_ids();
+    let mut freed = 0;
+    if !dropped.is_empty() {
+        let holds_pages = regions.iter().flatten().any(|(t, _)| dropped.contains(t));
+        if holds_pages {
+            let commits = engine
+                .region_commit
+                .iter()
+                .map(|c| c.load(Ordering::Acquire));
+            super::drop::raise_watermarks(&pool, engine.meta_page, commits);
+            freed = super::drop::free_pages(&pool, &engine.pages, &dropped)?;
+        }
+        let mut catalog = engine.catalog.lock();
+        if !catalog.dropping_ids().is_empty() {
+            let done = catalog.drops_finished();
+            engine.catalog_store.store(&pool, &done)?;
+            for &t in &dropped {
+                let schema = done.tables[t as usize].clone();
+                engine.tables.write()[t as usize] =
+                    Arc::new(TableRt::new(t, schema, &engine.config));
+            }
+            *catalog = done;
+        }
+        phase.lap(&mut report, "finish table drops");
+    }
 
     // Phase 3: drop deleted keys (their tombstones become garbage), rebuild secondary indexes.
     let mut rows = 0u64;
@@ -294,6 +340,7 @@ pub(super) fn recover(engine: &mut ZenEngine) -> Result<(RecoveryReport, u64), D
     report.rows = rows;
     report.facts = vec![
         ("heap pages".into(), heap_pages as u64),
+        ("pages of dropped tables freed".into(), freed),
         ("NVM-tuple slots scanned".into(), slots),
         ("pending-list revisits".into(), pending),
         ("uncommitted tuples discarded".into(), discarded),

@@ -210,7 +210,9 @@ impl ZenWorker {
         if id as usize >= self.tables.len() {
             return Err(TxError::SchemaMismatch(format!("no table with id {id}")));
         }
-        Ok(())
+        crate::catalog::live_schema(Some(&self.tables[id as usize].schema), id)
+            .map(|_| ())
+            .map_err(|e| TxError::SchemaMismatch(e.to_string()))
     }
 
     /// Publishes how many tuples the transaction has touched (to pick the long one, §3.3.4).
