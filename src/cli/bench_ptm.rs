@@ -5,7 +5,7 @@
 use super::CliResult;
 use crate::bench::{self, BenchConfig, RunReport};
 use crate::pmem::PersistenceDomain;
-use crate::ptm::{Ptm, PtmConfig, PtmEngineKind};
+use crate::ptm::{PObject, Ptm, PtmConfig, PtmEngineKind, PtmRunner};
 use crate::workload::ptm_hash::{self, HashDriver, HashRoot};
 use crate::workload::ptm_tree::{self, TreeDriver, TreeRoot};
 use std::path::PathBuf;
@@ -15,9 +15,10 @@ use std::time::Duration;
 /// Arguments of `pmtx bench ptm`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// PTM engines, comma-separated (archtm, dudetx; pmdk is not built yet).
+    /// PTM engines, comma-separated: archtm, dudetx, and pmdk (PMDK's libpmemobj under a
+    /// pool-wide readers-writer lock, ArchTM §6; needs a build with `--features pmdk`).
     #[arg(long, value_delimiter = ',', default_value = "archtm")]
-    pub engine: Vec<PtmEngineKind>,
+    pub engine: Vec<BenchEngine>,
     /// The data structure: hash (a chained hash table of 10 240 buckets) or tree (a B+-tree,
     /// leaves of 8 pairs, inner nodes of 16 children; §6.1 runs it with 1 M pairs).
     #[arg(long, default_value = "hash")]
@@ -49,6 +50,84 @@ pub struct Args {
     pub json: Option<PathBuf>,
 }
 
+/// An engine of `pmtx bench ptm`: a PTM engine of `pmtx::ptm`, or PMDK behind the same API.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BenchEngine {
+    /// ArchTM or DUDETx.
+    Ptm(PtmEngineKind),
+    /// PMDK libpmemobj (`pmtx::peers::pmdk_ptm`).
+    Pmdk,
+}
+
+impl BenchEngine {
+    /// The engine's name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            BenchEngine::Ptm(k) => k.name(),
+            BenchEngine::Pmdk => "pmdk",
+        }
+    }
+}
+
+impl std::str::FromStr for BenchEngine {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "pmdk" if cfg!(feature = "pmdk") => Ok(BenchEngine::Pmdk),
+            "pmdk" => Err("engine pmdk is not built in: rebuild with `cargo build --release \
+                 --features pmdk` (needs libpmemobj-dev; scripts/peers.sh installs it)"
+                .into()),
+            s => s.parse().map(BenchEngine::Ptm).map_err(|e: String| {
+                format!("{e}, or pmdk")
+            }),
+        }
+    }
+}
+
+/// Bench pools of PMDK (files: libpmemobj has no anonymous pools) made by this process.
+static PMDK_POOLS: AtomicU64 = AtomicU64::new(0);
+
+/// Creates a pool of `engine` with root `R::default()`, behind the runner interface.
+fn create_runner<R: PObject + Default>(
+    engine: BenchEngine,
+    config: PtmConfig,
+) -> Result<Box<dyn PtmRunner<R>>, String> {
+    match engine {
+        BenchEngine::Ptm(kind) => Ok(Box::new(
+            Ptm::<R>::create(config.engine(kind)).map_err(|e| e.to_string())?,
+        )),
+        #[cfg(feature = "pmdk")]
+        BenchEngine::Pmdk => {
+            let n = PMDK_POOLS.fetch_add(1, Ordering::Relaxed);
+            let path = std::env::temp_dir().join(format!(
+                "pmtx-bench-ptm-pmdk-{}-{n}.pool",
+                std::process::id()
+            ));
+            let dir = PathBuf::from("/dev/shm");
+            let path = if dir.is_dir() {
+                dir.join(path.file_name().expect("a file name"))
+            } else {
+                path
+            };
+            let _ = std::fs::remove_file(&path);
+            Ok(Box::new(
+                crate::peers::pmdk_ptm::PmdkPtm::<R>::create(
+                    &path,
+                    config.size,
+                    &R::default(),
+                    true,
+                )
+                .map_err(|e| e.to_string())?,
+            ))
+        }
+        #[cfg(not(feature = "pmdk"))]
+        BenchEngine::Pmdk => {
+            let _ = &PMDK_POOLS;
+            Err("engine pmdk is not built in (feature pmdk)".into())
+        }
+    }
+}
+
 pub(crate) fn run(args: Args) -> CliResult {
     let tree = match args.structure.as_str() {
         "hash" => false,
@@ -74,20 +153,19 @@ pub(crate) fn run(args: Args) -> CliResult {
     let mut reports = Vec::new();
     for round in 0..args.repeat {
         for &engine in &args.engine {
-            let mut config = PtmConfig::temporary()
+            let config = PtmConfig::temporary()
                 .size(pool_size)
                 .domain(args.domain)
                 .max_threads(max_threads + 1);
-            config.engine = engine;
             let bar =
                 bench::loading_bar(pairs, &format!("loading {pairs} pairs ({})", engine.name()));
             let (hash, treep) = if tree {
-                let p = Ptm::<TreeRoot>::create(config)?;
-                ptm_tree::load(&p, pairs)?;
+                let p = create_runner::<TreeRoot>(engine, config)?;
+                ptm_tree::load(&*p, pairs)?;
                 (None, Some(p))
             } else {
-                let p = Ptm::<HashRoot>::create(config)?;
-                ptm_hash::load(&p, pairs)?;
+                let p = create_runner::<HashRoot>(engine, config)?;
+                ptm_hash::load(&*p, pairs)?;
                 (Some(p), None)
             };
             bar.finish_and_clear();
@@ -105,9 +183,11 @@ pub(crate) fn run(args: Args) -> CliResult {
                         |t: usize| 0x5eed ^ (round as u64) << 40 ^ (t as u64 + 1) << 20 ^ pct;
                     let result = bench::run(&config, |t| {
                         Ok::<_, String>(match (&hash, &treep) {
-                            (Some(p), _) => Box::new(HashDriver::new(p, pairs, pct, seed(t), app))
+                            (Some(p), _) => Box::new(HashDriver::new(&**p, pairs, pct, seed(t), app))
                                 as Box<dyn bench::TxnDriver>,
-                            (_, Some(p)) => Box::new(TreeDriver::new(p, pairs, pct, seed(t), app)),
+                            (_, Some(p)) => {
+                                Box::new(TreeDriver::new(&**p, pairs, pct, seed(t), app))
+                            }
                             _ => unreachable!("one structure is loaded"),
                         })
                     })?;
@@ -135,7 +215,7 @@ pub(crate) fn run(args: Args) -> CliResult {
                     });
                     reports.push(RunReport::new(
                         engine.name(),
-                        "si",
+                        if engine == BenchEngine::Pmdk { "rwlock" } else { "si" },
                         args.domain.name(),
                         format!("ptm-{}-u{pct}", args.structure),
                         result,
