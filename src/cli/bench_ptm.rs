@@ -11,8 +11,8 @@ use crate::workload::ptm_hash::{self, HashDriver, HashRoot};
 use crate::workload::ptm_kv::KvRoot;
 use crate::workload::ptm_neworder::{self, NewOrderDb, NewOrderDriver};
 use crate::workload::ptm_tatp::{self, TatpKv, TatpKvDriver};
-use crate::workload::tpcc::TpccConfig;
 use crate::workload::ptm_tree::{self, TreeDriver, TreeRoot};
+use crate::workload::tpcc::TpccConfig;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -91,12 +91,15 @@ impl std::str::FromStr for BenchEngine {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "pmdk" if cfg!(feature = "pmdk") => Ok(BenchEngine::Pmdk),
-            "pmdk" => Err("engine pmdk is not built in: rebuild with `cargo build --release \
+            "pmdk" => Err(
+                "engine pmdk is not built in: rebuild with `cargo build --release \
                  --features pmdk` (needs libpmemobj-dev; scripts/peers.sh installs it)"
-                .into()),
-            s => s.parse().map(BenchEngine::Ptm).map_err(|e: String| {
-                format!("{e}, or pmdk")
-            }),
+                    .into(),
+            ),
+            s => s
+                .parse()
+                .map(BenchEngine::Ptm)
+                .map_err(|e: String| format!("{e}, or pmdk")),
         }
     }
 }
@@ -150,9 +153,7 @@ pub(crate) fn run(args: Args) -> CliResult {
         "hash" => false,
         "tree" => true,
         "neworder" | "tatp" => return run_kv(args),
-        s => {
-            return Err(format!("--structure {s}: expected hash, tree, neworder or tatp").into())
-        }
+        s => return Err(format!("--structure {s}: expected hash, tree, neworder or tatp").into()),
     };
     let pairs = args.pairs.unwrap_or(if tree { 1_000_000 } else { 100_000 });
     if let Some(&p) = args.update_pct.iter().find(|&&p| p > 100) {
@@ -203,8 +204,10 @@ pub(crate) fn run(args: Args) -> CliResult {
                         |t: usize| 0x5eed ^ (round as u64) << 40 ^ (t as u64 + 1) << 20 ^ pct;
                     let result = bench::run(&config, |t| {
                         Ok::<_, String>(match (&hash, &treep) {
-                            (Some(p), _) => Box::new(HashDriver::new(&**p, pairs, pct, seed(t), app))
-                                as Box<dyn bench::TxnDriver>,
+                            (Some(p), _) => {
+                                Box::new(HashDriver::new(&**p, pairs, pct, seed(t), app))
+                                    as Box<dyn bench::TxnDriver>
+                            }
                             (_, Some(p)) => {
                                 Box::new(TreeDriver::new(&**p, pairs, pct, seed(t), app))
                             }
@@ -235,7 +238,11 @@ pub(crate) fn run(args: Args) -> CliResult {
                     });
                     reports.push(RunReport::new(
                         engine.name(),
-                        if engine == BenchEngine::Pmdk { "rwlock" } else { "si" },
+                        if engine == BenchEngine::Pmdk {
+                            "rwlock"
+                        } else {
+                            "si"
+                        },
                         args.domain.name(),
                         format!("ptm-{}-u{pct}", args.structure),
                         result,
@@ -273,7 +280,8 @@ fn run_kv(args: Args) -> CliResult {
     // The loaded records with their node and allocation headers, twice over (copies awaiting
     // collection), plus the run's inserts (New-Order adds about 1.5 KB a transaction).
     let data = if neworder {
-        tpcc.items * 128 + tpcc.warehouses * (tpcc.items * 384 + 30 * tpcc.customers_per_district * 768)
+        tpcc.items * 128
+            + tpcc.warehouses * (tpcc.items * 384 + 30 * tpcc.customers_per_district * 768)
     } else {
         args.subscribers * 640
     };
@@ -288,7 +296,10 @@ fn run_kv(args: Args) -> CliResult {
                 .max_threads(max_threads + 1);
             let p = create_runner::<KvRoot>(engine, config)?;
             let seed = 0x7a7 ^ round as u64;
-            let bar = bench::loading_bar(0, &format!("loading {} ({})", args.structure, engine.name()));
+            let bar = bench::loading_bar(
+                0,
+                &format!("loading {} ({})", args.structure, engine.name()),
+            );
             let (no, tatp) = if neworder {
                 (Some(NewOrderDb::load(&*p, tpcc, seed)?), None)
             } else {
@@ -324,7 +335,10 @@ fn run_kv(args: Args) -> CliResult {
                 })?;
                 // The records committed transactions put, per transaction over every window,
                 // times the measured window's transactions.
-                let (put, txns) = (app[0].load(Ordering::Relaxed), app[1].load(Ordering::Relaxed));
+                let (put, txns) = (
+                    app[0].load(Ordering::Relaxed),
+                    app[1].load(Ordering::Relaxed),
+                );
                 let per_txn = put as f64 / txns.max(1) as f64;
                 let app_measured = per_txn * result.committed as f64;
                 let pm_bytes = result.pm.total.bytes_written;
@@ -341,7 +355,11 @@ fn run_kv(args: Args) -> CliResult {
                 });
                 reports.push(RunReport::new(
                     engine.name(),
-                    if engine == BenchEngine::Pmdk { "rwlock" } else { "si" },
+                    if engine == BenchEngine::Pmdk {
+                        "rwlock"
+                    } else {
+                        "si"
+                    },
                     args.domain.name(),
                     format!("ptm-{}", args.structure),
                     result,

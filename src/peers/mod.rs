@@ -84,10 +84,11 @@ impl PeerKind {
 
     /// Whether this binary was built with the peer.
     pub fn built(self) -> bool {
-        match self.feature() {
-            "pmdk" => cfg!(feature = "pmdk"),
-            _ => cfg!(feature = "lmdb"),
-        }
+        const BUILT: [(&str, bool); 2] = [
+            ("pmdk", cfg!(feature = "pmdk")),
+            ("lmdb", cfg!(feature = "lmdb")),
+        ];
+        BUILT.iter().any(|&(f, built)| built && f == self.feature())
     }
 
     /// Whether a commit is durable when it returns.

@@ -72,7 +72,11 @@ extern "C" {
     pub(super) fn pmemobj_tx_stage() -> c_int;
     pub(super) fn pmemobj_tx_zalloc(size: usize, type_num: u64) -> PmemOid;
     pub(super) fn pmemobj_tx_free(oid: PmemOid) -> c_int;
-    pub(super) fn pmemobj_tx_xadd_range_direct(ptr: *const c_void, size: usize, flags: u64) -> c_int;
+    pub(super) fn pmemobj_tx_xadd_range_direct(
+        ptr: *const c_void,
+        size: usize,
+        flags: u64,
+    ) -> c_int;
     pub(super) fn pmemobj_first(pop: *mut PmemObjPool) -> PmemOid;
     pub(super) fn pmemobj_next(oid: PmemOid) -> PmemOid;
     pub(super) fn pmemobj_type_num(oid: PmemOid) -> u64;

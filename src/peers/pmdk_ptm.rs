@@ -31,8 +31,8 @@
 use super::pmdk::{
     c_path, force_pmem_flushes, last_error_text, pmemobj_close, pmemobj_create, pmemobj_direct,
     pmemobj_first, pmemobj_next, pmemobj_open, pmemobj_root, pmemobj_tx_add_range_direct,
-    pmemobj_tx_free, pmemobj_tx_xadd_range_direct, pmemobj_tx_zalloc, pmemobj_type_num,
-    tx_begin, tx_finish, PmemObjPool, PmemOid, POBJ_XADD_NO_SNAPSHOT,
+    pmemobj_tx_free, pmemobj_tx_xadd_range_direct, pmemobj_tx_zalloc, pmemobj_type_num, tx_begin,
+    tx_finish, PmemObjPool, PmemOid, POBJ_XADD_NO_SNAPSHOT,
 };
 use crate::engine::common::BuildWriteKeyHasher;
 use crate::ptm::{run_on_worker, PObject, PTx, PtmError, PtmRunner, PtmWorker};
@@ -155,8 +155,7 @@ impl<R: PObject> PmdkPtm<R> {
             // SAFETY: proot is the pool root object (at least size_of::<PoolRoot>() bytes),
             // snapshotted before it is written, in this thread's transaction.
             unsafe {
-                if pmemobj_tx_add_range_direct(proot.cast(), std::mem::size_of::<PoolRoot>()) != 0
-                {
+                if pmemobj_tx_add_range_direct(proot.cast(), std::mem::size_of::<PoolRoot>()) != 0 {
                     return Err(last_error_text("pmemobj_tx_add_range_direct"));
                 }
                 proot.write(PoolRoot {
@@ -171,7 +170,9 @@ impl<R: PObject> PmdkPtm<R> {
             Ok(oid)
         });
         let ended = tx_finish(made.is_ok());
-        pool.root = made.and_then(|oid| ended.map(|()| oid)).map_err(PtmError::Pool)?;
+        pool.root = made
+            .and_then(|oid| ended.map(|()| oid))
+            .map_err(PtmError::Pool)?;
         Self::wrap(pool)
     }
 
@@ -395,7 +396,10 @@ impl Worker {
     /// The address of `len` bytes at `offset` of object `h`, checked against its size.
     fn at(&self, h: u64, offset: usize, len: usize) -> Result<*mut u8, PtmError> {
         let size = self.size(h)?;
-        if offset.checked_add(len).map_or(true, |end| end as u64 > size) {
+        if offset
+            .checked_add(len)
+            .map_or(true, |end| end as u64 > size)
+        {
             return Err(PtmError::TooLarge(format!(
                 "{len} bytes at offset {offset} of object {h:#x} run past its {size} bytes"
             )));
@@ -623,7 +627,8 @@ mod tests {
             }
         }
         // A stale handle is refused, not read.
-        let bogus = crate::ptm::PPtr::<Cell>::from_raw(run.run(|tx| Ok(tx.root().raw() + 8)).unwrap());
+        let bogus =
+            crate::ptm::PPtr::<Cell>::from_raw(run.run(|tx| Ok(tx.root().raw() + 8)).unwrap());
         assert!(matches!(
             run.run(|tx| tx.read(bogus)),
             Err(PtmError::InvalidHandle { .. })
@@ -640,11 +645,11 @@ mod tests {
             let _ = std::fs::remove_file(p);
         }
         {
-            let h = PmdkPtm::<HashRoot>::create(&hp, 32 << 20, &HashRoot::default(), false)
-                .unwrap();
+            let h =
+                PmdkPtm::<HashRoot>::create(&hp, 32 << 20, &HashRoot::default(), false).unwrap();
             ptm_hash::load(&h, 3000).unwrap();
-            let t = PmdkPtm::<TreeRoot>::create(&tp, 32 << 20, &TreeRoot::default(), false)
-                .unwrap();
+            let t =
+                PmdkPtm::<TreeRoot>::create(&tp, 32 << 20, &TreeRoot::default(), false).unwrap();
             ptm_tree::load(&t, 3000).unwrap();
             let app = std::sync::atomic::AtomicU64::new(0);
             std::thread::scope(|s| {
@@ -671,7 +676,9 @@ mod tests {
         assert_eq!(hr.run(|tx| tx.read(tx.root())).unwrap().pairs, 3000);
         for k in 0..3000u64 {
             let node = hr.run(|tx| ptm_hash::find(tx, k)).unwrap().expect("key");
-            let v: [u8; 16] = hr.run(|tx| tx.read_at::<ptm_hash::HashNode, _>(node, 8)).unwrap();
+            let v: [u8; 16] = hr
+                .run(|tx| tx.read_at::<ptm_hash::HashNode, _>(node, 8))
+                .unwrap();
             assert_eq!(v[..8], k.to_le_bytes());
             assert!(tr.run(|tx| ptm_tree::find(tx, k)).unwrap().is_some());
         }

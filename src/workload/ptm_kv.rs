@@ -52,6 +52,9 @@ impl<V: PObject> PObject for Node<V> {
     }
 }
 
+/// A node and its predecessor in its chain (null: the bucket head).
+type NodeAndPrev<V> = (PPtr<Node<V>>, PPtr<Node<V>>);
+
 /// A segment of bucket heads (raw node handles).
 pub type Segment = [u64; SEG_BUCKETS];
 /// A page of the segment directory (raw segment handles).
@@ -129,11 +132,7 @@ impl<V: PObject> Table<V> {
             buckets: (segs * SEG_BUCKETS) as u64,
             pages: [0; MAX_SEGS / DIR_PAGE],
         };
-        for (p, chunk) in (0..segs)
-            .collect::<Vec<_>>()
-            .chunks(DIR_PAGE)
-            .enumerate()
-        {
+        for (p, chunk) in (0..segs).collect::<Vec<_>>().chunks(DIR_PAGE).enumerate() {
             let mut page = [0u64; DIR_PAGE];
             for (slot, _) in page.iter_mut().zip(chunk) {
                 *slot = tx.alloc(&[0u64; SEG_BUCKETS])?.raw();
@@ -200,7 +199,7 @@ impl<V: PObject> Table<V> {
         &self,
         tx: &mut PTx<'_, KvRoot>,
         key: u64,
-    ) -> Result<Option<(PPtr<Node<V>>, PPtr<Node<V>>)>, PtmError> {
+    ) -> Result<Option<NodeAndPrev<V>>, PtmError> {
         let (seg, at) = self.slot(tx, key)?;
         let mut prev = PPtr::null();
         let mut p: u64 = tx.read_at(seg, at)?;
@@ -242,7 +241,12 @@ impl<V: PObject> Table<V> {
 
     /// Inserts `key`, which the caller knows is absent (e.g. an order id just drawn from its
     /// district's counter): no chain walk. A duplicate would shadow the older pair.
-    pub fn insert_new(&self, tx: &mut PTx<'_, KvRoot>, key: u64, value: &V) -> Result<(), PtmError> {
+    pub fn insert_new(
+        &self,
+        tx: &mut PTx<'_, KvRoot>,
+        key: u64,
+        value: &V,
+    ) -> Result<(), PtmError> {
         let (seg, at) = self.slot(tx, key)?;
         let head: u64 = tx.read_at(seg, at)?;
         let node = tx.alloc(&Node {
@@ -346,7 +350,10 @@ mod tests {
                     let del = run.run(|tx| t.delete(tx, key)).unwrap();
                     assert_eq!(del, model.remove(&key).is_some());
                 }
-                _ => assert_eq!(run.run(|tx| t.get(tx, key)).unwrap(), model.get(&key).copied()),
+                _ => assert_eq!(
+                    run.run(|tx| t.get(tx, key)).unwrap(),
+                    model.get(&key).copied()
+                ),
             }
         }
         let mut keys = all_keys(run, &t).unwrap();
@@ -354,8 +361,14 @@ mod tests {
         assert_eq!(keys, model.keys().copied().collect::<Vec<_>>());
         let again: Table<[u64; 3]> = run.run(|tx| Table::open(tx, 2)).unwrap();
         assert_eq!(again.buckets(), t.buckets());
-        assert!(run.run(|tx| Table::<u64>::open(tx, 2)).is_err(), "record size checked");
-        assert!(run.run(|tx| Table::<u64>::open(tx, 3)).is_err(), "no table 3");
+        assert!(
+            run.run(|tx| Table::<u64>::open(tx, 2)).is_err(),
+            "record size checked"
+        );
+        assert!(
+            run.run(|tx| Table::<u64>::open(tx, 3)).is_err(),
+            "no table 3"
+        );
         ptm.check_invariants().unwrap();
     }
 }

@@ -239,7 +239,9 @@ impl NewOrderDb {
         config: TpccConfig,
         seed: u64,
     ) -> Result<NewOrderDb, PtmError> {
-        config.validate().map_err(|e| PtmError::Pool(e.to_string()))?;
+        config
+            .validate()
+            .map_err(|e| PtmError::Pool(e.to_string()))?;
         let mut rng = StdRng::seed_from_u64(seed);
         let constants = NuRandConstants::for_load(&mut rng);
         let w = config.warehouses;
@@ -368,7 +370,11 @@ impl NewOrderDb {
                         first: text(rng, 8, &mut b),
                         middle: *b"OE",
                         last,
-                        credit: if rng.gen_range(0..10) == 0 { *b"BC" } else { *b"GC" },
+                        credit: if rng.gen_range(0..10) == 0 {
+                            *b"BC"
+                        } else {
+                            *b"GC"
+                        },
                         street: [text(rng, 10, &mut b), text(rng, 10, &mut b)],
                         city: text(rng, 10, &mut b),
                         state: text(rng, 2, &mut b),
@@ -489,13 +495,7 @@ impl NewOrderDb {
         NewOrderInput {
             w_id,
             d_id: rng.gen_range(1..=DISTRICTS),
-            c_id: nurand(
-                rng,
-                1023,
-                self.constants.c_id,
-                1,
-                c.customers_per_district,
-            ),
+            c_id: nurand(rng, 1023, self.constants.c_id, 1, c.customers_per_district),
             lines,
         }
     }
@@ -514,7 +514,10 @@ impl NewOrderDb {
             .get(tx, keys::warehouse(w_id))?
             .ok_or_else(|| gone("the warehouse"))?;
         let dkey = keys::district(w_id, d_id);
-        let mut d = self.district.get(tx, dkey)?.ok_or_else(|| gone("the district"))?;
+        let mut d = self
+            .district
+            .get(tx, dkey)?
+            .ok_or_else(|| gone("the district"))?;
         let o_id = d.next_o_id;
         d.next_o_id += 1;
         self.district.put(tx, dkey, &d)?;
@@ -544,7 +547,10 @@ impl NewOrderDb {
                 return tx.abort();
             };
             let skey = keys::stock(line.supply_w_id, line.i_id);
-            let mut s = self.stock.get(tx, skey)?.ok_or_else(|| gone("a stock row"))?;
+            let mut s = self
+                .stock
+                .get(tx, skey)?
+                .ok_or_else(|| gone("a stock row"))?;
             let q = line.quantity as i64;
             s.quantity = if s.quantity >= q + 10 {
                 s.quantity - q
@@ -661,8 +667,16 @@ pub fn check(ptm: &dyn PtmRunner<KvRoot>, db: &NewOrderDb) -> Result<CheckReport
         }
     }
     for (name, n, want) in [
-        ("ORDER", all_keys(ptm, &db.order).map_err(e)?.len(), report.orders),
-        ("NEW-ORDER", all_keys(ptm, &db.new_order).map_err(e)?.len(), report.orders),
+        (
+            "ORDER",
+            all_keys(ptm, &db.order).map_err(e)?.len(),
+            report.orders,
+        ),
+        (
+            "NEW-ORDER",
+            all_keys(ptm, &db.new_order).map_err(e)?.len(),
+            report.orders,
+        ),
         (
             "ORDER-LINE",
             all_keys(ptm, &db.order_line).map_err(e)?.len(),
@@ -688,7 +702,10 @@ pub fn check(ptm: &dyn PtmRunner<KvRoot>, db: &NewOrderDb) -> Result<CheckReport
                                 part.1 += s.order_cnt;
                                 part.2 += s.remote_cnt;
                                 if !(10..=100).contains(&s.quantity) {
-                                    part.3.push(format!("stock ({w}, {item}): S_QUANTITY {}", s.quantity));
+                                    part.3.push(format!(
+                                        "stock ({w}, {item}): S_QUANTITY {}",
+                                        s.quantity
+                                    ));
                                 }
                             }
                             None => part.3.push(format!("stock ({w}, {item}) is missing")),

@@ -407,9 +407,21 @@ pub fn check(ptm: &dyn PtmRunner<KvRoot>, db: &TatpKv) -> Result<CheckReport, St
         s_id = end;
     }
     for (name, n, want) in [
-        ("subscriber", all_keys(ptm, &db.subscriber).map_err(e)?.len(), rep.subscribers),
-        ("sub_nbr", all_keys(ptm, &db.by_sub_nbr).map_err(e)?.len(), rep.subscribers),
-        ("access_info", all_keys(ptm, &db.access_info).map_err(e)?.len(), rep.access_info),
+        (
+            "subscriber",
+            all_keys(ptm, &db.subscriber).map_err(e)?.len(),
+            rep.subscribers,
+        ),
+        (
+            "sub_nbr",
+            all_keys(ptm, &db.by_sub_nbr).map_err(e)?.len(),
+            rep.subscribers,
+        ),
+        (
+            "access_info",
+            all_keys(ptm, &db.access_info).map_err(e)?.len(),
+            rep.access_info,
+        ),
         (
             "special_facility",
             all_keys(ptm, &db.special_facility).map_err(e)?.len(),
@@ -443,28 +455,40 @@ fn check_one(
     };
     part.subscribers += 1;
     if s.bits[0] > 1 || s.vlr_location == 0 {
-        return Ok(Some(format!("subscriber {s_id}: bit_1 or vlr_location out of range")));
+        return Ok(Some(format!(
+            "subscriber {s_id}: bit_1 or vlr_location out of range"
+        )));
     }
     let want = subscriber_of(&loaded);
     s.bits[0] = want.bits[0];
     s.vlr_location = want.vlr_location;
     if s != want {
-        return Ok(Some(format!("subscriber {s_id}: {s:?} is not the loaded {want:?}")));
+        return Ok(Some(format!(
+            "subscriber {s_id}: {s:?} is not the loaded {want:?}"
+        )));
     }
     if db.by_sub_nbr.get(tx, sub_nbr_key(&sub_nbr(s_id)))? != Some(s_id) {
-        return Ok(Some(format!("the sub_nbr table does not find subscriber {s_id}")));
+        return Ok(Some(format!(
+            "the sub_nbr table does not find subscriber {s_id}"
+        )));
     }
     for t in 1..=4u8 {
         let got = db.access_info.get(tx, access_info_key(s_id, t))?;
         part.access_info += u64::from(got.is_some());
-        let want = loaded.access_info.iter().find(|a| a.ai_type == t).map(|a| AccessInfo {
-            data1: a.data1,
-            data2: a.data2,
-            data3: a.data3,
-            data4: a.data4,
-        });
+        let want = loaded
+            .access_info
+            .iter()
+            .find(|a| a.ai_type == t)
+            .map(|a| AccessInfo {
+                data1: a.data1,
+                data2: a.data2,
+                data3: a.data3,
+                data4: a.data4,
+            });
         if got != want {
-            return Ok(Some(format!("access_info ({s_id}, {t}): {got:?}, loaded {want:?}")));
+            return Ok(Some(format!(
+                "access_info ({s_id}, {t}): {got:?}, loaded {want:?}"
+            )));
         }
         let got = db.special_facility.get(tx, special_facility_key(s_id, t))?;
         part.special_facility += u64::from(got.is_some());
@@ -477,10 +501,15 @@ fn check_one(
             _ => false,
         };
         if !same {
-            return Ok(Some(format!("special_facility ({s_id}, {t}): {got:?}, loaded {want:?}")));
+            return Ok(Some(format!(
+                "special_facility ({s_id}, {t}): {got:?}, loaded {want:?}"
+            )));
         }
         for start in START_TIMES {
-            if let Some(c) = db.call_forwarding.get(tx, call_forwarding_key(s_id, t, start))? {
+            if let Some(c) = db
+                .call_forwarding
+                .get(tx, call_forwarding_key(s_id, t, start))?
+            {
                 part.call_forwarding += 1;
                 if want.is_none()
                     || !(1..=24).contains(&c.end_time)
@@ -585,7 +614,11 @@ mod tests {
             let after = check(&ptm, &db).unwrap();
             assert_eq!(
                 (after.subscribers, after.access_info, after.special_facility),
-                (loaded.subscribers, loaded.access_info, loaded.special_facility)
+                (
+                    loaded.subscribers,
+                    loaded.access_info,
+                    loaded.special_facility
+                )
             );
             assert_ne!(after.call_forwarding, 0);
             ptm.check_invariants().unwrap();
@@ -604,7 +637,10 @@ mod tests {
             })
             .expect("some subscriber lacks a facility type");
         ptm.run(|tx| {
-            let row = CallForwarding { end_time: 5, numberx: [b'1'; SUB_NBR_LEN] };
+            let row = CallForwarding {
+                end_time: 5,
+                numberx: [b'1'; SUB_NBR_LEN],
+            };
             db.call_forwarding
                 .insert(tx, call_forwarding_key(orphan.0, orphan.1, 0), &row)
                 .map(|_| ())
