@@ -13,7 +13,7 @@
 //! [`ptm_neworder`]: super::ptm_neworder
 //! [`ptm_tatp`]: super::ptm_tatp
 
-use crate::ptm::{PObject, PPtr, PTx, PtmError};
+use crate::ptm::{PObject, PPtr, PTx, PtmError, PtmRunner};
 use std::marker::PhantomData;
 
 /// Tables a store can hold.
@@ -108,8 +108,12 @@ fn missing(what: String) -> PtmError {
 }
 
 impl<V: PObject> Table<V> {
-    /// Creates table `id` with `buckets` buckets (rounded up to a whole segment) in `tx`.
-    pub fn create(tx: &mut PTx<'_, KvRoot>, id: usize, buckets: u64) -> Result<Self, PtmError> {
+    /// Creates table `id` with `buckets` buckets (rounded up to a whole segment): the bucket
+    /// segments a directory page at a time (a transaction each, so that an engine with a
+    /// bounded log, DUDETx, takes a large table), then the header and its entry in the root.
+    /// A crash before the last transaction leaks the segments made so far (the table does not
+    /// exist; creating it again allocates new ones).
+    pub fn create(ptm: &dyn PtmRunner<KvRoot>, id: usize, buckets: u64) -> Result<Self, PtmError> {
         if id >= MAX_TABLES {
             return Err(PtmError::TooLarge(format!(
                 "table {id}: a store holds {MAX_TABLES} tables"
@@ -122,26 +126,37 @@ impl<V: PObject> Table<V> {
                 MAX_SEGS * SEG_BUCKETS
             )));
         }
-        let root = tx.root();
-        let mut r = tx.read(root)?;
-        if !r.tables[id].is_null() {
-            return Err(PtmError::Pool(format!("table {id} exists")));
-        }
+        let exists = |tx: &mut PTx<'_, KvRoot>| -> Result<(), PtmError> {
+            if tx.read(tx.root())?.tables[id].is_null() {
+                Ok(())
+            } else {
+                Err(PtmError::Pool(format!("table {id} exists")))
+            }
+        };
+        ptm.run(exists)?;
         let mut head = TableHead {
             record_size: V::SIZE as u64,
             buckets: (segs * SEG_BUCKETS) as u64,
             pages: [0; MAX_SEGS / DIR_PAGE],
         };
-        for (p, chunk) in (0..segs).collect::<Vec<_>>().chunks(DIR_PAGE).enumerate() {
-            let mut page = [0u64; DIR_PAGE];
-            for (slot, _) in page.iter_mut().zip(chunk) {
-                *slot = tx.alloc(&[0u64; SEG_BUCKETS])?.raw();
-            }
-            head.pages[p] = tx.alloc(&page)?.raw();
+        for (p, first) in (0..segs).step_by(DIR_PAGE).enumerate() {
+            let n = (segs - first).min(DIR_PAGE);
+            head.pages[p] = ptm.run(|tx| {
+                let mut page = [0u64; DIR_PAGE];
+                for slot in &mut page[..n] {
+                    *slot = tx.alloc(&[0u64; SEG_BUCKETS])?.raw();
+                }
+                Ok(tx.alloc(&page)?.raw())
+            })?;
         }
-        r.tables[id] = tx.alloc(&head)?;
-        tx.write(root, &r)?;
-        Self::from_head(r.tables[id], &head)
+        let h = ptm.run(|tx| {
+            exists(tx)?;
+            let h = tx.alloc(&head)?;
+            let root = tx.root();
+            tx.update(root, |r| r.tables[id] = h)?;
+            Ok(h)
+        })?;
+        Self::from_head(h, &head)
     }
 
     /// Opens table `id`, checking its record size.
@@ -195,11 +210,7 @@ impl<V: PObject> Table<V> {
     }
 
     /// The node of `key`, with its predecessor in the chain (null: the bucket head).
-    fn find(
-        &self,
-        tx: &mut PTx<'_, KvRoot>,
-        key: u64,
-    ) -> Result<Option<NodeAndPrev<V>>, PtmError> {
+    fn find(&self, tx: &mut PTx<'_, KvRoot>, key: u64) -> Result<Option<NodeAndPrev<V>>, PtmError> {
         let (seg, at) = self.slot(tx, key)?;
         let mut prev = PPtr::null();
         let mut p: u64 = tx.read_at(seg, at)?;
@@ -300,7 +311,7 @@ impl<V: PObject> Table<V> {
 
 /// Every key of `table`, scanned in transactions of 4 096 buckets.
 pub fn all_keys<V: PObject>(
-    ptm: &dyn crate::ptm::PtmRunner<KvRoot>,
+    ptm: &dyn PtmRunner<KvRoot>,
     table: &Table<V>,
 ) -> Result<Vec<u64>, PtmError> {
     let mut out = Vec::new();
@@ -316,14 +327,15 @@ pub fn all_keys<V: PObject>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ptm::{Ptm, PtmConfig, PtmRunner};
+    use crate::ptm::{Ptm, PtmConfig};
     use std::collections::BTreeMap;
 
     #[test]
     fn a_table_agrees_with_a_btreemap() {
         let ptm = Ptm::<KvRoot>::create(PtmConfig::temporary().size(32 << 20)).unwrap();
         let run: &dyn PtmRunner<KvRoot> = &ptm;
-        let t: Table<[u64; 3]> = run.run(|tx| Table::create(tx, 2, 50)).unwrap();
+        let t: Table<[u64; 3]> = Table::create(run, 2, 50).unwrap();
+        assert!(Table::<u64>::create(run, 2, 8).is_err(), "table 2 exists");
         assert_eq!(t.buckets(), 56);
         let mut model = BTreeMap::new();
         let mut rng = 3u64;

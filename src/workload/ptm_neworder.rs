@@ -246,9 +246,7 @@ impl NewOrderDb {
         let constants = NuRandConstants::for_load(&mut rng);
         let w = config.warehouses;
         let per_district = config.customers_per_district;
-        // Room for about 2 pairs per bucket at load; the order tables for a few hundred
-        // thousand orders (chains lengthen past that, but New-Order never walks them).
-        let db = ptm.run(|tx| {
+        ptm.run(|tx| {
             let root = tx.root();
             tx.update(root, |r| {
                 r.meta[META_WAREHOUSES] = w;
@@ -256,20 +254,22 @@ impl NewOrderDb {
                 r.meta[META_CUSTOMERS] = per_district;
                 r.meta[META_C_ID] = constants.c_id;
                 r.meta[META_OL_I_ID] = constants.ol_i_id;
-            })?;
-            Ok(NewOrderDb {
-                warehouse: Table::create(tx, 0, w)?,
-                district: Table::create(tx, 1, w * DISTRICTS)?,
-                customer: Table::create(tx, 2, (w * DISTRICTS * per_district).div_ceil(2))?,
-                item: Table::create(tx, 3, config.items.div_ceil(2))?,
-                stock: Table::create(tx, 4, (w * config.items).div_ceil(2))?,
-                order: Table::create(tx, 5, (w << 15).min(1 << 19))?,
-                new_order: Table::create(tx, 6, (w << 15).min(1 << 19))?,
-                order_line: Table::create(tx, 7, (w << 17).min(1 << 19))?,
-                config,
-                constants,
             })
         })?;
+        // Room for about 2 pairs per bucket at load; the order tables for a few hundred
+        // thousand orders (chains lengthen past that, but New-Order never walks them).
+        let db = NewOrderDb {
+            warehouse: Table::create(ptm, 0, w)?,
+            district: Table::create(ptm, 1, w * DISTRICTS)?,
+            customer: Table::create(ptm, 2, (w * DISTRICTS * per_district).div_ceil(2))?,
+            item: Table::create(ptm, 3, config.items.div_ceil(2))?,
+            stock: Table::create(ptm, 4, (w * config.items).div_ceil(2))?,
+            order: Table::create(ptm, 5, (w << 15).min(1 << 19))?,
+            new_order: Table::create(ptm, 6, (w << 15).min(1 << 19))?,
+            order_line: Table::create(ptm, 7, (w << 17).min(1 << 19))?,
+            config,
+            constants,
+        };
         db.batched(ptm, config.items, |tx, db, i| {
             let rng = &mut StdRng::seed_from_u64(seed ^ (i << 8) ^ 1);
             let mut buf = Vec::new();

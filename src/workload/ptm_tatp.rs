@@ -139,24 +139,24 @@ impl TatpKv {
             )));
         }
         let p = subscribers;
-        let db = ptm.run(|tx| {
+        ptm.run(|tx| {
             let root = tx.root();
             tx.update(root, |r| {
                 r.meta[META_SUBSCRIBERS] = p;
                 r.meta[META_SEED] = seed;
-            })?;
-            // About 2 rows per bucket (2.5 access_info, 2.5 special_facility and 3.75
-            // call_forwarding rows per subscriber).
-            Ok(TatpKv {
-                subscriber: Table::create(tx, 0, p.div_ceil(2))?,
-                by_sub_nbr: Table::create(tx, 1, p.div_ceil(2))?,
-                access_info: Table::create(tx, 2, p * 5 / 4 + 1)?,
-                special_facility: Table::create(tx, 3, p * 5 / 4 + 1)?,
-                call_forwarding: Table::create(tx, 4, p * 2 + 1)?,
-                subscribers: p,
-                seed,
             })
         })?;
+        // About 2 rows per bucket (2.5 access_info, 2.5 special_facility and 3.75
+        // call_forwarding rows per subscriber).
+        let db = TatpKv {
+            subscriber: Table::create(ptm, 0, p.div_ceil(2))?,
+            by_sub_nbr: Table::create(ptm, 1, p.div_ceil(2))?,
+            access_info: Table::create(ptm, 2, p * 5 / 4 + 1)?,
+            special_facility: Table::create(ptm, 3, p * 5 / 4 + 1)?,
+            call_forwarding: Table::create(ptm, 4, p * 2 + 1)?,
+            subscribers: p,
+            seed,
+        };
         let mut next = 1;
         while next <= p {
             let end = (next + 16).min(p + 1);
