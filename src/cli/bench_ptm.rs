@@ -84,6 +84,14 @@ impl BenchEngine {
             BenchEngine::Pmdk => "pmdk",
         }
     }
+
+    /// Its isolation in reports: snapshot isolation, or PMDK's readers-writer lock.
+    pub fn cc(self) -> &'static str {
+        match self {
+            BenchEngine::Ptm(_) => "si",
+            BenchEngine::Pmdk => "rwlock",
+        }
+    }
 }
 
 impl std::str::FromStr for BenchEngine {
@@ -107,11 +115,18 @@ impl std::str::FromStr for BenchEngine {
 /// Bench pools of PMDK (files: libpmemobj has no anonymous pools) made by this process.
 static PMDK_POOLS: AtomicU64 = AtomicU64::new(0);
 
-/// Creates a pool of `engine` with root `R::default()`, behind the runner interface.
+/// Creates a pool of `engine` of `size` bytes for `args`' threads with root `R::default()`,
+/// behind the runner interface.
 fn create_runner<R: PObject + Default>(
     engine: BenchEngine,
-    config: PtmConfig,
+    args: &Args,
+    size: u64,
 ) -> Result<Box<dyn PtmRunner<R>>, String> {
+    let max_threads = args.threads.iter().copied().max().unwrap_or(1);
+    let config = PtmConfig::temporary()
+        .size(size)
+        .domain(args.domain)
+        .max_threads(max_threads + 1);
     match engine {
         BenchEngine::Ptm(kind) => Ok(Box::new(
             Ptm::<R>::create(config.engine(kind)).map_err(|e| e.to_string())?,
@@ -174,18 +189,14 @@ pub(crate) fn run(args: Args) -> CliResult {
     let mut reports = Vec::new();
     for round in 0..args.repeat {
         for &engine in &args.engine {
-            let config = PtmConfig::temporary()
-                .size(pool_size)
-                .domain(args.domain)
-                .max_threads(max_threads + 1);
             let bar =
                 bench::loading_bar(pairs, &format!("loading {pairs} pairs ({})", engine.name()));
             let (hash, treep) = if tree {
-                let p = create_runner::<TreeRoot>(engine, config)?;
+                let p = create_runner::<TreeRoot>(engine, &args, pool_size)?;
                 ptm_tree::load(&*p, pairs)?;
                 (None, Some(p))
             } else {
-                let p = create_runner::<HashRoot>(engine, config)?;
+                let p = create_runner::<HashRoot>(engine, &args, pool_size)?;
                 ptm_hash::load(&*p, pairs)?;
                 (Some(p), None)
             };
@@ -238,11 +249,7 @@ pub(crate) fn run(args: Args) -> CliResult {
                     });
                     reports.push(RunReport::new(
                         engine.name(),
-                        if engine == BenchEngine::Pmdk {
-                            "rwlock"
-                        } else {
-                            "si"
-                        },
+                        engine.cc(),
                         args.domain.name(),
                         format!("ptm-{}-u{pct}", args.structure),
                         result,
@@ -290,11 +297,7 @@ fn run_kv(args: Args) -> CliResult {
     let mut reports = Vec::new();
     for round in 0..args.repeat {
         for &engine in &args.engine {
-            let config = PtmConfig::temporary()
-                .size(pool_size)
-                .domain(args.domain)
-                .max_threads(max_threads + 1);
-            let p = create_runner::<KvRoot>(engine, config)?;
+            let p = create_runner::<KvRoot>(engine, &args, pool_size)?;
             let seed = 0x7a7 ^ round as u64;
             let bar = bench::loading_bar(
                 0,
@@ -355,11 +358,7 @@ fn run_kv(args: Args) -> CliResult {
                 });
                 reports.push(RunReport::new(
                     engine.name(),
-                    if engine == BenchEngine::Pmdk {
-                        "rwlock"
-                    } else {
-                        "si"
-                    },
+                    engine.cc(),
                     args.domain.name(),
                     format!("ptm-{}", args.structure),
                     result,

@@ -27,6 +27,33 @@ use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 crate::pobject! {
+    /// The street address of a warehouse, district or customer.
+    #[derive(Clone, Copy, Debug)]
+    pub struct Address {
+        /// STREET_1, STREET_2.
+        pub street: [[u8; 20]; 2],
+        /// CITY.
+        pub city: [u8; 20],
+        /// STATE.
+        pub state: [u8; 2],
+        /// ZIP.
+        pub zip: [u8; 9],
+    }
+}
+
+impl Address {
+    /// A random address (clause 4.3.3.1).
+    fn random(rng: &mut StdRng, buf: &mut Vec<u8>) -> Address {
+        Address {
+            street: [text(rng, 10, buf), text(rng, 10, buf)],
+            city: text(rng, 10, buf),
+            state: text(rng, 2, buf),
+            zip: *b"123411111",
+        }
+    }
+}
+
+crate::pobject! {
     /// WAREHOUSE (W_ID in the key).
     #[derive(Clone, Copy, Debug)]
     pub struct Warehouse {
@@ -36,14 +63,8 @@ crate::pobject! {
         pub ytd: i64,
         /// W_NAME.
         pub name: [u8; 10],
-        /// W_STREET_1, W_STREET_2.
-        pub street: [[u8; 20]; 2],
-        /// W_CITY.
-        pub city: [u8; 20],
-        /// W_STATE.
-        pub state: [u8; 2],
-        /// W_ZIP.
-        pub zip: [u8; 9],
+        /// W_STREET_1, W_STREET_2, W_CITY, W_STATE, W_ZIP.
+        pub address: Address,
     }
 }
 
@@ -59,14 +80,8 @@ crate::pobject! {
         pub ytd: i64,
         /// D_NAME.
         pub name: [u8; 10],
-        /// D_STREET_1, D_STREET_2.
-        pub street: [[u8; 20]; 2],
-        /// D_CITY.
-        pub city: [u8; 20],
-        /// D_STATE.
-        pub state: [u8; 2],
-        /// D_ZIP.
-        pub zip: [u8; 9],
+        /// D_STREET_1, D_STREET_2, D_CITY, D_STATE, D_ZIP.
+        pub address: Address,
     }
 }
 
@@ -96,14 +111,8 @@ crate::pobject! {
         pub last: [u8; 16],
         /// C_CREDIT ("GC" or "BC").
         pub credit: [u8; 2],
-        /// C_STREET_1, C_STREET_2.
-        pub street: [[u8; 20]; 2],
-        /// C_CITY.
-        pub city: [u8; 20],
-        /// C_STATE.
-        pub state: [u8; 2],
-        /// C_ZIP.
-        pub zip: [u8; 9],
+        /// C_STREET_1, C_STREET_2, C_CITY, C_STATE, C_ZIP.
+        pub address: Address,
         /// C_PHONE.
         pub phone: [u8; 16],
         /// C_DATA.
@@ -299,10 +308,7 @@ impl NewOrderDb {
                         tax: rng.gen_range(0..=2000),
                         ytd: 30_000_000,
                         name: text(rng, 6, &mut b),
-                        street: [text(rng, 10, &mut b), text(rng, 10, &mut b)],
-                        city: text(rng, 10, &mut b),
-                        state: text(rng, 2, &mut b),
-                        zip: *b"123411111",
+                        address: Address::random(rng, &mut b),
                     },
                 )?;
                 for did in 1..=DISTRICTS {
@@ -314,10 +320,7 @@ impl NewOrderDb {
                             tax: rng.gen_range(0..=2000),
                             ytd: 3_000_000,
                             name: text(rng, 6, &mut b),
-                            street: [text(rng, 10, &mut b), text(rng, 10, &mut b)],
-                            city: text(rng, 10, &mut b),
-                            state: text(rng, 2, &mut b),
-                            zip: *b"123411111",
+                            address: Address::random(rng, &mut b),
                         },
                     )?;
                 }
@@ -375,10 +378,7 @@ impl NewOrderDb {
                         } else {
                             *b"GC"
                         },
-                        street: [text(rng, 10, &mut b), text(rng, 10, &mut b)],
-                        city: text(rng, 10, &mut b),
-                        state: text(rng, 2, &mut b),
-                        zip: *b"123411111",
+                        address: Address::random(rng, &mut b),
                         phone: text(rng, 16, &mut b),
                         data: text(rng, 300, &mut b),
                     },

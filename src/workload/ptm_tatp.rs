@@ -14,7 +14,7 @@ use super::ptm_kv::{all_keys, KvRoot, Table};
 use super::tatp::driver::TxnType;
 use super::tatp::{
     access_info_key, call_forwarding_key, digits, nurand_s_id, special_facility_key, sub_nbr,
-    SubscriberData, START_TIMES, SUB_NBR_LEN,
+    CallForwardingRow, CheckReport, SubscriberData, SubscriberRow, START_TIMES, SUB_NBR_LEN,
 };
 use crate::bench::{DriverError, TxnDriver, TxnOutcome};
 use crate::ptm::{PObject, PTx, PtmError, PtmRunner};
@@ -22,26 +22,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-crate::pobject! {
-    /// A `subscriber` row.
-    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-    pub struct Subscriber {
-        /// `s_id`.
-        pub s_id: u64,
-        /// `sub_nbr`.
-        pub sub_nbr: [u8; SUB_NBR_LEN],
-        /// `bit_1..bit_10`.
-        pub bits: [u8; 10],
-        /// `hex_1..hex_10`.
-        pub hexes: [u8; 10],
-        /// `byte2_1..byte2_10`.
-        pub byte2: [u8; 10],
-        /// `msc_location`.
-        pub msc_location: u32,
-        /// `vlr_location`.
-        pub vlr_location: u32,
-    }
-}
+/// A `subscriber` row: the table engines' row type, a persistent object too.
+pub type Subscriber = SubscriberRow;
 
 crate::pobject! {
     /// An `access_info` row (`s_id`, `ai_type` in the key).
@@ -112,19 +94,6 @@ pub struct TatpKv {
     pub seed: u64,
 }
 
-fn subscriber_of(d: &SubscriberData) -> Subscriber {
-    let s = &d.subscriber;
-    Subscriber {
-        s_id: s.s_id,
-        sub_nbr: s.sub_nbr,
-        bits: s.bits,
-        hexes: s.hexes,
-        byte2: s.byte2,
-        msc_location: s.msc_location,
-        vlr_location: s.vlr_location,
-    }
-}
-
 impl TatpKv {
     /// Creates the tables and loads `subscribers` subscribers drawn from `seed` (the rows
     /// [`SubscriberData::generate`] gives), 16 per transaction.
@@ -171,7 +140,7 @@ impl TatpKv {
 
     fn insert(&self, tx: &mut PTx<'_, KvRoot>, d: &SubscriberData) -> Result<(), PtmError> {
         let s_id = d.subscriber.s_id;
-        self.subscriber.insert_new(tx, s_id, &subscriber_of(d))?;
+        self.subscriber.insert_new(tx, s_id, &d.subscriber)?;
         self.by_sub_nbr
             .insert_new(tx, sub_nbr_key(&d.subscriber.sub_nbr), &s_id)?;
         for a in &d.access_info {
@@ -361,20 +330,9 @@ impl Params {
     }
 }
 
-/// Rows [`check`] found per table.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CheckReport {
-    /// `subscriber` rows.
-    pub subscribers: u64,
-    /// `access_info` rows.
-    pub access_info: u64,
-    /// `special_facility` rows.
-    pub special_facility: u64,
-    /// `call_forwarding` rows.
-    pub call_forwarding: u64,
-}
-
-/// Checks the database after any number of transactions (and after a restart), as
+/// Checks the database after any number of transactions (and after a restart), counting the
+/// rows as [`tatp::check`](super::tatp::check) does (`call_forwarding_changed`: rows that are
+/// not the loaded ones), as
 /// [`tatp::check`](super::tatp::check) does for the table engines: every subscriber is its
 /// loaded row except `bit_1` (0/1) and `vlr_location` (non-zero), and the `sub_nbr` table finds
 /// it; `access_info` rows are the loaded ones; `special_facility` rows the loaded ones except
@@ -404,6 +362,7 @@ pub fn check(ptm: &dyn PtmRunner<KvRoot>, db: &TatpKv) -> Result<CheckReport, St
         rep.access_info += part.access_info;
         rep.special_facility += part.special_facility;
         rep.call_forwarding += part.call_forwarding;
+        rep.call_forwarding_changed += part.call_forwarding_changed;
         s_id = end;
     }
     for (name, n, want) in [
@@ -459,7 +418,7 @@ fn check_one(
             "subscriber {s_id}: bit_1 or vlr_location out of range"
         )));
     }
-    let want = subscriber_of(&loaded);
+    let want = loaded.subscriber;
     s.bits[0] = want.bits[0];
     s.vlr_location = want.vlr_location;
     if s != want {
@@ -511,6 +470,13 @@ fn check_one(
                 .get(tx, call_forwarding_key(s_id, t, start))?
             {
                 part.call_forwarding += 1;
+                let row = CallForwardingRow {
+                    sf_type: t,
+                    start_time: start,
+                    end_time: c.end_time,
+                    numberx: c.numberx,
+                };
+                part.call_forwarding_changed += u64::from(!loaded.call_forwarding.contains(&row));
                 if want.is_none()
                     || !(1..=24).contains(&c.end_time)
                     || !c.numberx.iter().all(u8::is_ascii_digit)
@@ -621,6 +587,7 @@ mod tests {
                 )
             );
             assert_ne!(after.call_forwarding, 0);
+            assert_ne!(after.call_forwarding_changed, 0, "inserts and deletes ran");
             ptm.check_invariants().unwrap();
             after
         };
