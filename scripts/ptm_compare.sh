@@ -7,6 +7,7 @@
 #   scripts/ptm_compare.sh                 # install libpmemobj-dev if missing, build, run
 #   DURATION=2 ROUNDS=3 ENGINES=archtm,dudetx,pmdk scripts/ptm_compare.sh
 #   STRUCTURES=hash,tree scripts/ptm_compare.sh   # micro-benchmarks only
+#   PMTX=/path/to/pmtx scripts/ptm_compare.sh      # a binary already built with --features pmdk
 #
 # Installing libpmemobj-dev is scripts/peers.sh's step (apt-get, root or sudo); this script runs
 # it with --build-only when the library is missing. Results: a median table on stdout, every
@@ -22,11 +23,13 @@ ENGINES=${ENGINES:-archtm,pmdk}
 STRUCTURES=${STRUCTURES:-hash,tree,neworder,tatp}
 OUT=${OUT:-target/ptm-compare}
 
-if ! dpkg -s libpmemobj-dev >/dev/null 2>&1; then
-    scripts/peers.sh --build-only
+if [ -z "${PMTX:-}" ]; then
+    if ! dpkg -s libpmemobj-dev >/dev/null 2>&1; then
+        scripts/peers.sh --build-only
+    fi
+    cargo build --release --features pmdk
+    PMTX=target/release/pmtx
 fi
-cargo build --release --features pmdk
-PMTX=target/release/pmtx
 mkdir -p "$OUT"
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, $(uname -m), pools in /dev/shm (DRAM, no real PM), ADR"
 echo "# $PMTX bench ptm --engine $ENGINES --threads $THREADS --duration $DURATION --repeat $ROUNDS"

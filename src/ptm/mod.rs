@@ -24,6 +24,9 @@
 //! offset in the persistent address space, and a read or write of `(handle, offset, bytes)` a
 //! `dtmRead`/`dtmWrite` of the words there.
 //!
+//! Code written against [`PTx`] runs on any [`PtmRunner`]: a [`Ptm`], or a transactional memory
+//! outside it (PMDK's libpmemobj for `pmtx bench ptm --engine pmdk`, in `pmtx::peers`).
+//!
 //! ```
 //! use pmtx::ptm::{Ptm, PtmConfig, PPtr};
 //! pmtx::pobject! {
