@@ -51,11 +51,11 @@ for s in structures:
     runs = json.load(open(f"{out}/{s}.json"))
     groups = {}
     for r in runs:
-        key = (r["workload"], r["result"]["threads"], r["engine"])
+        key = (r["workload"], r["threads"], r["engine"])
         groups.setdefault(key, []).append(r)
-    med = {k: statistics.median(x["result"]["throughput_tps"] for x in v) for k, v in groups.items()}
+    med = {k: statistics.median(x["throughput_tps"] for x in v) for k, v in groups.items()}
     for (w, t, e), v in sorted(groups.items()):
-        pm = statistics.median(x["result"]["pm"]["bytes_per_txn"] for x in v)
+        pm = statistics.median(x["pm"]["bytes_per_txn"] for x in v)
         was = [x["params"].get("write_amplification") for x in v]
         was = [a for a in was if a is not None]
         wa = f"{statistics.median(was):.2f}" if was else "-"
