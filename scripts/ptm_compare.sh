@@ -45,8 +45,8 @@ done
 python3 - "$OUT" ${STRUCTURES//,/ } <<'EOF'
 import json, statistics, sys
 out, structures = sys.argv[1], sys.argv[2:]
-print(f"\n| workload | threads | engine | median tx/s | rounds | PM B/tx | write ampl. | vs pmdk |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+print(f"\n| workload | threads | engine | median tx/s | p50 µs | rounds | PM B/tx | write ampl. | vs pmdk |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for s in structures:
     runs = json.load(open(f"{out}/{s}.json"))
     groups = {}
@@ -56,10 +56,11 @@ for s in structures:
     med = {k: statistics.median(x["throughput_tps"] for x in v) for k, v in groups.items()}
     for (w, t, e), v in sorted(groups.items()):
         pm = statistics.median(x["pm"]["bytes_per_txn"] for x in v)
+        p50 = statistics.median(x["latency_us"]["p50"] for x in v)
         was = [x["params"].get("write_amplification") for x in v]
         was = [a for a in was if a is not None]
         wa = f"{statistics.median(was):.2f}" if was else "-"
         base = med.get((w, t, "pmdk"))
         ratio = f"{med[(w, t, e)] / base:.1f}x" if base and e != "pmdk" else ""
-        print(f"| {w} | {t} | {e} | {med[(w, t, e)]:,.0f} | {len(v)} | {pm:.0f} | {wa} | {ratio} |")
+        print(f"| {w} | {t} | {e} | {med[(w, t, e)]:,.0f} | {p50:,.0f} | {len(v)} | {pm:.0f} | {wa} | {ratio} |")
 EOF
