@@ -16,7 +16,7 @@
 //!   /dev/shm like pmtx's, and PMDK is told to flush with cache-line flushes as on real PM
 //!   (`PMEM_IS_PMEM_FORCE=1`), the same assumption pmtx's `--domain adr` makes there.
 //! - `pmdk` also runs behind the persistent-object API for `pmtx bench ptm --engine pmdk`
-//!   ([`pmdk_ptm`]): the same hash table, B+-tree and key-value store as ArchTM's, on
+//!   (`pmdk_ptm.rs`): the same hash table, B+-tree and key-value store as ArchTM's, on
 //!   libpmemobj objects and transactions, under one pool-wide readers-writer lock (ArchTM §6).
 //! - RocksDB (synced WAL) is not built: its build needs libclang and takes 15–30 minutes here.
 //!

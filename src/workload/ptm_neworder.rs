@@ -5,7 +5,7 @@
 //!
 //! Eight TPC-C tables as key-value tables of fixed-size records with the specification's
 //! column sizes (clause 1.3; HISTORY is not touched by New-Order and left out), keys packed as
-//! the table engines' TPC-C ([`tpcc::keys`]). The input generation is clause 2.4.1: district
+//! the table engines' TPC-C ([`tpcc::keys`](super::tpcc::keys)). The input generation is clause 2.4.1: district
 //! uniform, customer NURand(1023), 5–15 lines, items NURand(8191), 1 % of supplying warehouses
 //! remote (with more than one warehouse), quantities 1–10, and 1 % of transactions naming an
 //! unused item in their last line, which rolls the transaction back (clause 2.4.2.3).
