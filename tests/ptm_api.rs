@@ -424,13 +424,43 @@ fn bench_ptm_reports_throughput_and_write_amplification() {
     assert!(runs[0]["throughput_tps"].as_f64().unwrap() > 0.0);
     let wa = runs[0]["params"]["write_amplification"].as_f64().unwrap();
     assert!(wa > 16.0 && wa < 60.0, "tree WA {wa}");
+    // §6.2's workloads on the key-value store, each checked after its run by the command.
+    let (stdout, runs) = bench(&[
+        "--engine",
+        "archtm,dudetx",
+        "--structure",
+        "neworder",
+        "--small",
+        "--threads",
+        "1,2",
+    ]);
+    assert!(stdout.contains("ptm-neworder"), "{stdout}");
+    assert_eq!(runs.len(), 4);
+    for r in &runs {
+        assert!(r["throughput_tps"].as_f64().unwrap() > 0.0, "{r}");
+        let wa = r["params"]["write_amplification"].as_f64().unwrap();
+        assert!(wa > 1.0 && wa < 20.0, "New-Order WA {wa}");
+    }
+    let (stdout, runs) = bench(&["--structure", "tatp", "--subscribers", "2000"]);
+    assert!(stdout.contains("ptm-tatp"), "{stdout}");
+    assert!(runs[0]["throughput_tps"].as_f64().unwrap() > 0.0);
     let out = pmtx(&["bench", "ptm", "--structure", "list"]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("expected hash or tree"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("expected hash, tree, neworder or tatp"));
     let out = pmtx(&["bench", "ptm", "--update-pct", "150"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("at most 100"));
-    let out = pmtx(&["bench", "ptm", "--engine", "pmdk"]);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown PTM engine 'pmdk'"));
+    let out = pmtx(&["bench", "ptm", "--engine", "pmdk", "--duration", "0.1"]);
+    if cfg!(feature = "pmdk") {
+        succeeded(&out);
+    } else {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("--features pmdk") && err.contains("scripts/peers.sh"),
+            "{err}"
+        );
+    }
+    let out = pmtx(&["bench", "ptm", "--engine", "romulus"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown PTM engine 'romulus'"));
 }
 
 #[test]

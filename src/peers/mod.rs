@@ -15,9 +15,12 @@
 //!   asks for: libpmemobj gives atomicity and durability, not isolation). The pool lives in
 //!   /dev/shm like pmtx's, and PMDK is told to flush with cache-line flushes as on real PM
 //!   (`PMEM_IS_PMEM_FORCE=1`), the same assumption pmtx's `--domain adr` makes there.
+//! - `pmdk` also runs behind the persistent-object API for `pmtx bench ptm --engine pmdk`
+//!   (`pmdk_ptm.rs`): the same hash table, B+-tree and key-value store as ArchTM's, on
+//!   libpmemobj objects and transactions, under one pool-wide readers-writer lock (ArchTM §6).
 //! - RocksDB (synced WAL) is not built: its build needs libclang and takes 15–30 minutes here.
 //!
-//! The FFI (`unsafe`) lives in `lmdb.rs` (opening an environment) and `pmdk.rs`.
+//! The FFI (`unsafe`) lives in `lmdb.rs` (opening an environment), `pmdk.rs` and `pmdk_ptm.rs`.
 
 use crate::bench::{DriverError, TxnDriver, TxnOutcome};
 use crate::workload::ycsb::{
@@ -32,6 +35,8 @@ use std::sync::Arc;
 mod lmdb;
 #[cfg(feature = "pmdk")]
 mod pmdk;
+#[cfg(feature = "pmdk")]
+pub mod pmdk_ptm;
 
 /// A peer and its mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -79,10 +84,11 @@ impl PeerKind {
 
     /// Whether this binary was built with the peer.
     pub fn built(self) -> bool {
-        match self.feature() {
-            "pmdk" => cfg!(feature = "pmdk"),
-            _ => cfg!(feature = "lmdb"),
-        }
+        const BUILT: [(&str, bool); 2] = [
+            ("pmdk", cfg!(feature = "pmdk")),
+            ("lmdb", cfg!(feature = "lmdb")),
+        ];
+        BUILT.iter().any(|&(f, built)| built && f == self.feature())
     }
 
     /// Whether a commit is durable when it returns.

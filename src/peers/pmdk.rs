@@ -21,49 +21,65 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
+/// `PMEMoid`: a pool's uuid (low half) and an object's offset in the pool.
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct PmemOid {
-    pool_uuid_lo: u64,
-    off: u64,
+pub(super) struct PmemOid {
+    pub(super) pool_uuid_lo: u64,
+    pub(super) off: u64,
 }
 
+/// `PMEMobjpool` (opaque).
 #[repr(C)]
-struct PmemObjPool {
+pub(super) struct PmemObjPool {
     _opaque: [u8; 0],
 }
 
 /// `TX_PARAM_NONE` of `enum pobj_tx_param`: ends `pmemobj_tx_begin`'s parameter list.
-const TX_PARAM_NONE: c_int = 0;
+pub(super) const TX_PARAM_NONE: c_int = 0;
 /// `TX_STAGE_WORK` of `enum pobj_tx_stage`.
-const TX_STAGE_WORK: c_int = 1;
+pub(super) const TX_STAGE_WORK: c_int = 1;
+/// `POBJ_XADD_NO_SNAPSHOT`: register a range to be flushed at commit without an undo copy (for
+/// objects allocated in the same transaction).
+pub(super) const POBJ_XADD_NO_SNAPSHOT: u64 = 1 << 2;
 
+// The sibling pmdk_ptm.rs calls these too: one declaration of the C API.
 #[link(name = "pmemobj")]
 extern "C" {
-    fn pmemobj_create(
+    pub(super) fn pmemobj_create(
         path: *const c_char,
         layout: *const c_char,
         poolsize: usize,
         mode: libc::mode_t,
     ) -> *mut PmemObjPool;
-    fn pmemobj_open(path: *const c_char, layout: *const c_char) -> *mut PmemObjPool;
-    fn pmemobj_close(pop: *mut PmemObjPool);
-    fn pmemobj_root(pop: *mut PmemObjPool, size: usize) -> PmemOid;
-    fn pmemobj_direct(oid: PmemOid) -> *mut c_void;
-    fn pmemobj_zalloc(
+    pub(super) fn pmemobj_open(path: *const c_char, layout: *const c_char) -> *mut PmemObjPool;
+    pub(super) fn pmemobj_close(pop: *mut PmemObjPool);
+    pub(super) fn pmemobj_root(pop: *mut PmemObjPool, size: usize) -> PmemOid;
+    pub(super) fn pmemobj_direct(oid: PmemOid) -> *mut c_void;
+    pub(super) fn pmemobj_zalloc(
         pop: *mut PmemObjPool,
         oidp: *mut PmemOid,
         size: usize,
         type_num: u64,
     ) -> c_int;
-    fn pmemobj_persist(pop: *mut PmemObjPool, addr: *const c_void, len: usize);
-    fn pmemobj_errormsg() -> *const c_char;
-    fn pmemobj_tx_begin(pop: *mut PmemObjPool, env: *mut c_void, ...) -> c_int;
-    fn pmemobj_tx_add_range_direct(ptr: *const c_void, size: usize) -> c_int;
-    fn pmemobj_tx_commit() -> c_int;
-    fn pmemobj_tx_abort(errnum: c_int);
-    fn pmemobj_tx_end() -> c_int;
-    fn pmemobj_tx_stage() -> c_int;
+    pub(super) fn pmemobj_persist(pop: *mut PmemObjPool, addr: *const c_void, len: usize);
+    pub(super) fn pmemobj_errormsg() -> *const c_char;
+    pub(super) fn pmemobj_tx_begin(pop: *mut PmemObjPool, env: *mut c_void, ...) -> c_int;
+    pub(super) fn pmemobj_tx_add_range_direct(ptr: *const c_void, size: usize) -> c_int;
+    pub(super) fn pmemobj_tx_commit() -> c_int;
+    pub(super) fn pmemobj_tx_abort(errnum: c_int);
+    pub(super) fn pmemobj_tx_end() -> c_int;
+    pub(super) fn pmemobj_tx_stage() -> c_int;
+    pub(super) fn pmemobj_tx_zalloc(size: usize, type_num: u64) -> PmemOid;
+    pub(super) fn pmemobj_tx_free(oid: PmemOid) -> c_int;
+    pub(super) fn pmemobj_tx_xadd_range_direct(
+        ptr: *const c_void,
+        size: usize,
+        flags: u64,
+    ) -> c_int;
+    pub(super) fn pmemobj_first(pop: *mut PmemObjPool) -> PmemOid;
+    pub(super) fn pmemobj_next(oid: PmemOid) -> PmemOid;
+    pub(super) fn pmemobj_type_num(oid: PmemOid) -> u64;
 }
 
 const LAYOUT: &CStr = c"pmtx-peer-hashmap";
@@ -80,16 +96,21 @@ struct Root {
 const SLOT_HEADER: usize = 16;
 
 fn last_error(what: &str) -> PeerError {
-    // SAFETY: pmemobj_errormsg returns a thread-local NUL-terminated string (never NULL).
-    let msg = unsafe { CStr::from_ptr(pmemobj_errormsg()) };
     PeerError::Store {
         peer: "pmdk",
-        message: format!(
-            "{what}: {} ({})",
-            msg.to_string_lossy(),
-            std::io::Error::last_os_error()
-        ),
+        message: last_error_text(what),
     }
+}
+
+/// `what`, libpmemobj's message for the calling thread's last failure, and errno.
+pub(super) fn last_error_text(what: &str) -> String {
+    // SAFETY: pmemobj_errormsg returns a thread-local NUL-terminated string (never NULL).
+    let msg = unsafe { CStr::from_ptr(pmemobj_errormsg()) };
+    format!(
+        "{what}: {} ({})",
+        msg.to_string_lossy(),
+        std::io::Error::last_os_error()
+    )
 }
 
 /// A pmemobj pool holding the map, and the DRAM locks of its records.
@@ -264,32 +285,17 @@ impl PmdkStore {
 
     /// Runs `f` in a pmemobj transaction: committed if it returns Ok, aborted otherwise.
     fn in_tx(&self, f: impl FnOnce() -> Result<(), PeerError>) -> Result<(), PeerError> {
-        // SAFETY: pop is open; a NULL env makes failures return codes, and TX_PARAM_NONE ends
-        // the variadic parameter list.
-        let rc = unsafe { pmemobj_tx_begin(self.pop, std::ptr::null_mut(), TX_PARAM_NONE) };
-        if rc != 0 {
-            // A failed begin still opened a transaction stage that must be ended.
-            // SAFETY: ends the transaction this thread began.
-            unsafe { pmemobj_tx_end() };
-            return Err(last_error("pmemobj_tx_begin"));
-        }
+        tx_begin(self.pop).map_err(|message| PeerError::Store {
+            peer: "pmdk",
+            message,
+        })?;
         let result = f();
-        // SAFETY: this thread's transaction, begun above, is ended exactly once below.
-        unsafe {
-            match &result {
-                Ok(()) if pmemobj_tx_stage() == TX_STAGE_WORK => {
-                    pmemobj_tx_commit();
-                }
-                Ok(()) => {}
-                Err(_) if pmemobj_tx_stage() == TX_STAGE_WORK => pmemobj_tx_abort(libc::ECANCELED),
-                Err(_) => {}
-            }
-            let rc = pmemobj_tx_end();
-            if result.is_ok() && rc != 0 {
-                return Err(last_error("pmemobj transaction"));
-            }
-        }
-        result
+        let ended = tx_finish(result.is_ok());
+        result?;
+        ended.map_err(|message| PeerError::Store {
+            peer: "pmdk",
+            message,
+        })
     }
 
     /// Snapshots `len` bytes at `ptr` into the current transaction's undo log.
@@ -310,17 +316,53 @@ impl Drop for PmdkStore {
     }
 }
 
+/// Begins a transaction on the calling thread (libpmemobj's transactions are per thread).
+pub(super) fn tx_begin(pop: *mut PmemObjPool) -> Result<(), String> {
+    // SAFETY: pop is an open pool; a NULL env makes failures return codes (no longjmp through
+    // Rust frames), and TX_PARAM_NONE ends the variadic parameter list.
+    let rc = unsafe { pmemobj_tx_begin(pop, std::ptr::null_mut(), TX_PARAM_NONE) };
+    if rc != 0 {
+        // A failed begin still opened a transaction stage that must be ended.
+        // SAFETY: ends the transaction this thread began.
+        unsafe { pmemobj_tx_end() };
+        return Err(last_error_text("pmemobj_tx_begin"));
+    }
+    Ok(())
+}
+
+/// Ends the calling thread's transaction: commits it if `commit` and it is still in its work
+/// stage (a failed pmemobj call has already aborted it), aborts it otherwise. `Err` when it
+/// did not commit though asked to.
+pub(super) fn tx_finish(commit: bool) -> Result<(), String> {
+    // SAFETY: the calling thread's transaction (begun by tx_begin), ended exactly once here.
+    unsafe {
+        let working = pmemobj_tx_stage() == TX_STAGE_WORK;
+        match (commit, working) {
+            (true, true) => {
+                pmemobj_tx_commit();
+            }
+            (false, true) => pmemobj_tx_abort(libc::ECANCELED),
+            _ => {}
+        }
+        let rc = pmemobj_tx_end();
+        if commit && (rc != 0 || !working) {
+            return Err(last_error_text("pmemobj transaction aborted"));
+        }
+    }
+    Ok(())
+}
+
 /// libpmemobj on a file that is not DAX would persist with msync; pmtx's pools in /dev/shm
 /// persist with cache-line flushes and fences (`--domain adr`). Ask PMDK for the same, so the
 /// comparison measures the designs and not two flush mechanisms. libpmem reads the variable at
 /// its first persistence check, i.e. at the first create or open.
-fn force_pmem_flushes() {
+pub(super) fn force_pmem_flushes() {
     if std::env::var_os("PMEM_IS_PMEM_FORCE").is_none() {
         std::env::set_var("PMEM_IS_PMEM_FORCE", "1");
     }
 }
 
-fn c_path(path: &Path) -> Result<CString, PeerError> {
+pub(super) fn c_path(path: &Path) -> Result<CString, PeerError> {
     CString::new(path.as_os_str().as_bytes())
         .map_err(|_| PeerError::Config(format!("{}: a NUL in the path", path.display())))
 }

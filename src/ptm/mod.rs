@@ -24,6 +24,9 @@
 //! offset in the persistent address space, and a read or write of `(handle, offset, bytes)` a
 //! `dtmRead`/`dtmWrite` of the words there.
 //!
+//! Code written against [`PTx`] runs on any [`PtmRunner`]: a [`Ptm`], or a transactional memory
+//! outside it (PMDK's libpmemobj for `pmtx bench ptm --engine pmdk`, in `pmtx::peers`).
+//!
 //! ```
 //! use pmtx::ptm::{Ptm, PtmConfig, PPtr};
 //! pmtx::pobject! {
@@ -574,44 +577,13 @@ impl<R: PObject> Ptm<R> {
     /// As [`Ptm::run`], also returning the conflict aborts the transaction took.
     pub fn run_counted<T>(
         &self,
-        mut f: impl FnMut(&mut PTx<'_, R>) -> Result<T, PtmError>,
+        f: impl FnMut(&mut PTx<'_, R>) -> Result<T, PtmError>,
     ) -> Result<(T, u32), PtmError> {
         let mut worker = match self.workers.lock().pop() {
             Some(w) => w,
             None => self.engine.worker()?,
         };
-        let root = self.engine.root();
-        let mut attempts = 0u32;
-        let mut rng = (worker.as_ref() as *const dyn PtmWorker as *const u8 as u64) | 1;
-        let result = loop {
-            worker.begin();
-            let mut tx = PTx {
-                w: &mut *worker,
-                root,
-                _r: PhantomData,
-            };
-            let r = f(&mut tx).and_then(|v| tx.w.commit().map(|()| v));
-            match r {
-                Ok(v) => break Ok((v, attempts)),
-                Err(e) => {
-                    worker.abort();
-                    if !e.is_retryable() {
-                        break Err(e);
-                    }
-                    if attempts >= self.max_retries {
-                        break Err(match e {
-                            PtmError::Conflict { handle, .. } => PtmError::Conflict {
-                                handle,
-                                retries: attempts,
-                            },
-                            e => e,
-                        });
-                    }
-                    attempts += 1;
-                    crate::ptm::backoff(&mut rng, attempts);
-                }
-            }
-        };
+        let result = run_on_worker(&mut *worker, self.engine.root(), self.max_retries, f);
         self.workers.lock().push(worker);
         result
     }
@@ -671,6 +643,98 @@ impl<R: PObject> Ptm<R> {
     /// The engine's statistics.
     pub fn stats(&self) -> Vec<(&'static str, u64)> {
         self.engine.stats()
+    }
+}
+
+/// Runs `f` as one transaction on `worker` (whose root object is `root`) with [`Ptm::run`]'s
+/// policy: conflict aborts are retried with randomised backoff up to `max_retries`, any other
+/// error aborts and is returned. Returns the value and the conflict aborts taken. For a
+/// transactional memory outside [`Ptm`] (a [`PtmRunner`]) that brings its own [`PtmWorker`].
+pub fn run_on_worker<R: PObject, T>(
+    worker: &mut dyn PtmWorker,
+    root: u64,
+    max_retries: u32,
+    mut f: impl FnMut(&mut PTx<'_, R>) -> Result<T, PtmError>,
+) -> Result<(T, u32), PtmError> {
+    let mut attempts = 0u32;
+    let mut rng = (worker as *const dyn PtmWorker as *const u8 as u64) | 1;
+    loop {
+        worker.begin();
+        let mut tx = PTx {
+            w: &mut *worker,
+            root,
+            _r: PhantomData,
+        };
+        let r = f(&mut tx).and_then(|v| tx.w.commit().map(|()| v));
+        match r {
+            Ok(v) => return Ok((v, attempts)),
+            Err(e) => {
+                worker.abort();
+                if !e.is_retryable() {
+                    return Err(e);
+                }
+                if attempts >= max_retries {
+                    return Err(match e {
+                        PtmError::Conflict { handle, .. } => PtmError::Conflict {
+                            handle,
+                            retries: attempts,
+                        },
+                        e => e,
+                    });
+                }
+                attempts += 1;
+                backoff(&mut rng, attempts);
+            }
+        }
+    }
+}
+
+/// Something that runs [`PTx`] transactions over a root object of type `R`: a [`Ptm`], or
+/// another transactional memory behind the same interface (PMDK's libpmemobj in `pmtx bench
+/// ptm`, `pmtx::peers`), so that one data-structure implementation (`pmtx::workload::ptm_hash`,
+/// `ptm_tree`, `ptm_kv`) runs on each. Call [`run`](#method.run) and
+/// [`run_counted`](#method.run_counted) on a `&dyn PtmRunner<R>`.
+pub trait PtmRunner<R: PObject>: Sync {
+    /// Runs `f` as one transaction with [`Ptm::run`]'s retry policy (see [`run_on_worker`]);
+    /// returns the conflict aborts it took. Durable when it returns `Ok`.
+    fn run_dyn(
+        &self,
+        f: &mut dyn FnMut(&mut PTx<'_, R>) -> Result<(), PtmError>,
+    ) -> Result<u32, PtmError>;
+}
+
+impl<R: PObject> PtmRunner<R> for Ptm<R> {
+    fn run_dyn(
+        &self,
+        f: &mut dyn FnMut(&mut PTx<'_, R>) -> Result<(), PtmError>,
+    ) -> Result<u32, PtmError> {
+        self.run_counted(f).map(|((), aborts)| aborts)
+    }
+}
+
+impl<R: PObject> dyn PtmRunner<R> + '_ {
+    /// Runs `f` as a transaction (see [`Ptm::run`]).
+    pub fn run<T>(
+        &self,
+        f: impl FnMut(&mut PTx<'_, R>) -> Result<T, PtmError>,
+    ) -> Result<T, PtmError> {
+        self.run_counted(f).map(|(v, _)| v)
+    }
+
+    /// As [`run`](#method.run), also returning the conflict aborts the transaction took.
+    pub fn run_counted<T>(
+        &self,
+        mut f: impl FnMut(&mut PTx<'_, R>) -> Result<T, PtmError>,
+    ) -> Result<(T, u32), PtmError> {
+        let mut out = None;
+        let aborts = self.run_dyn(&mut |tx| {
+            out = Some(f(tx)?);
+            Ok(())
+        })?;
+        let v = out.ok_or_else(|| {
+            PtmError::Pool("the transaction committed without running its closure".into())
+        })?;
+        Ok((v, aborts))
     }
 }
 

@@ -4,7 +4,7 @@
 //! a mix of lookups and updates of existing keys' values.
 
 use crate::bench::{DriverError, TxnDriver, TxnOutcome};
-use crate::ptm::{PObject, PPtr, PTx, Ptm, PtmError};
+use crate::ptm::{PObject, PPtr, PTx, PtmError, PtmRunner};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Bucket heads per segment object.
@@ -83,7 +83,7 @@ pub fn insert(tx: &mut PTx<'_, HashRoot>, key: u64, value: [u8; 16]) -> Result<(
 }
 
 /// Builds the table with keys `0..pairs` (transactions of 1 000 inserts).
-pub fn load(ptm: &Ptm<HashRoot>, pairs: u64) -> Result<(), PtmError> {
+pub fn load(ptm: &dyn PtmRunner<HashRoot>, pairs: u64) -> Result<(), PtmError> {
     ptm.run(|tx| {
         let mut segs = [PPtr::null(); SEGS];
         for s in segs.iter_mut() {
@@ -115,7 +115,7 @@ pub fn value_of(key: u64, round: u64) -> [u8; 16] {
 /// "update", 1 "lookup"); `op` runs one on the structure (the hash table's, or the tree's in
 /// [`ptm_tree`](super::ptm_tree)).
 pub struct MixDriver<'a, R: PObject> {
-    ptm: &'a Ptm<R>,
+    ptm: &'a dyn PtmRunner<R>,
     pairs: u64,
     update_pct: u64,
     rng: u64,
@@ -133,7 +133,7 @@ pub type HashDriver<'a> = MixDriver<'a, HashRoot>;
 impl<'a, R: PObject> MixDriver<'a, R> {
     /// A driver running `op` over a loaded structure of `pairs` keys.
     pub fn with_op(
-        ptm: &'a Ptm<R>,
+        ptm: &'a dyn PtmRunner<R>,
         pairs: u64,
         update_pct: u64,
         seed: u64,
@@ -161,7 +161,7 @@ impl<'a, R: PObject> MixDriver<'a, R> {
 impl<'a> MixDriver<'a, HashRoot> {
     /// A driver over a loaded table of `pairs` keys.
     pub fn new(
-        ptm: &'a Ptm<HashRoot>,
+        ptm: &'a dyn PtmRunner<HashRoot>,
         pairs: u64,
         update_pct: u64,
         seed: u64,

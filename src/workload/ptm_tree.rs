@@ -8,7 +8,7 @@
 //! so the tree has no split or merge code.
 
 use super::ptm_hash::{value_of, MixDriver};
-use crate::ptm::{PPtr, PTx, Ptm, PtmError};
+use crate::ptm::{PPtr, PTx, PtmError, PtmRunner};
 use std::sync::atomic::AtomicU64;
 
 /// Pairs per leaf.
@@ -82,7 +82,7 @@ pub fn find(tx: &mut PTx<'_, TreeRoot>, key: u64) -> Result<Option<(PPtr<Leaf>, 
 }
 
 /// Builds the tree with keys `0..pairs`.
-pub fn load(ptm: &Ptm<TreeRoot>, pairs: u64) -> Result<(), PtmError> {
+pub fn load(ptm: &dyn PtmRunner<TreeRoot>, pairs: u64) -> Result<(), PtmError> {
     const BATCH: usize = 1000 / LEAF_CAP;
     // (first key, handle) of each node of the level being built.
     let mut level: Vec<(u64, u64)> = Vec::new();
@@ -155,7 +155,7 @@ pub type TreeDriver<'a> = MixDriver<'a, TreeRoot>;
 impl<'a> MixDriver<'a, TreeRoot> {
     /// A driver over a loaded tree of `pairs` keys.
     pub fn new(
-        ptm: &'a Ptm<TreeRoot>,
+        ptm: &'a dyn PtmRunner<TreeRoot>,
         pairs: u64,
         update_pct: u64,
         seed: u64,
@@ -185,7 +185,7 @@ fn tree_op(tx: &mut PTx<'_, TreeRoot>, key: u64, update: bool, round: u64) -> Re
 mod tests {
     use super::*;
     use crate::bench::TxnDriver;
-    use crate::ptm::PtmConfig;
+    use crate::ptm::{Ptm, PtmConfig};
     use std::sync::atomic::Ordering;
 
     #[test]

@@ -324,23 +324,26 @@ fn distinct_types(rng: &mut impl Rng, count: usize) -> Vec<u8> {
     types
 }
 
-/// A `subscriber` row.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SubscriberRow {
-    /// The subscriber id.
-    pub s_id: u64,
-    /// Its number.
-    pub sub_nbr: [u8; SUB_NBR_LEN],
-    /// `bit_1..bit_10`, each 0 or 1.
-    pub bits: [u8; 10],
-    /// `hex_1..hex_10`, each 0–15.
-    pub hexes: [u8; 10],
-    /// `byte2_1..byte2_10`.
-    pub byte2: [u8; 10],
-    /// `msc_location`.
-    pub msc_location: u32,
-    /// `vlr_location`.
-    pub vlr_location: u32,
+crate::pobject! {
+    /// A `subscriber` row (also a persistent object: the PTM key-value store's record,
+    /// `workload::ptm_tatp`).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct SubscriberRow {
+        /// The subscriber id.
+        pub s_id: u64,
+        /// Its number.
+        pub sub_nbr: [u8; SUB_NBR_LEN],
+        /// `bit_1..bit_10`, each 0 or 1.
+        pub bits: [u8; 10],
+        /// `hex_1..hex_10`, each 0–15.
+        pub hexes: [u8; 10],
+        /// `byte2_1..byte2_10`.
+        pub byte2: [u8; 10],
+        /// `msc_location`.
+        pub msc_location: u32,
+        /// `vlr_location`.
+        pub vlr_location: u32,
+    }
 }
 
 /// An `access_info` row (without its `s_id`).
