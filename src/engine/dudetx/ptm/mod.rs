@@ -17,8 +17,12 @@
 //! which ids are durable, [`PtmEngine::committed_id`] which id the last commit took).
 //!
 //! Departures from the paper, and why:
-//! - **The shadow covers every heap page** (no paging, §3.6 "shadow smaller than PM" is not
-//!   built): a frame per PM page, loaded at open.
+//! - **Shadow paging at 2 MiB** (§3.4, §3.6.2; `heap.rs`): frames are whole heap pages, LRU
+//!   eviction of unpinned frames, touching ids; STM mode only (the lock mode's ids are per
+//!   chain, so it keeps every page).
+//! - **The lock-based mode** (§5, `locks.rs`): locks are taken automatically per word stripe
+//!   (strict 2PL; no user-level `txLock`), its pipeline steps run in the committing threads,
+//!   and its records are not combined across transactions.
 //! - **The allocation log rides in the transaction's redo record** instead of a separate
 //!   per-thread log (§3.6): one record, one CRC, so the allocation state a crash leaves is
 //!   exactly the one the persisted records say, with no second ordering step to get wrong.
@@ -170,6 +174,12 @@ pub struct DudetxPtmOptions {
     pub background: bool,
     /// The perform mode.
     pub perform: PerformMode,
+    /// Shadow paging (§3.4): 2 MiB frames the DRAM shadow holds at most (0: every heap page,
+    /// no paging). Not with the lock-based mode.
+    pub shadow_frames: usize,
+    /// Shadow paging by size: the shadow holds at most this percentage of the heap's pages
+    /// (1 to 99; 0 or 100: every page), when `shadow_frames` is 0.
+    pub shadow_percent: usize,
     /// A deliberate ordering bug (test-only).
     pub fault: Option<DudetxPtmFault>,
 }
@@ -182,6 +192,8 @@ impl Default for DudetxPtmOptions {
             log_pages: 0,
             background: true,
             perform: PerformMode::Stm,
+            shadow_frames: 0,
+            shadow_percent: 0,
             fault: None,
         }
     }
@@ -303,6 +315,20 @@ fn core_config(config: &PtmConfig, log_pages: usize) -> Result<DudetxConfig, Ptm
         )));
     }
     resolve_perform(o.perform)?;
+    if o.shadow_percent > 100 {
+        return Err(PtmError::Pool(format!(
+            "the shadow can hold at most 100 % of the heap, not {} %",
+            o.shadow_percent
+        )));
+    }
+    let paging = o.shadow_frames > 0 || (1..100).contains(&o.shadow_percent);
+    if paging && matches!(o.perform, PerformMode::Locks(_)) {
+        return Err(PtmError::Pool(
+            "shadow paging (shadow_frames > 0) needs the id-ordered touching ids of the STM \
+             perform mode: the lock-based mode keeps every heap page in the shadow"
+                .into(),
+        ));
+    }
     let mut c = DudetxConfig::new(Protocol::Occ);
     c.mode = o.mode;
     c.group = o.group;
@@ -352,7 +378,10 @@ impl DudetxPtm {
             ]),
         )?;
         let ring = super::recovery::log_ring(&pool, &pages, core_cfg.log_pages, true)?;
-        let shadow = Arc::new(Shadow::default());
+        let shadow = Arc::new(Shadow::with_capacity(
+            config.dudetx.shadow_frames,
+            config.dudetx.shadow_percent,
+        ));
         let apply = ObjectApply {
             shadow: shadow.clone(),
         };
@@ -438,7 +467,10 @@ impl DudetxPtm {
         }
         let pages = crate::alloc::PageManager::open(&pool)?;
         let ring = super::recovery::log_ring(&pool, &pages, core_cfg.log_pages, false)?;
-        let shadow = Arc::new(Shadow::default());
+        let shadow = Arc::new(Shadow::with_capacity(
+            config.dudetx.shadow_frames,
+            config.dudetx.shadow_percent,
+        ));
         for (index, tag) in pages.allocated(&pool)? {
             if tag.kind == heap::HEAP_KIND {
                 if tag.value as usize >= heap::CLASSES {
@@ -527,6 +559,7 @@ impl DudetxPtm {
         pipe: Option<locks::LockPipe>,
     ) -> Result<DudetxPtm, PtmError> {
         let core = Arc::new(core);
+        shadow.attach(&core);
         let threads = if core.config.background {
             core.start().map_err(PtmError::Pool)?
         } else {
@@ -625,10 +658,15 @@ impl PtmEngine for DudetxPtm {
 
     fn stats(&self) -> Vec<(&'static str, u64)> {
         let s = self.log_stats();
+        let p = self.inner.shadow.paging_stats();
         let (committed, durable) = self.ids();
         vec![
             ("live_objects", self.inner.live.load(Ordering::Relaxed)),
-            ("heap_pages", self.inner.shadow.frames().len() as u64),
+            ("heap_pages", self.inner.shadow.page_count() as u64),
+            ("shadow_resident", p.resident),
+            ("page_loads", p.loads),
+            ("page_evictions", p.evictions),
+            ("page_waits", p.waits),
             ("committed_id", committed),
             ("durable_id", durable),
             ("log_txns", s.txns),

@@ -76,6 +76,15 @@ struct Obj {
     header: Header,
 }
 
+/// A heap page that could not be loaded into the shadow.
+fn unloadable() -> PtmError {
+    PtmError::Pool(
+        "a heap page could not be loaded into the DRAM shadow: the persist/reproduce pipeline \
+         has stopped"
+            .into(),
+    )
+}
+
 fn invalid(h: u64, reason: impl Into<String>) -> PtmError {
     PtmError::InvalidHandle {
         handle: h,
@@ -227,9 +236,10 @@ impl StmWorker {
             return Err(invalid(h, "not the handle of an object of this pool"));
         }
         let header_at = at - 8;
-        let Some(f) = self.frame_of(header_at) else {
+        if self.inner.shadow.page(header_at).is_none() {
             return Err(invalid(h, "it points into no object page of this pool"));
-        };
+        }
+        let f = self.frame_of(header_at).ok_or_else(unloadable)?;
         if (header_at - f.base) % slot_bytes(f.class) != 0 {
             return Err(invalid(h, "it points into the middle of a slot"));
         }
@@ -281,10 +291,24 @@ impl StmWorker {
     }
 
     fn clear(&mut self) {
+        // A cached frame would pin its page in the shadow (§3.4 paging).
+        self.frame = None;
         self.reads.clear();
         self.writes.clear();
         self.allocated.clear();
         self.freed.clear();
+    }
+
+    /// The frames of the pages the transaction writes, by base (loaded if paged out).
+    fn written_frames(&self) -> Result<std::collections::HashMap<u64, Arc<Frame>>, PtmError> {
+        let mut frames = std::collections::HashMap::new();
+        for &addr in self.writes.keys() {
+            let base = addr & !(crate::alloc::PAGE_SIZE - 1);
+            if let std::collections::hash_map::Entry::Vacant(e) = frames.entry(base) {
+                e.insert(self.inner.shadow.frame(addr).ok_or_else(unloadable)?);
+            }
+        }
+        Ok(frames)
     }
 
     /// The redo log (§3.2): data words and the allocation log (§3.6).
@@ -324,14 +348,14 @@ impl StmWorker {
             return Err(PtmError::Pool(why));
         }
         let ops = self.redo_log()?;
+        let frames = self.written_frames()?;
         let l = self.lock.as_ref().expect("lock mode");
         let chain = l.chain;
         let log = pipe.log_with_deps(&l.deps, &ops);
         let id = id_of(chain, inner.chain_seq[chain].fetch_add(1, Ordering::Relaxed) + 1);
         let mut live_delta = 0i64;
         for (&addr, &(value, header)) in &self.writes {
-            let f = inner.shadow.frame(addr).expect("a written word's frame");
-            let w = f.word(addr);
+            let w = frames[&(addr & !(crate::alloc::PAGE_SIZE - 1))].word(addr);
             if header {
                 let was = Header::decode(w.load(Ordering::Relaxed)).is_some_and(|h| h.live);
                 let is = Header::decode(value).is_some_and(|h| h.live);
@@ -366,7 +390,7 @@ impl PtmWorker for StmWorker {
     fn read(&mut self, h: u64, offset: usize, dst: &mut [u8]) -> Result<(), PtmError> {
         let o = self.object(h)?;
         Self::range(h, &o, offset, dst.len())?;
-        let f = self.frame_of(o.at).expect("the object's frame");
+        let f = self.frame_of(o.at).ok_or_else(unloadable)?;
         let at = o.at + offset as u64;
         let mut i = 0usize;
         while i < dst.len() {
@@ -383,7 +407,7 @@ impl PtmWorker for StmWorker {
     fn write(&mut self, h: u64, offset: usize, src: &[u8]) -> Result<(), PtmError> {
         let o = self.object(h)?;
         Self::range(h, &o, offset, src.len())?;
-        let f = self.frame_of(o.at).expect("the object's frame");
+        let f = self.frame_of(o.at).ok_or_else(unloadable)?;
         self.write_bytes(&f, o.at + offset as u64, src, h)
     }
 
@@ -407,7 +431,7 @@ impl PtmWorker for StmWorker {
                 detail,
             })?;
         self.allocated.push((class, header_at));
-        let f = self.frame_of(header_at).expect("the new slot's frame");
+        let f = self.frame_of(header_at).ok_or_else(unloadable)?;
         // The slot is this transaction's alone while it is off the free list: its committed
         // header (the last generation) is read directly.
         let old = Header::decode(f.word(header_at).load(Ordering::SeqCst)).unwrap_or(Header {
@@ -463,6 +487,8 @@ impl PtmWorker for StmWorker {
             return Err(PtmError::Pool(why));
         }
         let log = self.redo_log()?;
+        // The written pages' frames, loaded (§3.4 paging) and pinned before the commit lock.
+        let frames = self.written_frames()?;
         let id = {
             let _order = inner.commit_lock.lock();
             let mut stripes: Vec<usize> = self.writes.keys().map(|&a| stripe(a)).collect();
@@ -482,14 +508,14 @@ impl PtmWorker for StmWorker {
             inner.clock.store(id, Ordering::SeqCst);
             let mut live_delta = 0i64;
             for (&addr, &(value, header)) in &self.writes {
-                let f = inner.shadow.frame(addr).expect("a written word's frame");
-                let w = f.word(addr);
+                let w = frames[&(addr & !(crate::alloc::PAGE_SIZE - 1))].word(addr);
                 if header {
                     let was = Header::decode(w.load(Ordering::Relaxed)).is_some_and(|h| h.live);
                     let is = Header::decode(value).is_some_and(|h| h.live);
                     live_delta += i64::from(is) - i64::from(was);
                 }
                 w.store(value, Ordering::Relaxed);
+                inner.shadow.touch(addr, id);
             }
             fence(Ordering::Release);
             for &s in &stripes {
