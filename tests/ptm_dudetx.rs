@@ -363,9 +363,15 @@ fn a_small_shadow_pages_and_gives_the_same_results() {
         ptm.check_invariants().unwrap();
         let s: HashMap<_, _> = ptm.stats().into_iter().collect();
         if frames > 0 {
-            assert!(s["page_evictions"] > 0 && s["page_loads"] > 0, "{frames} {mode}: {s:?}");
+            assert!(
+                s["page_evictions"] > 0 && s["page_loads"] > 0,
+                "{frames} {mode}: {s:?}"
+            );
             if mode == DurabilityMode::Async {
-                assert!(s["page_waits"] > 0, "{frames}: a reload waited for reproduce: {s:?}");
+                assert!(
+                    s["page_waits"] > 0,
+                    "{frames}: a reload waited for reproduce: {s:?}"
+                );
             }
         } else {
             assert_eq!(s["page_evictions"], 0);
@@ -472,7 +478,12 @@ fn lock_mode_runs_the_api_and_keeps_its_invariants() {
             let (s, reachable) = state_of(&ptm).unwrap();
             assert_eq!(s.accounts.iter().sum::<u64>(), 800, "{detect:?} {mode}");
             ptm.check_invariants().unwrap();
-            let live = ptm.stats().iter().find(|s| s.0 == "live_objects").unwrap().1;
+            let live = ptm
+                .stats()
+                .iter()
+                .find(|s| s.0 == "live_objects")
+                .unwrap()
+                .1;
             assert_eq!(live as usize, reachable);
             let (c, d) = (ptm.committed_id().unwrap(), ptm.durable_id().unwrap());
             assert_eq!(c, d, "{detect:?} {mode}: drained");
@@ -532,20 +543,28 @@ fn lock_mode_two_threads_keep_the_total_and_recover() {
 
 #[test]
 fn a_lock_mode_pool_refuses_the_stm_and_reopens_under_locks() {
-    let path = std::env::temp_dir().join(format!("pmtx-ptm-dudetx-locks-{}.pool", std::process::id()));
+    let path =
+        std::env::temp_dir().join(format!("pmtx-ptm-dudetx-locks-{}.pool", std::process::id()));
     let _ = std::fs::remove_file(&path);
     {
-        let ptm = Ptm::<Root>::create(locked(Detect::OneRound, DurabilityMode::Sync).path(&path)).unwrap();
+        let ptm = Ptm::<Root>::create(locked(Detect::OneRound, DurabilityMode::Sync).path(&path))
+            .unwrap();
         setup(&ptm).unwrap();
     }
-    let e = Ptm::<Root>::open(small().path(&path)).err().expect("refused");
+    let e = Ptm::<Root>::open(small().path(&path))
+        .err()
+        .expect("refused");
     assert!(e.to_string().contains("lock-based"), "{e}");
-    let ptm = Ptm::<Root>::open(locked(Detect::TwoRound, DurabilityMode::Sync).path(&path)).unwrap();
+    let ptm =
+        Ptm::<Root>::open(locked(Detect::TwoRound, DurabilityMode::Sync).path(&path)).unwrap();
     assert_eq!(state_of(&ptm).unwrap().0.accounts, vec![100; 8]);
     transfer(&ptm, &mut Lcg(1), 50).unwrap();
     ptm.check_invariants().unwrap();
     drop(ptm);
-    assert_eq!("locks-two-round".parse::<PerformMode>().unwrap(), PerformMode::Locks(Detect::TwoRound));
+    assert_eq!(
+        "locks-two-round".parse::<PerformMode>().unwrap(),
+        PerformMode::Locks(Detect::TwoRound)
+    );
     assert!("lox".parse::<PerformMode>().unwrap_err().contains("locks"));
     std::fs::remove_file(&path).unwrap();
 }
@@ -598,19 +617,20 @@ fn lock_sweep(
         c.crash_sim = trigger;
         c
     };
-    let run = |ptm: &Ptm<Root>, upto: &std::cell::Cell<u64>| -> Result<Vec<(Vec<u64>, u64)>, PtmError> {
-        setup(ptm)?;
-        ptm.check_invariants().map_err(PtmError::Pool)?;
-        let r = ptm.run(|tx| tx.read(tx.root()))?;
-        let mut w = [ptm.engine().worker()?, ptm.engine().worker()?];
-        let mut out = vec![(state_of(ptm)?.0.accounts, 0)];
-        for i in 0..steps {
-            lock_step(&mut *w[(i % 2) as usize], &r.accounts, i)?;
-            upto.set(i + 1);
-            out.push((state_of(ptm)?.0.accounts, ptm.committed_id().unwrap()));
-        }
-        Ok(out)
-    };
+    let run =
+        |ptm: &Ptm<Root>, upto: &std::cell::Cell<u64>| -> Result<Vec<(Vec<u64>, u64)>, PtmError> {
+            setup(ptm)?;
+            ptm.check_invariants().map_err(PtmError::Pool)?;
+            let r = ptm.run(|tx| tx.read(tx.root()))?;
+            let mut w = [ptm.engine().worker()?, ptm.engine().worker()?];
+            let mut out = vec![(state_of(ptm)?.0.accounts, 0)];
+            for i in 0..steps {
+                lock_step(&mut *w[(i % 2) as usize], &r.accounts, i)?;
+                upto.set(i + 1);
+                out.push((state_of(ptm)?.0.accounts, ptm.committed_id().unwrap()));
+            }
+            Ok(out)
+        };
     let reference = {
         let ptm = Ptm::<Root>::create(cfg(Some(CrashTrigger::Never), None)).unwrap();
         let events = || ptm.engine().pool().crash_sim().unwrap().events();
@@ -621,7 +641,9 @@ fn lock_sweep(
     let (states, start, end) = &reference;
     let mut points = 0;
     for at in (*start..*end).step_by(stride as usize) {
-        let ptm = std::panic::catch_unwind(|| Ptm::<Root>::create(cfg(Some(CrashTrigger::AtEvent(at)), fault)));
+        let ptm = std::panic::catch_unwind(|| {
+            Ptm::<Root>::create(cfg(Some(CrashTrigger::AtEvent(at)), fault))
+        });
         let Ok(Ok(ptm)) = ptm else { continue };
         let done = std::cell::Cell::new(0u64);
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&ptm, &done)));
@@ -652,17 +674,26 @@ fn lock_sweep(
         let acked = done.get() as usize;
         for img in cs.images(2, at) {
             let ctx = format!("{domain} {mode} {detect:?} {fault:?}: crash before event {at} after {acked} steps, image {:?}", img.prefixes);
-            let ptm = Ptm::<Root>::open_image(&img.bytes, cfg(None, fault.filter(|f| *f == DudetxPtmFault::LockRingOrder)))
-                .map_err(|e| format!("{ctx}: recovery failed: {e}"))?;
+            let ptm = Ptm::<Root>::open_image(
+                &img.bytes,
+                cfg(None, fault.filter(|f| *f == DudetxPtmFault::LockRingOrder)),
+            )
+            .map_err(|e| format!("{ctx}: recovery failed: {e}"))?;
             let (s, _) = state_of(&ptm).map_err(|e| format!("{ctx}: {e}"))?;
             let k = (s.accounts[7] - 100) as usize;
             if k >= states.len() || s.accounts != states[k].0 {
-                return Err(format!("{ctx}: recovered {:?}, which is no prefix of the run (counter {k})", s.accounts));
+                return Err(format!(
+                    "{ctx}: recovered {:?}, which is no prefix of the run (counter {k})",
+                    s.accounts
+                ));
             }
             let ok = match mode {
                 DurabilityMode::Sync => k == acked || k == acked + 1,
                 DurabilityMode::Async => {
-                    let kd = states.iter().position(|(_, id)| *id == durable_before).unwrap_or(0);
+                    let kd = states
+                        .iter()
+                        .position(|(_, id)| *id == durable_before)
+                        .unwrap_or(0);
                     k >= kd && k <= acked + 1
                 }
             };
@@ -671,7 +702,8 @@ fn lock_sweep(
             }
             ptm.check_invariants().map_err(|e| format!("{ctx}: {e}"))?;
             transfer(&ptm, &mut Lcg(at), 10).map_err(|e| format!("{ctx}: after recovery: {e}"))?;
-            ptm.check_invariants().map_err(|e| format!("{ctx}: after recovery: {e}"))?;
+            ptm.check_invariants()
+                .map_err(|e| format!("{ctx}: after recovery: {e}"))?;
         }
     }
     Ok(points)
@@ -690,7 +722,10 @@ fn lock_mode_every_crash_point_recovers_a_prefix() {
     ] {
         let points =
             lock_sweep(domain, mode, detect, None, 10, 3).unwrap_or_else(|e| panic!("{e}"));
-        assert!(points > 12, "{domain} {mode} {detect:?}: only {points} crash points");
+        assert!(
+            points > 12,
+            "{domain} {mode} {detect:?}: only {points} crash points"
+        );
     }
 }
 
@@ -700,8 +735,18 @@ fn lock_mode_every_crash_point_recovers_a_prefix() {
 fn lock_mode_faults_are_caught() {
     for fault in DudetxPtmFault::ALL.into_iter().filter(|f| f.lock_mode()) {
         for domain in [PersistenceDomain::Adr, PersistenceDomain::Eadr] {
-            let r = lock_sweep(domain, DurabilityMode::Async, Detect::OneRound, Some(fault), 12, 1);
-            assert!(r.is_err(), "{fault} under {domain}: no violation in {r:?} crash points");
+            let r = lock_sweep(
+                domain,
+                DurabilityMode::Async,
+                Detect::OneRound,
+                Some(fault),
+                12,
+                1,
+            );
+            assert!(
+                r.is_err(),
+                "{fault} under {domain}: no violation in {r:?} crash points"
+            );
             eprintln!("{fault} under {domain}: {}", r.unwrap_err());
         }
     }

@@ -19,10 +19,10 @@
 
 use super::super::log::Op;
 use super::super::pipeline::Apply;
+use super::super::pipeline::Core;
 use super::super::DudetxFault;
 use crate::alloc::{PageManager, PageTag, PAGE_SIZE};
 use crate::pmem::Pool;
-use super::super::pipeline::Core;
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

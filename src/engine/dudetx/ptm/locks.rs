@@ -443,7 +443,10 @@ impl LockPipe {
         let mut st = self.state.lock();
         st.stats.txns += 1;
         st.stats.raw_bytes += log.len() as u64;
-        st.queues.entry(chain_of(id)).or_default().push_back((id, log));
+        st.queues
+            .entry(chain_of(id))
+            .or_default()
+            .push_back((id, log));
         st.queued += 1;
         st.last_committed = id;
     }
@@ -537,7 +540,7 @@ impl LockPipe {
                     "the DUDETx log ring is full of records that are not reproducible yet \
                      (they wait on transactions not persisted): format the pool with a larger \
                      log"
-                        .into(),
+                    .into(),
                 ));
             }
         }

@@ -334,9 +334,8 @@ fn core_config(config: &PtmConfig, log_pages: usize) -> Result<DudetxConfig, Ptm
     c.group = o.group;
     c.log_pages = log_pages;
     // The lock mode steps its own pipeline in the committing threads (`locks.rs`).
-    c.background = o.background
-        && config.crash_sim.is_none()
-        && !matches!(o.perform, PerformMode::Locks(_));
+    c.background =
+        o.background && config.crash_sim.is_none() && !matches!(o.perform, PerformMode::Locks(_));
     c.fault = match o.fault {
         Some(DudetxPtmFault::Pipeline(f)) => Some(f),
         _ => None,
@@ -490,7 +489,11 @@ impl DudetxPtm {
             return Err(PtmError::Pool(format!(
                 "the pool was created with the {} perform mode, whose log format differs: open \
                  it with {}",
-                if pool_locks { "lock-based (§5)" } else { "STM/HTM" },
+                if pool_locks {
+                    "lock-based (§5)"
+                } else {
+                    "STM/HTM"
+                },
                 if pool_locks {
                     "PerformMode::Locks"
                 } else {

@@ -352,7 +352,10 @@ impl StmWorker {
         let l = self.lock.as_ref().expect("lock mode");
         let chain = l.chain;
         let log = pipe.log_with_deps(&l.deps, &ops);
-        let id = id_of(chain, inner.chain_seq[chain].fetch_add(1, Ordering::Relaxed) + 1);
+        let id = id_of(
+            chain,
+            inner.chain_seq[chain].fetch_add(1, Ordering::Relaxed) + 1,
+        );
         let mut live_delta = 0i64;
         for (&addr, &(value, header)) in &self.writes {
             let w = frames[&(addr & !(crate::alloc::PAGE_SIZE - 1))].word(addr);
