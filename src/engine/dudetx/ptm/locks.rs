@@ -613,7 +613,10 @@ mod tests {
     /// writes some words (locks them), depends on the last writer of each (lock hand-off) and
     /// on its chain's previous transaction. Returns the transactions in commit order: (id,
     /// deps, writes).
-    fn history(steps: &[(usize, Vec<(u64, u64)>)]) -> Vec<(u64, Vec<u64>, Vec<(u64, u64)>)> {
+    /// A committed transaction: (id, dependencies, (word, value) writes).
+    type Txn = (u64, Vec<u64>, Vec<(u64, u64)>);
+
+    fn history(steps: &[(usize, Vec<(u64, u64)>)]) -> Vec<Txn> {
         let mut seq = [0u64; 4];
         let mut last: HashMap<u64, u64> = HashMap::new();
         let mut out = Vec::new();

@@ -385,17 +385,13 @@ impl DudetxPtm {
             shadow: shadow.clone(),
         };
         let pipe = lock_detect(config).map(|d| {
-            locks::LockPipe::new(
-                pool.clone(),
-                LogRing {
-                    pages: ring.pages.clone(),
-                },
+            lock_pipe(
+                &pool,
+                &ring,
                 meta_page,
-                &config.dudetx,
+                config,
                 d,
-                ObjectApply {
-                    shadow: shadow.clone(),
-                },
+                &shadow,
                 vec![0; locks::CHAINS],
                 0,
             )
@@ -514,17 +510,13 @@ impl DudetxPtm {
                     super::pipeline::Apply::apply(&mut apply, &pool, &pages, op, None)
                 })
                 .map_err(PtmError::Pool)?;
-                let pipe = locks::LockPipe::new(
-                    pool.clone(),
-                    LogRing {
-                        pages: ring.pages.clone(),
-                    },
+                let pipe = lock_pipe(
+                    &pool,
+                    &ring,
                     meta_page,
-                    &config.dudetx,
+                    config,
                     d,
-                    ObjectApply {
-                        shadow: shadow.clone(),
-                    },
+                    &shadow,
                     r.reproduced,
                     r.pos,
                 );
@@ -616,6 +608,34 @@ impl DudetxPtm {
             ),
         }
     }
+}
+
+/// The lock mode's pipeline over the pool's log ring and shadow.
+#[allow(clippy::too_many_arguments)]
+fn lock_pipe(
+    pool: &Arc<Pool>,
+    ring: &LogRing,
+    meta_page: u64,
+    config: &PtmConfig,
+    detect: locks::Detect,
+    shadow: &Arc<Shadow>,
+    reproduced: Vec<u64>,
+    pos: u64,
+) -> locks::LockPipe {
+    locks::LockPipe::new(
+        pool.clone(),
+        LogRing {
+            pages: ring.pages.clone(),
+        },
+        meta_page,
+        &config.dudetx,
+        detect,
+        ObjectApply {
+            shadow: shadow.clone(),
+        },
+        reproduced,
+        pos,
+    )
 }
 
 /// The lock mode's detection, when the perform mode is the lock-based one.

@@ -299,6 +299,23 @@ impl StmWorker {
         self.freed.clear();
     }
 
+    /// Writes the write set into the shadow frames as transaction `id` (touching the pages,
+    /// §3.4); returns the change in live objects.
+    fn write_shadow(&self, frames: &std::collections::HashMap<u64, Arc<Frame>>, id: u64) -> i64 {
+        let mut live_delta = 0i64;
+        for (&addr, &(value, header)) in &self.writes {
+            let w = frames[&(addr & !(crate::alloc::PAGE_SIZE - 1))].word(addr);
+            if header {
+                let was = Header::decode(w.load(Ordering::Relaxed)).is_some_and(|h| h.live);
+                let is = Header::decode(value).is_some_and(|h| h.live);
+                live_delta += i64::from(is) - i64::from(was);
+            }
+            w.store(value, Ordering::Relaxed);
+            self.inner.shadow.touch(addr, id);
+        }
+        live_delta
+    }
+
     /// The frames of the pages the transaction writes, by base (loaded if paged out).
     fn written_frames(&self) -> Result<std::collections::HashMap<u64, Arc<Frame>>, PtmError> {
         let mut frames = std::collections::HashMap::new();
@@ -356,16 +373,7 @@ impl StmWorker {
             chain,
             inner.chain_seq[chain].fetch_add(1, Ordering::Relaxed) + 1,
         );
-        let mut live_delta = 0i64;
-        for (&addr, &(value, header)) in &self.writes {
-            let w = frames[&(addr & !(crate::alloc::PAGE_SIZE - 1))].word(addr);
-            if header {
-                let was = Header::decode(w.load(Ordering::Relaxed)).is_some_and(|h| h.live);
-                let is = Header::decode(value).is_some_and(|h| h.live);
-                live_delta += i64::from(is) - i64::from(was);
-            }
-            w.store(value, Ordering::Relaxed);
-        }
+        let live_delta = self.write_shadow(&frames, id);
         inner.live.fetch_add(live_delta as u64, Ordering::Relaxed);
         inner.shadow.release(&self.freed);
         pipe.enqueue(id, log);
@@ -509,17 +517,7 @@ impl PtmWorker for StmWorker {
             }
             let id = core.committed.load(Ordering::Relaxed) + 1;
             inner.clock.store(id, Ordering::SeqCst);
-            let mut live_delta = 0i64;
-            for (&addr, &(value, header)) in &self.writes {
-                let w = frames[&(addr & !(crate::alloc::PAGE_SIZE - 1))].word(addr);
-                if header {
-                    let was = Header::decode(w.load(Ordering::Relaxed)).is_some_and(|h| h.live);
-                    let is = Header::decode(value).is_some_and(|h| h.live);
-                    live_delta += i64::from(is) - i64::from(was);
-                }
-                w.store(value, Ordering::Relaxed);
-                inner.shadow.touch(addr, id);
-            }
+            let live_delta = self.write_shadow(&frames, id);
             fence(Ordering::Release);
             for &s in &stripes {
                 inner.locks[s].store(id, Ordering::SeqCst);
