@@ -8,10 +8,11 @@ use common::ptm_model::{self, op};
 use pmtx::crashtest::ptm::{
     setup, state_of, sweep as sweep_all, transfer, Lcg, Node, PtmCrashConfig, Root,
 };
+use pmtx::engine::dudetx::ptm::locks::Detect;
 use pmtx::engine::dudetx::ptm::{DudetxPtmFault, PerformMode};
 use pmtx::engine::dudetx::DurabilityMode;
-use pmtx::pmem::{CrashTrigger, PersistenceDomain};
-use pmtx::ptm::{PPtr, Ptm, PtmConfig, PtmEngineKind, PtmError};
+use pmtx::pmem::{CrashTrigger, PersistenceDomain, SimulatedCrash};
+use pmtx::ptm::{PPtr, Ptm, PtmConfig, PtmEngineKind, PtmError, PtmWorker};
 use std::collections::HashMap;
 
 fn small() -> PtmConfig {
@@ -165,6 +166,9 @@ fn every_crash_point_recovers_async_under_adr_and_eadr() {
 #[test]
 fn each_dudetx_ptm_fault_is_caught() {
     for fault in DudetxPtmFault::ALL {
+        if fault.lock_mode() {
+            continue; // lock_mode_faults_are_caught
+        }
         let domains: &[PersistenceDomain] = if fault.adr_only() {
             &[PersistenceDomain::Adr]
         } else {
@@ -203,11 +207,15 @@ proptest::proptest! {
         ],
         asynchronous in proptest::bool::ANY,
         group in 1usize..5,
+        tiny_shadow in proptest::bool::ANY,
     ) {
         let with_sim = || {
             let mut c = small().domain(domain);
             c.crash_sim = Some(CrashTrigger::Never);
             c.dudetx.group = group;
+            // §3.4 paging: a one-frame shadow (the root's and the objects' pages evict each
+            // other) must give the same results as a full one.
+            c.dudetx.shadow_frames = usize::from(tiny_shadow);
             if asynchronous {
                 c.dudetx.mode = DurabilityMode::Async;
             }
@@ -306,6 +314,82 @@ fn two_threads_of_transfers_keep_the_total_in_sync_and_async_modes() {
     }
 }
 
+/// §3.4 shadow paging: a crash before every other PM event with a one-frame shadow (pages
+/// evicted and reloaded all the time, loads waiting for reproduce), sync and async, ADR and
+/// eADR.
+#[test]
+fn every_crash_point_recovers_with_a_one_frame_shadow() {
+    for domain in [PersistenceDomain::Adr, PersistenceDomain::Eadr] {
+        for mode in [DurabilityMode::Sync, DurabilityMode::Async] {
+            let mut cfg = PtmCrashConfig::dudetx(domain, mode, None);
+            cfg.steps = 10;
+            cfg.stride = 3;
+            cfg.dudetx_shadow_frames = 1;
+            let points = sweep(cfg).unwrap_or_else(|e| panic!("{e}"));
+            eprintln!("{domain} {mode}: {points} crash points");
+            assert!(points > 15, "{domain} {mode}: only {points} crash points");
+        }
+    }
+}
+
+/// §3.4: the same workload with shadows of 1, 2 and every frame ends in the same state; the
+/// small shadows evict, reload and (async) wait for reproduce before reloading a touched page.
+#[test]
+fn a_small_shadow_pages_and_gives_the_same_results() {
+    let mut results = Vec::new();
+    for (frames, mode) in [
+        (0, DurabilityMode::Sync),
+        (1, DurabilityMode::Sync),
+        (1, DurabilityMode::Async),
+        (2, DurabilityMode::Async),
+    ] {
+        let mut c = small();
+        c.dudetx.shadow_frames = frames;
+        c.dudetx.mode = mode;
+        // Inline steps (as under the crash simulator): reproduce lags deterministically, so
+        // async reloads find touched pages.
+        c.crash_sim = Some(CrashTrigger::Never);
+        let ptm = Ptm::<Root>::create(c).unwrap();
+        setup(&ptm).unwrap();
+        let mut rng = Lcg(5);
+        let mut moved = 0;
+        for i in 0..80 {
+            pmtx::crashtest::ptm::step(&ptm, i, &mut rng, &mut moved).unwrap();
+        }
+        // Objects of a third size class: a third page.
+        let big = ptm.run(|tx| tx.alloc(&[7u8; 3000])).unwrap();
+        assert_eq!(ptm.run(|tx| tx.read(big)).unwrap(), [7u8; 3000]);
+        ptm.run(|tx| tx.free(big)).unwrap();
+        ptm.check_invariants().unwrap();
+        let s: HashMap<_, _> = ptm.stats().into_iter().collect();
+        if frames > 0 {
+            assert!(
+                s["page_evictions"] > 0 && s["page_loads"] > 0,
+                "{frames} {mode}: {s:?}"
+            );
+            if mode == DurabilityMode::Async {
+                assert!(
+                    s["page_waits"] > 0,
+                    "{frames}: a reload waited for reproduce: {s:?}"
+                );
+            }
+        } else {
+            assert_eq!(s["page_evictions"], 0);
+        }
+        results.push(state_of(&ptm).unwrap().0);
+    }
+    assert!(results.windows(2).all(|w| w[0] == w[1]), "{results:?}");
+}
+
+#[test]
+fn paging_is_refused_with_the_lock_mode() {
+    let mut c = small();
+    c.dudetx.shadow_frames = 1;
+    c.dudetx.perform = PerformMode::Locks(Detect::OneRound);
+    let e = Ptm::<Root>::create(c).err().expect("refused");
+    assert!(e.to_string().contains("paging"), "{e}");
+}
+
 /// §3.3: in async mode a group combines transactions, so a word written by every one of them is
 /// logged once per record: fewer combined bytes than raw.
 #[test]
@@ -369,4 +453,301 @@ fn htm_mode_is_refused_without_rtm_and_falls_back() {
     let ptm = Ptm::<Root>::create(c).unwrap();
     setup(&ptm).unwrap();
     assert_eq!(state_of(&ptm).unwrap().0.accounts, vec![100; 8]);
+}
+
+// ---- The lock-based perform mode (§5) ----
+
+fn locked(detect: Detect, mode: DurabilityMode) -> PtmConfig {
+    let mut c = small().max_threads(3);
+    c.dudetx.perform = PerformMode::Locks(detect);
+    c.dudetx.mode = mode;
+    c
+}
+
+#[test]
+fn lock_mode_runs_the_api_and_keeps_its_invariants() {
+    for detect in [Detect::OneRound, Detect::TwoRound] {
+        for mode in [DurabilityMode::Sync, DurabilityMode::Async] {
+            let ptm = Ptm::<Root>::create(locked(detect, mode)).unwrap();
+            setup(&ptm).unwrap();
+            let mut rng = Lcg(3);
+            let mut moved = 0;
+            for i in 0..60 {
+                pmtx::crashtest::ptm::step(&ptm, i, &mut rng, &mut moved).unwrap();
+            }
+            let (s, reachable) = state_of(&ptm).unwrap();
+            assert_eq!(s.accounts.iter().sum::<u64>(), 800, "{detect:?} {mode}");
+            ptm.check_invariants().unwrap();
+            let live = ptm
+                .stats()
+                .iter()
+                .find(|s| s.0 == "live_objects")
+                .unwrap()
+                .1;
+            assert_eq!(live as usize, reachable);
+            let (c, d) = (ptm.committed_id().unwrap(), ptm.durable_id().unwrap());
+            assert_eq!(c, d, "{detect:?} {mode}: drained");
+        }
+    }
+}
+
+/// Two threads of transfers under locks (sync and async, one- and two-round detecting): no
+/// transaction sees a partial transfer, the total stays, the heap equals the shadow, and a
+/// restart (the durable image) recovers a consistent state.
+#[test]
+fn lock_mode_two_threads_keep_the_total_and_recover() {
+    for detect in [Detect::OneRound, Detect::TwoRound] {
+        for mode in [DurabilityMode::Sync, DurabilityMode::Async] {
+            let mut c = locked(detect, mode);
+            c.crash_sim = Some(CrashTrigger::Never);
+            let ptm = Ptm::<Root>::create(c.clone()).unwrap();
+            setup(&ptm).unwrap();
+            std::thread::scope(|s| {
+                for t in 0..2u64 {
+                    let ptm = &ptm;
+                    s.spawn(move || {
+                        let mut rng = Lcg(t + 11);
+                        for i in 0..400 {
+                            if i % 7 == 0 {
+                                let sum: u64 = ptm
+                                    .run(|tx| {
+                                        let r = tx.read(tx.root())?;
+                                        r.accounts.iter().map(|&a| tx.read(a)).sum()
+                                    })
+                                    .unwrap();
+                                assert_eq!(sum, 800, "a transaction saw a partial transfer");
+                            } else {
+                                transfer(ptm, &mut rng, 30).unwrap();
+                            }
+                        }
+                    });
+                }
+            });
+            assert_eq!(state_of(&ptm).unwrap().0.accounts.iter().sum::<u64>(), 800);
+            // A power-off without the final drain: whatever is recovered is consistent.
+            ptm.engine().pool().crash_now();
+            let sim = ptm.engine().pool().crash_sim().unwrap().clone();
+            let image = sim.crash_state().unwrap().durable_image();
+            drop(ptm);
+            let mut c2 = c.clone();
+            c2.crash_sim = None;
+            let ptm = Ptm::<Root>::open_image(&image.bytes, c2).unwrap();
+            let (s, _) = state_of(&ptm).unwrap();
+            assert_eq!(s.accounts.iter().sum::<u64>(), 800, "{detect:?} {mode}");
+            ptm.check_invariants().unwrap();
+            let stats: HashMap<_, _> = ptm.stats().into_iter().collect();
+            assert!(stats["heap_pages"] > 0);
+        }
+    }
+}
+
+#[test]
+fn a_lock_mode_pool_refuses_the_stm_and_reopens_under_locks() {
+    let path =
+        std::env::temp_dir().join(format!("pmtx-ptm-dudetx-locks-{}.pool", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    {
+        let ptm = Ptm::<Root>::create(locked(Detect::OneRound, DurabilityMode::Sync).path(&path))
+            .unwrap();
+        setup(&ptm).unwrap();
+    }
+    let e = Ptm::<Root>::open(small().path(&path))
+        .err()
+        .expect("refused");
+    assert!(e.to_string().contains("lock-based"), "{e}");
+    let ptm =
+        Ptm::<Root>::open(locked(Detect::TwoRound, DurabilityMode::Sync).path(&path)).unwrap();
+    assert_eq!(state_of(&ptm).unwrap().0.accounts, vec![100; 8]);
+    transfer(&ptm, &mut Lcg(1), 50).unwrap();
+    ptm.check_invariants().unwrap();
+    drop(ptm);
+    assert_eq!(
+        "locks-two-round".parse::<PerformMode>().unwrap(),
+        PerformMode::Locks(Detect::TwoRound)
+    );
+    assert!("lox".parse::<PerformMode>().unwrap_err().contains("locks"));
+    std::fs::remove_file(&path).unwrap();
+}
+
+/// One step of the lock-mode crash workload on worker `w` (its chain): bump the counter
+/// (account 7: every step depends on the one before, so the recovered state must be a prefix)
+/// and move up to 4 between two of accounts 0..4.
+fn lock_step(w: &mut dyn PtmWorker, accounts: &[PPtr<u64>; 8], i: u64) -> Result<(), PtmError> {
+    w.begin();
+    let r = (|| {
+        let get = |w: &mut dyn PtmWorker, p: PPtr<u64>| -> Result<u64, PtmError> {
+            let mut b = [0u8; 8];
+            w.read(p.raw(), 0, &mut b)?;
+            Ok(u64::from_le_bytes(b))
+        };
+        let c = get(w, accounts[7])?;
+        w.write(accounts[7].raw(), 0, &(c + 1).to_le_bytes())?;
+        let (a, b, amount) = ((i * 7 + 1) % 5, (i * 3) % 5, i % 5);
+        if a != b {
+            let (x, y) = (get(w, accounts[a as usize])?, get(w, accounts[b as usize])?);
+            if x >= amount {
+                w.write(accounts[a as usize].raw(), 0, &(x - amount).to_le_bytes())?;
+                w.write(accounts[b as usize].raw(), 0, &(y + amount).to_le_bytes())?;
+            }
+        }
+        w.commit()
+    })();
+    if r.is_err() {
+        w.abort();
+    }
+    r
+}
+
+/// Crashes a two-chain lock-mode run (steps alternate between two workers, so the graph has
+/// hand-offs between chains and the ring holds them out of order) before every `stride`-th
+/// PM event; each image must recover to the state after a prefix of the steps: sync, the
+/// acknowledged steps or one more; async, at least the steps reported durable.
+fn lock_sweep(
+    domain: PersistenceDomain,
+    mode: DurabilityMode,
+    detect: Detect,
+    fault: Option<DudetxPtmFault>,
+    steps: u64,
+    stride: u64,
+) -> Result<u64, String> {
+    let cfg = |trigger: Option<CrashTrigger>, fault: Option<DudetxPtmFault>| {
+        let mut c = locked(detect, mode).domain(domain);
+        c.dudetx.group = 3;
+        c.dudetx.fault = fault;
+        c.crash_sim = trigger;
+        c
+    };
+    let run =
+        |ptm: &Ptm<Root>, upto: &std::cell::Cell<u64>| -> Result<Vec<(Vec<u64>, u64)>, PtmError> {
+            setup(ptm)?;
+            ptm.check_invariants().map_err(PtmError::Pool)?;
+            let r = ptm.run(|tx| tx.read(tx.root()))?;
+            let mut w = [ptm.engine().worker()?, ptm.engine().worker()?];
+            let mut out = vec![(state_of(ptm)?.0.accounts, 0)];
+            for i in 0..steps {
+                lock_step(&mut *w[(i % 2) as usize], &r.accounts, i)?;
+                upto.set(i + 1);
+                out.push((state_of(ptm)?.0.accounts, ptm.committed_id().unwrap()));
+            }
+            Ok(out)
+        };
+    let reference = {
+        let ptm = Ptm::<Root>::create(cfg(Some(CrashTrigger::Never), None)).unwrap();
+        let events = || ptm.engine().pool().crash_sim().unwrap().events();
+        let start = events();
+        let states = run(&ptm, &std::cell::Cell::new(0)).map_err(|e| e.to_string())?;
+        (states, start, events())
+    };
+    let (states, start, end) = &reference;
+    let mut points = 0;
+    for at in (*start..*end).step_by(stride as usize) {
+        let ptm = std::panic::catch_unwind(|| {
+            Ptm::<Root>::create(cfg(Some(CrashTrigger::AtEvent(at)), fault))
+        });
+        let Ok(Ok(ptm)) = ptm else { continue };
+        let done = std::cell::Cell::new(0u64);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&ptm, &done)));
+        match r {
+            Err(p) if !SimulatedCrash::is(p.as_ref()) => std::panic::resume_unwind(p),
+            Ok(Err(e)) if !ptm.engine().pool().crash_sim().unwrap().has_crashed() => {
+                return Err(format!("the run failed before the crash: {e}"))
+            }
+            _ => {}
+        }
+        let sim = ptm.engine().pool().crash_sim().cloned().unwrap();
+        let Some(cs) = sim.crash_state() else {
+            // The run ended first; the close may reach the event (a crash that tests nothing).
+            let closed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(ptm)));
+            if let Err(p) = closed {
+                if !SimulatedCrash::is(p.as_ref()) {
+                    std::panic::resume_unwind(p);
+                }
+            }
+            continue;
+        };
+        if done.get() == 0 {
+            continue; // crashed in the setup
+        }
+        points += 1;
+        let durable_before = ptm.durable_id().unwrap();
+        drop(ptm);
+        let acked = done.get() as usize;
+        for img in cs.images(2, at) {
+            let ctx = format!("{domain} {mode} {detect:?} {fault:?}: crash before event {at} after {acked} steps, image {:?}", img.prefixes);
+            let ptm = Ptm::<Root>::open_image(
+                &img.bytes,
+                cfg(None, fault.filter(|f| *f == DudetxPtmFault::LockRingOrder)),
+            )
+            .map_err(|e| format!("{ctx}: recovery failed: {e}"))?;
+            let (s, _) = state_of(&ptm).map_err(|e| format!("{ctx}: {e}"))?;
+            let k = (s.accounts[7] - 100) as usize;
+            if k >= states.len() || s.accounts != states[k].0 {
+                return Err(format!(
+                    "{ctx}: recovered {:?}, which is no prefix of the run (counter {k})",
+                    s.accounts
+                ));
+            }
+            let ok = match mode {
+                DurabilityMode::Sync => k == acked || k == acked + 1,
+                DurabilityMode::Async => {
+                    let kd = states
+                        .iter()
+                        .position(|(_, id)| *id == durable_before)
+                        .unwrap_or(0);
+                    k >= kd && k <= acked + 1
+                }
+            };
+            if !ok {
+                return Err(format!("{ctx}: recovered the state after {k} steps (durable before: {durable_before:#x})"));
+            }
+            ptm.check_invariants().map_err(|e| format!("{ctx}: {e}"))?;
+            transfer(&ptm, &mut Lcg(at), 10).map_err(|e| format!("{ctx}: after recovery: {e}"))?;
+            ptm.check_invariants()
+                .map_err(|e| format!("{ctx}: after recovery: {e}"))?;
+        }
+    }
+    Ok(points)
+}
+
+/// Crash tests of the lock mode: ADR and eADR, sync and async, one- and two-round detecting.
+#[test]
+fn lock_mode_every_crash_point_recovers_a_prefix() {
+    use DurabilityMode::{Async, Sync};
+    use PersistenceDomain::{Adr, Eadr};
+    for (domain, mode, detect) in [
+        (Adr, Sync, Detect::OneRound),
+        (Adr, Async, Detect::TwoRound),
+        (Eadr, Sync, Detect::TwoRound),
+        (Eadr, Async, Detect::OneRound),
+    ] {
+        let points =
+            lock_sweep(domain, mode, detect, None, 10, 3).unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            points > 12,
+            "{domain} {mode} {detect:?}: only {points} crash points"
+        );
+    }
+}
+
+/// The lock mode's ordering faults are caught (async mode: the ring holds chains out of
+/// order there).
+#[test]
+fn lock_mode_faults_are_caught() {
+    for fault in DudetxPtmFault::ALL.into_iter().filter(|f| f.lock_mode()) {
+        for domain in [PersistenceDomain::Adr, PersistenceDomain::Eadr] {
+            let r = lock_sweep(
+                domain,
+                DurabilityMode::Async,
+                Detect::OneRound,
+                Some(fault),
+                12,
+                1,
+            );
+            assert!(
+                r.is_err(),
+                "{fault} under {domain}: no violation in {r:?} crash points"
+            );
+            eprintln!("{fault} under {domain}: {}", r.unwrap_err());
+        }
+    }
 }

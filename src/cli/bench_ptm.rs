@@ -65,6 +65,18 @@ pub struct Args {
     /// Write the results as a JSON array to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// DUDETx: sync or async commits.
+    #[arg(long, default_value = "sync")]
+    pub dudetx_mode: crate::engine::dudetx::DurabilityMode,
+    /// DUDETx: transactions combined per log record (§3.3).
+    #[arg(long, default_value_t = 64)]
+    pub dudetx_group: usize,
+    /// DUDETx: perform mode (stm, locks, locks-two-round; §4.1, §5).
+    #[arg(long, default_value = "stm")]
+    pub dudetx_perform: crate::engine::dudetx::ptm::PerformMode,
+    /// DUDETx: the shadow's size in % of the heap pages (§3.4 paging; 100: no paging).
+    #[arg(long, default_value_t = 100)]
+    pub dudetx_shadow_pct: usize,
 }
 
 /// An engine of `pmtx bench ptm`: a PTM engine of `pmtx::ptm`, or PMDK behind the same API.
@@ -123,10 +135,14 @@ fn create_runner<R: PObject + Default>(
     size: u64,
 ) -> Result<Box<dyn PtmRunner<R>>, String> {
     let max_threads = args.threads.iter().copied().max().unwrap_or(1);
-    let config = PtmConfig::temporary()
+    let mut config = PtmConfig::temporary()
         .size(size)
         .domain(args.domain)
         .max_threads(max_threads + 1);
+    config.dudetx.mode = args.dudetx_mode;
+    config.dudetx.group = args.dudetx_group;
+    config.dudetx.perform = args.dudetx_perform;
+    config.dudetx.shadow_percent = args.dudetx_shadow_pct;
     match engine {
         BenchEngine::Ptm(kind) => Ok(Box::new(
             Ptm::<R>::create(config.engine(kind)).map_err(|e| e.to_string())?,
@@ -235,6 +251,15 @@ pub(crate) fn run(args: Args) -> CliResult {
                     let app_measured = updates * ptm_tree::VALUE_BYTES;
                     let pm_bytes = result.pm.total.bytes_written;
                     let wa = (app_measured > 0).then(|| pm_bytes as f64 / app_measured as f64);
+                    let engine_stats: serde_json::Map<String, serde_json::Value> =
+                        match (&hash, &treep) {
+                            (Some(p), _) => p.engine_stats(),
+                            (_, Some(p)) => p.engine_stats(),
+                            _ => Vec::new(),
+                        }
+                        .into_iter()
+                        .map(|(k, v)| (k.to_string(), v.into()))
+                        .collect();
                     let params = serde_json::json!({
                         "structure": args.structure,
                         "update_pct": pct,
@@ -246,6 +271,7 @@ pub(crate) fn run(args: Args) -> CliResult {
                         "pm_bytes_per_txn": result.pm.bytes_per_txn,
                         "write_amplification": wa,
                         "app_bytes_all_windows": app.load(Ordering::Relaxed),
+                        "engine_stats": engine_stats,
                     });
                     reports.push(RunReport::new(
                         engine.name(),
@@ -391,6 +417,24 @@ fn finish(args: &Args, reports: &[RunReport]) -> CliResult {
             r.params["write_amplification"]
                 .as_f64()
                 .map_or("-".to_string(), |w| format!("{w:.2}"))
+        );
+    }
+    for r in reports.iter().filter(|r| r.engine == "dudetx") {
+        let st = &r.params["engine_stats"];
+        let n = |k: &str| st[k].as_u64().unwrap_or(0);
+        outln!(
+            "  dudetx {} thr: log raw {} B, combined {} B, stored {} B (saved {:.1} %, lz4 {:.2}); \
+             pages loaded {}, evicted {}, waits {}; latency p50 {:.1} us",
+            r.result.threads,
+            n("log_raw_bytes"),
+            n("log_combined_bytes"),
+            n("log_stored_bytes"),
+            100.0 * (1.0 - n("log_stored_bytes") as f64 / n("log_raw_bytes").max(1) as f64),
+            n("log_stored_bytes") as f64 / n("log_combined_bytes").max(1) as f64,
+            n("page_loads"),
+            n("page_evictions"),
+            n("page_waits"),
+            r.result.latency_us.p50,
         );
     }
     if let Some(path) = &args.json {

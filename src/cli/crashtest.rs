@@ -248,6 +248,13 @@ fn run_ptm(args: &Args, kind: crate::ptm::PtmEngineKind) -> CliResult {
             .as_deref()
             .map(str::parse::<crate::engine::dudetx::ptm::DudetxPtmFault>)
             .transpose()?;
+        if fault.is_some_and(|f| f.lock_mode()) {
+            return Err(
+                "that fault is in a step of the lock-based perform mode (§5), which this sweep \
+                 does not run: its crash tests are tests/ptm_dudetx.rs lock_mode_*"
+                    .into(),
+            );
+        }
         if fault.is_some_and(|f| f.adr_only()) && args.domain == PersistenceDomain::Eadr {
             return Err(
                 "that fault removes a write-back, which eadr does not need: test it under adr"

@@ -701,6 +701,11 @@ pub trait PtmRunner<R: PObject>: Sync {
         &self,
         f: &mut dyn FnMut(&mut PTx<'_, R>) -> Result<(), PtmError>,
     ) -> Result<u32, PtmError>;
+
+    /// The engine's counters (see [`Ptm::stats`]); none for engines that keep none.
+    fn engine_stats(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
 }
 
 impl<R: PObject> PtmRunner<R> for Ptm<R> {
@@ -709,6 +714,10 @@ impl<R: PObject> PtmRunner<R> for Ptm<R> {
         f: &mut dyn FnMut(&mut PTx<'_, R>) -> Result<(), PtmError>,
     ) -> Result<u32, PtmError> {
         self.run_counted(f).map(|((), aborts)| aborts)
+    }
+
+    fn engine_stats(&self) -> Vec<(&'static str, u64)> {
+        self.stats()
     }
 }
 

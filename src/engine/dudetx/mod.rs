@@ -45,7 +45,7 @@
 //!
 //! - **The shadow is a whole DRAM copy of the tables**, not a page-level shadow of a PM heap with
 //!   paging (§3.4): a table engine's rows already live in a DRAM engine (the `volatile` one), so
-//!   *perform* reuses it and its protocols. Shadow paging (a shadow smaller than PM) is not built.
+//!   *perform* reuses it and its protocols.
 //! - **Logs are row after-images**, not word-level (address, value) pairs: the table workloads
 //!   write rows, and whole after-images make replay idempotent, so recovery can replay from the
 //!   truncation point without knowing exactly where reproduce stopped.
@@ -61,7 +61,10 @@
 //! - **No STM, HTM or lock-based perform modes of their own for tables** (§4, §5): the shadow's
 //!   protocols (OCC, 2PL variants, MVCC, ...) are the perform modes. The object API ([`ptm`])
 //!   has the STM; HTM needs RTM, which the machine this was built on lacks (detected and
-//!   refused); the lock-based mode (§5) is not built.
+//!   refused) and the lock-based mode (§5, `ptm/locks.rs`): per-chain ids, dependency graph
+//!   from lock hand-offs, one/two-round detection. The table engine keeps global ids: its
+//!   shadow engines do not expose their lock hand-offs.
+//! - **Shadow paging** (§3.4) is the object API's (`ptm/heap.rs`); the table shadow is whole.
 //! - **The table heap's allocator is the heap directory** (DRAM, rebuilt from slot state words at
 //!   open) rather than §3.6's allocation logs: a slot becomes live only through a reproduced put,
 //!   so the logs already say everything an allocation log would. The persistent-object API's

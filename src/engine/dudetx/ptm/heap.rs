@@ -19,13 +19,14 @@
 
 use super::super::log::Op;
 use super::super::pipeline::Apply;
+use super::super::pipeline::Core;
 use super::super::DudetxFault;
 use crate::alloc::{PageManager, PageTag, PAGE_SIZE};
 use crate::pmem::Pool;
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
 
 /// Page kind of a heap page (value: its size class).
 pub const HEAP_KIND: u8 = 5;
@@ -117,43 +118,207 @@ impl Frame {
     }
 }
 
-/// The shadow memory: heap pages by pool offset, and the free slots of each class.
+/// A heap page of the shadow (§3.4 paging): its frame when resident, its touching id (the
+/// last transaction that wrote it), and when it was last used (for eviction).
+pub struct PageSlot {
+    /// The page's size class.
+    pub class: usize,
+    /// The page's pool offset.
+    pub base: u64,
+    frame: RwLock<Option<Arc<Frame>>>,
+    /// The touching id (§3.4): the id of the last transaction that wrote the page.
+    touch: AtomicU64,
+    used: AtomicU64,
+}
+
+/// Paging counters (§6.5).
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct PagingStats {
+    /// Frames resident now.
+    pub resident: u64,
+    /// Pages loaded from PM after the first load.
+    pub loads: u64,
+    /// Frames evicted (discarded, §3.4: never written back).
+    pub evictions: u64,
+    /// Loads that waited for reproduce (the touching id was newer than the reproduced id).
+    pub waits: u64,
+}
+
+/// The shadow memory: heap pages by pool offset (each resident as a frame, or paged out), and
+/// the free slots of each class.
+///
+/// Paging (§3.4, software-based as §3.6.2): at most `capacity` frames are resident (0: every
+/// page). A page is loaded on touch; when the shadow is full the least recently used frame that
+/// no transaction holds (the frame's `Arc` is the slot's only one: §3.6.2's reference count) is
+/// discarded without write-back, since its committed writes are in the redo log. A page whose
+/// touching id is newer than the reproduced id is loaded only after reproduce catches up, so a
+/// reload is never stale.
 pub struct Shadow {
-    frames: RwLock<HashMap<u64, Arc<Frame>>>,
+    pages: RwLock<HashMap<u64, Arc<PageSlot>>>,
     /// Free slots (pool offsets of their headers) per class: the DRAM `pmalloc` state.
     pub free: Mutex<Vec<Vec<u64>>>,
+    /// Frames at most (0: see `percent`).
+    frames: usize,
+    /// Frames at most as a percentage of the heap pages (0: every page, unless `frames`).
+    percent: usize,
+    resident: AtomicUsize,
+    tick: AtomicU64,
+    /// The pipeline: the pool and the reproduced id, and how to wait for it.
+    core: OnceLock<Weak<Core<ObjectApply>>>,
+    counters: [AtomicU64; 3],
 }
 
 impl Default for Shadow {
     fn default() -> Self {
-        Shadow {
-            frames: RwLock::new(HashMap::new()),
-            free: Mutex::new(vec![Vec::new(); CLASSES]),
-        }
+        Shadow::with_capacity(0, 0)
     }
 }
 
 impl Shadow {
-    /// The frame of the heap page holding `addr`, if it is one.
+    /// A shadow of at most `frames` resident frames, or (`frames` 0) `percent` % of the heap
+    /// pages (at least one; both 0: every page).
+    pub fn with_capacity(frames: usize, percent: usize) -> Shadow {
+        Shadow {
+            pages: RwLock::new(HashMap::new()),
+            free: Mutex::new(vec![Vec::new(); CLASSES]),
+            frames,
+            percent,
+            resident: AtomicUsize::new(0),
+            tick: AtomicU64::new(0),
+            core: OnceLock::new(),
+            counters: Default::default(),
+        }
+    }
+
+    /// Frames the shadow holds at most now (0: no limit).
+    fn capacity(&self) -> usize {
+        match (self.frames, self.percent) {
+            (0, 0) | (0, 100..) => 0,
+            (0, p) => (self.page_count() * p / 100).max(1),
+            (f, _) => f,
+        }
+    }
+
+    /// Connects the shadow to its pipeline (page loads read PM and wait for reproduce).
+    pub(crate) fn attach(&self, core: &Arc<Core<ObjectApply>>) {
+        let _ = self.core.set(Arc::downgrade(core));
+    }
+
+    /// The paging counters.
+    pub fn paging_stats(&self) -> PagingStats {
+        let c = |i: usize| self.counters[i].load(Ordering::Relaxed);
+        PagingStats {
+            resident: self.resident.load(Ordering::Relaxed) as u64,
+            loads: c(0),
+            evictions: c(1),
+            waits: c(2),
+        }
+    }
+
+    /// The heap page holding `addr`, if it is one (never loads it).
+    pub fn page(&self, addr: u64) -> Option<Arc<PageSlot>> {
+        self.pages.read().get(&(addr & !(PAGE_SIZE - 1))).cloned()
+    }
+
+    /// Heap pages.
+    pub fn page_count(&self) -> usize {
+        self.pages.read().len()
+    }
+
+    /// The frame of the heap page holding `addr`, if it is one, loaded if it is paged out
+    /// (`None` also when the load cannot wait for reproduce: the pipeline failed).
     pub fn frame(&self, addr: u64) -> Option<Arc<Frame>> {
-        self.frames.read().get(&(addr & !(PAGE_SIZE - 1))).cloned()
+        let slot = self.page(addr)?;
+        slot.used
+            .store(self.tick.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
+        if let Some(f) = slot.frame.read().as_ref() {
+            return Some(f.clone());
+        }
+        self.page_in(&slot)
     }
 
-    /// Every frame, by pool offset.
-    pub fn frames(&self) -> Vec<Arc<Frame>> {
-        let mut v: Vec<Arc<Frame>> = self.frames.read().values().cloned().collect();
-        v.sort_unstable_by_key(|f| f.base);
-        v
+    /// Records that transaction `id` wrote the page holding `addr` (its touching id, §3.4);
+    /// called while the writer holds the frame, so it cannot be evicted before.
+    pub fn touch(&self, addr: u64, id: u64) {
+        if self.frames > 0 || self.percent > 0 {
+            if let Some(s) = self.page(addr) {
+                s.touch.fetch_max(id, Ordering::AcqRel);
+            }
+        }
     }
 
-    /// Adds the frame of a heap page (zero; `load` then fills it from PM).
-    pub fn add_page(&self, class: usize, base: u64) -> Arc<Frame> {
-        let f = Arc::new(Frame::zeroed(class, base));
-        self.frames.write().insert(base, f.clone());
-        f
+    fn page_in(&self, slot: &Arc<PageSlot>) -> Option<Arc<Frame>> {
+        let core = self.core.get()?.upgrade()?;
+        let capacity = self.capacity();
+        if capacity > 0 {
+            while self.resident.load(Ordering::Relaxed) >= capacity {
+                if !self.evict_one() {
+                    break; // every frame is in use: the shadow overshoots for now
+                }
+            }
+        }
+        loop {
+            let mut g = slot.frame.write();
+            if let Some(f) = g.as_ref() {
+                return Some(f.clone());
+            }
+            if slot.touch.load(Ordering::Acquire) <= core.reproduced.load(Ordering::Acquire) {
+                let f = Arc::new(Frame::zeroed(slot.class, slot.base));
+                core.pool.read_words(slot.base, &f.words);
+                *g = Some(f.clone());
+                self.resident.fetch_add(1, Ordering::Relaxed);
+                self.counters[0].fetch_add(1, Ordering::Relaxed);
+                return Some(f);
+            }
+            // Un-reproduced writes: the PM page is stale until reproduce applies them.
+            drop(g);
+            self.counters[2].fetch_add(1, Ordering::Relaxed);
+            core.drain().ok()?;
+        }
     }
 
-    /// A free slot of `class` (its header's offset), taking a new PM page when none is left.
+    /// Discards the least recently used frame no transaction holds; false if there is none.
+    fn evict_one(&self) -> bool {
+        let mut candidates: Vec<Arc<PageSlot>> = self
+            .pages
+            .read()
+            .values()
+            .filter(|s| {
+                s.frame
+                    .try_read()
+                    .is_some_and(|f| f.as_ref().is_some_and(|f| Arc::strong_count(f) == 1))
+            })
+            .cloned()
+            .collect();
+        candidates.sort_unstable_by_key(|s| s.used.load(Ordering::Relaxed));
+        for s in candidates {
+            if let Some(mut g) = s.frame.try_write() {
+                if g.as_ref().is_some_and(|f| Arc::strong_count(f) == 1) {
+                    *g = None;
+                    self.resident.fetch_sub(1, Ordering::Relaxed);
+                    self.counters[1].fetch_add(1, Ordering::Relaxed);
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    /// Adds a heap page, paged out (`load` or a touch loads it).
+    pub fn add_page(&self, class: usize, base: u64) -> Arc<PageSlot> {
+        let s = Arc::new(PageSlot {
+            class,
+            base,
+            frame: RwLock::new(None),
+            touch: AtomicU64::new(0),
+            used: AtomicU64::new(0),
+        });
+        self.pages.write().insert(base, s.clone());
+        s
+    }
+
+    /// A free slot of `class` (its header's offset), taking a new PM page when none is left
+    /// (its frame resident and zero, as a free page is, `PageManager::free`).
     pub fn take_slot(&self, pool: &Pool, pages: &PageManager, class: usize) -> Result<u64, String> {
         let mut free = self.free.lock();
         if let Some(at) = free[class].pop() {
@@ -170,7 +335,17 @@ impl Shadow {
             )
             .map_err(|e| e.to_string())?;
         let base = pages.page_offset(index);
-        self.add_page(class, base);
+        let capacity = self.capacity();
+        if capacity > 0 {
+            while self.resident.load(Ordering::Relaxed) >= capacity {
+                if !self.evict_one() {
+                    break;
+                }
+            }
+        }
+        let s = self.add_page(class, base);
+        *s.frame.write() = Some(Arc::new(Frame::zeroed(class, base)));
+        self.resident.fetch_add(1, Ordering::Relaxed);
         let slot = slot_bytes(class);
         free[class].extend((1..PAGE_SIZE / slot).rev().map(|i| base + i * slot));
         Ok(base)
@@ -184,13 +359,30 @@ impl Shadow {
         }
     }
 
-    /// After recovery: the frames of every heap page loaded from PM, the free lists rebuilt
-    /// from the headers; returns the live objects. A header that is not one is damage.
+    fn slots_sorted(&self) -> Vec<Arc<PageSlot>> {
+        let mut v: Vec<Arc<PageSlot>> = self.pages.read().values().cloned().collect();
+        v.sort_unstable_by_key(|s| s.base);
+        v
+    }
+
+    /// The page's frame if resident, else its PM contents read into a frame that is not kept.
+    fn contents(&self, pool: &Pool, s: &PageSlot) -> (Arc<Frame>, bool) {
+        if let Some(f) = s.frame.read().as_ref() {
+            return (f.clone(), true);
+        }
+        let f = Arc::new(Frame::zeroed(s.class, s.base));
+        pool.read_words(s.base, &f.words);
+        (f, false)
+    }
+
+    /// After recovery: the free lists rebuilt from every page's slot headers (the pages read
+    /// from PM; as many kept resident as the shadow holds); returns the live objects. A header
+    /// that is not one is damage.
     pub fn load(&self, pool: &Pool) -> Result<u64, String> {
         let mut live = 0;
         let mut free = self.free.lock();
-        for f in self.frames() {
-            pool.read_words(f.base, &f.words);
+        for s in self.slots_sorted() {
+            let (f, _) = self.contents(pool, &s);
             let slot = slot_bytes(f.class);
             for i in (0..PAGE_SIZE / slot).rev() {
                 let at = f.base + i * slot;
@@ -205,13 +397,21 @@ impl Shadow {
                     }
                 }
             }
+            let capacity = self.capacity();
+            if capacity == 0 || self.resident.load(Ordering::Relaxed) < capacity {
+                let mut g = s.frame.write();
+                if g.is_none() {
+                    *g = Some(f);
+                    self.resident.fetch_add(1, Ordering::Relaxed);
+                }
+            }
         }
         Ok(live)
     }
 
-    /// The heap's invariants (no transaction running, everything reproduced): each frame equals
-    /// its PM page; each slot is live or on its free list, never both, never twice; `live`
-    /// slots are live.
+    /// The heap's invariants (no transaction running, everything reproduced): each resident
+    /// frame equals its PM page; each slot is live or on its free list, never both, never
+    /// twice; `live` slots are live.
     pub fn check(&self, pool: &Pool, live: u64) -> Result<(), String> {
         let free = self.free.lock();
         let mut on_list: HashMap<u64, usize> = HashMap::new();
@@ -225,20 +425,23 @@ impl Shadow {
             }
         }
         let mut counted = 0;
-        for f in self.frames() {
-            let pm = pool.read_vec(f.base, PAGE_SIZE as usize);
-            let slot = slot_bytes(f.class);
-            for (i, w) in f.words.iter().enumerate() {
-                let v = w.load(Ordering::Relaxed);
-                let p = u64::from_le_bytes(pm[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-                if v != p {
-                    return Err(format!(
-                        "word {} differs between the DRAM shadow ({v:#x}) and PM ({p:#x}) \
-                         though everything is reproduced",
-                        f.base + i as u64 * 8
-                    ));
+        for s in self.slots_sorted() {
+            let (f, resident) = self.contents(pool, &s);
+            if resident {
+                let pm = pool.read_vec(f.base, PAGE_SIZE as usize);
+                for (i, w) in f.words.iter().enumerate() {
+                    let v = w.load(Ordering::Relaxed);
+                    let p = u64::from_le_bytes(pm[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+                    if v != p {
+                        return Err(format!(
+                            "word {} differs between the DRAM shadow ({v:#x}) and PM ({p:#x}) \
+                             though everything is reproduced",
+                            f.base + i as u64 * 8
+                        ));
+                    }
                 }
             }
+            let slot = slot_bytes(f.class);
             for i in 0..PAGE_SIZE / slot {
                 let at = f.base + i * slot;
                 let h = Header::decode(f.word(at).load(Ordering::Relaxed))
@@ -291,7 +494,7 @@ impl Apply for ObjectApply {
             Some(b) if b.len() == 8 => u64::from_le_bytes(b.try_into().expect("8 bytes")),
             _ => return Err(format!("a log op at {} is not one 8-byte word", op.key)),
         };
-        let Some(f) = self.shadow.frame(op.key) else {
+        let Some(f) = self.shadow.page(op.key) else {
             return Err(format!(
                 "a log op writes offset {}, which is in no heap page",
                 op.key

@@ -17,8 +17,12 @@
 //! which ids are durable, [`PtmEngine::committed_id`] which id the last commit took).
 //!
 //! Departures from the paper, and why:
-//! - **The shadow covers every heap page** (no paging, §3.6 "shadow smaller than PM" is not
-//!   built): a frame per PM page, loaded at open.
+//! - **Shadow paging at 2 MiB** (§3.4, §3.6.2; `heap.rs`): frames are whole heap pages, LRU
+//!   eviction of unpinned frames, touching ids; STM mode only (the lock mode's ids are per
+//!   chain, so it keeps every page).
+//! - **The lock-based mode** (§5, `locks.rs`): locks are taken automatically per word stripe
+//!   (strict 2PL; no user-level `txLock`), its pipeline steps run in the committing threads,
+//!   and its records are not combined across transactions.
 //! - **The allocation log rides in the transaction's redo record** instead of a separate
 //!   per-thread log (§3.6): one record, one CRC, so the allocation state a crash leaves is
 //!   exactly the one the persisted records say, with no second ordering step to get wrong.
@@ -29,6 +33,7 @@
 //!   §3.6 leaves the allocation algorithm open.
 
 pub mod heap;
+pub mod locks;
 mod worker;
 
 use super::layout::{kind, meta};
@@ -36,6 +41,7 @@ use super::pipeline::Core;
 use super::{DudetxConfig, DudetxFault, DurabilityMode};
 use crate::cc::Protocol;
 use crate::engine::meta::MetaLayout;
+use crate::engine::wal::LogRing;
 use crate::pmem::{Pool, PoolOptions};
 use crate::ptm::{PtmConfig, PtmEngine, PtmError, PtmWorker};
 use heap::{ObjectApply, Shadow};
@@ -53,16 +59,24 @@ pub enum DudetxPtmFault {
     /// `pmalloc`/`pfree` are not written to the allocation log (§3.6): the shadow allocates,
     /// PM never learns of it.
     SkipAllocLog,
+    /// Lock mode (§5.2): a record is persisted without its dependency list, so reproduce and
+    /// recovery may apply a transaction whose lock predecessor was lost.
+    LockNoDeps,
+    /// Lock mode (§5.3): reproduce and recovery apply reproducible records in ring order
+    /// rather than in dependency order.
+    LockRingOrder,
 }
 
 impl DudetxPtmFault {
     /// Every fault.
-    pub const ALL: [DudetxPtmFault; 5] = [
+    pub const ALL: [DudetxPtmFault; 7] = [
         DudetxPtmFault::Pipeline(DudetxFault::SkipLogFlush),
         DudetxPtmFault::Pipeline(DudetxFault::DurableIdFirst),
         DudetxPtmFault::Pipeline(DudetxFault::SkipHeapFlush),
         DudetxPtmFault::Pipeline(DudetxFault::TruncateFirst),
         DudetxPtmFault::SkipAllocLog,
+        DudetxPtmFault::LockNoDeps,
+        DudetxPtmFault::LockRingOrder,
     ];
 
     /// The name (the pipeline faults keep theirs).
@@ -70,14 +84,24 @@ impl DudetxPtmFault {
         match self {
             DudetxPtmFault::Pipeline(f) => f.name(),
             DudetxPtmFault::SkipAllocLog => "dudetx-skip-alloc-log",
+            DudetxPtmFault::LockNoDeps => "dudetx-lock-no-deps",
+            DudetxPtmFault::LockRingOrder => "dudetx-lock-ring-order",
         }
+    }
+
+    /// Whether the fault is in a step only the lock-based perform mode (§5) has.
+    pub fn lock_mode(self) -> bool {
+        matches!(
+            self,
+            DudetxPtmFault::LockNoDeps | DudetxPtmFault::LockRingOrder
+        )
     }
 
     /// Whether the fault only removes a write-back (harmless under eADR).
     pub fn adr_only(self) -> bool {
         match self {
             DudetxPtmFault::Pipeline(f) => f.only_removes_ordinary_flushes(),
-            DudetxPtmFault::SkipAllocLog => false,
+            _ => false,
         }
     }
 }
@@ -114,6 +138,26 @@ pub enum PerformMode {
     Htm,
     /// HTM where the CPU has RTM, else the STM.
     HtmOrStm,
+    /// Strict two-phase locks on the shadow's word stripes, the dependency graph from lock
+    /// hand-offs, reproduce in dependency order (§5; `locks.rs`), with this detection.
+    Locks(locks::Detect),
+}
+
+impl std::str::FromStr for PerformMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "stm" => Ok(PerformMode::Stm),
+            "htm" => Ok(PerformMode::Htm),
+            "htm-or-stm" => Ok(PerformMode::HtmOrStm),
+            "locks" | "locks-one-round" => Ok(PerformMode::Locks(locks::Detect::OneRound)),
+            "locks-two-round" => Ok(PerformMode::Locks(locks::Detect::TwoRound)),
+            _ => Err(format!(
+                "unknown DUDETx perform mode '{s}' (expected stm, htm, htm-or-stm, locks, \
+                 locks-one-round or locks-two-round)"
+            )),
+        }
+    }
 }
 
 /// DUDETx's options for a PTM pool (the `dudetx` field of [`PtmConfig`]).
@@ -130,6 +174,12 @@ pub struct DudetxPtmOptions {
     pub background: bool,
     /// The perform mode.
     pub perform: PerformMode,
+    /// Shadow paging (§3.4): 2 MiB frames the DRAM shadow holds at most (0: every heap page,
+    /// no paging). Not with the lock-based mode.
+    pub shadow_frames: usize,
+    /// Shadow paging by size: the shadow holds at most this percentage of the heap's pages
+    /// (1 to 99; 0 or 100: every page), when `shadow_frames` is 0.
+    pub shadow_percent: usize,
     /// A deliberate ordering bug (test-only).
     pub fault: Option<DudetxPtmFault>,
 }
@@ -142,6 +192,8 @@ impl Default for DudetxPtmOptions {
             log_pages: 0,
             background: true,
             perform: PerformMode::Stm,
+            shadow_frames: 0,
+            shadow_percent: 0,
             fault: None,
         }
     }
@@ -163,6 +215,7 @@ pub fn cpu_has_rtm() -> bool {
 /// Resolves the perform mode: the STM, or a clear refusal of HTM.
 pub fn resolve_perform(mode: PerformMode) -> Result<PerformMode, PtmError> {
     match mode {
+        PerformMode::Locks(d) => Ok(PerformMode::Locks(d)),
         PerformMode::Stm | PerformMode::HtmOrStm if !cpu_has_rtm() => Ok(PerformMode::Stm),
         PerformMode::Stm => Ok(PerformMode::Stm),
         PerformMode::Htm | PerformMode::HtmOrStm => Err(PtmError::Pool(if cpu_has_rtm() {
@@ -188,6 +241,8 @@ mod pmeta {
     pub const F_VERSION: u64 = 8;
     pub const F_ROOT_SIZE: u64 = 16;
     pub const F_LOG_PAGES: u64 = 32;
+    /// The log format: 0 the id-ordered pipeline (STM), 1 the lock mode's (§5).
+    pub const F_LOCKS: u64 = 48;
     /// The root object's handle (own cache line after the truncation words).
     pub const ROOT: u64 = super::meta::HEAD_POS + 64;
 }
@@ -221,6 +276,16 @@ pub(super) struct Inner {
     max_threads: usize,
     root: u64,
     fault: Option<DudetxPtmFault>,
+    /// The lock mode's pipeline (§5), when that is the perform mode.
+    pipe: Option<locks::LockPipe>,
+    /// Lock mode: each stripe's holder (its chain + 1; 0: free).
+    owners: Box<[AtomicU64]>,
+    /// Lock mode: the id of the last transaction that released each stripe (§5.2).
+    released_by: Box<[AtomicU64]>,
+    /// Lock mode: chains not used by a worker.
+    free_chains: Mutex<Vec<usize>>,
+    /// Lock mode: each chain's last seq.
+    chain_seq: Box<[AtomicU64]>,
 }
 
 /// DUDETx as a [`PtmEngine`].
@@ -250,11 +315,27 @@ fn core_config(config: &PtmConfig, log_pages: usize) -> Result<DudetxConfig, Ptm
         )));
     }
     resolve_perform(o.perform)?;
+    if o.shadow_percent > 100 {
+        return Err(PtmError::Pool(format!(
+            "the shadow can hold at most 100 % of the heap, not {} %",
+            o.shadow_percent
+        )));
+    }
+    let paging = o.shadow_frames > 0 || (1..100).contains(&o.shadow_percent);
+    if paging && matches!(o.perform, PerformMode::Locks(_)) {
+        return Err(PtmError::Pool(
+            "shadow paging (shadow_frames > 0) needs the id-ordered touching ids of the STM \
+             perform mode: the lock-based mode keeps every heap page in the shadow"
+                .into(),
+        ));
+    }
     let mut c = DudetxConfig::new(Protocol::Occ);
     c.mode = o.mode;
     c.group = o.group;
     c.log_pages = log_pages;
-    c.background = o.background && config.crash_sim.is_none();
+    // The lock mode steps its own pipeline in the committing threads (`locks.rs`).
+    c.background =
+        o.background && config.crash_sim.is_none() && !matches!(o.perform, PerformMode::Locks(_));
     c.fault = match o.fault {
         Some(DudetxPtmFault::Pipeline(f)) => Some(f),
         _ => None,
@@ -292,15 +373,31 @@ impl DudetxPtm {
                 (pmeta::F_VERSION, pmeta::VERSION),
                 (pmeta::F_ROOT_SIZE, root.len() as u64),
                 (pmeta::F_LOG_PAGES, core_cfg.log_pages as u64),
+                (pmeta::F_LOCKS, u64::from(lock_detect(config).is_some())),
             ]),
         )?;
         let ring = super::recovery::log_ring(&pool, &pages, core_cfg.log_pages, true)?;
-        let shadow = Arc::new(Shadow::default());
+        let shadow = Arc::new(Shadow::with_capacity(
+            config.dudetx.shadow_frames,
+            config.dudetx.shadow_percent,
+        ));
         let apply = ObjectApply {
             shadow: shadow.clone(),
         };
+        let pipe = lock_detect(config).map(|d| {
+            lock_pipe(
+                &pool,
+                &ring,
+                meta_page,
+                config,
+                d,
+                &shadow,
+                vec![0; locks::CHAINS],
+                0,
+            )
+        });
         let core = Core::new(pool, pages, meta_page, ring, core_cfg, apply, 0, 0);
-        let mut eng = Self::assemble(config, core, shadow, 0, 0, root.len())?;
+        let mut eng = Self::assemble(config, core, shadow, 0, 0, root.len(), pipe)?;
         // The root is allocated by an ordinary transaction, made durable and reproduced, and
         // only then named in the meta page: a pool without it is one whose creation a crash
         // interrupted.
@@ -313,6 +410,9 @@ impl DudetxPtm {
         };
         let core = &eng.inner.core;
         core.drain().map_err(PtmError::Pool)?;
+        if let Some(p) = &eng.inner.pipe {
+            p.drain(&core.pages).map_err(PtmError::Pool)?;
+        }
         core.pool.write_u64(meta_page + pmeta::ROOT, h);
         core.pool.persist(meta_page + pmeta::ROOT, 8);
         Arc::get_mut(&mut eng.inner)
@@ -362,7 +462,10 @@ impl DudetxPtm {
         }
         let pages = crate::alloc::PageManager::open(&pool)?;
         let ring = super::recovery::log_ring(&pool, &pages, core_cfg.log_pages, false)?;
-        let shadow = Arc::new(Shadow::default());
+        let shadow = Arc::new(Shadow::with_capacity(
+            config.dudetx.shadow_frames,
+            config.dudetx.shadow_percent,
+        ));
         for (index, tag) in pages.allocated(&pool)? {
             if tag.kind == heap::HEAP_KIND {
                 if tag.value as usize >= heap::CLASSES {
@@ -377,9 +480,55 @@ impl DudetxPtm {
         let mut apply = ObjectApply {
             shadow: shadow.clone(),
         };
-        let replayed = super::recovery::replay(&pool, &ring, meta_page, |op| {
-            super::pipeline::Apply::apply(&mut apply, &pool, &pages, op, None)
-        })?;
+        let pool_locks = word(pmeta::F_LOCKS) == 1;
+        if pool_locks != lock_detect(config).is_some() {
+            return Err(PtmError::Pool(format!(
+                "the pool was created with the {} perform mode, whose log format differs: open \
+                 it with {}",
+                if pool_locks {
+                    "lock-based (§5)"
+                } else {
+                    "STM/HTM"
+                },
+                if pool_locks {
+                    "PerformMode::Locks"
+                } else {
+                    "PerformMode::Stm"
+                }
+            )));
+        }
+        let (replayed, pipe) = match lock_detect(config) {
+            None => (
+                super::recovery::replay(&pool, &ring, meta_page, |op| {
+                    super::pipeline::Apply::apply(&mut apply, &pool, &pages, op, None)
+                })?,
+                None,
+            ),
+            Some(d) => {
+                let ring_order = config.dudetx.fault == Some(DudetxPtmFault::LockRingOrder);
+                let r = locks::recover(&pool, &ring, meta_page, d, ring_order, |op| {
+                    super::pipeline::Apply::apply(&mut apply, &pool, &pages, op, None)
+                })
+                .map_err(PtmError::Pool)?;
+                let pipe = lock_pipe(
+                    &pool,
+                    &ring,
+                    meta_page,
+                    config,
+                    d,
+                    &shadow,
+                    r.reproduced,
+                    r.pos,
+                );
+                let replayed = super::recovery::Replayed {
+                    durable: 0,
+                    pos: r.pos,
+                    records: r.replayed,
+                    entries: 0,
+                };
+                (replayed, Some(pipe))
+            }
+        };
         let live = shadow.load(&pool).map_err(PtmError::Pool)?;
         let root_size = word(pmeta::F_ROOT_SIZE) as usize;
         let core = Core::new(
@@ -392,7 +541,7 @@ impl DudetxPtm {
             replayed.durable,
             replayed.pos,
         );
-        Self::assemble(config, core, shadow, root, live, root_size)
+        Self::assemble(config, core, shadow, root, live, root_size, pipe)
     }
 
     fn assemble(
@@ -402,14 +551,21 @@ impl DudetxPtm {
         root: u64,
         live: u64,
         root_size: usize,
+        pipe: Option<locks::LockPipe>,
     ) -> Result<DudetxPtm, PtmError> {
         let core = Arc::new(core);
+        shadow.attach(&core);
         let threads = if core.config.background {
             core.start().map_err(PtmError::Pool)?
         } else {
             Vec::new()
         };
         let clock = core.committed.load(Ordering::Acquire);
+        let seqs = pipe
+            .as_ref()
+            .map_or_else(|| vec![0; locks::CHAINS], |p| p.reproduced());
+        let stripes = |n: usize| (0..n).map(|_| AtomicU64::new(0)).collect();
+        let lock_stripes = if pipe.is_some() { worker::STRIPES } else { 0 };
         Ok(DudetxPtm {
             inner: Arc::new(Inner {
                 core,
@@ -422,6 +578,11 @@ impl DudetxPtm {
                 max_threads: config.max_threads,
                 root,
                 fault: config.dudetx.fault,
+                pipe,
+                owners: stripes(lock_stripes),
+                released_by: stripes(lock_stripes),
+                free_chains: Mutex::new((0..config.max_threads.min(locks::CHAINS)).rev().collect()),
+                chain_seq: seqs.into_iter().map(AtomicU64::new).collect(),
             }),
             root_size,
             threads: Mutex::new(threads),
@@ -430,7 +591,58 @@ impl DudetxPtm {
 
     /// What log combination and compression did so far (§3.3).
     pub fn log_stats(&self) -> super::LogStats {
-        self.inner.core.stats()
+        match &self.inner.pipe {
+            Some(p) => p.stats(),
+            None => self.inner.core.stats(),
+        }
+    }
+
+    /// (committed, durable) ids: the STM's global ids, or in lock mode the last id committed
+    /// and the last made durable (ids are per chain there, `locks.rs`).
+    fn ids(&self) -> (u64, u64) {
+        match &self.inner.pipe {
+            Some(p) => p.ids(),
+            None => (
+                self.inner.core.committed.load(Ordering::Acquire),
+                self.inner.core.durable.load(Ordering::Acquire),
+            ),
+        }
+    }
+}
+
+/// The lock mode's pipeline over the pool's log ring and shadow.
+#[allow(clippy::too_many_arguments)]
+fn lock_pipe(
+    pool: &Arc<Pool>,
+    ring: &LogRing,
+    meta_page: u64,
+    config: &PtmConfig,
+    detect: locks::Detect,
+    shadow: &Arc<Shadow>,
+    reproduced: Vec<u64>,
+    pos: u64,
+) -> locks::LockPipe {
+    locks::LockPipe::new(
+        pool.clone(),
+        LogRing {
+            pages: ring.pages.clone(),
+        },
+        meta_page,
+        &config.dudetx,
+        detect,
+        ObjectApply {
+            shadow: shadow.clone(),
+        },
+        reproduced,
+        pos,
+    )
+}
+
+/// The lock mode's detection, when the perform mode is the lock-based one.
+fn lock_detect(config: &PtmConfig) -> Option<locks::Detect> {
+    match config.dudetx.perform {
+        PerformMode::Locks(d) => Some(d),
+        _ => None,
     }
 }
 
@@ -445,7 +657,18 @@ impl PtmEngine for DudetxPtm {
             self.inner.workers.fetch_sub(1, Ordering::Relaxed);
             return Err(PtmError::TooManyThreads(self.inner.max_threads));
         }
-        Ok(Box::new(worker::StmWorker::new(self.inner.clone())))
+        let chain = if self.inner.pipe.is_some() {
+            match self.inner.free_chains.lock().pop() {
+                Some(c) => Some(c),
+                None => {
+                    self.inner.workers.fetch_sub(1, Ordering::Relaxed);
+                    return Err(PtmError::TooManyThreads(self.inner.max_threads));
+                }
+            }
+        } else {
+            None
+        };
+        Ok(Box::new(worker::StmWorker::new(self.inner.clone(), chain)))
     }
 
     fn root(&self) -> u64 {
@@ -457,18 +680,18 @@ impl PtmEngine for DudetxPtm {
     }
 
     fn stats(&self) -> Vec<(&'static str, u64)> {
-        let s = self.inner.core.stats();
+        let s = self.log_stats();
+        let p = self.inner.shadow.paging_stats();
+        let (committed, durable) = self.ids();
         vec![
             ("live_objects", self.inner.live.load(Ordering::Relaxed)),
-            ("heap_pages", self.inner.shadow.frames().len() as u64),
-            (
-                "committed_id",
-                self.inner.core.committed.load(Ordering::Acquire),
-            ),
-            (
-                "durable_id",
-                self.inner.core.durable.load(Ordering::Acquire),
-            ),
+            ("heap_pages", self.inner.shadow.page_count() as u64),
+            ("shadow_resident", p.resident),
+            ("page_loads", p.loads),
+            ("page_evictions", p.evictions),
+            ("page_waits", p.waits),
+            ("committed_id", committed),
+            ("durable_id", durable),
             ("log_txns", s.txns),
             ("log_records", s.records),
             ("log_raw_bytes", s.raw_bytes),
@@ -482,11 +705,11 @@ impl PtmEngine for DudetxPtm {
     }
 
     fn durable_id(&self) -> Option<u64> {
-        Some(self.inner.core.durable.load(Ordering::Acquire))
+        Some(self.ids().1)
     }
 
     fn committed_id(&self) -> Option<u64> {
-        Some(self.inner.core.committed.load(Ordering::Acquire))
+        Some(self.ids().0)
     }
 
     /// Persists and reproduces everything committed, then checks the heap (see
@@ -494,6 +717,9 @@ impl PtmEngine for DudetxPtm {
     fn check_invariants(&self) -> Result<(), String> {
         let _order = self.inner.commit_lock.lock();
         self.inner.core.drain()?;
+        if let Some(p) = &self.inner.pipe {
+            p.drain(&self.inner.core.pages)?;
+        }
         self.inner.shadow.check(
             &self.inner.core.pool,
             self.inner.live.load(Ordering::Relaxed),
@@ -511,6 +737,9 @@ impl Drop for DudetxPtm {
         }
         if !core.config.background {
             let _ = core.drain();
+        }
+        if let Some(p) = &self.inner.pipe {
+            let _ = p.drain(&core.pages);
         }
         core.stop();
         for h in self.threads.lock().drain(..) {

@@ -8,11 +8,20 @@
 //! the engine's commit lock: lock the written stripes, validate the reads, take the next id
 //! (the clock), write the words into the shadow, release the stripes with the id as their
 //! version, and hand the redo log (§3.2) to the persist step in id order.
+//!
+//! The lock-based mode (§5, `locks.rs`) shares everything but reads, writes and commit: a read
+//! or write first takes the word's stripe lock exclusively and holds it to the end (strict
+//! 2PL: no cycles in the dependency graph, so one-round detecting works, §5.3), noting the
+//! transaction that released the lock last as a dependency (§5.2); a lock held by another
+//! transaction is waited for briefly, then the attempt aborts with a conflict (no deadlock);
+//! commit writes the shadow, queues the log with its dependencies, and only then releases the
+//! locks, leaving its id on them.
 
 use super::super::log::encode_op;
 use super::heap::{
     class_for, slot_bytes, Frame, Header, ALLOC_LOG, MAX_OBJECT, OFFSET_BITS, WORD_LOG,
 };
+use super::locks::{chain_of, id_of};
 use super::{DudetxPtmFault, Inner};
 use crate::engine::dudetx::DurabilityMode;
 use crate::ptm::{PtmError, PtmWorker};
@@ -44,6 +53,18 @@ pub(super) struct StmWorker {
     freed: Vec<(usize, u64)>,
     /// The last frame used (saves the page-table lookup).
     frame: Option<Arc<Frame>>,
+    /// Lock mode (§5): this worker's transactions' state.
+    lock: Option<LockTx>,
+}
+
+/// A lock-mode transaction's locks and dependencies.
+struct LockTx {
+    /// The worker's chain (§5.2's thread).
+    chain: usize,
+    /// Stripes held.
+    held: Vec<usize>,
+    /// Transactions of other chains that released a lock this one took (§5.2).
+    deps: Vec<u64>,
 }
 
 /// A location of an object: its header's and first byte's offsets, its size.
@@ -55,6 +76,15 @@ struct Obj {
     header: Header,
 }
 
+/// A heap page that could not be loaded into the shadow.
+fn unloadable() -> PtmError {
+    PtmError::Pool(
+        "a heap page could not be loaded into the DRAM shadow: the persist/reproduce pipeline \
+         has stopped"
+            .into(),
+    )
+}
+
 fn invalid(h: u64, reason: impl Into<String>) -> PtmError {
     PtmError::InvalidHandle {
         handle: h,
@@ -63,7 +93,8 @@ fn invalid(h: u64, reason: impl Into<String>) -> PtmError {
 }
 
 impl StmWorker {
-    pub fn new(inner: Arc<Inner>) -> StmWorker {
+    /// A worker; `chain`: the lock mode's chain (None: the STM).
+    pub fn new(inner: Arc<Inner>, chain: Option<usize>) -> StmWorker {
         StmWorker {
             inner,
             rv: 0,
@@ -72,7 +103,60 @@ impl StmWorker {
             allocated: Vec::new(),
             freed: Vec::new(),
             frame: None,
+            lock: chain.map(|chain| LockTx {
+                chain,
+                held: Vec::new(),
+                deps: Vec::new(),
+            }),
         }
+    }
+
+    /// Lock mode: takes the stripe of `addr` (if not held), noting who released it last
+    /// (§5.2); a lock another transaction keeps is a conflict after a short wait.
+    fn lock_word(&mut self, addr: u64, h: u64) -> Result<(), PtmError> {
+        let Some(l) = &mut self.lock else {
+            return Ok(());
+        };
+        let s = stripe(addr);
+        let me = l.chain as u64 + 1;
+        let owner = &self.inner.owners[s];
+        if owner.load(Ordering::Relaxed) == me {
+            return Ok(());
+        }
+        let mut spins = 0u32;
+        while owner
+            .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            spins += 1;
+            if spins > 2000 {
+                return Err(PtmError::Conflict {
+                    handle: h,
+                    retries: 0,
+                });
+            }
+            if spins > 64 {
+                std::thread::yield_now();
+            }
+        }
+        l.held.push(s);
+        let last = self.inner.released_by[s].load(Ordering::Acquire);
+        if last != 0 && chain_of(last) != l.chain && !l.deps.contains(&last) {
+            l.deps.push(last);
+        }
+        Ok(())
+    }
+
+    /// Lock mode: releases every lock, leaving `id` on them when the transaction committed.
+    fn unlock_all(&mut self, id: Option<u64>) {
+        let Some(l) = &mut self.lock else { return };
+        for s in l.held.drain(..) {
+            if let Some(id) = id {
+                self.inner.released_by[s].store(id, Ordering::Release);
+            }
+            self.inner.owners[s].store(0, Ordering::Release);
+        }
+        l.deps.clear();
     }
 
     fn frame_of(&mut self, addr: u64) -> Option<Arc<Frame>> {
@@ -100,6 +184,10 @@ impl StmWorker {
     fn read_word(&mut self, f: &Frame, addr: u64, h: u64) -> Result<u64, PtmError> {
         if let Some(&(v, _)) = self.writes.get(&addr) {
             return Ok(v);
+        }
+        if self.lock.is_some() {
+            self.lock_word(addr, h)?;
+            return Ok(f.word(addr).load(Ordering::Relaxed));
         }
         let s = stripe(addr);
         let lock = &self.inner.locks[s];
@@ -148,9 +236,10 @@ impl StmWorker {
             return Err(invalid(h, "not the handle of an object of this pool"));
         }
         let header_at = at - 8;
-        let Some(f) = self.frame_of(header_at) else {
+        if self.inner.shadow.page(header_at).is_none() {
             return Err(invalid(h, "it points into no object page of this pool"));
-        };
+        }
+        let f = self.frame_of(header_at).ok_or_else(unloadable)?;
         if (header_at - f.base) % slot_bytes(f.class) != 0 {
             return Err(invalid(h, "it points into the middle of a slot"));
         }
@@ -194,6 +283,7 @@ impl StmWorker {
                 b[skip..skip + n].copy_from_slice(&src[i..i + n]);
                 u64::from_le_bytes(b)
             };
+            self.lock_word(addr, h)?;
             self.writes.insert(addr, (value, false));
             i += n;
         }
@@ -201,10 +291,97 @@ impl StmWorker {
     }
 
     fn clear(&mut self) {
+        // A cached frame would pin its page in the shadow (§3.4 paging).
+        self.frame = None;
         self.reads.clear();
         self.writes.clear();
         self.allocated.clear();
         self.freed.clear();
+    }
+
+    /// Writes the write set into the shadow frames as transaction `id` (touching the pages,
+    /// §3.4); returns the change in live objects.
+    fn write_shadow(&self, frames: &std::collections::HashMap<u64, Arc<Frame>>, id: u64) -> i64 {
+        let mut live_delta = 0i64;
+        for (&addr, &(value, header)) in &self.writes {
+            let w = frames[&(addr & !(crate::alloc::PAGE_SIZE - 1))].word(addr);
+            if header {
+                let was = Header::decode(w.load(Ordering::Relaxed)).is_some_and(|h| h.live);
+                let is = Header::decode(value).is_some_and(|h| h.live);
+                live_delta += i64::from(is) - i64::from(was);
+            }
+            w.store(value, Ordering::Relaxed);
+            self.inner.shadow.touch(addr, id);
+        }
+        live_delta
+    }
+
+    /// The frames of the pages the transaction writes, by base (loaded if paged out).
+    fn written_frames(&self) -> Result<std::collections::HashMap<u64, Arc<Frame>>, PtmError> {
+        let mut frames = std::collections::HashMap::new();
+        for &addr in self.writes.keys() {
+            let base = addr & !(crate::alloc::PAGE_SIZE - 1);
+            if let std::collections::hash_map::Entry::Vacant(e) = frames.entry(base) {
+                e.insert(self.inner.shadow.frame(addr).ok_or_else(unloadable)?);
+            }
+        }
+        Ok(frames)
+    }
+
+    /// The redo log (§3.2): data words and the allocation log (§3.6).
+    fn redo_log(&self) -> Result<Vec<u8>, PtmError> {
+        let mut log = Vec::with_capacity(self.writes.len() * 25);
+        for (&addr, &(value, header)) in &self.writes {
+            if header && self.inner.fault == Some(DudetxPtmFault::SkipAllocLog) {
+                continue;
+            }
+            let space = if header { ALLOC_LOG } else { WORD_LOG };
+            encode_op(&mut log, space, addr, Some(&value.to_le_bytes()));
+        }
+        let limit = super::super::pipeline::max_record_raw(self.inner.core.ring.capacity());
+        if log.len() > limit {
+            return Err(PtmError::TooLarge(format!(
+                "the transaction's redo log of {} bytes exceeds a quarter of the DUDETx log \
+                 ring ({limit} bytes): split the transaction",
+                log.len()
+            )));
+        }
+        Ok(log)
+    }
+
+    /// Lock-mode commit (§5): every lock is held, so the writes go to the shadow directly; the
+    /// log is queued with its dependencies while the locks are still held (so a dependent's
+    /// predecessors are always queued before it), then the locks are released with this id.
+    fn commit_locked(&mut self) -> Result<(), PtmError> {
+        let inner = self.inner.clone();
+        let pipe = inner.pipe.as_ref().expect("the lock mode's pipeline");
+        if self.writes.is_empty() {
+            // Read-only: it wrote nothing a later transaction could depend on.
+            self.unlock_all(None);
+            self.clear();
+            return Ok(());
+        }
+        if let Some(why) = pipe.failed() {
+            return Err(PtmError::Pool(why));
+        }
+        let ops = self.redo_log()?;
+        let frames = self.written_frames()?;
+        let l = self.lock.as_ref().expect("lock mode");
+        let chain = l.chain;
+        let log = pipe.log_with_deps(&l.deps, &ops);
+        let id = id_of(
+            chain,
+            inner.chain_seq[chain].fetch_add(1, Ordering::Relaxed) + 1,
+        );
+        let live_delta = self.write_shadow(&frames, id);
+        inner.live.fetch_add(live_delta as u64, Ordering::Relaxed);
+        inner.shadow.release(&self.freed);
+        pipe.enqueue(id, log);
+        self.unlock_all(Some(id));
+        self.allocated.clear();
+        self.clear();
+        pipe.after_commit(&inner.core.pages, id)
+            .map_err(PtmError::Pool)
     }
 
     fn conflict(&mut self, h: u64) -> PtmError {
@@ -224,7 +401,7 @@ impl PtmWorker for StmWorker {
     fn read(&mut self, h: u64, offset: usize, dst: &mut [u8]) -> Result<(), PtmError> {
         let o = self.object(h)?;
         Self::range(h, &o, offset, dst.len())?;
-        let f = self.frame_of(o.at).expect("the object's frame");
+        let f = self.frame_of(o.at).ok_or_else(unloadable)?;
         let at = o.at + offset as u64;
         let mut i = 0usize;
         while i < dst.len() {
@@ -241,7 +418,7 @@ impl PtmWorker for StmWorker {
     fn write(&mut self, h: u64, offset: usize, src: &[u8]) -> Result<(), PtmError> {
         let o = self.object(h)?;
         Self::range(h, &o, offset, src.len())?;
-        let f = self.frame_of(o.at).expect("the object's frame");
+        let f = self.frame_of(o.at).ok_or_else(unloadable)?;
         self.write_bytes(&f, o.at + offset as u64, src, h)
     }
 
@@ -265,7 +442,7 @@ impl PtmWorker for StmWorker {
                 detail,
             })?;
         self.allocated.push((class, header_at));
-        let f = self.frame_of(header_at).expect("the new slot's frame");
+        let f = self.frame_of(header_at).ok_or_else(unloadable)?;
         // The slot is this transaction's alone while it is off the free list: its committed
         // header (the last generation) is read directly.
         let old = Header::decode(f.word(header_at).load(Ordering::SeqCst)).unwrap_or(Header {
@@ -274,13 +451,14 @@ impl PtmWorker for StmWorker {
             size: 0,
         });
         let gen = old.gen % 0xFFFF + 1;
+        let h = (gen << OFFSET_BITS) | (header_at + 8);
+        self.lock_word(header_at, h)?;
         let header = Header {
             live: true,
             gen,
             size: init.len() as u64,
         };
         self.writes.insert(header_at, (header.encode(), true));
-        let h = (gen << OFFSET_BITS) | (header_at + 8);
         self.write_bytes(&f, header_at + 8, init, h)?;
         Ok(h)
     }
@@ -306,6 +484,9 @@ impl PtmWorker for StmWorker {
     }
 
     fn commit(&mut self) -> Result<(), PtmError> {
+        if self.lock.is_some() {
+            return self.commit_locked();
+        }
         if self.writes.is_empty() {
             // Read-only: every read was consistent with the snapshot when it was made.
             self.clear();
@@ -316,23 +497,9 @@ impl PtmWorker for StmWorker {
         if let Some(why) = core.state.lock().failed.clone() {
             return Err(PtmError::Pool(why));
         }
-        // The redo log (§3.2): data words and the allocation log (§3.6).
-        let mut log = Vec::with_capacity(self.writes.len() * 25);
-        for (&addr, &(value, header)) in &self.writes {
-            if header && inner.fault == Some(DudetxPtmFault::SkipAllocLog) {
-                continue;
-            }
-            let space = if header { ALLOC_LOG } else { WORD_LOG };
-            encode_op(&mut log, space, addr, Some(&value.to_le_bytes()));
-        }
-        let limit = super::super::pipeline::max_record_raw(core.ring.capacity());
-        if log.len() > limit {
-            return Err(PtmError::TooLarge(format!(
-                "the transaction's redo log of {} bytes exceeds a quarter of the DUDETx log \
-                 ring ({limit} bytes): split the transaction",
-                log.len()
-            )));
-        }
+        let log = self.redo_log()?;
+        // The written pages' frames, loaded (§3.4 paging) and pinned before the commit lock.
+        let frames = self.written_frames()?;
         let id = {
             let _order = inner.commit_lock.lock();
             let mut stripes: Vec<usize> = self.writes.keys().map(|&a| stripe(a)).collect();
@@ -350,17 +517,7 @@ impl PtmWorker for StmWorker {
             }
             let id = core.committed.load(Ordering::Relaxed) + 1;
             inner.clock.store(id, Ordering::SeqCst);
-            let mut live_delta = 0i64;
-            for (&addr, &(value, header)) in &self.writes {
-                let f = inner.shadow.frame(addr).expect("a written word's frame");
-                let w = f.word(addr);
-                if header {
-                    let was = Header::decode(w.load(Ordering::Relaxed)).is_some_and(|h| h.live);
-                    let is = Header::decode(value).is_some_and(|h| h.live);
-                    live_delta += i64::from(is) - i64::from(was);
-                }
-                w.store(value, Ordering::Relaxed);
-            }
+            let live_delta = self.write_shadow(&frames, id);
             fence(Ordering::Release);
             for &s in &stripes {
                 inner.locks[s].store(id, Ordering::SeqCst);
@@ -381,6 +538,7 @@ impl PtmWorker for StmWorker {
 
     fn abort(&mut self) {
         self.inner.shadow.release(&self.allocated);
+        self.unlock_all(None);
         self.clear();
     }
 }
@@ -388,6 +546,10 @@ impl PtmWorker for StmWorker {
 impl Drop for StmWorker {
     fn drop(&mut self) {
         self.inner.shadow.release(&self.allocated);
+        self.unlock_all(None);
+        if let Some(l) = &self.lock {
+            self.inner.free_chains.lock().push(l.chain);
+        }
         self.inner.workers.fetch_sub(1, Ordering::Relaxed);
     }
 }
