@@ -1637,6 +1637,47 @@ impl<'a> RowRef<'a> {
     }
 }
 
+/// Encodes the (column, value) pairs of an update into `row` (cleared first), with one span per
+/// value in `spans`: (offset in the stored row, start in `row`, size). Refuses a column the table
+/// lacks and a value its column cannot hold, before anything is written.
+fn encode_updates(
+    schema: &Schema,
+    values: &[(usize, Value<'_>)],
+    row: &mut Vec<u8>,
+    spans: &mut Vec<(usize, usize, usize)>,
+) -> Result<(), TxError> {
+    row.clear();
+    spans.clear();
+    for (col, value) in values {
+        if *col >= schema.columns.len() {
+            return Err(TxError::SchemaMismatch(format!(
+                "table {} has no column {col}",
+                schema.name
+            )));
+        }
+        let size = schema.columns[*col].ty.size();
+        let start = row.len();
+        row.resize(start + size, 0);
+        encode_value(schema, *col, value, &mut row[start..])?;
+        spans.push((schema.column_offset(*col), start, size));
+    }
+    Ok(())
+}
+
+/// The engine writes of an update [`encode_updates`] encoded.
+fn field_writes<'r>(
+    row: &'r [u8],
+    spans: &[(usize, usize, usize)],
+) -> smallvec::SmallVec<[FieldWrite<'r>; 8]> {
+    spans
+        .iter()
+        .map(|&(offset, start, size)| FieldWrite {
+            offset,
+            bytes: &row[start..start + size],
+        })
+        .collect()
+}
+
 /// Encodes `value` for column `i` of `schema` into `out` (which must hold the column).
 fn encode_value(
     schema: &Schema,
@@ -1873,29 +1914,8 @@ impl<'w> Tx<'w> {
         {
             return self.update_varlen(table, key, values);
         }
-        buf.row.clear();
-        buf.spans.clear();
-        for (col, value) in values {
-            if *col >= schema.columns.len() {
-                return Err(TxError::SchemaMismatch(format!(
-                    "table {} has no column {col}",
-                    schema.name
-                )));
-            }
-            let size = schema.columns[*col].ty.size();
-            let start = buf.row.len();
-            buf.row.resize(start + size, 0);
-            encode_value(schema, *col, value, &mut buf.row[start..])?;
-            buf.spans.push((schema.column_offset(*col), start, size));
-        }
-        let writes: smallvec::SmallVec<[FieldWrite<'_>; 8]> = buf
-            .spans
-            .iter()
-            .map(|&(offset, start, size)| FieldWrite {
-                offset,
-                bytes: &buf.row[start..start + size],
-            })
-            .collect();
+        encode_updates(schema, values, &mut buf.row, &mut buf.spans)?;
+        let writes = field_writes(&buf.row, &buf.spans);
         let result = inner.update(table, key, &writes);
         drop(writes);
         self.settle(result)

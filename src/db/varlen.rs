@@ -26,7 +26,7 @@
 //! columns take the path they took before plus one test of the layout's `spills` flag (no
 //! allocation, no chunk read; measured in the issue-21 note: fixed rows 0.99× the previous main).
 
-use super::{encode_value, layout_of, RowLayout, Tx, Value};
+use super::{layout_of, RowLayout, Tx, Value};
 use crate::catalog::{CatalogError, Column, ColumnType, Schema, TableId};
 use crate::catalog::{INLINE_CAPACITY, LEN_WORD, RESERVED_PREFIX};
 use crate::engine::{DbError, FieldWrite, TxError};
@@ -328,30 +328,12 @@ impl Tx<'_> {
         let layout = layout_of(&self.live()?.layouts, table)?.clone();
         let schema = &layout.schema;
         // Everything is encoded (and refused) before anything is written.
-        let mut encoded = Vec::new();
-        let mut spans = Vec::with_capacity(values.len());
-        for (col, value) in values {
-            let Some(column) = schema.columns.get(*col) else {
-                return Err(TxError::SchemaMismatch(format!(
-                    "table {} has no column {col}",
-                    schema.name
-                )));
-            };
-            let start = encoded.len();
-            encoded.resize(start + column.ty.size(), 0);
-            encode_value(schema, *col, value, &mut encoded[start..])?;
-            spans.push((layout.bounds[*col], start, column.ty.size()));
-        }
+        let (mut encoded, mut spans) = (Vec::new(), Vec::new());
+        super::encode_updates(schema, values, &mut encoded, &mut spans)?;
         let mut old = vec![0u8; layout.row_size()];
         let read = self.live()?.inner.read(table, key, &mut old);
         self.settle(read)?;
-        let writes: Vec<FieldWrite<'_>> = spans
-            .iter()
-            .map(|&(offset, start, size)| FieldWrite {
-                offset,
-                bytes: &encoded[start..start + size],
-            })
-            .collect();
+        let writes = super::field_writes(&encoded, &spans);
         // The real chunk size (smaller than CHUNK_BYTES under a small row limit), known before
         // anything is written.
         let (_, chunk) = self.chunk_table(table)?;
