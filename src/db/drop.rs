@@ -83,13 +83,3 @@ pub(super) fn hidden_tables_of(schema: &Schema) -> impl Iterator<Item = TableId>
     };
     schema.chunk_table.into_iter().chain(index)
 }
-
-/// `schema` if it is a live table's, else the error a transaction gets for table `table`: no
-/// such table, or the table was dropped.
-pub(super) fn live(
-    schema: Option<&crate::catalog::Schema>,
-    table: TableId,
-) -> Result<&crate::catalog::Schema, crate::engine::TxError> {
-    crate::catalog::live_schema(schema, table)
-        .map_err(|e| crate::engine::TxError::SchemaMismatch(e.to_string()))
-}

@@ -1732,12 +1732,12 @@ fn leaves_transaction_open(error: &TxError) -> bool {
 }
 
 fn schema_of(schemas: &[Schema], table: TableId) -> Result<&Schema, TxError> {
-    drop::live(schemas.get(table as usize), table)
+    crate::engine::common::live_schema_in_tx(schemas.get(table as usize), table)
 }
 
 fn layout_of(layouts: &[Arc<RowLayout>], table: TableId) -> Result<&Arc<RowLayout>, TxError> {
     let layout = layouts.get(table as usize);
-    drop::live(layout.map(|l| &l.schema), table)?;
+    crate::engine::common::live_schema_in_tx(layout.map(|l| &l.schema), table)?;
     Ok(layout.expect("checked"))
 }
 

@@ -707,6 +707,16 @@ pub(crate) fn start_drop<'a, T>(
     Ok((current, dropping, states))
 }
 
+/// `schema` if it is a live table's, else the error a transaction gets for table `table`: no
+/// such table, or the table was dropped ([`crate::catalog::live_schema`]'s rule and texts). For
+/// the `db` layer's and the engines' workers' copies of the schemas.
+pub(crate) fn live_schema_in_tx(
+    schema: Option<&crate::catalog::Schema>,
+    table: TableId,
+) -> Result<&crate::catalog::Schema, TxError> {
+    crate::catalog::live_schema(schema, table).map_err(|e| TxError::SchemaMismatch(e.to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -226,17 +226,8 @@ impl FalconWorker {
         if id as usize >= self.tables.len() {
             self.tables = self.eng.tables.read().clone();
         }
-        if id as usize >= self.tables.len() {
-            return Err(TxError::SchemaMismatch(format!("no table with id {id}")));
-        }
-        let schema = &self.tables[id as usize].schema;
-        if !schema.is_live() {
-            return Err(TxError::SchemaMismatch(format!(
-                "table '{}' (id {id}) was dropped",
-                schema.name
-            )));
-        }
-        Ok(())
+        let schema = self.tables.get(id as usize).map(|t| &t.schema);
+        crate::engine::common::live_schema_in_tx(schema, id).map(|_| ())
     }
 
     /// Whether every version this transaction has read is still current (an early OCC

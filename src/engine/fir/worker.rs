@@ -97,13 +97,9 @@ impl FirWorker {
         if id as usize >= self.tables.len() {
             self.tables = self.eng.tables.read().clone();
         }
-        let t = self
-            .tables
-            .get(id as usize)
-            .ok_or_else(|| TxError::SchemaMismatch(format!("no table with id {id}")))?;
-        crate::catalog::live_schema(Some(&t.schema), id)
-            .map_err(|e| TxError::SchemaMismatch(e.to_string()))?;
-        Ok(t.clone())
+        let schema = self.tables.get(id as usize).map(|t| &t.schema);
+        crate::engine::common::live_schema_in_tx(schema, id)?;
+        Ok(self.tables[id as usize].clone())
     }
 
     fn find_write(&self, table: TableId, key: u64) -> Option<usize> {

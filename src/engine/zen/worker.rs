@@ -207,12 +207,8 @@ impl ZenWorker {
             self.tables = self.eng.tables.read().clone();
             self.accesses.resize(self.tables.len(), 0);
         }
-        if id as usize >= self.tables.len() {
-            return Err(TxError::SchemaMismatch(format!("no table with id {id}")));
-        }
-        crate::catalog::live_schema(Some(&self.tables[id as usize].schema), id)
-            .map(|_| ())
-            .map_err(|e| TxError::SchemaMismatch(e.to_string()))
+        let schema = self.tables.get(id as usize).map(|t| &t.schema);
+        crate::engine::common::live_schema_in_tx(schema, id).map(|_| ())
     }
 
     /// Publishes how many tuples the transaction has touched (to pick the long one, §3.3.4).
