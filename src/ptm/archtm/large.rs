@@ -12,6 +12,9 @@ use super::Inner;
 use crate::alloc::{AllocError, PageTag, PAGE_SIZE};
 use crate::ptm::PtmError;
 
+/// PM extents (offset, bytes), without a heap allocation for an object within one block.
+pub(crate) type Spans = smallvec::SmallVec<[(u64, u64); 2]>;
+
 impl Inner {
     /// Allocates the pages of a large version of `size` bytes for `slot` and writes their
     /// list into the head page (not the header); returns the head page's offset.
@@ -83,13 +86,13 @@ impl Inner {
     }
 
     /// The PM extents of payload bytes `[at, at + len)` of the version at `off` of an object of
-    /// `size` bytes.
-    pub(crate) fn payload_spans(&self, off: u64, size: u64, at: u64, len: u64) -> Vec<(u64, u64)> {
+    /// `size` bytes. Inline for the common one-extent case: every read and write asks.
+    pub(crate) fn payload_spans(&self, off: u64, size: u64, at: u64, len: u64) -> Spans {
         if !is_large(size) {
-            return vec![(off + header::BYTES + at, len)];
+            return smallvec::smallvec![(off + header::BYTES + at, len)];
         }
         let pages = self.large_pages_of(off);
-        let mut spans = Vec::new();
+        let mut spans = Spans::new();
         let (mut pos, end) = (at, at + len);
         while pos < end {
             let (pm, room) = if pos < large::HEAD_BYTES {
@@ -109,11 +112,11 @@ impl Inner {
 
     /// The PM extents a version at `off` of an object of `size` bytes occupies: what commit
     /// flushes (header, page list and payload of a large one).
-    pub(crate) fn version_extents(&self, off: u64, size: u64) -> Vec<(u64, u64)> {
+    pub(crate) fn version_extents(&self, off: u64, size: u64) -> Spans {
         if !is_large(size) {
-            return vec![(off, header::BYTES + size)];
+            return smallvec::smallvec![(off, header::BYTES + size)];
         }
-        let mut v = vec![(off, large::PAYLOAD)];
+        let mut v: Spans = smallvec::smallvec![(off, large::PAYLOAD)];
         v.extend(self.payload_spans(off, size, 0, size));
         v
     }
