@@ -317,8 +317,9 @@ pub struct PtmCrashReport {
     pub events: u64,
     /// Objects online defragmentation moved in the run (so crashes hit it).
     pub defrag_moved: u64,
-    /// Garbage collections and defragmentation passes of the reference run (engine stats
-    /// `gc_runs`, `defrag_passes`): with `background`, the threads' work the crashes can hit.
+    /// Garbage collections and defragmentation passes the background threads ran in the
+    /// reference run (engine stats `thread_gc_runs`, `thread_defrag_passes`; the workload's own
+    /// `Ptm::defragment` calls and inline collections not counted): the work crashes can hit.
     pub background_work: (u64, u64),
     /// Violations (each names the point, image and what broke).
     pub violations: Vec<String>,
@@ -361,7 +362,7 @@ fn reference(cfg: &PtmCrashConfig) -> Result<Reference, PtmError> {
         start,
         end: events(),
         moved,
-        work: (stat("gc_runs"), stat("defrag_passes")),
+        work: (stat("thread_gc_runs"), stat("thread_defrag_passes")),
     })
 }
 

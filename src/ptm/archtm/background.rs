@@ -53,6 +53,10 @@ pub struct Counters {
     pub defrag_passes: AtomicU64,
     /// Objects defragmentation moved, in total.
     pub defrag_moved: AtomicU64,
+    /// Of `gc_runs`, those the GC thread ran (not a commit or an allocation inline).
+    pub thread_gc_runs: AtomicU64,
+    /// Of `defrag_passes`, those the defragmentation thread ran (not `Ptm::defragment`).
+    pub thread_defrag_passes: AtomicU64,
 }
 
 impl Signal {
@@ -129,7 +133,9 @@ fn gc_loop(eng: &Inner, period: Duration) {
     while eng.signal.wait(period, true) {
         eng.signal.gc_wanted.store(false, Ordering::Release);
         if !pass(|| {
-            eng.gc();
+            if eng.gc() > 0 {
+                eng.counters.thread_gc_runs.fetch_add(1, Ordering::Relaxed);
+            }
         }) {
             break;
         }
@@ -158,9 +164,15 @@ fn defrag_loop(eng: &Arc<Inner>, period: Duration) {
         };
         let ok = pass(|| {
             let mut w = ArchtmWorker::new(Arc::clone(eng), slot);
+            let before = eng.counters.defrag_passes.load(Ordering::Relaxed);
             // An error (the pool full for the moved copies) leaves everything consistent: the
             // pass is retried later.
             let _ = eng.defragment(&mut w);
+            if eng.counters.defrag_passes.load(Ordering::Relaxed) > before {
+                eng.counters
+                    .thread_defrag_passes
+                    .fetch_add(1, Ordering::Relaxed);
+            }
         });
         // The worker (dropped in the pass) gave the slot back.
         eng.signal.defrag_has_slot.store(false, Ordering::Release);

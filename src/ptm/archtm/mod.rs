@@ -661,6 +661,11 @@ impl PtmEngine for ArchTm {
             ("recycled_bytes", c.recycled_bytes.load(Ordering::Relaxed)),
             ("defrag_passes", c.defrag_passes.load(Ordering::Relaxed)),
             ("defrag_moved", c.defrag_moved.load(Ordering::Relaxed)),
+            ("thread_gc_runs", c.thread_gc_runs.load(Ordering::Relaxed)),
+            (
+                "thread_defrag_passes",
+                c.thread_defrag_passes.load(Ordering::Relaxed),
+            ),
             (
                 "gc_thread",
                 u64::from(i.signal.gc_thread.load(Ordering::Relaxed)),
