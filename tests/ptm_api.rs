@@ -440,6 +440,11 @@ fn bench_ptm_reports_throughput_and_write_amplification() {
         assert!(r["throughput_tps"].as_f64().unwrap() > 0.0, "{r}");
         let wa = r["params"]["write_amplification"].as_f64().unwrap();
         assert!(wa > 1.0 && wa < 20.0, "New-Order WA {wa}");
+        // The engine's counters come with the key-value runs too (DUDETx's log summary).
+        let logged = &r["params"]["engine_stats"]["log_raw_bytes"];
+        if r["engine"] == "dudetx" {
+            assert!(logged.as_u64().is_some_and(|b| b > 0), "{r}");
+        }
     }
     let (stdout, runs) = bench(&["--structure", "tatp", "--subscribers", "2000"]);
     assert!(stdout.contains("ptm-tatp"), "{stdout}");

@@ -179,6 +179,13 @@ fn create_runner<R: PObject + Default>(
     }
 }
 
+/// An engine's counters as a JSON object (the `engine_stats` of a report).
+fn stats_json<R: PObject>(p: &dyn PtmRunner<R>) -> serde_json::Map<String, serde_json::Value> {
+    (p.engine_stats().into_iter())
+        .map(|(k, v)| (k.to_string(), v.into()))
+        .collect()
+}
+
 pub(crate) fn run(args: Args) -> CliResult {
     let tree = match args.structure.as_str() {
         "hash" => false,
@@ -251,15 +258,11 @@ pub(crate) fn run(args: Args) -> CliResult {
                     let app_measured = updates * ptm_tree::VALUE_BYTES;
                     let pm_bytes = result.pm.total.bytes_written;
                     let wa = (app_measured > 0).then(|| pm_bytes as f64 / app_measured as f64);
-                    let engine_stats: serde_json::Map<String, serde_json::Value> =
-                        match (&hash, &treep) {
-                            (Some(p), _) => p.engine_stats(),
-                            (_, Some(p)) => p.engine_stats(),
-                            _ => Vec::new(),
-                        }
-                        .into_iter()
-                        .map(|(k, v)| (k.to_string(), v.into()))
-                        .collect();
+                    let engine_stats = match (&hash, &treep) {
+                        (Some(p), _) => stats_json(&**p),
+                        (_, Some(p)) => stats_json(&**p),
+                        _ => serde_json::Map::new(),
+                    };
                     let params = serde_json::json!({
                         "structure": args.structure,
                         "update_pct": pct,
@@ -381,6 +384,7 @@ fn run_kv(args: Args) -> CliResult {
                     "app_bytes_per_txn": per_txn,
                     "pm_bytes_per_txn": result.pm.bytes_per_txn,
                     "write_amplification": wa,
+                    "engine_stats": stats_json(&*p),
                 });
                 reports.push(RunReport::new(
                     engine.name(),
