@@ -161,6 +161,8 @@ pub struct Shadow {
     frames: usize,
     /// Frames at most as a percentage of the heap pages (0: every page, unless `frames`).
     percent: usize,
+    /// Whether pages are ever evicted ([`Shadow::pages`]).
+    paging: bool,
     resident: AtomicUsize,
     tick: AtomicU64,
     /// The pipeline: the pool and the reproduced id, and how to wait for it.
@@ -183,6 +185,7 @@ impl Shadow {
             free: Mutex::new(vec![Vec::new(); CLASSES]),
             frames,
             percent,
+            paging: Shadow::pages(frames, percent),
             resident: AtomicUsize::new(0),
             tick: AtomicU64::new(0),
             core: OnceLock::new(),
@@ -190,12 +193,18 @@ impl Shadow {
         }
     }
 
+    /// Whether a shadow of `frames` frames or `percent` % of the heap pages (0 and 100 %: every
+    /// page, no paging) ever evicts a page: the one rule, for the shadow and its configuration.
+    pub(crate) fn pages(frames: usize, percent: usize) -> bool {
+        frames > 0 || (1..100).contains(&percent)
+    }
+
     /// Frames the shadow holds at most now (0: no limit).
     fn capacity(&self) -> usize {
-        match (self.frames, self.percent) {
-            (0, 0) | (0, 100..) => 0,
-            (0, p) => (self.page_count() * p / 100).max(1),
-            (f, _) => f,
+        match (self.paging, self.frames) {
+            (false, _) => 0,
+            (true, 0) => (self.page_count() * self.percent / 100).max(1),
+            (true, f) => f,
         }
     }
 
@@ -229,8 +238,11 @@ impl Shadow {
     /// (`None` also when the load cannot wait for reproduce: the pipeline failed).
     pub fn frame(&self, addr: u64) -> Option<Arc<Frame>> {
         let slot = self.page(addr)?;
-        slot.used
-            .store(self.tick.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
+        // The LRU clock only matters to eviction: without paging, no shared counter per access.
+        if self.paging {
+            slot.used
+                .store(self.tick.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
+        }
         if let Some(f) = slot.frame.read().as_ref() {
             return Some(f.clone());
         }
@@ -240,7 +252,7 @@ impl Shadow {
     /// Records that transaction `id` wrote the page holding `addr` (its touching id, §3.4);
     /// called while the writer holds the frame, so it cannot be evicted before.
     pub fn touch(&self, addr: u64, id: u64) {
-        if self.frames > 0 || self.percent > 0 {
+        if self.paging {
             if let Some(s) = self.page(addr) {
                 s.touch.fetch_max(id, Ordering::AcqRel);
             }

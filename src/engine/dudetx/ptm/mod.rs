@@ -321,7 +321,7 @@ fn core_config(config: &PtmConfig, log_pages: usize) -> Result<DudetxConfig, Ptm
             o.shadow_percent
         )));
     }
-    let paging = o.shadow_frames > 0 || (1..100).contains(&o.shadow_percent);
+    let paging = heap::Shadow::pages(o.shadow_frames, o.shadow_percent);
     if paging && matches!(o.perform, PerformMode::Locks(_)) {
         return Err(PtmError::Pool(
             "shadow paging (shadow_frames > 0) needs the id-ordered touching ids of the STM \
