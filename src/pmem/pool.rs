@@ -179,15 +179,29 @@ pub fn default_pool_path(layout: &str) -> PathBuf {
     dir.join(format!("pmtx-{layout}-{}.pool", &id[..12]))
 }
 
+/// How long opening waits for a lock held by someone else before reporting
+/// [`PoolError::Locked`]. A lock belongs to the open file description, which a child process
+/// forked by another thread shares until its `exec` closes it: a pool closed and reopened in
+/// one process can look locked for that instant. A real second opener holds it far longer.
+#[cfg(not(miri))]
+const LOCK_GRACE: std::time::Duration = std::time::Duration::from_millis(200);
+
 #[cfg(not(miri))]
 fn lock_exclusive(file: &File, path: &Path) -> PoolResult<()> {
     use std::os::fd::AsRawFd;
-    // SAFETY: flock on a file descriptor we own; it has no memory effects.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc == 0 {
-        return Ok(());
-    }
-    let err = std::io::Error::last_os_error();
+    let started = std::time::Instant::now();
+    let err = loop {
+        // SAFETY: flock on a file descriptor we own; it has no memory effects.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EWOULDBLOCK) || started.elapsed() >= LOCK_GRACE {
+            break err;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    };
     if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
         Err(PoolError::Locked {
             path: path.to_path_buf(),
