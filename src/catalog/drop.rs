@@ -10,7 +10,8 @@
 //! it frees whatever space the table still holds (idempotently) and ignores any log record of
 //! it, then marks it `Dropped`.
 
-use super::{Catalog, CatalogError, Schema, TableId};
+use super::{Catalog, CatalogError, CatalogStore, Schema, TableId};
+use crate::pmem::Pool;
 use serde::{Deserialize, Serialize};
 
 /// A table's life-cycle state in the catalog. Absent in catalogs written before issue 21:
@@ -106,6 +107,24 @@ impl Catalog {
             }
         }
         next
+    }
+}
+
+impl CatalogStore {
+    /// Recovery's last step of the drop (the same in every engine): once the engine has freed
+    /// what the interrupted drops held, stores `catalog` with them finished and returns it;
+    /// `None`, storing nothing, when no drop was interrupted.
+    pub fn store_drops_finished(
+        &self,
+        pool: &Pool,
+        catalog: &Catalog,
+    ) -> Result<Option<Catalog>, CatalogError> {
+        if catalog.dropping_ids().is_empty() {
+            return Ok(None);
+        }
+        let done = catalog.drops_finished();
+        self.store(pool, &done)?;
+        Ok(Some(done))
     }
 }
 

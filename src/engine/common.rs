@@ -669,42 +669,73 @@ pub(crate) fn join_parts<T, E>(
         .map(|v| v.into_iter().flatten().collect())
 }
 
-/// What [`start_drop`] returns: the locked catalog, the catalog with the table dropping, and
-/// every thread slot's state, locked.
-pub(crate) type DropStart<'a, T> = (
-    parking_lot::MutexGuard<'a, crate::catalog::Catalog>,
-    crate::catalog::Catalog,
-    Vec<parking_lot::MutexGuard<'a, Option<T>>>,
-);
+/// A table drop (issue 21), with the order every engine shares (`catalog/drop.rs`): the catalog
+/// stored with the table dropping, the engine's own step that makes the table's rows
+/// unreachable and frees its space, every thread slot's state told to forget the table, the
+/// catalog stored with the table dropped, the engine's DRAM tombstone installed. It runs with
+/// no worker alive: a worker holds its slot's state (`None` in `slots`) while it lives, and the
+/// drop holds every slot's lock throughout, so none starts meanwhile.
+pub(crate) struct TableDrop<'a, T> {
+    /// The engine's catalog.
+    pub catalog: &'a parking_lot::Mutex<crate::catalog::Catalog>,
+    /// Every thread slot's state (empty for an engine without per-thread state).
+    pub slots: &'a [parking_lot::Mutex<Option<T>>],
+    /// Where the catalog is stored.
+    pub store: &'a crate::catalog::CatalogStore,
+    /// The pool the catalog is stored in.
+    pub pool: &'a crate::pmem::Pool,
+    /// The table.
+    pub table: TableId,
+    /// The crash harness's deliberate bug (test-only): the space freed before the catalog says
+    /// the table is dropping.
+    pub free_first: bool,
+}
 
-/// The start of a table drop (issue 21), which runs with no worker alive: the catalog, locked,
-/// the catalog with `table` dropping (an error if it is not a live table), and every thread
-/// slot's state, locked. A worker holds its slot's state (`None` here) while it lives, so no
-/// worker runs meanwhile, and the drop can make each state forget the table before any worker
-/// takes it again; an error naming the table and the slot if one is in use.
-pub(crate) fn start_drop<'a, T>(
-    catalog: &'a parking_lot::Mutex<crate::catalog::Catalog>,
-    slots: &'a [parking_lot::Mutex<Option<T>>],
-    table: TableId,
-) -> Result<DropStart<'a, T>, crate::engine::DbError> {
-    let current = catalog.lock();
-    let dropping = current.with_state(table, crate::catalog::TableState::Dropping)?;
-    let name = &current.tables[table as usize].name;
-    let states = slots
-        .iter()
-        .enumerate()
-        .map(|(slot, state)| {
-            let guard = state.lock();
-            if guard.is_none() {
-                return Err(crate::engine::DbError::Config(format!(
-                    "cannot drop table '{name}': worker slot {slot} is in use (a drop runs with \
-                     no worker alive)"
-                )));
-            }
-            Ok(guard)
-        })
-        .collect::<Result<_, _>>()?;
-    Ok((current, dropping, states))
+impl<T> TableDrop<'_, T> {
+    /// Runs the drop: `free_space` is the engine's middle step, `forget` is called with each
+    /// thread slot's state, `tombstone` with the catalog that has the table dropped. An error if
+    /// the table is not live, naming the slot if a worker is alive, or if the pool fails.
+    pub(crate) fn run(
+        self,
+        free_space: impl FnOnce() -> Result<(), crate::engine::DbError>,
+        mut forget: impl FnMut(&mut T),
+        tombstone: impl FnOnce(&crate::catalog::Catalog),
+    ) -> Result<(), crate::engine::DbError> {
+        let mut catalog = self.catalog.lock();
+        let dropping = catalog.with_state(self.table, crate::catalog::TableState::Dropping)?;
+        let name = &catalog.tables[self.table as usize].name;
+        let mut states = self
+            .slots
+            .iter()
+            .enumerate()
+            .map(|(slot, state)| {
+                let guard = state.lock();
+                if guard.is_none() {
+                    return Err(crate::engine::DbError::Config(format!(
+                        "cannot drop table '{name}': worker slot {slot} is in use (a drop runs \
+                         with no worker alive)"
+                    )));
+                }
+                Ok(guard)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut free_space = Some(free_space);
+        let mut free = || free_space.take().map_or(Ok(()), |f| f());
+        if self.free_first {
+            free()?;
+        }
+        self.store.store(self.pool, &dropping)?;
+        *catalog = dropping;
+        free()?;
+        for state in states.iter_mut().filter_map(|s| s.as_mut()) {
+            forget(state);
+        }
+        let done = catalog.drops_finished();
+        self.store.store(self.pool, &done)?;
+        tombstone(&done);
+        *catalog = done;
+        Ok(())
+    }
 }
 
 /// `schema` if it is a live table's, else the error a transaction gets for table `table`: no

@@ -71,16 +71,23 @@ pub(crate) fn drop_table(
     drop_shadow: impl FnOnce() -> Result<(), DbError>,
     free_pm: impl FnOnce() -> Result<(), DbError>,
 ) -> Result<(), DbError> {
-    let mut catalog = catalog.lock();
-    let dropping = catalog.with_state(table, crate::catalog::TableState::Dropping)?;
-    store.store(pool, &dropping)?;
-    *catalog = dropping;
-    drop_shadow()?;
-    free_pm()?;
-    let done = catalog.drops_finished();
-    store.store(pool, &done)?;
-    *catalog = done;
-    Ok(())
+    let no_slots: &[parking_lot::Mutex<Option<()>>] = &[];
+    crate::engine::common::TableDrop {
+        catalog,
+        slots: no_slots,
+        store,
+        pool,
+        table,
+        free_first: false,
+    }
+    .run(
+        || {
+            drop_shadow()?;
+            free_pm()
+        },
+        |_| {},
+        |_| {},
+    )
 }
 
 /// Creates a table durably in the catalog at `store` (after `catalog`) and in the DRAM

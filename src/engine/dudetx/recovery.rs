@@ -170,17 +170,13 @@ pub(super) fn open(
     report.facts.push(("durable_id".into(), durable));
     report.total_ms = report.phases.iter().map(|p| p.1).sum();
     // Interrupted drops are finished: `Heap::load` freed their pages, the replay skipped them.
-    let catalog = if catalog.dropping_ids().is_empty() {
-        catalog
-    } else {
-        let done = catalog.drops_finished();
-        crate::catalog::CatalogStore {
-            base: meta_page + meta::CATALOG_AT,
-            slot_bytes: meta::CATALOG_SLOT_BYTES,
-        }
-        .store(&pool, &done)?;
-        done
+    let store = crate::catalog::CatalogStore {
+        base: meta_page + meta::CATALOG_AT,
+        slot_bytes: meta::CATALOG_SLOT_BYTES,
     };
+    let catalog = store
+        .store_drops_finished(&pool, &catalog)?
+        .unwrap_or(catalog);
     let core = Core::new(pool, pages, meta_page, ring, config, heap, durable, pos);
     DudetxEngine::assemble(core, shadow, catalog, Some(report))
 }

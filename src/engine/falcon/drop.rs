@@ -49,15 +49,14 @@ fn free_space(
             }
         }
     }
-    let mut freed = 0;
-    for (index, tag) in pages.allocated(pool)? {
+    let freed = pages.free_where(pool, |index, tag| {
         let table = TableId::try_from(tag.value).unwrap_or(TableId::MAX);
-        if matches!(tag.kind, kind::HEAP | kind::INDEX) && dropped.contains(&table) {
+        let pick = matches!(tag.kind, kind::HEAP | kind::INDEX) && dropped.contains(&table);
+        if pick {
             each_page(table, pages.page_offset(index));
-            pages.free(pool, index);
-            freed += 1;
         }
-    }
+        pick
+    })?;
     Ok(freed)
 }
 
@@ -75,12 +74,10 @@ pub(super) fn finish_drops(
         return Ok((catalog, 0));
     }
     let freed = free_space(pool, pages, meta_page, &dropped, |_, _| {})?;
-    if catalog.dropping_ids().is_empty() {
-        return Ok((catalog, freed));
-    }
-    let done = catalog.drops_finished();
-    store.store(pool, &done)?;
-    Ok((done, freed))
+    let catalog = store
+        .store_drops_finished(pool, &catalog)?
+        .unwrap_or(catalog);
+    Ok((catalog, freed))
 }
 
 impl FalconEngine {
@@ -90,12 +87,9 @@ impl FalconEngine {
         if let Some(sweep) = &self.sweep {
             sweep.finish(self);
         }
-        // Every thread slot's allocation state, so that no worker runs meanwhile and each can be
-        // told to forget the table.
-        let (mut catalog, dropping, mut states) =
-            crate::engine::common::start_drop(&self.catalog, &self.threads, table)?;
-        let rt = self.tables.read()[table as usize].clone();
         let free = || {
+            // Read here: the drop has checked that the table exists.
+            let rt = self.tables.read()[table as usize].clone();
             free_space(
                 &self.pool,
                 &self.pages,
@@ -109,36 +103,35 @@ impl FalconEngine {
                     }
                 },
             )
+            .map(|_| ())
         };
-        // The deliberate bug of the crash harness frees first (test-only).
-        let early = self.config.fault == Some(super::Fault::DropFreeBeforeTombstone);
-        if early {
-            free()?;
-        }
-        self.catalog_store.store(&self.pool, &dropping)?;
-        *catalog = dropping;
-        if !early {
-            free()?;
-        }
-        for st in states.iter_mut().filter_map(|s| s.as_mut()) {
+        let forget = |st: &mut super::ThreadState| {
             if let Some(ta) = st.tables.get_mut(table as usize) {
                 *ta = TableAlloc::default();
             }
-        }
-        let done = catalog.drops_finished();
-        self.catalog_store.store(&self.pool, &done)?;
+        };
         // The tombstone: DRAM indexes, empty (the old ones' memory goes with the last worker's
         // copy of the table list; none is alive).
-        let schema = done.tables[table as usize].clone();
-        let secondary = schema
-            .secondary
-            .iter()
-            .map(|_| TableSecondary::Dram(SecondaryIndex::new()))
-            .collect();
-        let index = TableIndex::dram(schema.primary_index);
-        self.tables.write()[table as usize] =
-            Arc::new(TableRt::new(table, schema, index, secondary));
-        *catalog = done;
-        Ok(())
+        let tombstone = |done: &Catalog| {
+            let schema = done.tables[table as usize].clone();
+            let secondary = schema
+                .secondary
+                .iter()
+                .map(|_| TableSecondary::Dram(SecondaryIndex::new()))
+                .collect();
+            let index = TableIndex::dram(schema.primary_index);
+            self.tables.write()[table as usize] =
+                Arc::new(TableRt::new(table, schema, index, secondary));
+        };
+        crate::engine::common::TableDrop {
+            catalog: &self.catalog,
+            slots: &self.threads,
+            store: &self.catalog_store,
+            pool: &self.pool,
+            table,
+            // The deliberate bug of the crash harness frees first (test-only).
+            free_first: self.config.fault == Some(super::Fault::DropFreeBeforeTombstone),
+        }
+        .run(free, forget, tombstone)
     }
 }

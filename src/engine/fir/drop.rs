@@ -35,18 +35,16 @@ impl FirEngine {
     /// Step 2's PM part: frees every block of the tables in `dropped` and leaves their tiles
     /// unowned; returns how many blocks. Idempotent.
     pub(super) fn free_blocks_of(&self, dropped: &[TableId]) -> Result<u64, DbError> {
-        let mut freed = 0;
-        for (index, tag) in self.pages.allocated(&self.pool)? {
+        let freed = self.pages.free_where(&self.pool, |index, tag| {
             let table = TableId::try_from(tag.value >> SEQ_BITS).unwrap_or(TableId::MAX);
-            if tag.kind != kind::BLOCK || !dropped.contains(&table) {
-                continue;
+            let pick = tag.kind == kind::BLOCK && dropped.contains(&table);
+            if pick {
+                if let Some(tile) = self.tiles.get(index as usize).and_then(|t| t.get()) {
+                    tile.table.store(storage::UNOWNED, Ordering::Release);
+                }
             }
-            self.pages.free(&self.pool, index);
-            if let Some(tile) = self.tiles.get(index as usize).and_then(|t| t.get()) {
-                tile.table.store(storage::UNOWNED, Ordering::Release);
-            }
-            freed += 1;
-        }
+            pick
+        })?;
         let _ = self
             .gc
             .blocks_in_use
@@ -59,19 +57,14 @@ impl FirEngine {
     /// Drops `table` (see the module doc); refuses while a worker of this engine is alive.
     pub(super) fn drop_table_now(&self, table: TableId) -> Result<(), DbError> {
         let _no_checkpoint = self.checkpoint_lock.lock();
-        let (mut catalog, dropping, mut states) =
-            crate::engine::common::start_drop(&self.catalog, &self.threads, table)?;
-        // The deliberate bug of the crash harness frees first (test-only).
-        let early = self.config.fault == Some(FirFault::DropFreeBeforeTombstone);
-        if early {
+        let free = || {
             self.free_blocks_of(&[table])?;
-        }
-        self.catalog_store.store(&self.pool, &dropping)?;
-        *catalog = dropping;
-        if !early {
-            self.free_blocks_of(&[table])?;
-        }
-        for st in states.iter_mut().filter_map(|s| s.as_mut()) {
+            // The valid checkpoint still names the table's keys; recovery skips them, and the
+            // next checkpoint leaves them out.
+            self.need_full.store(true, Ordering::SeqCst);
+            Ok(())
+        };
+        let forget = |st: &mut super::ThreadState| {
             if let Some(r) = st.regions.get_mut(table as usize) {
                 // Sequence numbers go on (page tags never repeat), though the id is not reused.
                 *r = Region {
@@ -80,15 +73,20 @@ impl FirEngine {
                 };
             }
             st.gc_waiting.retain(|&(t, _, _)| t != table);
+        };
+        let tombstone = |done: &crate::catalog::Catalog| {
+            let schema = done.tables[table as usize].clone();
+            self.tables.write()[table as usize] = Arc::new(TableRt::new(schema));
+        };
+        crate::engine::common::TableDrop {
+            catalog: &self.catalog,
+            slots: &self.threads,
+            store: &self.catalog_store,
+            pool: &self.pool,
+            table,
+            // The deliberate bug of the crash harness frees first (test-only).
+            free_first: self.config.fault == Some(FirFault::DropFreeBeforeTombstone),
         }
-        // The valid checkpoint still names the table's keys; recovery skips them, and the next
-        // checkpoint leaves them out.
-        self.need_full.store(true, Ordering::SeqCst);
-        let done = catalog.drops_finished();
-        self.catalog_store.store(&self.pool, &done)?;
-        let schema = done.tables[table as usize].clone();
-        self.tables.write()[table as usize] = Arc::new(TableRt::new(schema));
-        *catalog = done;
-        Ok(())
+        .run(free, forget, tombstone)
     }
 }

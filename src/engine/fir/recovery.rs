@@ -394,9 +394,10 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
     } else {
         engine.free_blocks_of(&dropped)?
     };
-    if !engine.catalog.get_mut().dropping_ids().is_empty() {
-        let done = engine.catalog.get_mut().drops_finished();
-        engine.catalog_store.store(&pool, &done)?;
+    if let Some(done) = engine
+        .catalog_store
+        .store_drops_finished(&pool, engine.catalog.get_mut())?
+    {
         for &t in &dropped {
             let schema = done.tables[t as usize].clone();
             engine.tables.get_mut()[t as usize] = Arc::new(TableRt::new(schema));

@@ -239,9 +239,12 @@ pub(super) fn open(pool: Arc<Pool>, mut config: MmdbConfig) -> Result<Arc<MmdbEn
         // one's pages, then the drop is recorded as finished.
         engine.take_checkpoint()?;
         let mut catalog = engine.catalog.lock();
-        let done = catalog.drops_finished();
-        engine.catalog_store.store(&engine.core.pool, &done)?;
-        *catalog = done;
+        if let Some(done) = engine
+            .catalog_store
+            .store_drops_finished(&engine.core.pool, &catalog)?
+        {
+            *catalog = done;
+        }
     }
     Ok(engine)
 }

@@ -61,50 +61,52 @@ pub(super) fn free_pages(
     pages: &PageManager,
     dropped: &[TableId],
 ) -> Result<u64, DbError> {
-    let mut freed = 0;
-    for (index, tag) in pages.allocated(pool)? {
+    let freed = pages.free_where(pool, |_, tag| {
         let table = TableId::try_from(tag.value).unwrap_or(TableId::MAX);
-        if tag.kind == kind::HEAP && dropped.contains(&table) {
-            pages.free(pool, index);
-            freed += 1;
-        }
-    }
+        tag.kind == kind::HEAP && dropped.contains(&table)
+    })?;
     Ok(freed)
 }
 
 impl ZenEngine {
     /// Drops `table` (see the module doc); refuses while a worker of this engine is alive.
     pub(super) fn drop_table_now(&self, table: TableId) -> Result<(), DbError> {
-        // Every thread slot's state: no worker runs meanwhile, and each forgets the table's slots.
-        let (mut catalog, dropping, mut states) =
-            crate::engine::common::start_drop(&self.catalog, &self.threads, table)?;
-        self.catalog_store.store(&self.pool, &dropping)?;
-        *catalog = dropping;
-        if self.config.fault != Some(ZenFault::DropSkipWatermark) {
-            let commits = self.region_commit.iter().map(|c| c.load(Ordering::Acquire));
-            raise_watermarks(&self.pool, self.meta_page, commits);
-        }
-        free_pages(&self.pool, &self.pages, &[table])?;
-        for st in states.iter_mut().filter_map(|s| s.as_mut()) {
+        let free = || {
+            if self.config.fault != Some(ZenFault::DropSkipWatermark) {
+                let commits = self.region_commit.iter().map(|c| c.load(Ordering::Acquire));
+                raise_watermarks(&self.pool, self.meta_page, commits);
+            }
+            free_pages(&self.pool, &self.pages, &[table])?;
+            for inbox in self.inbox.iter() {
+                inbox.lock().retain(|&(t, _)| t != table);
+            }
+            Ok(())
+        };
+        // Each thread slot's state forgets the table's slots.
+        let forget = |st: &mut super::ThreadState| {
             if let Some(ta) = st.tables.get_mut(table as usize) {
                 *ta = TableAlloc::default();
             }
             st.garbage.retain(|g| g.table != table);
             st.tombs.retain(|g| g.table != table);
             st.deferred.retain(|g| g.table != table);
-        }
-        for inbox in self.inbox.iter() {
-            inbox.lock().retain(|&(t, _)| t != table);
-        }
-        let done = catalog.drops_finished();
-        self.catalog_store.store(&self.pool, &done)?;
+        };
         // The tombstone: an empty Met-Cache, index and version store (the old ones' memory goes
         // with the last copy of the table list; no worker holds one).
-        let schema = done.tables[table as usize].clone();
-        self.tables.write()[table as usize] = Arc::new(TableRt::new(table, schema, &self.config));
-        *catalog = done;
-        drop(states);
-        drop(catalog);
+        let tombstone = |done: &crate::catalog::Catalog| {
+            let schema = done.tables[table as usize].clone();
+            self.tables.write()[table as usize] =
+                Arc::new(TableRt::new(table, schema, &self.config));
+        };
+        crate::engine::common::TableDrop {
+            catalog: &self.catalog,
+            slots: &self.threads,
+            store: &self.catalog_store,
+            pool: &self.pool,
+            table,
+            free_first: false,
+        }
+        .run(free, forget, tombstone)?;
         self.rebalance();
         Ok(())
     }

@@ -282,9 +282,7 @@ pub(super) fn recover(engine: &mut ZenEngine) -> Result<(RecoveryReport, u64), D
             freed = super::drop::free_pages(&pool, &engine.pages, &dropped)?;
         }
         let mut catalog = engine.catalog.lock();
-        if !catalog.dropping_ids().is_empty() {
-            let done = catalog.drops_finished();
-            engine.catalog_store.store(&pool, &done)?;
+        if let Some(done) = engine.catalog_store.store_drops_finished(&pool, &catalog)? {
             for &t in &dropped {
                 let schema = done.tables[t as usize].clone();
                 engine.tables.write()[t as usize] =
