@@ -124,9 +124,6 @@ impl std::str::FromStr for BenchEngine {
     }
 }
 
-/// Bench pools of PMDK (files: libpmemobj has no anonymous pools) made by this process.
-static PMDK_POOLS: AtomicU64 = AtomicU64::new(0);
-
 /// Creates a pool of `engine` of `size` bytes for `args`' threads with root `R::default()`,
 /// behind the runner interface.
 fn create_runner<R: PObject + Default>(
@@ -149,17 +146,9 @@ fn create_runner<R: PObject + Default>(
         )),
         #[cfg(feature = "pmdk")]
         BenchEngine::Pmdk => {
-            let n = PMDK_POOLS.fetch_add(1, Ordering::Relaxed);
-            let path = std::env::temp_dir().join(format!(
-                "pmtx-bench-ptm-pmdk-{}-{n}.pool",
-                std::process::id()
-            ));
-            let dir = PathBuf::from("/dev/shm");
-            let path = if dir.is_dir() {
-                dir.join(path.file_name().expect("a file name"))
-            } else {
-                path
-            };
+            let path = crate::peers::PeerKind::Pmdk.scratch_path();
+            // Removed on drop, and by the Ctrl-C handler if the run is interrupted.
+            crate::pmem::scratch::register(&path);
             let _ = std::fs::remove_file(&path);
             Ok(Box::new(
                 crate::peers::pmdk_ptm::PmdkPtm::<R>::create(
@@ -172,10 +161,7 @@ fn create_runner<R: PObject + Default>(
             ))
         }
         #[cfg(not(feature = "pmdk"))]
-        BenchEngine::Pmdk => {
-            let _ = &PMDK_POOLS;
-            Err("engine pmdk is not built in (feature pmdk)".into())
-        }
+        BenchEngine::Pmdk => Err("engine pmdk is not built in (feature pmdk)".into()),
     }
 }
 

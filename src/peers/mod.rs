@@ -209,8 +209,8 @@ impl PeerKind {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let ext = if self == PeerKind::Pmdk { ".pool" } else { "" };
-        PathBuf::from(format!(
-            "/dev/shm/pmtx-peer-{}-{}-{n}{ext}",
+        crate::pmem::scratch_dir().join(format!(
+            "pmtx-peer-{}-{}-{n}{ext}",
             self.name(),
             std::process::id()
         ))

@@ -285,6 +285,7 @@ impl<R: PObject> PtmRunner<R> for PmdkPtm<R> {
             in_tx: false,
             allocs: HashMap::default(),
             frees: HashSet::default(),
+            snapshotted: Snapshotted::default(),
         });
         let r = run_on_worker(&mut w, self.pool.root, MAX_RETRIES, f);
         self.workers.lock().push(w);
@@ -358,6 +359,38 @@ struct Worker {
     /// Objects allocated and freed by the running transaction (applied to `Live` at commit).
     allocs: HashMap<u64, u64, BuildWriteKeyHasher>,
     frees: HashSet<u64, BuildWriteKeyHasher>,
+    /// Pool ranges the running transaction has snapshotted: libpmemobj copies a range into its
+    /// undo log once per transaction, so only the part not yet covered counts again.
+    snapshotted: Snapshotted,
+}
+
+/// A transaction's snapshotted ranges, `[start, end)` sorted and disjoint (a transaction
+/// snapshots a handful, so a vector).
+#[derive(Default)]
+struct Snapshotted(Vec<(u64, u64)>);
+
+impl Snapshotted {
+    /// Adds `[start, start + len)`; returns how many of its bytes were not covered yet.
+    fn add(&mut self, start: u64, len: u64) -> u64 {
+        let (mut lo, mut hi) = (start, start + len);
+        let mut covered = 0;
+        // The ranges that touch the new one merge with it.
+        let first = self.0.partition_point(|&(_, e)| e < lo);
+        let mut last = first;
+        while last < self.0.len() && self.0[last].0 <= hi {
+            let (s, e) = self.0[last];
+            covered += e.min(start + len).saturating_sub(s.max(start));
+            lo = lo.min(s);
+            hi = hi.max(e);
+            last += 1;
+        }
+        self.0.splice(first..last, [(lo, hi)]);
+        len - covered
+    }
+
+    fn clear(&mut self) {
+        self.0.clear();
+    }
 }
 
 impl Worker {
@@ -454,6 +487,7 @@ impl Worker {
         }
         self.allocs.clear();
         self.frees.clear();
+        self.snapshotted.clear();
         self.guard = Guard::None;
         r
     }
@@ -497,7 +531,11 @@ impl PtmWorker for Worker {
             }
             std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len());
         }
-        let snapshot = if fresh { 0 } else { src.len() as u64 };
+        let snapshot = if fresh {
+            0
+        } else {
+            self.snapshotted.add(dst as u64, src.len() as u64)
+        };
         crate::pmem::stats::count_write(snapshot + src.len() as u64);
         Ok(())
     }
@@ -546,6 +584,19 @@ impl PtmWorker for Worker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_range_snapshotted_twice_counts_once() {
+        let mut s = Snapshotted::default();
+        assert_eq!(s.add(100, 16), 16);
+        assert_eq!(s.add(100, 16), 0, "the same range again");
+        assert_eq!(s.add(108, 16), 8, "half of it is new");
+        assert_eq!(s.add(200, 8), 8, "disjoint");
+        assert_eq!(s.add(90, 120), 120 - 24 - 8, "spans both");
+        assert_eq!(s.0, vec![(90, 210)]);
+        assert_eq!(s.add(210, 4), 4, "adjacent");
+        assert_eq!(s.0, vec![(90, 214)]);
+    }
     use crate::workload::ptm_hash::{self, HashRoot};
     use crate::workload::ptm_tree::{self, TreeRoot};
     use std::collections::BTreeMap;

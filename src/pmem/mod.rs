@@ -35,6 +35,7 @@ pub use error::{PoolError, PoolResult};
 pub use mapping::{retain_freed_memory, MappingKind};
 pub use media::{MediaModel, MediaOptions, NvmLatency};
 pub use pool::{
-    default_pool_path, CrashSimOptions, Pool, PoolInfo, PoolOptions, MAX_POOL_SIZE, MIN_POOL_SIZE,
+    default_pool_path, scratch_dir, CrashSimOptions, Pool, PoolInfo, PoolOptions, MAX_POOL_SIZE,
+    MIN_POOL_SIZE,
 };
 pub use stats::PmStats;

@@ -167,16 +167,21 @@ fn io_err<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(std::io::Error) -
 /// set, else under /dev/shm when it exists (DRAM standing in for PM), else under the temporary
 /// directory.
 pub fn default_pool_path(layout: &str) -> PathBuf {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    scratch_dir().join(format!("pmtx-{layout}-{}.pool", &id[..12]))
+}
+
+/// The directory for scratch pools and peers' files: `$PMTX_SCRATCH_DIR` when that is set, else
+/// /dev/shm when it exists (DRAM standing in for PM), else the temporary directory.
+pub fn scratch_dir() -> PathBuf {
     let shm = Path::new("/dev/shm");
-    let dir = if let Some(dir) = std::env::var_os("PMTX_SCRATCH_DIR") {
+    if let Some(dir) = std::env::var_os("PMTX_SCRATCH_DIR") {
         PathBuf::from(dir)
     } else if shm.is_dir() {
         shm.to_path_buf()
     } else {
         std::env::temp_dir()
-    };
-    let id = uuid::Uuid::new_v4().simple().to_string();
-    dir.join(format!("pmtx-{layout}-{}.pool", &id[..12]))
+    }
 }
 
 /// How long opening waits for a lock held by someone else before reporting

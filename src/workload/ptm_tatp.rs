@@ -506,7 +506,7 @@ pub struct TatpKvDriver<'a> {
 }
 
 impl<'a> TatpKvDriver<'a> {
-    /// A driver; `app` sums (record bytes put, transactions run).
+    /// A driver; `app` sums (record bytes put, transactions committed).
     pub fn new(
         ptm: &'a dyn PtmRunner<KvRoot>,
         db: &'a TatpKv,
@@ -535,7 +535,9 @@ impl TxnDriver for TatpKvDriver<'_> {
             };
         self.failed = !found;
         self.app[0].fetch_add(put, Ordering::Relaxed);
-        self.app[1].fetch_add(1, Ordering::Relaxed);
+        // Per committed transaction, as the bench's window counts them: a rolled-back one
+        // (§TATP's expected failures) puts nothing and is not a commit.
+        self.app[1].fetch_add(u64::from(committed), Ordering::Relaxed);
         Ok(TxnOutcome {
             kind: ty.index(),
             committed,
@@ -564,18 +566,23 @@ mod tests {
             let loaded = check(&ptm, &db).unwrap();
             assert_eq!(loaded.subscribers, 500);
             let app = [AtomicU64::new(0), AtomicU64::new(0)];
+            let committed = AtomicU64::new(0);
             std::thread::scope(|s| {
                 for t in 0..2u64 {
-                    let (ptm, db, app) = (&ptm, &db, &app);
+                    let (ptm, db, app, committed) = (&ptm, &db, &app, &committed);
                     s.spawn(move || {
                         let mut d = TatpKvDriver::new(ptm, db, t + 11, app);
                         for _ in 0..2000 {
-                            d.run_txn().unwrap();
+                            let done = d.run_txn().unwrap().committed;
+                            committed.fetch_add(u64::from(done), Ordering::Relaxed);
                         }
                     });
                 }
             });
-            assert_eq!(app[1].load(Ordering::Relaxed), 4000);
+            // TATP's mix rolls some back by design (a missing row): those are not counted.
+            let committed = committed.into_inner();
+            assert!((3000..4000).contains(&committed), "{committed} of 4000");
+            assert_eq!(app[1].load(Ordering::Relaxed), committed);
             assert!(app[0].load(Ordering::Relaxed) > 0, "updates put records");
             let after = check(&ptm, &db).unwrap();
             assert_eq!(
