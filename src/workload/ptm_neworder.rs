@@ -18,7 +18,8 @@
 
 use super::ptm_kv::{all_keys, KvRoot, Table};
 use super::tpcc::keys;
-use super::tpcc::random::{astring, data_with_original, nurand, NuRandConstants};
+use super::tpcc::random::{astring, data_with_original, nurand, state, zip, NuRandConstants};
+use super::tpcc::txns::NewOrderInput;
 use super::tpcc::{TpccConfig, DISTRICTS};
 use crate::bench::{DriverError, TxnDriver, TxnOutcome};
 use crate::ptm::{PObject, PTx, PtmError, PtmRunner};
@@ -47,8 +48,14 @@ impl Address {
         Address {
             street: [text(rng, 10, buf), text(rng, 10, buf)],
             city: text(rng, 10, buf),
-            state: text(rng, 2, buf),
-            zip: *b"123411111",
+            state: {
+                state(rng, buf);
+                fixed(buf)
+            },
+            zip: {
+                zip(rng, buf);
+                fixed(buf)
+            },
         }
     }
 }
@@ -232,8 +239,13 @@ pub struct NewOrderDb {
 
 fn text<const N: usize>(rng: &mut StdRng, min: usize, out: &mut Vec<u8>) -> [u8; N] {
     astring(rng, min, N, out);
+    fixed(out)
+}
+
+/// `bytes` zero-padded to a fixed-width column.
+fn fixed<const N: usize>(bytes: &[u8]) -> [u8; N] {
     let mut a = [0u8; N];
-    a[..out.len()].copy_from_slice(out);
+    a[..bytes.len()].copy_from_slice(bytes);
     a
 }
 
@@ -438,66 +450,11 @@ impl NewOrderDb {
     }
 }
 
-/// One order line of a New-Order's input.
-#[derive(Clone, Copy, Debug)]
-pub struct LineInput {
-    /// OL_I_ID (an unused id, `items + 1`, for the rolled-back 1 %).
-    pub i_id: u64,
-    /// OL_SUPPLY_W_ID.
-    pub supply_w_id: u64,
-    /// OL_QUANTITY.
-    pub quantity: u64,
-}
-
-/// A New-Order's input (clause 2.4.1).
-#[derive(Clone, Debug)]
-pub struct NewOrderInput {
-    /// W_ID: the thread's home warehouse.
-    pub w_id: u64,
-    /// D_ID.
-    pub d_id: u64,
-    /// C_ID.
-    pub c_id: u64,
-    /// The lines (5–15).
-    pub lines: Vec<LineInput>,
-}
-
 impl NewOrderDb {
-    /// Draws the input of a New-Order at home warehouse `w_id` (clause 2.4.1).
+    /// Draws the input of a New-Order at home warehouse `w_id` (clause 2.4.1, as the table
+    /// engines' TPC-C draws it).
     pub fn input(&self, rng: &mut StdRng, w_id: u64) -> NewOrderInput {
-        let c = &self.config;
-        let n = rng.gen_range(5..=15);
-        let rollback = rng.gen_range(0..100) == 0;
-        let lines = (0..n)
-            .map(|l| {
-                let i_id = if rollback && l == n - 1 {
-                    c.items + 1
-                } else {
-                    nurand(rng, 8191, self.constants.ol_i_id, 1, c.items)
-                };
-                let supply_w_id = if c.warehouses > 1 && rng.gen_range(0..100) == 0 {
-                    let other = rng.gen_range(1..c.warehouses);
-                    if other >= w_id {
-                        other + 1
-                    } else {
-                        other
-                    }
-                } else {
-                    w_id
-                };
-                LineInput {
-                    i_id,
-                    supply_w_id,
-                    quantity: rng.gen_range(1..=10),
-                }
-            })
-            .collect();
-        NewOrderInput {
-            w_id,
-            d_id: rng.gen_range(1..=DISTRICTS),
-            c_id: nurand(rng, 1023, self.constants.c_id, 1, c.customers_per_district),
-            lines,
-        }
+        NewOrderInput::draw(rng, &self.config, &self.constants, w_id)
     }
 
     /// Runs New-Order (clause 2.4.2) in `tx`; returns the bytes of the records it put (the
@@ -507,7 +464,7 @@ impl NewOrderDb {
         tx: &mut PTx<'_, KvRoot>,
         input: &NewOrderInput,
     ) -> Result<u64, PtmError> {
-        let (w_id, d_id) = (input.w_id, input.d_id);
+        let (w_id, d_id) = (input.w, input.d);
         let gone = |what: &str| PtmError::Pool(format!("New-Order: {what} is missing"));
         let w = self
             .warehouse
@@ -523,15 +480,15 @@ impl NewOrderDb {
         self.district.put(tx, dkey, &d)?;
         let c = self
             .customer
-            .get(tx, keys::customer(w_id, d_id, input.c_id))?
+            .get(tx, keys::customer(w_id, d_id, input.c))?
             .ok_or_else(|| gone("the customer"))?;
-        let all_local = input.lines.iter().all(|l| l.supply_w_id == w_id);
+        let all_local = input.lines.iter().all(|l| l.supply_w == w_id);
         let okey = keys::order(w_id, d_id, o_id);
         self.order.insert_new(
             tx,
             okey,
             &Order {
-                c_id: input.c_id,
+                c_id: input.c,
                 entry_d: super::tpcc::now(),
                 carrier_id: 0,
                 ol_cnt: input.lines.len() as u64,
@@ -542,11 +499,11 @@ impl NewOrderDb {
         let mut put = (District::SIZE + Order::SIZE + NewOrder::SIZE) as u64;
         let mut total = 0i64;
         for (n, line) in input.lines.iter().enumerate() {
-            let Some(item) = self.item.get(tx, line.i_id)? else {
+            let Some(item) = self.item.get(tx, line.item)? else {
                 // Clause 2.4.2.3: an unused item rolls the whole transaction back.
                 return tx.abort();
             };
-            let skey = keys::stock(line.supply_w_id, line.i_id);
+            let skey = keys::stock(line.supply_w, line.item);
             let mut s = self
                 .stock
                 .get(tx, skey)?
@@ -559,7 +516,7 @@ impl NewOrderDb {
             };
             s.ytd += line.quantity;
             s.order_cnt += 1;
-            if line.supply_w_id != w_id {
+            if line.supply_w != w_id {
                 s.remote_cnt += 1;
             }
             self.stock.put(tx, skey, &s)?;
@@ -569,8 +526,8 @@ impl NewOrderDb {
                 tx,
                 keys::order_line(w_id, d_id, o_id, n as u64 + 1),
                 &OrderLine {
-                    i_id: line.i_id,
-                    supply_w_id: line.supply_w_id,
+                    i_id: line.item,
+                    supply_w_id: line.supply_w,
                     delivery_d: 0,
                     quantity: line.quantity,
                     amount,

@@ -2,7 +2,7 @@
 //! them, then each loads whole warehouses (stock, districts, customers, history, orders,
 //! order lines, new orders) in transactions of a few hundred rows.
 
-use super::random::{astring, data_with_original, last_name, nstring, nurand, zip};
+use super::random::{astring, data_with_original, last_name, nstring, nurand, state, zip};
 use super::{keys, now, Tpcc, TpccError, DISTRICTS};
 use crate::db::{Db, Tx, Value, Worker};
 use crate::engine::TxError;
@@ -96,7 +96,7 @@ impl Address {
         astring(rng, 10, 20, &mut a[0]);
         astring(rng, 10, 20, &mut a[1]);
         astring(rng, 10, 20, &mut a[2]);
-        a[3] = (0..2).map(|_| rng.gen_range(b'A'..=b'Z')).collect();
+        state(rng, &mut a[3]);
         zip(rng, &mut a[4]);
         Address(a)
     }

@@ -88,6 +88,12 @@ pub fn data_with_original(rng: &mut impl Rng, min: usize, max: usize, out: &mut 
     }
 }
 
+/// A state: two random upper-case letters (clause 4.3.3.1).
+pub fn state(rng: &mut impl Rng, out: &mut Vec<u8>) {
+    out.clear();
+    out.extend((0..2).map(|_| rng.gen_range(b'A'..=b'Z')));
+}
+
 /// A zip code: 4 random digits and "11111" (clause 4.3.2.7).
 pub fn zip(rng: &mut impl Rng, out: &mut Vec<u8>) {
     nstring(rng, 4, 4, out);

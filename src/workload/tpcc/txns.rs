@@ -5,9 +5,9 @@
 //!
 //! Money is in cents and rates in units of 0.0001 (see [`schema`](super::schema)).
 
-use super::random::{last_name, nurand, trimmed};
+use super::random::{last_name, nurand, trimmed, NuRandConstants};
 use super::schema::{customer, district, item, order, order_line, stock, warehouse};
-use super::{keys, Tpcc, DISTRICTS};
+use super::{keys, Tpcc, TpccConfig, DISTRICTS};
 use crate::db::{Row, Tx, Value};
 use crate::engine::TxError;
 use rand::Rng;
@@ -60,11 +60,11 @@ fn district_id(rng: &mut impl Rng) -> u64 {
 }
 
 /// A warehouse other than `w`, or `w` when there is only one.
-fn other_warehouse(rng: &mut impl Rng, t: &Tpcc, w: u64) -> u64 {
-    if t.config.warehouses <= 1 {
+fn other_warehouse(rng: &mut impl Rng, config: &TpccConfig, w: u64) -> u64 {
+    if config.warehouses <= 1 {
         return w;
     }
-    let other = rng.gen_range(1..t.config.warehouses);
+    let other = rng.gen_range(1..config.warehouses);
     if other >= w {
         other + 1
     } else {
@@ -96,13 +96,11 @@ impl CustomerSelector {
 }
 
 fn customer_id(rng: &mut impl Rng, t: &Tpcc) -> u64 {
-    nurand(
-        rng,
-        1023,
-        t.constants.c_id,
-        1,
-        t.config.customers_per_district,
-    )
+    customer_id_in(rng, &t.config, &t.constants)
+}
+
+fn customer_id_in(rng: &mut impl Rng, config: &TpccConfig, constants: &NuRandConstants) -> u64 {
+    nurand(rng, 1023, constants.c_id, 1, config.customers_per_district)
 }
 
 /// Finds the customer `sel` names in district (w, d) and reads its row.
@@ -183,19 +181,30 @@ impl NewOrderInput {
     /// Clause 2.4.1: random district, NURand customer, 5–15 NURand items with 1% from a remote
     /// warehouse, quantities 1–10, and in 1% of transactions an unused item as the last line.
     pub fn generate(rng: &mut impl Rng, t: &Tpcc, w: u64) -> NewOrderInput {
+        Self::draw(rng, &t.config, &t.constants, w)
+    }
+
+    /// [`generate`](Self::generate) from the scale and the NURand constants alone (for the
+    /// New-Order of the persistent-object API, `workload::ptm_neworder`).
+    pub fn draw(
+        rng: &mut impl Rng,
+        config: &TpccConfig,
+        constants: &NuRandConstants,
+        w: u64,
+    ) -> NewOrderInput {
         let d = district_id(rng);
-        let c = customer_id(rng, t);
+        let c = customer_id_in(rng, config, constants);
         let count = rng.gen_range(5..=15);
         let rollback = rng.gen_range(1..=100) == 1;
         let lines = (0..count)
             .map(|i| {
                 let item = if rollback && i == count - 1 {
-                    t.config.items + 1
+                    config.items + 1
                 } else {
-                    nurand(rng, 8191, t.constants.ol_i_id, 1, t.config.items)
+                    nurand(rng, 8191, constants.ol_i_id, 1, config.items)
                 };
                 let supply_w = if rng.gen_range(1..=100) == 1 {
-                    other_warehouse(rng, t, w)
+                    other_warehouse(rng, config, w)
                 } else {
                     w
                 };
@@ -376,7 +385,7 @@ impl PaymentInput {
         let (c_w, c_d) = if rng.gen_range(1..=100) <= 85 {
             (w, d)
         } else {
-            (other_warehouse(rng, t, w), district_id(rng))
+            (other_warehouse(rng, &t.config, w), district_id(rng))
         };
         PaymentInput {
             w,
