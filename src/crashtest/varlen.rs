@@ -196,19 +196,13 @@ impl CrashWorkload for VarlenCrash {
                 Ok(())
             })?;
         } else if op < 80 || ctx.own_keys.is_empty() {
-            let key = ctx.next_key;
-            ctx.next_key += 1;
             let seed: u64 = rng.gen();
-            if ctx.run(|otx| {
+            ctx.insert_own_with(|otx, key| {
                 write(otx.tx(), t, key, seed, true)?;
                 otx.record(0, key)
-            })? {
-                ctx.own_keys.push(key);
-            }
+            })?;
         } else {
-            let i = rng.gen_range(0..ctx.own_keys.len());
-            let key = ctx.own_keys.swap_remove(i);
-            ctx.run(|otx| {
+            ctx.delete_own_with(rng, |otx, key| {
                 otx.tx().delete(t, key)?;
                 otx.record(0, key)
             })?;

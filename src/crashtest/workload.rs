@@ -424,10 +424,19 @@ impl<'db, 'r> TxCtx<'db, 'r> {
         table: usize,
         row: impl FnOnce(u64) -> Vec<u8>,
     ) -> Result<(), DbError> {
+        let row = row(self.next_key);
+        self.insert_own_with(|tx, key| tx.insert(table, key, &row))
+    }
+
+    /// Inserts a row with the next key of this thread's key range through `insert` (given the
+    /// key; it records what it writes); the key joins this thread's keys if it committed.
+    pub fn insert_own_with(
+        &mut self,
+        mut insert: impl FnMut(&mut OTx<'_, '_>, u64) -> Result<(), TxError>,
+    ) -> Result<(), DbError> {
         let key = self.next_key;
         self.next_key += 1;
-        let row = row(key);
-        if self.run(|tx| tx.insert(table, key, &row))? {
+        if self.run(|tx| insert(tx, key))? {
             self.own_keys.push(key);
         }
         Ok(())
@@ -439,9 +448,22 @@ impl<'db, 'r> TxCtx<'db, 'r> {
         if self.own_keys.is_empty() {
             return Ok(());
         }
+        self.delete_own_with(rng, |tx, key| tx.delete(table, key))
+    }
+
+    /// Deletes one of this thread's keys, drawn with `rng`, through `delete` (given the key; it
+    /// records what it writes); none left: nothing.
+    pub fn delete_own_with(
+        &mut self,
+        rng: &mut StdRng,
+        mut delete: impl FnMut(&mut OTx<'_, '_>, u64) -> Result<(), TxError>,
+    ) -> Result<(), DbError> {
+        if self.own_keys.is_empty() {
+            return Ok(());
+        }
         let i = rng.gen_range(0..self.own_keys.len());
         let key = self.own_keys.swap_remove(i);
-        self.run(|tx| tx.delete(table, key))?;
+        self.run(|tx| delete(tx, key))?;
         Ok(())
     }
 
