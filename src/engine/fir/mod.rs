@@ -413,6 +413,9 @@ pub(crate) struct ThreadState {
     /// Blocks emptied by GC's stage 1, waiting for stage 2 (§4.5): (table, block, the clock
     /// when they became wholly obsolete).
     pub gc_waiting: Vec<(TableId, u64, u64)>,
+    /// `commits` when another worker's GC round last looked at this slot: unchanged at the next
+    /// look means the slot stopped writing, and that worker collects its regions (§4.5).
+    pub gc_seen_commits: u64,
 }
 
 /// The FIR engine, shared by its workers.
@@ -435,6 +438,10 @@ pub struct FirEngine {
     /// Pool offset of the LCTT.
     pub(crate) lctt: u64,
     pub(crate) threads: Box<[Mutex<Option<ThreadState>>]>,
+    /// Per slot: the state of a live worker between its transactions (it holds it only while a
+    /// transaction or GC round runs), where another worker's GC reaches an idle worker's regions
+    /// (§4.5). `threads` keeps `None` for a live worker (a table drop needs none alive).
+    pub(crate) parked: Box<[Mutex<Option<ThreadState>>]>,
     pub(crate) last_commit: AtomicU64,
     report: Option<RecoveryReport>,
     /// One checkpoint at a time.
@@ -475,6 +482,7 @@ pub(crate) struct GcCounters {
     pub freed: AtomicU64,
     pub failures: AtomicU64,
     pub finished_at_recovery: AtomicU64,
+    pub adopted: AtomicU64,
 }
 
 /// What garbage collection (§4.5) has done since the engine started.
@@ -490,6 +498,8 @@ pub struct GcStats {
     pub failures: u64,
     /// Blocks whose freeing a crash interrupted, finished by recovery.
     pub finished_at_recovery: u64,
+    /// Rounds that collected the regions of a slot whose worker stopped writing (§4.5).
+    pub idle_slot_rounds: u64,
 }
 
 impl FirEngine {
@@ -668,6 +678,7 @@ impl FirEngine {
             threads: (0..n)
                 .map(|_| Mutex::new(Some(ThreadState::default())))
                 .collect(),
+            parked: (0..n).map(|_| Mutex::new(None)).collect(),
             last_commit: AtomicU64::new(0),
             report: None,
             checkpoint_lock: Mutex::new(()),
@@ -730,6 +741,7 @@ impl FirEngine {
             blocks_freed: g.freed.load(Ordering::Relaxed),
             failures: g.failures.load(Ordering::Relaxed),
             finished_at_recovery: g.finished_at_recovery.load(Ordering::Relaxed),
+            idle_slot_rounds: g.adopted.load(Ordering::Relaxed),
         }
     }
 
