@@ -745,6 +745,16 @@ impl FirEngine {
         Some(tile)
     }
 
+    /// The txnId (or its published lower bound) of the oldest running transaction, or
+    /// `u64::MAX` if none runs (a checkpoint's CT and GC's stage 2 wait for it, §4.3.2, §4.5).
+    pub(crate) fn oldest_active(&self) -> u64 {
+        self.active
+            .iter()
+            .map(|a| a.load(Ordering::SeqCst))
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+
     /// What garbage collection has done since the engine started.
     pub fn gc_stats(&self) -> GcStats {
         let g = &self.gc;

@@ -30,12 +30,7 @@ fn free_collected(eng: &FirEngine, st: &mut ThreadState) {
         return;
     }
     let ct = eng.ckpt.lock().ct;
-    let oldest = eng
-        .active
-        .iter()
-        .map(|a| a.load(Ordering::SeqCst))
-        .min()
-        .unwrap_or(u64::MAX);
+    let oldest = eng.oldest_active();
     let at_once = eng.config.fault == Some(FirFault::GcFreeBeforeCheckpoint);
     let (ready, waiting): (Vec<_>, Vec<_>) = st
         .gc_waiting
