@@ -58,7 +58,7 @@ recover_rounds() {
         out=$("$pmtx" recover "$pool" --engine "$e" 2>/dev/null)
         ready=$(echo "$out" | grep -E "^ *total" | tr -s " " | cut -d" " -f6 || true)
         phases=$(echo "$out" \
-            | grep -E "^  (catalog|index recovery|replay|heap scan|scan regions|page table|checkpoint load|undo/redo scan|redo|update_map|secondary indexes)" \
+            | grep -E "^  (catalog|index recovery|replay|heap scan|scan regions|page table|checkpoint load|checkpoint read|checkpoint install|undo/redo scan|redo|update_map|secondary indexes)" \
             | tr -s " " | sed 's/^ //' | paste -sd ";" - || true)
         fact() { echo "$out" | grep -E "^  $1 " | tr -s " " | rev | cut -d" " -f1 | rev || true; }
         extra=""

@@ -214,12 +214,7 @@ impl FirEngine {
         let _one = self.checkpoint_lock.lock();
         let started = Instant::now();
         let clock = self.clock.load(Ordering::SeqCst);
-        let oldest = self
-            .active
-            .iter()
-            .map(|a| a.load(Ordering::SeqCst))
-            .min()
-            .unwrap_or(u64::MAX);
+        let oldest = self.oldest_active();
         let ct = if self.config.fault == Some(FirFault::CheckpointCtIgnoresRunning) {
             clock + 1
         } else {

@@ -111,18 +111,31 @@
 //!   scan reads of PM is counted (`region slots read`: the binary search's probes, the versions
 //!   from CT on, the non-empty slots after the committed prefix) so that a test can hold it to
 //!   O(m + log n). What stays proportional to the data rather than to m: loading the checkpoint
-//!   (every live key, as in the paper) and making a tile per block (its DRAM headers).
+//!   (every live key, as in the paper) and making a tile per block (its DRAM headers). The tiles
+//!   are made in parallel, and the checkpoint's headers are written in address order (in key
+//!   order they scattered over the tiles); the index inserts (`PrimaryIndex` is shared with the
+//!   other engines and has no bulk build) are most of the load: about 1 µs per key at 1 GiB.
 //! - **Secondary indexes are rebuilt from the rows** after the primary index (the paper
 //!   checkpoints every index; pmtx's secondary indexes map to primary keys and are rebuilt by
 //!   reading the live rows).
 //! - **Long transactions (§4.2.2)** need no region of their own here: a region is written only
 //!   at commit (in one run), so a long transaction blocks nothing but its own thread.
-//! - **Garbage collection** (§4.5, `gc.rs`) is run by each worker over its own regions (every
-//!   `gc_every_commits` of its commits), not by a GC thread over every region: a region's block
-//!   list belongs to its worker, so no lock guards it. Redistribution copies a live version by
-//!   superseding it in an MVTO transaction of that worker (the copy gets a new txnId and lands in
-//!   the worker's region), where the paper copies into a `gc_region`: recovery then needs no rule
-//!   for copies (the newest committed version of a key wins). The paper's `gc_array` / recycle
+//! - **Garbage collection** (§4.5, `gc.rs`) is run by each worker (every `gc_every_commits` of
+//!   its commits), not by a GC thread: over its own regions, and over those of every slot that
+//!   stopped writing (its commit count did not change since the previous round looked), which
+//!   nothing else would collect. A worker holds its slot's state only while a transaction or a
+//!   round runs and parks it in `FirEngine::parked` between transactions; a round takes another
+//!   slot's state with `try_lock` only (no lock order to keep) and takes no checkpoint while it
+//!   holds it (a table drop holds the checkpoint lock while it locks the slots).
+//!   Redistribution copies a live version by superseding it in an MVTO transaction of the
+//!   collecting worker (the copy gets a new txnId and lands in that worker's region), where the
+//!   paper copies into a `gc_region`: recovery then needs no rule for copies (the newest
+//!   committed version of a key wins). The copies go in transactions of 32 versions: one
+//!   transaction over every live version of 8 blocks kept thousands of versions pending while it
+//!   copied (readers waited, then aborted) and lost the whole round to one conflict; uniform
+//!   16-op YCSB at 2 threads aborted 1.8–2.7 % with it and 0.4–1.3 % with batches (at θ 0.99
+//!   the ~5 % that stays is MVTO conflicts between the workers on the hot keys)
+//!   (`worker::tests::gc_collects_the_regions_of_a_worker_that_stopped_writing`). The paper's `gc_array` / recycle
 //!   queue is found when a round runs (full blocks at least `gc_threshold` obsolete). A block is
 //!   freed after the checkpoint that follows (the paper's second stage), once that checkpoint's
 //!   CT and every running transaction are past the end of stage 1; the free is made crash-safe
@@ -413,6 +426,9 @@ pub(crate) struct ThreadState {
     /// Blocks emptied by GC's stage 1, waiting for stage 2 (§4.5): (table, block, the clock
     /// when they became wholly obsolete).
     pub gc_waiting: Vec<(TableId, u64, u64)>,
+    /// `commits` when another worker's GC round last looked at this slot: unchanged at the next
+    /// look means the slot stopped writing, and that worker collects its regions (§4.5).
+    pub gc_seen_commits: u64,
 }
 
 /// The FIR engine, shared by its workers.
@@ -435,6 +451,10 @@ pub struct FirEngine {
     /// Pool offset of the LCTT.
     pub(crate) lctt: u64,
     pub(crate) threads: Box<[Mutex<Option<ThreadState>>]>,
+    /// Per slot: the state of a live worker between its transactions (it holds it only while a
+    /// transaction or GC round runs), where another worker's GC reaches an idle worker's regions
+    /// (§4.5). `threads` keeps `None` for a live worker (a table drop needs none alive).
+    pub(crate) parked: Box<[Mutex<Option<ThreadState>>]>,
     pub(crate) last_commit: AtomicU64,
     report: Option<RecoveryReport>,
     /// One checkpoint at a time.
@@ -475,6 +495,7 @@ pub(crate) struct GcCounters {
     pub freed: AtomicU64,
     pub failures: AtomicU64,
     pub finished_at_recovery: AtomicU64,
+    pub adopted: AtomicU64,
 }
 
 /// What garbage collection (§4.5) has done since the engine started.
@@ -490,6 +511,8 @@ pub struct GcStats {
     pub failures: u64,
     /// Blocks whose freeing a crash interrupted, finished by recovery.
     pub finished_at_recovery: u64,
+    /// Rounds that collected the regions of a slot whose worker stopped writing (§4.5).
+    pub idle_slot_rounds: u64,
 }
 
 impl FirEngine {
@@ -668,6 +691,7 @@ impl FirEngine {
             threads: (0..n)
                 .map(|_| Mutex::new(Some(ThreadState::default())))
                 .collect(),
+            parked: (0..n).map(|_| Mutex::new(None)).collect(),
             last_commit: AtomicU64::new(0),
             report: None,
             checkpoint_lock: Mutex::new(()),
@@ -721,6 +745,16 @@ impl FirEngine {
         Some(tile)
     }
 
+    /// The txnId (or its published lower bound) of the oldest running transaction, or
+    /// `u64::MAX` if none runs (a checkpoint's CT and GC's stage 2 wait for it, §4.3.2, §4.5).
+    pub(crate) fn oldest_active(&self) -> u64 {
+        self.active
+            .iter()
+            .map(|a| a.load(Ordering::SeqCst))
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+
     /// What garbage collection has done since the engine started.
     pub fn gc_stats(&self) -> GcStats {
         let g = &self.gc;
@@ -730,6 +764,7 @@ impl FirEngine {
             blocks_freed: g.freed.load(Ordering::Relaxed),
             failures: g.failures.load(Ordering::Relaxed),
             finished_at_recovery: g.finished_at_recovery.load(Ordering::Relaxed),
+            idle_slot_rounds: g.adopted.load(Ordering::Relaxed),
         }
     }
 

@@ -146,8 +146,7 @@ fn scan_region(
 }
 
 /// Writes the header of a committed version found by recovery (the newest of its key).
-fn install_header(engine: &FirEngine, addr: u64, key: u64, txn: u64) {
-    let h = engine.header(addr);
+fn install_header(h: &storage::Header, key: u64, txn: u64) {
     h.begin.store(txn, Ordering::Relaxed);
     h.end.store(u64::MAX, Ordering::Relaxed);
     h.read.store(txn, Ordering::Relaxed);
@@ -287,14 +286,32 @@ fn read_pages(
 }
 
 /// Installs checked checkpoint entries (one thread's share) into the tiles and the indexes.
+/// The headers are written in address order (a checkpoint is in key order, which scatters its
+/// versions over the blocks: written in that order, nearly every header write missed the cache
+/// and the TLB), then the index entries in key order.
 fn install_entries(
     engine: &FirEngine,
     tables: &[Arc<TableRt>],
     entries: &[Entry],
 ) -> Result<Vec<()>, DbError> {
-    for &[table, key, txn, addr] in entries {
-        install_header(engine, addr, key, txn);
-        engine.tile_of(addr).mark_live(storage::offset_of(addr));
+    let mut by_addr: Vec<(u64, u64, u64)> = entries.iter().map(|e| (e[3], e[1], e[2])).collect();
+    by_addr.sort_unstable_by_key(|e| e.0);
+    let mut tile: Option<(u64, &storage::Tile)> = None;
+    for &(addr, key, txn) in &by_addr {
+        let block = storage::block_of(addr);
+        let t = match tile {
+            Some((b, t)) if b == block => t,
+            _ => {
+                let t = engine.tile_of(addr);
+                tile = Some((block, t));
+                t
+            }
+        };
+        let offset = storage::offset_of(addr);
+        install_header(&t.headers[offset as usize], key, txn);
+        t.mark_live(offset);
+    }
+    for &[table, key, _, addr] in entries {
         if tables[table as usize].index.insert_new(key, addr).is_err() {
             return Err(corrupt(format!(
                 "the index checkpoint repeats key {key} of table {table}"
@@ -315,6 +332,7 @@ fn load_checkpoint(
     dir: DirRead,
     extra: &[u64],
     workers: usize,
+    (phase, report): (&mut PhaseClock, &mut RecoveryReport),
 ) -> Result<CkptDir, DbError> {
     let generation = dir.generation;
     let per_worker = dir.listed.len().div_ceil(workers.max(1)).max(1);
@@ -347,6 +365,7 @@ fn load_checkpoint(
         .map(|(t, &n)| Arc::new(TableRt::with_capacity(t.schema.clone(), n as usize)))
         .collect();
     *engine.tables.get_mut() = tables.clone();
+    phase.lap(report, "checkpoint read");
     std::thread::scope(|s| {
         let (eng, tabs): (&FirEngine, &[Arc<TableRt>]) = (engine, tables);
         let handles: Vec<_> = read
@@ -447,16 +466,26 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
         region_list.iter().map(|(_, b)| b.len() as u64).sum(),
         Ordering::Relaxed,
     );
-    for ((_, table), blocks) in &region_list {
-        let t = &tables[*table as usize];
-        for &block in blocks {
-            engine.tile(block, *table, t.slot);
+    // The tiles (DRAM headers, one per slot of every block), made in parallel: a fresh tile is
+    // written whole, so this is the one pass over DRAM proportional to the pool's blocks.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let all_blocks: Vec<(TableId, u64)> = region_list
+        .iter()
+        .flat_map(|((_, table), blocks)| blocks.iter().map(move |&b| (*table, b)))
+        .collect();
+    std::thread::scope(|s| {
+        let (eng, tabs): (&FirEngine, &[Arc<TableRt>]) = (engine, &tables);
+        for share in all_blocks.chunks(all_blocks.len().div_ceil(cores).max(1)) {
+            s.spawn(move || {
+                for &(table, block) in share {
+                    eng.tile(block, table, tabs[table as usize].slot);
+                }
+            });
         }
-    }
+    });
     phase.lap(&mut report, "page table");
 
     // The index leaf checkpoint's directory: CT, and the pages to load (§4.4.2).
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     checkpoint_pages.sort_unstable();
     let dir = read_directory(engine, &checkpoint_pages)?;
     let ct = dir.ct;
@@ -529,7 +558,15 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
 
     // The checkpoint's entries into the indexes (sized for them and the redo), in parallel.
     let mut tables = tables;
-    let dir = load_checkpoint(engine, &mut tables, &lctt, dir, &redo_per_table, cores)?;
+    let dir = load_checkpoint(
+        engine,
+        &mut tables,
+        &lctt,
+        dir,
+        &redo_per_table,
+        cores,
+        (&mut phase, &mut report),
+    )?;
     let (generation, checkpoint_page_count) = (dir.generation, dir.pages.len() as u64);
     let from_checkpoint: u64 = tables.iter().map(|t| t.index.len() as u64).sum();
     let skipped_dropped = dir.pages.iter().map(|p| p.entries).sum::<u64>() - from_checkpoint;
@@ -538,7 +575,7 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
         engine.need_full.store(true, Ordering::SeqCst);
     }
     *engine.ckpt.lock() = dir;
-    phase.lap(&mut report, "checkpoint load");
+    phase.lap(&mut report, "checkpoint install");
 
     // Redo (§4.4.2: in parallel): the versions are split by key over the cores, and each part
     // is applied in txnId order: each version replaces an older one of its key (MVTO orders a
@@ -688,7 +725,7 @@ fn redo_part(
             out.tombstones += 1;
             continue;
         }
-        install_header(engine, addr, key, txn);
+        install_header(engine.header(addr), key, txn);
         engine.tile_of(addr).mark_live(storage::offset_of(addr));
         match current {
             Some(cur) => {

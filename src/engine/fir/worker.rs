@@ -18,6 +18,46 @@ const PENDING_WAITS: u32 = 256;
 /// Bytes of a cache line (the unit of Algorithm 1's write-back loop).
 const LINE: u64 = 64;
 
+/// Live versions GC copies per transaction (stage 1, §4.5): short enough that the versions it
+/// holds pending keep readers waiting only briefly.
+const GC_BATCH: usize = 32;
+
+/// Stage 2 of GC: frees the blocks of `st` (a slot's state) waiting for it that the valid
+/// checkpoint no longer names and no running transaction can read (see `gc.rs`), and drops them
+/// from their regions.
+fn free_collected(eng: &FirEngine, st: &mut ThreadState) {
+    if st.gc_waiting.is_empty() {
+        return;
+    }
+    let ct = eng.ckpt.lock().ct;
+    let oldest = eng.oldest_active();
+    let at_once = eng.config.fault == Some(FirFault::GcFreeBeforeCheckpoint);
+    let (ready, waiting): (Vec<_>, Vec<_>) = st
+        .gc_waiting
+        .drain(..)
+        .partition(|&(_, _, by)| at_once || (by < ct && by < oldest));
+    st.gc_waiting = waiting;
+    if ready.is_empty() {
+        return;
+    }
+    let mut pages = Vec::with_capacity(ready.len());
+    for &(_, block, _) in &ready {
+        if let Some(tag) = eng.pages.tag(&eng.pool, block) {
+            pages.push((block, super::gc::tag_word(tag)));
+        }
+    }
+    eng.free_blocks(&pages);
+    for (table, block, _) in ready {
+        let r = &mut st.regions[table as usize];
+        if let Some(i) = r.blocks.iter().position(|&b| b == block) {
+            r.blocks.remove(i);
+            if i < r.current {
+                r.current -= 1;
+            }
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum WriteKind {
     Insert,
@@ -72,10 +112,11 @@ impl FirWorker {
             .take()
             .ok_or_else(|| DbError::Config(format!("worker slot {thread} is already in use")))?;
         let tables = eng.tables.read().clone();
+        *eng.parked[thread].lock() = Some(state);
         Ok(FirWorker {
             pool: eng.pool.clone(),
             thread,
-            state: Some(state),
+            state: None,
             tables,
             in_txn: false,
             read_only: false,
@@ -500,53 +541,78 @@ impl FirWorker {
         self.ts
     }
 
-    /// A garbage collection round over this worker's regions (§4.5, see `gc.rs`): frees the
-    /// blocks an earlier round emptied once a checkpoint covers them (stage 2), then moves the
-    /// live versions out of the blocks that are mostly obsolete (stage 1) and takes a checkpoint.
+    /// Takes the slot's state from where it is parked between transactions (see
+    /// `FirEngine::parked`); waits while another worker's GC round works on it.
+    fn hold(&mut self) {
+        if self.state.is_none() {
+            self.state = self.eng.parked[self.thread].lock().take();
+            debug_assert!(
+                self.state.is_some(),
+                "a live worker's state is parked or held"
+            );
+        }
+    }
+
+    /// Parks the slot's state between transactions, where another worker's GC can collect the
+    /// regions of a worker that stopped writing (§4.5).
+    fn park(&mut self) {
+        if let Some(st) = self.state.take() {
+            *self.eng.parked[self.thread].lock() = Some(st);
+        }
+    }
+
+    /// A garbage collection round (§4.5, see `gc.rs`): frees the blocks earlier rounds emptied
+    /// once a checkpoint covers them (stage 2), moves the live versions out of this worker's
+    /// mostly obsolete blocks and out of those of slots that stopped writing (stage 1), then takes
+    /// a checkpoint and frees what it covers.
     pub(crate) fn collect_garbage(&mut self) -> Result<(), TxError> {
         if self.in_txn {
             return Ok(());
         }
-        self.free_collected();
-        let victims = self.gc_victims();
-        if victims.is_empty() {
-            return Ok(());
+        self.hold();
+        let eng = self.eng.clone();
+        let mut st = self.state.take().expect("the worker holds its state");
+        free_collected(&eng, &mut st);
+        let victims = self.gc_victims(self.thread, &st);
+        self.state = Some(st);
+        let mut emptied = false;
+        if !victims.is_empty() {
+            self.eng.gc.rounds.fetch_add(1, Ordering::Relaxed);
+            let done = self.redistribute(self.thread, &victims);
+            let st = self.state.as_mut().expect("the worker holds its state");
+            emptied |= !done.is_empty();
+            st.gc_waiting.extend(done);
         }
-        self.eng.gc.rounds.fetch_add(1, Ordering::Relaxed);
-        // Stage 1: redistribution, one transaction superseding every live version with a copy.
-        self.begin(false);
-        let mut moved = 0u64;
-        for &(table, block) in &victims {
-            let t = self.tables[table as usize].clone();
-            let eng = self.eng.clone();
-            let tile = eng.tile_of(storage::logical(self.thread, block, 0));
-            for off in 0..eng.slots(t.slot) {
-                if tile.is_obsolete(off) {
+        // The regions of slots whose worker stopped writing (or left): nothing else would ever
+        // collect them. Their state is taken only if no one holds it (never waiting: no lock
+        // order to keep), and no checkpoint runs while it is held (a table drop holds the
+        // checkpoint lock while it locks the slots).
+        let me = self.thread;
+        for other in (0..eng.config.max_threads).filter(|&o| o != me) {
+            for slots in [&eng.threads, &eng.parked] {
+                let Some(mut guard) = slots[other].try_lock() else {
+                    continue;
+                };
+                let Some(ost) = guard.as_mut() else {
+                    continue;
+                };
+                if ost.commits != ost.gc_seen_commits {
+                    ost.gc_seen_commits = ost.commits; // still writing: its own rounds collect
                     continue;
                 }
-                let addr = storage::logical(self.thread, block, off);
-                let key = tile.headers[off as usize].key.load(Ordering::Acquire);
-                if t.index.get(key) != Some(addr) {
-                    continue; // superseded or deleted by a transaction still installing
+                let victims = self.gc_victims(other, ost);
+                if victims.is_empty() {
+                    continue;
                 }
-                if let Err(e) = self.update(table, key, &[]) {
-                    self.abort();
-                    self.eng.gc.failures.fetch_add(1, Ordering::Relaxed);
-                    return Err(e);
-                }
-                moved += 1;
+                self.eng.gc.rounds.fetch_add(1, Ordering::Relaxed);
+                self.eng.gc.adopted.fetch_add(1, Ordering::Relaxed);
+                let done = self.redistribute(other, &victims);
+                emptied |= !done.is_empty();
+                ost.gc_waiting.extend(done);
             }
         }
-        self.commit_writes();
-        self.eng.gc.moved.fetch_add(moved, Ordering::Relaxed);
-        let obsolete_by = self.eng.clock.load(Ordering::SeqCst);
-        for (table, block) in victims {
-            let per = self.eng.slots(self.tables[table as usize].slot);
-            let tile = self.eng.tile_of(storage::logical(self.thread, block, 0));
-            if tile.obsolete_count() == per {
-                let st = self.state.as_mut().expect("the worker holds its state");
-                st.gc_waiting.push((table, block, obsolete_by));
-            }
+        if !emptied {
+            return Ok(());
         }
         // Stage 2: a checkpoint at once, then the blocks it covers are freed.
         if self.eng.config.fault != Some(FirFault::GcFreeBeforeCheckpoint)
@@ -554,8 +620,80 @@ impl FirWorker {
         {
             self.eng.checkpoint_failures.fetch_add(1, Ordering::Relaxed);
         }
-        self.free_collected();
+        let st = self.state.as_mut().expect("the worker holds its state");
+        free_collected(&eng, st);
+        for other in (0..eng.config.max_threads).filter(|&o| o != me) {
+            for slots in [&eng.threads, &eng.parked] {
+                if let Some(mut guard) = slots[other].try_lock() {
+                    if let Some(ost) = guard.as_mut() {
+                        free_collected(&eng, ost);
+                    }
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// Stage 1 of GC (§4.5): supersedes every live version of `victims` (blocks of `owner`'s
+    /// regions) with an identical copy in this worker's region, in short transactions of
+    /// [`GC_BATCH`] versions. One long transaction over thousands of versions kept them pending
+    /// for its whole copy, so that every transaction reading one waited and then aborted, and a
+    /// single conflict undid the round; a batch that meets a conflict is given up alone (its
+    /// blocks stay and a later round retries them). Returns the blocks now wholly obsolete, with
+    /// the clock at the end (stage 2's bound).
+    fn redistribute(
+        &mut self,
+        owner: usize,
+        victims: &[(TableId, u64)],
+    ) -> Vec<(TableId, u64, u64)> {
+        let eng = self.eng.clone();
+        let mut live: Vec<(TableId, u64, u64)> = Vec::new();
+        for &(table, block) in victims {
+            let t = self.tables[table as usize].clone();
+            let tile = eng.tile_of(storage::logical(owner, block, 0));
+            for off in 0..eng.slots(t.slot) {
+                if !tile.is_obsolete(off) {
+                    let addr = storage::logical(owner, block, off);
+                    let key = tile.headers[off as usize].key.load(Ordering::Acquire);
+                    live.push((table, key, addr));
+                }
+            }
+        }
+        let mut moved = 0u64;
+        for batch in live.chunks(GC_BATCH) {
+            self.begin_txn(false);
+            let mut copied = 0u64;
+            let mut failed = false;
+            for &(table, key, addr) in batch {
+                if self.tables[table as usize].index.get(key) != Some(addr) {
+                    continue; // superseded or deleted since: obsolete once that commits
+                }
+                if self.update(table, key, &[]).is_err() {
+                    failed = true;
+                    break;
+                }
+                copied += 1;
+            }
+            if failed {
+                self.abort_txn();
+                self.eng.gc.failures.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.commit_writes();
+                moved += copied;
+            }
+        }
+        self.eng.gc.moved.fetch_add(moved, Ordering::Relaxed);
+        let obsolete_by = self.eng.clock.load(Ordering::SeqCst);
+        victims
+            .iter()
+            .filter(|&&(table, block)| {
+                let per = eng.slots(self.tables[table as usize].slot);
+                eng.tile_of(storage::logical(owner, block, 0))
+                    .obsolete_count()
+                    == per
+            })
+            .map(|&(table, block)| (table, block, obsolete_by))
+            .collect()
     }
 
     /// The pool's share held by region blocks.
@@ -577,14 +715,11 @@ impl FirWorker {
         base - squeeze * base / 2.0
     }
 
-    /// The full blocks of this worker's regions (not the ones being filled) that are at least
+    /// The full blocks of `owner`'s regions (not the ones being filled) that are at least
     /// [`gc_threshold_now`](Self::gc_threshold_now) obsolete and not already waiting to be
     /// freed, the most obsolete first, at most a few per round.
-    fn gc_victims(&self) -> Vec<(TableId, u64)> {
+    fn gc_victims(&self, owner: usize, st: &ThreadState) -> Vec<(TableId, u64)> {
         const MAX_PER_ROUND: usize = 8;
-        let Some(st) = self.state.as_ref() else {
-            return Vec::new();
-        };
         let threshold = self.gc_threshold_now();
         let waiting = &st.gc_waiting;
         // (obsolete share, table, block)
@@ -593,6 +728,9 @@ impl FirWorker {
             let Some(t) = self.tables.get(table) else {
                 continue;
             };
+            if !t.schema.is_live() {
+                continue;
+            }
             let per = self.eng.slots(t.slot);
             let need = (threshold * per as f64).ceil() as u64;
             for &block in &r.blocks[..r.current.min(r.blocks.len())] {
@@ -601,7 +739,7 @@ impl FirWorker {
                 }
                 let obsolete = self
                     .eng
-                    .tile_of(storage::logical(self.thread, block, 0))
+                    .tile_of(storage::logical(owner, block, 0))
                     .obsolete_count();
                 if obsolete >= need.max(1) {
                     candidates.push((obsolete as f64 / per as f64, table as TableId, block));
@@ -616,47 +754,41 @@ impl FirWorker {
             .collect()
     }
 
-    /// Stage 2 of GC: frees the waiting blocks that the valid checkpoint no longer names and no
-    /// running transaction can read (see `gc.rs`), and drops them from their regions.
-    fn free_collected(&mut self) {
-        let st = self.state.as_mut().expect("the worker holds its state");
-        if st.gc_waiting.is_empty() {
+    /// Starts a transaction (the slot's state must be held): its txnId from the clock.
+    fn begin_txn(&mut self, read_only: bool) {
+        // A lower bound of the txnId is published first, so that a checkpoint reading the clock
+        // and then the running transactions never misses this one (see `checkpoint.rs`, CT).
+        let floor = self.eng.clock.load(Ordering::SeqCst) + 1;
+        self.eng.active[self.thread].store(floor, Ordering::SeqCst);
+        self.ts = self.eng.clock.fetch_add(1, Ordering::SeqCst) + 1;
+        self.eng.active[self.thread].store(self.ts, Ordering::SeqCst);
+        self.read_only = read_only;
+        self.in_txn = true;
+    }
+
+    /// Rolls back the running transaction (§4.2.1): the index points at the previous versions
+    /// again and the regions' append positions go back.
+    fn abort_txn(&mut self) {
+        if !self.in_txn {
             return;
         }
-        let ct = self.eng.ckpt.lock().ct;
-        let oldest = self
-            .eng
-            .active
-            .iter()
-            .map(|a| a.load(Ordering::SeqCst))
-            .min()
-            .unwrap_or(u64::MAX);
-        let at_once = self.eng.config.fault == Some(FirFault::GcFreeBeforeCheckpoint);
-        let (ready, waiting): (Vec<_>, Vec<_>) = st
-            .gc_waiting
-            .drain(..)
-            .partition(|&(_, _, by)| at_once || (by < ct && by < oldest));
-        st.gc_waiting = waiting;
-        if ready.is_empty() {
-            return;
-        }
-        let mut pages = Vec::with_capacity(ready.len());
-        for &(_, block, _) in &ready {
-            if let Some(tag) = self.eng.pages.tag(&self.pool, block) {
-                pages.push((block, super::gc::tag_word(tag)));
+        for w in self.writes.iter().rev() {
+            let t = &self.tables[w.table as usize];
+            let h = self.eng.header(w.addr);
+            h.latch(&self.pool);
+            if w.prev != NONE {
+                t.index.replace_if(w.key, w.addr, w.prev);
+            } else {
+                t.index.remove_if(w.key, w.addr);
             }
+            h.unlatch(0);
         }
-        self.eng.free_blocks(&pages);
         let st = self.state.as_mut().expect("the worker holds its state");
-        for (table, block, _) in ready {
+        for &(table, (current, next)) in &self.undo {
             let r = &mut st.regions[table as usize];
-            if let Some(i) = r.blocks.iter().position(|&b| b == block) {
-                r.blocks.remove(i);
-                if i < r.current {
-                    r.current -= 1;
-                }
-            }
+            (r.current, r.next) = (current, next);
         }
+        self.finish();
     }
 
     fn finish(&mut self) {
@@ -679,16 +811,10 @@ impl FirWorker {
 impl EngineWorker for FirWorker {
     fn begin(&mut self, read_only: bool) {
         if self.in_txn {
-            self.abort();
+            self.abort_txn();
         }
-        // A lower bound of the txnId is published first, so that a checkpoint reading the clock
-        // and then the running transactions never misses this one (see `checkpoint.rs`, CT).
-        let floor = self.eng.clock.load(Ordering::SeqCst) + 1;
-        self.eng.active[self.thread].store(floor, Ordering::SeqCst);
-        self.ts = self.eng.clock.fetch_add(1, Ordering::SeqCst) + 1;
-        self.eng.active[self.thread].store(self.ts, Ordering::SeqCst);
-        self.read_only = read_only;
-        self.in_txn = true;
+        self.hold();
+        self.begin_txn(read_only);
     }
 
     fn read(&mut self, table: TableId, key: u64, out: &mut [u8]) -> Result<(), TxError> {
@@ -878,30 +1004,13 @@ impl EngineWorker for FirWorker {
                 }
             }
         }
+        self.park();
         Ok(ts)
     }
 
     fn abort(&mut self) {
-        if !self.in_txn {
-            return;
-        }
-        for w in self.writes.iter().rev() {
-            let t = &self.tables[w.table as usize];
-            let h = self.eng.header(w.addr);
-            h.latch(&self.pool);
-            if w.prev != NONE {
-                t.index.replace_if(w.key, w.addr, w.prev);
-            } else {
-                t.index.remove_if(w.key, w.addr);
-            }
-            h.unlatch(0);
-        }
-        let st = self.state.as_mut().expect("the worker holds its state");
-        for &(table, (current, next)) in &self.undo {
-            let r = &mut st.regions[table as usize];
-            (r.current, r.next) = (current, next);
-        }
-        self.finish();
+        self.abort_txn();
+        self.park();
     }
 
     fn resolve_miss(&mut self, error: TxError) -> TxError {
@@ -936,8 +1045,120 @@ impl Drop for FirWorker {
         if self.in_txn && !std::thread::panicking() {
             self.abort();
         }
-        if let Some(state) = self.state.take() {
+        let state = self
+            .state
+            .take()
+            .or_else(|| self.eng.parked[self.thread].lock().take());
+        if let Some(state) = state {
             *self.eng.threads[self.thread].lock() = Some(state);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::{ColumnType, Schema};
+    use crate::cc::Protocol;
+    use crate::engine::Engine;
+    use crate::pmem::{PersistenceDomain, PoolOptions};
+
+    /// Region blocks of worker slot `thread`.
+    fn blocks_of(eng: &FirEngine, thread: usize) -> usize {
+        eng.pages
+            .allocated(&eng.pool)
+            .unwrap()
+            .iter()
+            .filter(|(_, tag)| tag.kind == super::super::layout::kind::BLOCK)
+            .filter(|(_, tag)| usize::from(tag.owner) == thread)
+            .count()
+    }
+
+    /// §4.5 with a worker that stopped writing: slot 0 loads 640 rows (10 blocks of 64 slots)
+    /// and then idles (alive between transactions, or gone); slot 1 rewrites every row, so slot
+    /// 0's blocks become wholly obsolete. Only a GC round of slot 1 can collect them (slot 0
+    /// runs none): they are freed, slot 0 writes again afterwards, and every row reads back.
+    #[test]
+    fn gc_collects_the_regions_of_a_worker_that_stopped_writing() {
+        for keep_alive in [true, false] {
+            let opts = PoolOptions::new("fir", PersistenceDomain::Adr);
+            let pool = Arc::new(Pool::create_in_memory(64 << 20, &opts).unwrap());
+            let mut config = super::super::FirConfig::new(Protocol::Mvto);
+            config.max_threads = 2;
+            config.block_slots = Some(64);
+            config.checkpoint_interval = None;
+            config.gc_every_commits = Some(4);
+            let eng = FirEngine::create(pool, config).unwrap();
+            let t = eng
+                .create_table(Schema::new("kv", &[("v", ColumnType::U64)]).ordered())
+                .unwrap();
+            let mut a = FirWorker::new(eng.clone(), 0).unwrap();
+            for chunk in 0..10u64 {
+                a.begin(false);
+                for k in chunk * 64..(chunk + 1) * 64 {
+                    a.insert(t, k, &0u64.to_le_bytes()).unwrap();
+                }
+                a.commit().unwrap();
+            }
+            assert_eq!(blocks_of(&eng, 0), 10);
+            let a = if keep_alive {
+                Some(a)
+            } else {
+                drop(a);
+                None
+            };
+            let mut b = FirWorker::new(eng.clone(), 1).unwrap();
+            for round in 1..=3u64 {
+                for chunk in 0..40u64 {
+                    b.begin(false);
+                    for k in chunk * 16..(chunk + 1) * 16 {
+                        b.update(
+                            t,
+                            k,
+                            &[FieldWrite {
+                                offset: 0,
+                                bytes: &round.to_le_bytes(),
+                            }],
+                        )
+                        .unwrap();
+                    }
+                    b.commit().unwrap();
+                }
+            }
+            let stats = eng.gc_stats();
+            assert!(
+                stats.idle_slot_rounds > 0,
+                "keep_alive {keep_alive}: {stats:?}"
+            );
+            // The block being filled stays (a region always has one to append to).
+            assert!(
+                blocks_of(&eng, 0) <= 1,
+                "keep_alive {keep_alive}: slot 0 keeps {} blocks ({stats:?})",
+                blocks_of(&eng, 0)
+            );
+            let mut a = a.unwrap_or_else(|| FirWorker::new(eng.clone(), 0).unwrap());
+            a.begin(false);
+            a.insert(t, 5000, &9u64.to_le_bytes()).unwrap();
+            a.update(
+                t,
+                7,
+                &[FieldWrite {
+                    offset: 0,
+                    bytes: &9u64.to_le_bytes(),
+                }],
+            )
+            .unwrap();
+            a.commit().unwrap();
+            let mut row = [0u8; 8];
+            b.begin(true);
+            for k in (0..640u64).chain([5000]) {
+                b.read(t, k, &mut row).unwrap();
+                let want = if k == 7 || k == 5000 { 9 } else { 3 };
+                assert_eq!(u64::from_le_bytes(row), want, "key {k}");
+            }
+            b.commit().unwrap();
+            drop((a, b));
+            assert_eq!(eng.check_structure().unwrap(), vec![641]);
         }
     }
 }
