@@ -412,6 +412,52 @@ fn async_groups_combine_repeated_writes() {
     assert_eq!(ptm.run(|tx| tx.read(a)).unwrap(), 499);
 }
 
+/// §3.3 with the background persist thread: in async mode it waits for a group to fill (so
+/// 500 commits make about 500 / 100 records, not one per wake-up), and never longer than the
+/// group delay (a group that cannot fill is persisted once the delay has passed).
+#[test]
+fn the_persist_thread_fills_groups_within_the_delay() {
+    let mut c = small();
+    c.dudetx.mode = DurabilityMode::Async;
+    c.dudetx.group = 100;
+    c.dudetx.group_delay_us = 1_000_000;
+    let ptm = Ptm::<Root>::create(c).unwrap();
+    let a = ptm.run(|tx| tx.alloc(&0u64)).unwrap();
+    let before: HashMap<_, _> = ptm.stats().into_iter().collect();
+    for i in 0..500u64 {
+        ptm.run(|tx| tx.write(a, &i)).unwrap();
+    }
+    ptm.check_invariants().unwrap();
+    let s: HashMap<_, _> = ptm.stats().into_iter().collect();
+    let records = s["log_records"] - before["log_records"];
+    assert!(
+        (5..=7).contains(&records),
+        "500 commits in groups of 100 took {records} records: {s:?}"
+    );
+    drop(ptm);
+
+    // A group of a million never fills: the delay (20 ms) bounds how long commits stay
+    // volatile.
+    let mut c = small();
+    c.dudetx.mode = DurabilityMode::Async;
+    c.dudetx.group = 1 << 20;
+    c.dudetx.group_delay_us = 20_000;
+    let ptm = Ptm::<Root>::create(c).unwrap();
+    let a = ptm.run(|tx| tx.alloc(&0u64)).unwrap();
+    for i in 0..10u64 {
+        ptm.run(|tx| tx.write(a, &i)).unwrap();
+    }
+    let committed = ptm.engine().committed_id().unwrap();
+    let start = std::time::Instant::now();
+    while ptm.engine().durable_id().unwrap() < committed {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(5),
+            "the persist thread waited past its delay for a group that cannot fill"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
 #[test]
 fn a_pool_file_reopens_with_its_objects() {
     let path = std::env::temp_dir().join(format!("pmtx-ptm-dudetx-{}.pool", std::process::id()));

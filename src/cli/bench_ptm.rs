@@ -71,6 +71,9 @@ pub struct Args {
     /// DUDETx: transactions combined per log record (§3.3).
     #[arg(long, default_value_t = 64)]
     pub dudetx_group: usize,
+    /// DUDETx, async mode: how long the persist thread waits at most for a group to fill, µs.
+    #[arg(long, default_value_t = crate::engine::dudetx::DEFAULT_GROUP_DELAY_US)]
+    pub dudetx_group_delay_us: u64,
     /// DUDETx: perform mode (stm, locks, locks-two-round; §4.1, §5).
     #[arg(long, default_value = "stm")]
     pub dudetx_perform: crate::engine::dudetx::ptm::PerformMode,
@@ -141,6 +144,7 @@ fn create_runner<R: PObject + Default>(
         .max_threads(max_threads + 1);
     config.dudetx.mode = args.dudetx_mode;
     config.dudetx.group = args.dudetx_group;
+    config.dudetx.group_delay_us = args.dudetx_group_delay_us;
     config.dudetx.perform = args.dudetx_perform;
     config.dudetx.shadow_percent = args.dudetx_shadow_pct;
     match engine {

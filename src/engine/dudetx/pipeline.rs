@@ -31,6 +31,13 @@ struct Persisted {
 pub(crate) struct State {
     /// Committed, not yet persisted: (id, encoded redo log), in id order.
     queue: VecDeque<(u64, Vec<u8>)>,
+    /// The bytes of the logs in `queue`.
+    queued_bytes: usize,
+    /// When the oldest log in `queue` was queued (the group-fill wait is bounded from it).
+    queued_since: Option<std::time::Instant>,
+    /// Callers waiting in [`Core::drain`]: the persist thread does not wait for a group to fill
+    /// while one does.
+    draining: usize,
     /// The next log position to write.
     pub tail: u64,
     /// The truncation position.
@@ -158,9 +165,16 @@ impl<H: Apply> Core<H> {
         let mut st = self.state.lock();
         self.stats[0].fetch_add(1, Ordering::Relaxed);
         self.stats[2].fetch_add(log.len() as u64, Ordering::Relaxed);
+        st.queued_bytes += log.len();
         st.queue.push_back((id, log));
+        if st.queued_since.is_none() {
+            st.queued_since = Some(std::time::Instant::now());
+        }
         if self.config.background {
-            self.wake_persist.notify_one();
+            // The persist thread waits for the first log, and (filling a group) for a full one.
+            if st.queue.len() == 1 || self.group_full(&st) {
+                self.wake_persist.notify_one();
+            }
             return Ok(());
         }
         let due = self.config.mode == DurabilityMode::Sync || st.queue.len() >= self.config.group;
@@ -174,6 +188,33 @@ impl<H: Apply> Core<H> {
             }
         }
         Ok(())
+    }
+
+    /// Whether the queue holds a whole group: `group` logs, or a record's worth of bytes.
+    fn group_full(&self, st: &State) -> bool {
+        st.queue.len() >= self.config.group
+            || st.queued_bytes >= max_record_raw(self.ring.capacity())
+    }
+
+    /// The persist thread's wait for a group to fill (§3.3: combination saves in proportion to
+    /// the group): async mode only (see [`DurabilityMode::Sync`]), bounded by
+    /// `group_delay_us` from the oldest queued log, and not while a caller drains or the
+    /// engine stops.
+    fn fill_group(&self, st: &mut parking_lot::MutexGuard<'_, State>) {
+        if self.config.mode != DurabilityMode::Async || self.config.group_delay_us == 0 {
+            return;
+        }
+        let delay = std::time::Duration::from_micros(self.config.group_delay_us);
+        while let Some(since) = st.queued_since {
+            if self.group_full(st) || st.stop || st.draining > 0 || st.failed.is_some() {
+                return;
+            }
+            let deadline = since + delay;
+            if std::time::Instant::now() >= deadline {
+                return;
+            }
+            self.wake_persist.wait_until(st, deadline);
+        }
     }
 
     /// Waits (sync mode) until `id` is durable.
@@ -203,6 +244,10 @@ impl<H: Apply> Core<H> {
             n += 1;
         }
         let batch: Vec<(u64, Vec<u8>)> = st.queue.drain(..n).collect();
+        st.queued_bytes -= bytes;
+        if st.queue.is_empty() {
+            st.queued_since = None;
+        }
         let slices: Vec<&[u8]> = batch.iter().map(|(_, l)| l.as_slice()).collect();
         let raw = log::combine(&slices)?;
         Ok((batch[0].0, batch[batch.len() - 1].0, raw))
@@ -318,6 +363,14 @@ impl<H: Apply> Core<H> {
             }
             return self.reproduce_inline(&mut st);
         }
+        st.draining += 1;
+        let result = self.wait_drained(&mut st);
+        st.draining -= 1;
+        result
+    }
+
+    /// [`Core::drain`] with background threads.
+    fn wait_drained(&self, st: &mut parking_lot::MutexGuard<'_, State>) -> Result<(), String> {
         loop {
             if let Some(why) = &st.failed {
                 return Err(why.clone());
@@ -332,7 +385,7 @@ impl<H: Apply> Core<H> {
             self.wake_persist.notify_one();
             self.wake_reproduce.notify_one();
             self.became_durable
-                .wait_for(&mut st, std::time::Duration::from_millis(5));
+                .wait_for(st, std::time::Duration::from_millis(5));
         }
     }
 
@@ -347,6 +400,7 @@ impl<H: Apply> Core<H> {
                 self.wake_persist.wait(&mut st);
                 continue;
             }
+            self.fill_group(&mut st);
             let (first, last, raw) = match self.next_group(&mut st) {
                 Ok(g) => g,
                 Err(e) => {

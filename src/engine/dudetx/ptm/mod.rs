@@ -167,6 +167,9 @@ pub struct DudetxPtmOptions {
     pub mode: DurabilityMode,
     /// Transactions combined into one log record at most (§3.3).
     pub group: usize,
+    /// Async mode: how long the persist thread waits at most for a group to fill, in µs
+    /// (`DudetxConfig::group_delay_us`).
+    pub group_delay_us: u64,
     /// 2 MiB pages of the log ring at creation (0: a quarter of the pool, 1 to 8).
     pub log_pages: usize,
     /// Persist and reproduce in background threads (ignored under the crash simulator, whose
@@ -189,6 +192,7 @@ impl Default for DudetxPtmOptions {
         DudetxPtmOptions {
             mode: DurabilityMode::Sync,
             group: 64,
+            group_delay_us: super::DEFAULT_GROUP_DELAY_US,
             log_pages: 0,
             background: true,
             perform: PerformMode::Stm,
@@ -332,6 +336,7 @@ fn core_config(config: &PtmConfig, log_pages: usize) -> Result<DudetxConfig, Ptm
     let mut c = DudetxConfig::new(Protocol::Occ);
     c.mode = o.mode;
     c.group = o.group;
+    c.group_delay_us = o.group_delay_us;
     c.log_pages = log_pages;
     // The lock mode steps its own pipeline in the committing threads (`locks.rs`).
     c.background =
