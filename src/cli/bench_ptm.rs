@@ -80,6 +80,9 @@ pub struct Args {
     /// DUDETx: the shadow's size in % of the heap pages (§3.4 paging; 100: no paging).
     #[arg(long, default_value_t = 100)]
     pub dudetx_shadow_pct: usize,
+    /// DUDETx: the shadow page size in bytes (§3.4; a power of two, 4096 to 2 MiB).
+    #[arg(long, default_value_t = crate::engine::dudetx::ptm::heap::DEFAULT_SHADOW_PAGE)]
+    pub dudetx_shadow_page: usize,
 }
 
 /// An engine of `pmtx bench ptm`: a PTM engine of `pmtx::ptm`, or PMDK behind the same API.
@@ -147,6 +150,7 @@ fn create_runner<R: PObject + Default>(
     config.dudetx.group_delay_us = args.dudetx_group_delay_us;
     config.dudetx.perform = args.dudetx_perform;
     config.dudetx.shadow_percent = args.dudetx_shadow_pct;
+    config.dudetx.shadow_page_bytes = args.dudetx_shadow_page;
     match engine {
         BenchEngine::Ptm(kind) => Ok(Box::new(
             Ptm::<R>::create(config.engine(kind)).map_err(|e| e.to_string())?,

@@ -52,9 +52,12 @@
 //! - **One commit lock orders ids**: TinySTM's global clock increments at commit while the write
 //!   locks are held; here the commit lock covers the shadow commit and the id, because the
 //!   shadow's protocols do not expose their commit point.
-//! - **One persist thread and one reproduce thread** (§3.2 allows several persist threads); the
-//!   persist thread takes what is queued, up to `group` transactions, rather than waiting to fill
-//!   a group (a sync commit would otherwise wait for later ones).
+//! - **One persist thread and one reproduce thread** (§3.2 allows several persist threads). In
+//!   async mode the persist thread waits for a full group (§3.3), at most
+//!   [`DudetxConfig::group_delay_us`] from the oldest queued log; in sync mode it takes what is
+//!   queued (up to `group`) without waiting: a sync commit cannot return before its group is
+//!   persisted, each committing thread has at most one log queued, so a wait would add to every
+//!   commit's latency and a group larger than the committing threads could never fill.
 //! - **Inline steps in the crash simulator** (`background: false`): the simulator's crash points
 //!   are PM events of the threads it drives, so there the committing thread persists (sync: every
 //!   commit; async: every `group` commits) and reproduces (when more than two records wait).

@@ -1,6 +1,6 @@
 //! DUDETx behind the persistent-object API (`pmtx::ptm`, `PtmEngineKind::Dudetx`; §3, §3.6):
-//! transactions *perform* on a DRAM shadow of the object heap (one frame per PM heap page,
-//! `heap.rs`) under a word-based STM (`worker.rs`, §4.1), producing a thread-local volatile
+//! transactions *perform* on a DRAM shadow of the object heap (4 KiB shadow pages of the PM heap
+//! pages by default, `heap.rs`) under a word-based STM (`worker.rs`, §4.1), producing a thread-local volatile
 //! redo log of (word, value) ops and allocation-log ops (§3.6); the *persist* step combines a
 //! group of logs (each word's last value), compresses it with LZ4 and persists it in the log
 //! ring, then the durable id (§3.2, §3.3); the *reproduce* step writes the words into the PM
@@ -17,12 +17,18 @@
 //! which ids are durable, [`PtmEngine::committed_id`] which id the last commit took).
 //!
 //! Departures from the paper, and why:
-//! - **Shadow paging at 2 MiB** (§3.4, §3.6.2; `heap.rs`): frames are whole heap pages, LRU
-//!   eviction of unpinned frames, touching ids; STM mode only (the lock mode's ids are per
-//!   chain, so it keeps every page).
+//! - **Shadow paging** (§3.4, §3.6.2; `heap.rs`): shadow pages of 4 KiB by default as the
+//!   paper's (`DudetxPtmOptions::shadow_page_bytes`, up to whole 2 MiB heap pages), touching
+//!   ids; eviction is an *approximate* LRU (the least recently used of a sample of 32 resident
+//!   frames, the sample moving round the resident list) rather than an exact one, since sorting
+//!   every frame per eviction costs O(n log n) with 4 KiB pages; STM mode only (the lock mode's
+//!   ids are per chain, so it keeps every page).
 //! - **The lock-based mode** (§5, `locks.rs`): locks are taken automatically per word stripe
-//!   (strict 2PL; no user-level `txLock`), its pipeline steps run in the committing threads,
-//!   and its records are not combined across transactions.
+//!   (strict 2PL; no user-level `txLock`), its pipeline steps run in the committing threads
+//!   (its own persist/reproduce, not `pipeline::Core`'s: see docs/ARCHITECTURE.md), and its
+//!   records are not combined across transactions. Its ordering steps honour the pipeline's
+//!   four faults (log write-back, durable report, heap write-back, truncation) besides its
+//!   own two.
 //! - **The allocation log rides in the transaction's redo record** instead of a separate
 //!   per-thread log (§3.6): one record, one CRC, so the allocation state a crash leaves is
 //!   exactly the one the persisted records say, with no second ordering step to get wrong.
@@ -177,8 +183,11 @@ pub struct DudetxPtmOptions {
     pub background: bool,
     /// The perform mode.
     pub perform: PerformMode,
-    /// Shadow paging (§3.4): 2 MiB frames the DRAM shadow holds at most (0: every heap page,
-    /// no paging). Not with the lock-based mode.
+    /// Shadow paging (§3.4): the bytes of a shadow page (a frame): a power of two from 4 KiB
+    /// (the default, the paper's) to a 2 MiB heap page.
+    pub shadow_page_bytes: usize,
+    /// Shadow paging (§3.4): frames the DRAM shadow holds at most (0: every shadow page, no
+    /// paging). Not with the lock-based mode.
     pub shadow_frames: usize,
     /// Shadow paging by size: the shadow holds at most this percentage of the heap's pages
     /// (1 to 99; 0 or 100: every page), when `shadow_frames` is 0.
@@ -196,6 +205,7 @@ impl Default for DudetxPtmOptions {
             log_pages: 0,
             background: true,
             perform: PerformMode::Stm,
+            shadow_page_bytes: heap::DEFAULT_SHADOW_PAGE,
             shadow_frames: 0,
             shadow_percent: 0,
             fault: None,
@@ -325,6 +335,7 @@ fn core_config(config: &PtmConfig, log_pages: usize) -> Result<DudetxConfig, Ptm
             o.shadow_percent
         )));
     }
+    heap::check_shadow_page(o.shadow_page_bytes).map_err(PtmError::Pool)?;
     let paging = heap::Shadow::pages(o.shadow_frames, o.shadow_percent);
     if paging && matches!(o.perform, PerformMode::Locks(_)) {
         return Err(PtmError::Pool(
@@ -385,6 +396,7 @@ impl DudetxPtm {
         let shadow = Arc::new(Shadow::with_capacity(
             config.dudetx.shadow_frames,
             config.dudetx.shadow_percent,
+            config.dudetx.shadow_page_bytes,
         ));
         let apply = ObjectApply {
             shadow: shadow.clone(),
@@ -470,6 +482,7 @@ impl DudetxPtm {
         let shadow = Arc::new(Shadow::with_capacity(
             config.dudetx.shadow_frames,
             config.dudetx.shadow_percent,
+            config.dudetx.shadow_page_bytes,
         ));
         for (index, tag) in pages.allocated(&pool)? {
             if tag.kind == heap::HEAP_KIND {
@@ -634,6 +647,7 @@ fn lock_pipe(
         },
         meta_page,
         &config.dudetx,
+        config.max_threads,
         detect,
         ObjectApply {
             shadow: shadow.clone(),
