@@ -189,7 +189,7 @@ pub struct DudetxPtmOptions {
     /// Shadow paging (§3.4): frames the DRAM shadow holds at most (0: every shadow page, no
     /// paging). Not with the lock-based mode.
     pub shadow_frames: usize,
-    /// Shadow paging by size: the shadow holds at most this percentage of the heap's pages
+    /// Shadow paging by size: the shadow holds at most this percentage of the shadow pages
     /// (1 to 99; 0 or 100: every page), when `shadow_frames` is 0.
     pub shadow_percent: usize,
     /// A deliberate ordering bug (test-only).
