@@ -332,20 +332,26 @@ fn every_crash_point_recovers_with_a_one_frame_shadow() {
     }
 }
 
-/// §3.4: the same workload with shadows of 1, 2 and every frame ends in the same state; the
-/// small shadows evict, reload and (async) wait for reproduce before reloading a touched page.
+/// §3.4: the same workload with shadows of 1, 2 and every frame (4 KiB shadow pages, and
+/// whole 2 MiB heap pages) ends in the same state; the small shadows evict, reload and (async)
+/// wait for reproduce before reloading a touched page; an object spanning shadow pages reads
+/// and writes across their boundaries.
 #[test]
 fn a_small_shadow_pages_and_gives_the_same_results() {
     let mut results = Vec::new();
-    for (frames, mode) in [
-        (0, DurabilityMode::Sync),
-        (1, DurabilityMode::Sync),
-        (1, DurabilityMode::Async),
-        (2, DurabilityMode::Async),
+    for (frames, mode, page) in [
+        (0, DurabilityMode::Sync, 4096),
+        (1, DurabilityMode::Sync, 4096),
+        (1, DurabilityMode::Async, 4096),
+        (2, DurabilityMode::Async, 4096),
+        (1, DurabilityMode::Async, 2 << 20),
+        (3, DurabilityMode::Sync, 16384),
     ] {
-        let mut c = small();
+        // Room for a page per size class used (the 20 000-byte object takes a sixth).
+        let mut c = small().size(32 << 20);
         c.dudetx.shadow_frames = frames;
         c.dudetx.mode = mode;
+        c.dudetx.shadow_page_bytes = page;
         // Inline steps (as under the crash simulator): reproduce lags deterministically, so
         // async reloads find touched pages.
         c.crash_sim = Some(CrashTrigger::Never);
@@ -360,6 +366,22 @@ fn a_small_shadow_pages_and_gives_the_same_results() {
         let big = ptm.run(|tx| tx.alloc(&[7u8; 3000])).unwrap();
         assert_eq!(ptm.run(|tx| tx.read(big)).unwrap(), [7u8; 3000]);
         ptm.run(|tx| tx.free(big)).unwrap();
+        // An object of 20 000 bytes spans five 4 KiB shadow pages: a write across a boundary
+        // (the object starts 8 bytes into its slot, so offset 4088 is a page boundary).
+        let pattern: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
+        let huge = ptm.run(|tx| tx.alloc_bytes(&pattern)).unwrap();
+        let mut expect = pattern.clone();
+        expect[4080..4100].copy_from_slice(&[0xAB; 20]);
+        ptm.run(|tx| tx.write_bytes(huge, 4080, &[0xAB; 20]))
+            .unwrap();
+        let got = ptm
+            .run(|tx| {
+                let mut b = vec![0u8; 20_000];
+                tx.read_bytes(huge, 0, &mut b)?;
+                Ok(b)
+            })
+            .unwrap();
+        assert_eq!(got, expect);
         ptm.check_invariants().unwrap();
         let s: HashMap<_, _> = ptm.stats().into_iter().collect();
         if frames > 0 {
@@ -379,6 +401,16 @@ fn a_small_shadow_pages_and_gives_the_same_results() {
         results.push(state_of(&ptm).unwrap().0);
     }
     assert!(results.windows(2).all(|w| w[0] == w[1]), "{results:?}");
+}
+
+#[test]
+fn a_shadow_page_size_that_is_no_power_of_two_in_range_is_refused() {
+    for bytes in [0, 1000, 2048, 4 << 20] {
+        let mut c = small();
+        c.dudetx.shadow_page_bytes = bytes;
+        let e = Ptm::<Root>::create(c).err().expect("refused");
+        assert!(e.to_string().contains("shadow page size"), "{bytes}: {e}");
+    }
 }
 
 #[test]
@@ -410,6 +442,52 @@ fn async_groups_combine_repeated_writes() {
         "combination saved too little: {s:?}"
     );
     assert_eq!(ptm.run(|tx| tx.read(a)).unwrap(), 499);
+}
+
+/// §3.3 with the background persist thread: in async mode it waits for a group to fill (so
+/// 500 commits make about 500 / 100 records, not one per wake-up), and never longer than the
+/// group delay (a group that cannot fill is persisted once the delay has passed).
+#[test]
+fn the_persist_thread_fills_groups_within_the_delay() {
+    let mut c = small();
+    c.dudetx.mode = DurabilityMode::Async;
+    c.dudetx.group = 100;
+    c.dudetx.group_delay_us = 1_000_000;
+    let ptm = Ptm::<Root>::create(c).unwrap();
+    let a = ptm.run(|tx| tx.alloc(&0u64)).unwrap();
+    let before: HashMap<_, _> = ptm.stats().into_iter().collect();
+    for i in 0..500u64 {
+        ptm.run(|tx| tx.write(a, &i)).unwrap();
+    }
+    ptm.check_invariants().unwrap();
+    let s: HashMap<_, _> = ptm.stats().into_iter().collect();
+    let records = s["log_records"] - before["log_records"];
+    assert!(
+        (5..=7).contains(&records),
+        "500 commits in groups of 100 took {records} records: {s:?}"
+    );
+    drop(ptm);
+
+    // A group of a million never fills: the delay (20 ms) bounds how long commits stay
+    // volatile.
+    let mut c = small();
+    c.dudetx.mode = DurabilityMode::Async;
+    c.dudetx.group = 1 << 20;
+    c.dudetx.group_delay_us = 20_000;
+    let ptm = Ptm::<Root>::create(c).unwrap();
+    let a = ptm.run(|tx| tx.alloc(&0u64)).unwrap();
+    for i in 0..10u64 {
+        ptm.run(|tx| tx.write(a, &i)).unwrap();
+    }
+    let committed = ptm.engine().committed_id().unwrap();
+    let start = std::time::Instant::now();
+    while ptm.engine().durable_id().unwrap() < committed {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(5),
+            "the persist thread waited past its delay for a group that cannot fill"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
 }
 
 #[test]
@@ -730,11 +808,21 @@ fn lock_mode_every_crash_point_recovers_a_prefix() {
 }
 
 /// The lock mode's ordering faults are caught (async mode: the ring holds chains out of
-/// order there).
+/// order there): its own (dependency list, dependency order) and the pipeline's, which name
+/// the same ordering steps in the lock mode's persist and reproduce (log write-back, durable
+/// report, heap write-back, truncation).
 #[test]
 fn lock_mode_faults_are_caught() {
-    for fault in DudetxPtmFault::ALL.into_iter().filter(|f| f.lock_mode()) {
-        for domain in [PersistenceDomain::Adr, PersistenceDomain::Eadr] {
+    let faults = DudetxPtmFault::ALL
+        .into_iter()
+        .filter(|f| f.lock_mode() || matches!(f, DudetxPtmFault::Pipeline(_)));
+    for fault in faults {
+        let domains: &[PersistenceDomain] = if fault.adr_only() {
+            &[PersistenceDomain::Adr]
+        } else {
+            &[PersistenceDomain::Adr, PersistenceDomain::Eadr]
+        };
+        for &domain in domains {
             let r = lock_sweep(
                 domain,
                 DurabilityMode::Async,

@@ -71,12 +71,18 @@ pub struct Args {
     /// DUDETx: transactions combined per log record (§3.3).
     #[arg(long, default_value_t = 64)]
     pub dudetx_group: usize,
+    /// DUDETx, async mode: how long the persist thread waits at most for a group to fill, µs.
+    #[arg(long, default_value_t = crate::engine::dudetx::DEFAULT_GROUP_DELAY_US)]
+    pub dudetx_group_delay_us: u64,
     /// DUDETx: perform mode (stm, locks, locks-two-round; §4.1, §5).
     #[arg(long, default_value = "stm")]
     pub dudetx_perform: crate::engine::dudetx::ptm::PerformMode,
-    /// DUDETx: the shadow's size in % of the heap pages (§3.4 paging; 100: no paging).
+    /// DUDETx: the shadow size in % of its shadow pages (§3.4 paging; 100: no paging).
     #[arg(long, default_value_t = 100)]
     pub dudetx_shadow_pct: usize,
+    /// DUDETx: the shadow page size in bytes (§3.4; a power of two, 4096 to 2 MiB).
+    #[arg(long, default_value_t = crate::engine::dudetx::ptm::heap::DEFAULT_SHADOW_PAGE)]
+    pub dudetx_shadow_page: usize,
 }
 
 /// An engine of `pmtx bench ptm`: a PTM engine of `pmtx::ptm`, or PMDK behind the same API.
@@ -138,8 +144,10 @@ fn create_runner<R: PObject + Default>(
         .max_threads(max_threads + 1);
     config.dudetx.mode = args.dudetx_mode;
     config.dudetx.group = args.dudetx_group;
+    config.dudetx.group_delay_us = args.dudetx_group_delay_us;
     config.dudetx.perform = args.dudetx_perform;
     config.dudetx.shadow_percent = args.dudetx_shadow_pct;
+    config.dudetx.shadow_page_bytes = args.dudetx_shadow_page;
     match engine {
         BenchEngine::Ptm(kind) => Ok(Box::new(
             Ptm::<R>::create(config.engine(kind)).map_err(|e| e.to_string())?,

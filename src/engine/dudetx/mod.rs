@@ -52,9 +52,12 @@
 //! - **One commit lock orders ids**: TinySTM's global clock increments at commit while the write
 //!   locks are held; here the commit lock covers the shadow commit and the id, because the
 //!   shadow's protocols do not expose their commit point.
-//! - **One persist thread and one reproduce thread** (§3.2 allows several persist threads); the
-//!   persist thread takes what is queued, up to `group` transactions, rather than waiting to fill
-//!   a group (a sync commit would otherwise wait for later ones).
+//! - **One persist thread and one reproduce thread** (§3.2 allows several persist threads). In
+//!   async mode the persist thread waits for a full group (§3.3), at most
+//!   [`DudetxConfig::group_delay_us`] from the oldest queued log; in sync mode it takes what is
+//!   queued (up to `group`) without waiting: a sync commit cannot return before its group is
+//!   persisted, each committing thread has at most one log queued, so a wait would add to every
+//!   commit's latency and a group larger than the committing threads could never fill.
 //! - **Inline steps in the crash simulator** (`background: false`): the simulator's crash points
 //!   are PM events of the threads it drives, so there the committing thread persists (sync: every
 //!   commit; async: every `group` commits) and reproduces (when more than two records wait).
@@ -104,9 +107,15 @@ use std::sync::Arc;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum DurabilityMode {
-    /// Once the transaction is durable (its redo record and the durable id persisted).
+    /// Once the transaction is durable (its redo record and the durable id persisted). The
+    /// persist thread never waits here for a group to fill (§3.3): each committing thread has
+    /// at most one log queued while it waits, so a group larger than the threads committing
+    /// could never fill, and every microsecond of waiting is added to every commit's latency;
+    /// a group is what arrives while the previous record is written.
     Sync,
-    /// At once; [`Engine::durable_tid`] tells what is durable.
+    /// At once; [`Engine::durable_tid`] tells what is durable. The persist thread waits up to
+    /// [`DudetxConfig::group_delay_us`] for a full group, so durability lags commit by up to
+    /// that delay more, and combination (§3.3) sees whole groups.
     Async,
 }
 
@@ -205,6 +214,10 @@ pub struct DudetxConfig {
     pub mode: DurabilityMode,
     /// Transactions combined into one log record at most (§3.3; 1: no combination).
     pub group: usize,
+    /// Async mode, background persist thread: how long it waits at most for a group to fill
+    /// (§3.3: a larger group combines more), in microseconds; 0: it takes what is queued. Sync
+    /// commits never wait for a group to fill (see [`DurabilityMode::Sync`]).
+    pub group_delay_us: u64,
     /// 2 MiB pages of the log ring (fixed when the pool is formatted); 0: a quarter of the
     /// pool's pages, 1 to [`DEFAULT_LOG_PAGES`], so that a small pool keeps room for its heap.
     pub log_pages: usize,
@@ -214,6 +227,12 @@ pub struct DudetxConfig {
     /// A deliberate ordering bug (test-only).
     pub fault: Option<DudetxFault>,
 }
+
+/// The default bound on the persist thread's wait for a group to fill (async mode), in µs.
+pub const DEFAULT_GROUP_DELAY_US: u64 = 2_000;
+
+/// The longest wait for a group to fill the configuration accepts (1 s), in µs.
+pub const MAX_GROUP_DELAY_US: u64 = 1_000_000;
 
 /// The most pages an automatically sized log ring takes ([`DudetxConfig::log_pages`] 0).
 pub const DEFAULT_LOG_PAGES: usize = 8;
@@ -230,6 +249,7 @@ impl DudetxConfig {
             max_row_bytes: 4096,
             mode: DurabilityMode::Sync,
             group: 64,
+            group_delay_us: DEFAULT_GROUP_DELAY_US,
             log_pages: 0,
             background: true,
             fault: None,
@@ -248,6 +268,12 @@ impl DudetxConfig {
                 "the DUDETx group size must be 1 to {} transactions, not {}",
                 1 << 20,
                 self.group
+            )));
+        }
+        if self.group_delay_us > MAX_GROUP_DELAY_US {
+            return Err(DbError::Config(format!(
+                "the DUDETx group delay must be at most {MAX_GROUP_DELAY_US} µs, not {}",
+                self.group_delay_us
             )));
         }
         crate::engine::wal::check_ring_pages(self.log_pages, "DUDETx")?;

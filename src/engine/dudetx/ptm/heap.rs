@@ -94,36 +94,68 @@ impl Header {
     }
 }
 
-/// One heap page's DRAM shadow (§3.1: the shadow memory transactions perform on).
+/// The default shadow page (frame) size: the paper's 4 KiB (§3.4).
+pub const DEFAULT_SHADOW_PAGE: usize = 4096;
+
+/// Checks a shadow page size: a power of two from 4 KiB to a heap page (2 MiB).
+pub fn check_shadow_page(bytes: usize) -> Result<(), String> {
+    if !bytes.is_power_of_two() || !(4096..=PAGE_SIZE as usize).contains(&bytes) {
+        return Err(format!(
+            "the DUDETx shadow page size must be a power of two from 4096 to {PAGE_SIZE} bytes, \
+             not {bytes}"
+        ));
+    }
+    Ok(())
+}
+
+/// One shadow page's DRAM frame (§3.1: the shadow memory transactions perform on; §3.4: a
+/// shadow page is a 4 KiB piece of a heap page by default).
 pub struct Frame {
-    /// The page's size class.
+    /// The heap page's size class.
     pub class: usize,
-    /// The page's pool offset.
+    /// The pool offset of the heap page holding the frame (slots are aligned to it).
+    pub page: u64,
+    /// The frame's pool offset.
     pub base: u64,
-    /// The page's words.
+    /// The frame's words.
     pub words: Box<[AtomicU64]>,
 }
 
 impl Frame {
-    fn zeroed(class: usize, base: u64) -> Frame {
+    fn zeroed(class: usize, page: u64, base: u64, bytes: u64) -> Frame {
         Frame {
             class,
+            page,
             base,
-            words: (0..PAGE_SIZE / 8).map(|_| AtomicU64::new(0)).collect(),
+            words: (0..bytes / 8).map(|_| AtomicU64::new(0)).collect(),
         }
     }
-    /// The word at pool offset `addr` (in this page, 8-aligned).
+    /// The word at pool offset `addr` (in this frame, 8-aligned).
     pub fn word(&self, addr: u64) -> &AtomicU64 {
         &self.words[((addr - self.base) / 8) as usize]
     }
+    /// Whether `addr` is in this frame.
+    pub fn contains(&self, addr: u64) -> bool {
+        addr >= self.base && addr < self.base + self.words.len() as u64 * 8
+    }
+    /// The pool offsets of the slot headers in this frame (a slot larger than a frame has its
+    /// header in the frame it starts in).
+    fn headers(&self) -> impl Iterator<Item = u64> {
+        let slot = slot_bytes(self.class);
+        let first = self.page + (self.base - self.page).div_ceil(slot) * slot;
+        let end = self.base + self.words.len() as u64 * 8;
+        (first..end).step_by(slot as usize)
+    }
 }
 
-/// A heap page of the shadow (§3.4 paging): its frame when resident, its touching id (the
-/// last transaction that wrote it), and when it was last used (for eviction).
+/// A shadow page (§3.4 paging): its frame when resident, its touching id (the last
+/// transaction that wrote it), and when it was last used (for eviction).
 pub struct PageSlot {
-    /// The page's size class.
+    /// The heap page's size class.
     pub class: usize,
-    /// The page's pool offset.
+    /// The pool offset of the heap page holding it.
+    pub page: u64,
+    /// The shadow page's pool offset.
     pub base: u64,
     frame: RwLock<Option<Arc<Frame>>>,
     /// The touching id (§3.4): the id of the last transaction that wrote the page.
@@ -144,17 +176,50 @@ pub struct PagingStats {
     pub waits: u64,
 }
 
-/// The shadow memory: heap pages by pool offset (each resident as a frame, or paged out), and
-/// the free slots of each class.
+/// The resident shadow pages, for eviction: a list to sample and each one's place in it.
+#[derive(Default)]
+struct Resident {
+    list: Vec<Arc<PageSlot>>,
+    at: HashMap<u64, usize>,
+    /// Where the next eviction's sample starts (a clock hand over `list`).
+    hand: usize,
+}
+
+impl Resident {
+    fn insert(&mut self, s: &Arc<PageSlot>) {
+        if let std::collections::hash_map::Entry::Vacant(e) = self.at.entry(s.base) {
+            e.insert(self.list.len());
+            self.list.push(s.clone());
+        }
+    }
+    fn remove(&mut self, base: u64) {
+        if let Some(i) = self.at.remove(&base) {
+            self.list.swap_remove(i);
+            if let Some(moved) = self.list.get(i) {
+                self.at.insert(moved.base, i);
+            }
+        }
+    }
+}
+
+/// Resident frames an eviction compares (the least recently used of them goes).
+const EVICTION_SAMPLE: usize = 32;
+
+/// The shadow memory: shadow pages (4 KiB pieces of the heap pages by default) by pool offset,
+/// each resident as a frame or paged out, and the free slots of each class.
 ///
 /// Paging (§3.4, software-based as §3.6.2): at most `capacity` frames are resident (0: every
-/// page). A page is loaded on touch; when the shadow is full the least recently used frame that
-/// no transaction holds (the frame's `Arc` is the slot's only one: §3.6.2's reference count) is
-/// discarded without write-back, since its committed writes are in the redo log. A page whose
-/// touching id is newer than the reproduced id is loaded only after reproduce catches up, so a
-/// reload is never stale.
+/// page). A page is loaded on touch; when the shadow is full the least recently used of a
+/// sample of resident frames that no transaction holds (the frame's `Arc` is the slot's only
+/// one: §3.6.2's reference count) is discarded without write-back, since its committed writes
+/// are in the redo log. A page whose touching id is newer than the reproduced id is loaded only
+/// after reproduce catches up, so a reload is never stale.
 pub struct Shadow {
     pages: RwLock<HashMap<u64, Arc<PageSlot>>>,
+    /// Bytes of a shadow page (a power of two, 4 KiB to 2 MiB).
+    frame_bytes: u64,
+    /// The resident frames (for eviction).
+    resident_set: Mutex<Resident>,
     /// Free slots (pool offsets of their headers) per class: the DRAM `pmalloc` state.
     pub free: Mutex<Vec<Vec<u64>>>,
     /// Frames at most (0: see `percent`).
@@ -172,16 +237,19 @@ pub struct Shadow {
 
 impl Default for Shadow {
     fn default() -> Self {
-        Shadow::with_capacity(0, 0)
+        Shadow::with_capacity(0, 0, DEFAULT_SHADOW_PAGE)
     }
 }
 
 impl Shadow {
-    /// A shadow of at most `frames` resident frames, or (`frames` 0) `percent` % of the heap
-    /// pages (at least one; both 0: every page).
-    pub fn with_capacity(frames: usize, percent: usize) -> Shadow {
+    /// A shadow of shadow pages of `frame_bytes` (see [`check_shadow_page`]) holding at most
+    /// `frames` resident frames, or (`frames` 0) `percent` % of the shadow pages (at least one;
+    /// both 0: every page).
+    pub fn with_capacity(frames: usize, percent: usize, frame_bytes: usize) -> Shadow {
         Shadow {
             pages: RwLock::new(HashMap::new()),
+            frame_bytes: frame_bytes as u64,
+            resident_set: Mutex::new(Resident::default()),
             free: Mutex::new(vec![Vec::new(); CLASSES]),
             frames,
             percent,
@@ -203,7 +271,7 @@ impl Shadow {
     fn capacity(&self) -> usize {
         match (self.paging, self.frames) {
             (false, _) => 0,
-            (true, 0) => (self.page_count() * self.percent / 100).max(1),
+            (true, 0) => (self.frame_count() * self.percent / 100).max(1),
             (true, f) => f,
         }
     }
@@ -224,13 +292,23 @@ impl Shadow {
         }
     }
 
-    /// The heap page holding `addr`, if it is one (never loads it).
+    /// The shadow page holding `addr`, if it is in a heap page (never loads it).
     pub fn page(&self, addr: u64) -> Option<Arc<PageSlot>> {
-        self.pages.read().get(&(addr & !(PAGE_SIZE - 1))).cloned()
+        self.pages.read().get(&self.frame_base(addr)).cloned()
+    }
+
+    /// The pool offset of the shadow page holding `addr`.
+    pub fn frame_base(&self, addr: u64) -> u64 {
+        addr & !(self.frame_bytes - 1)
     }
 
     /// Heap pages.
     pub fn page_count(&self) -> usize {
+        self.frame_count() / (PAGE_SIZE / self.frame_bytes) as usize
+    }
+
+    /// Shadow pages (resident or not).
+    pub fn frame_count(&self) -> usize {
         self.pages.read().len()
     }
 
@@ -275,9 +353,15 @@ impl Shadow {
                 return Some(f.clone());
             }
             if slot.touch.load(Ordering::Acquire) <= core.reproduced.load(Ordering::Acquire) {
-                let f = Arc::new(Frame::zeroed(slot.class, slot.base));
+                let f = Arc::new(Frame::zeroed(
+                    slot.class,
+                    slot.page,
+                    slot.base,
+                    self.frame_bytes,
+                ));
                 core.pool.read_words(slot.base, &f.words);
                 *g = Some(f.clone());
+                self.resident_set.lock().insert(slot);
                 self.resident.fetch_add(1, Ordering::Relaxed);
                 self.counters[0].fetch_add(1, Ordering::Relaxed);
                 return Some(f);
@@ -289,48 +373,71 @@ impl Shadow {
         }
     }
 
-    /// Discards the least recently used frame no transaction holds; false if there is none.
+    /// Discards a frame no transaction holds, the least recently used of a sample of
+    /// [`EVICTION_SAMPLE`] resident frames taken round the resident list (with 4 KiB pages the
+    /// shadow holds too many frames to sort them all at every eviction; the sample moves on
+    /// each time, so every frame is considered in turn); false if no resident frame is free.
     fn evict_one(&self) -> bool {
-        let mut candidates: Vec<Arc<PageSlot>> = self
-            .pages
-            .read()
-            .values()
-            .filter(|s| {
-                s.frame
-                    .try_read()
-                    .is_some_and(|f| f.as_ref().is_some_and(|f| Arc::strong_count(f) == 1))
-            })
-            .cloned()
-            .collect();
-        candidates.sort_unstable_by_key(|s| s.used.load(Ordering::Relaxed));
-        for s in candidates {
-            if let Some(mut g) = s.frame.try_write() {
-                if g.as_ref().is_some_and(|f| Arc::strong_count(f) == 1) {
+        let free = |s: &PageSlot| {
+            s.frame
+                .try_read()
+                .is_some_and(|f| f.as_ref().is_some_and(|f| Arc::strong_count(f) == 1))
+        };
+        let mut set = self.resident_set.lock();
+        let n = set.list.len();
+        let mut seen = 0;
+        while seen < n {
+            let take = EVICTION_SAMPLE.min(n - seen);
+            let start = set.hand % n;
+            set.hand = (start + take) % n;
+            let victim = (0..take)
+                .map(|i| set.list[(start + i) % n].clone())
+                .filter(|s| free(s))
+                .min_by_key(|s| s.used.load(Ordering::Relaxed));
+            seen += take;
+            let Some(s) = victim else { continue };
+            let evicted = match s.frame.try_write() {
+                Some(mut g) if g.as_ref().is_some_and(|f| Arc::strong_count(f) == 1) => {
                     *g = None;
-                    self.resident.fetch_sub(1, Ordering::Relaxed);
-                    self.counters[1].fetch_add(1, Ordering::Relaxed);
-                    return true;
+                    true
                 }
+                _ => false,
+            };
+            if evicted {
+                set.remove(s.base);
+                self.resident.fetch_sub(1, Ordering::Relaxed);
+                self.counters[1].fetch_add(1, Ordering::Relaxed);
+                return true;
             }
         }
         false
     }
 
-    /// Adds a heap page, paged out (`load` or a touch loads it).
-    pub fn add_page(&self, class: usize, base: u64) -> Arc<PageSlot> {
-        let s = Arc::new(PageSlot {
-            class,
-            base,
-            frame: RwLock::new(None),
-            touch: AtomicU64::new(0),
-            used: AtomicU64::new(0),
-        });
-        self.pages.write().insert(base, s.clone());
-        s
+    /// Adds a heap page of `class` at `page`: its shadow pages, paged out (`load` or a touch
+    /// loads them).
+    pub fn add_page(&self, class: usize, page: u64) -> Vec<Arc<PageSlot>> {
+        let slots: Vec<Arc<PageSlot>> = (0..PAGE_SIZE / self.frame_bytes)
+            .map(|i| {
+                Arc::new(PageSlot {
+                    class,
+                    page,
+                    base: page + i * self.frame_bytes,
+                    frame: RwLock::new(None),
+                    touch: AtomicU64::new(0),
+                    used: AtomicU64::new(0),
+                })
+            })
+            .collect();
+        let mut pages = self.pages.write();
+        for s in &slots {
+            pages.insert(s.base, s.clone());
+        }
+        slots
     }
 
     /// A free slot of `class` (its header's offset), taking a new PM page when none is left
-    /// (its frame resident and zero, as a free page is, `PageManager::free`).
+    /// (without paging its frames resident and zero, as a free page is, `PageManager::free`;
+    /// with paging paged out, loaded on touch).
     pub fn take_slot(&self, pool: &Pool, pages: &PageManager, class: usize) -> Result<u64, String> {
         let mut free = self.free.lock();
         if let Some(at) = free[class].pop() {
@@ -347,17 +454,20 @@ impl Shadow {
             )
             .map_err(|e| e.to_string())?;
         let base = pages.page_offset(index);
-        let capacity = self.capacity();
-        if capacity > 0 {
-            while self.resident.load(Ordering::Relaxed) >= capacity {
-                if !self.evict_one() {
-                    break;
-                }
+        let slots = self.add_page(class, base);
+        if !self.paging {
+            let mut set = self.resident_set.lock();
+            for s in &slots {
+                *s.frame.write() = Some(Arc::new(Frame::zeroed(
+                    class,
+                    base,
+                    s.base,
+                    self.frame_bytes,
+                )));
+                set.insert(s);
+                self.resident.fetch_add(1, Ordering::Relaxed);
             }
         }
-        let s = self.add_page(class, base);
-        *s.frame.write() = Some(Arc::new(Frame::zeroed(class, base)));
-        self.resident.fetch_add(1, Ordering::Relaxed);
         let slot = slot_bytes(class);
         free[class].extend((1..PAGE_SIZE / slot).rev().map(|i| base + i * slot));
         Ok(base)
@@ -382,7 +492,7 @@ impl Shadow {
         if let Some(f) = s.frame.read().as_ref() {
             return (f.clone(), true);
         }
-        let f = Arc::new(Frame::zeroed(s.class, s.base));
+        let f = Arc::new(Frame::zeroed(s.class, s.page, s.base, self.frame_bytes));
         pool.read_words(s.base, &f.words);
         (f, false)
     }
@@ -395,9 +505,8 @@ impl Shadow {
         let mut free = self.free.lock();
         for s in self.slots_sorted() {
             let (f, _) = self.contents(pool, &s);
-            let slot = slot_bytes(f.class);
-            for i in (0..PAGE_SIZE / slot).rev() {
-                let at = f.base + i * slot;
+            let headers: Vec<u64> = f.headers().collect();
+            for &at in headers.iter().rev() {
                 let w = f.word(at).load(Ordering::Relaxed);
                 match Header::decode(w) {
                     Some(h) if h.live => live += 1,
@@ -414,6 +523,7 @@ impl Shadow {
                 let mut g = s.frame.write();
                 if g.is_none() {
                     *g = Some(f);
+                    self.resident_set.lock().insert(&s);
                     self.resident.fetch_add(1, Ordering::Relaxed);
                 }
             }
@@ -440,7 +550,7 @@ impl Shadow {
         for s in self.slots_sorted() {
             let (f, resident) = self.contents(pool, &s);
             if resident {
-                let pm = pool.read_vec(f.base, PAGE_SIZE as usize);
+                let pm = pool.read_vec(f.base, self.frame_bytes as usize);
                 for (i, w) in f.words.iter().enumerate() {
                     let v = w.load(Ordering::Relaxed);
                     let p = u64::from_le_bytes(pm[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
@@ -453,9 +563,7 @@ impl Shadow {
                     }
                 }
             }
-            let slot = slot_bytes(f.class);
-            for i in 0..PAGE_SIZE / slot {
-                let at = f.base + i * slot;
+            for at in f.headers() {
                 let h = Header::decode(f.word(at).load(Ordering::Relaxed))
                     .ok_or_else(|| format!("slot {at} has a damaged header"))?;
                 match (h.live, on_list.remove(&at)) {
@@ -518,7 +626,7 @@ impl Apply for ObjectApply {
         match op.table {
             WORD_LOG => {}
             ALLOC_LOG => {
-                if (op.key - f.base) % slot_bytes(f.class) != 0 || Header::decode(value).is_none() {
+                if (op.key - f.page) % slot_bytes(f.class) != 0 || Header::decode(value).is_none() {
                     return Err(format!(
                         "an allocation-log op writes {value:#x} at {}, which is no slot header",
                         op.key

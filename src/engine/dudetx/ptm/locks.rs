@@ -29,6 +29,7 @@ use super::heap::ObjectApply;
 use super::DudetxPtmFault;
 use crate::alloc::PageManager;
 use crate::engine::dudetx::layout::meta;
+use crate::engine::dudetx::DudetxFault;
 use crate::engine::dudetx::DurabilityMode;
 use crate::engine::wal::{build_record, parse_record, LogRing};
 use crate::pmem::Pool;
@@ -273,6 +274,10 @@ pub struct LockPipe {
     group: usize,
     detect: Detect,
     fault: Option<DudetxPtmFault>,
+    /// Watermark words each reproduce writes: the chains workers can use and every chain
+    /// with a watermark above 0 (the other chains' words are 0 in both slots, so they need
+    /// no rewrite).
+    chains: usize,
     state: Mutex<State>,
     became_durable: Condvar,
     apply: Mutex<ObjectApply>,
@@ -299,15 +304,16 @@ fn read_watermarks(pool: &Pool, meta_page: u64) -> (u64, Vec<u64>) {
     (slot, wm)
 }
 
-/// Writes `wm` to the slot that is not current, makes it durable, then makes it current;
-/// returns the new slot.
+/// Writes `wm` (the first chains' watermarks: the other words of both slots are already
+/// equal, see [`LockPipe::new`]) to the slot that is not current, makes it durable, then makes
+/// it current; returns the new slot.
 fn write_watermarks(pool: &Pool, meta_page: u64, slot: u64, wm: &[u64]) -> u64 {
     let next = slot ^ 1;
     let base = meta_page + wm_slot(next);
     for (c, &w) in wm.iter().enumerate() {
         pool.write_u64(base + c as u64 * 8, w);
     }
-    pool.persist(base, CHAINS as u64 * 8);
+    pool.persist(base, wm.len() as u64 * 8);
     pool.write_u64(meta_page + WM_SEL, next);
     pool.persist(meta_page + WM_SEL, 8);
     next
@@ -368,21 +374,31 @@ pub(crate) fn recover(
 }
 
 impl LockPipe {
-    /// A pipeline over `ring` whose chains have reproduced up to `reproduced`, the log
-    /// truncated at `pos`.
+    /// A pipeline over `ring` whose chains (`max_threads` of them used) have reproduced up to
+    /// `reproduced`, the log truncated at `pos`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         pool: std::sync::Arc<Pool>,
         ring: LogRing,
         meta_page: u64,
         config: &super::DudetxPtmOptions,
+        max_threads: usize,
         detect: Detect,
         apply: ObjectApply,
         reproduced: Vec<u64>,
         pos: u64,
     ) -> LockPipe {
         let slot = pool.read_u64(meta_page + WM_SEL) & 1;
+        // A chain whose current watermark is 0 has never reproduced anything, so its word is 0
+        // in the other slot too (watermarks only grow, each slot write copies every chain
+        // above 0): words past the last such chain and the workers' chains stay as they are.
+        let chains = reproduced
+            .iter()
+            .rposition(|&w| w != 0)
+            .map_or(0, |c| c + 1)
+            .max(max_threads.min(CHAINS));
         LockPipe {
+            chains,
             pool,
             ring,
             meta_page,
@@ -451,10 +467,24 @@ impl LockPipe {
         st.last_committed = id;
     }
 
+    /// The table engine's pipeline fault of this kind, if it is the one configured (the lock
+    /// mode's steps have the same ordering points: log persist, durable report, reproduce,
+    /// truncation).
+    fn pipeline_fault(&self, f: DudetxFault) -> bool {
+        self.fault == Some(DudetxPtmFault::Pipeline(f))
+    }
+
     /// After a commit: the steps when due (sync: always; async: once `group` logs wait), and in
     /// sync mode the wait until `id` is durable.
     pub fn after_commit(&self, pages: &PageManager, id: u64) -> Result<(), String> {
         let mut st = self.state.lock();
+        if self.pipeline_fault(DudetxFault::DurableIdFirst) {
+            // The fault: the commit is reported durable before its record is persisted.
+            st.last_durable = id;
+            if st.queued < self.group {
+                return Ok(());
+            }
+        }
         if self.mode == DurabilityMode::Sync || st.queued >= self.group {
             self.step(pages, &mut st)?;
         }
@@ -545,8 +575,10 @@ impl LockPipe {
             }
         }
         self.ring.write(&self.pool, st.tail, &rec);
-        self.ring.flush(&self.pool, st.tail, rec.len() as u64);
-        self.pool.fence();
+        if !self.pipeline_fault(DudetxFault::SkipLogFlush) {
+            self.ring.flush(&self.pool, st.tail, rec.len() as u64);
+            self.pool.fence();
+        }
         let (deps, ops) = decode_ops(&log)
             .and_then(split_deps)
             .expect("a log this engine encoded");
@@ -560,6 +592,16 @@ impl LockPipe {
         Ok(())
     }
 
+    /// The reproduced watermarks after `batch`, persisted (double-buffered).
+    fn advance_watermarks(&self, st: &mut State, batch: &[(u64, Persisted)]) {
+        for (id, _) in batch {
+            let c = chain_of(*id);
+            st.reproduced[c] = st.reproduced[c].max(seq_of(*id));
+        }
+        let wm = &st.reproduced[..self.chains];
+        st.slot = write_watermarks(&self.pool, self.meta_page, st.slot, wm);
+    }
+
     /// The reproduce step (§3.4, §5.3): the ready transactions' writes in dependency order,
     /// written back and fenced, then the reproduced watermarks (double-buffered), then the
     /// truncation of the ring's reproduced prefix.
@@ -571,22 +613,31 @@ impl LockPipe {
         if self.fault == Some(DudetxPtmFault::LockRingOrder) {
             batch.sort_unstable_by_key(|(_, p)| p.pos);
         }
+        let truncate_first = self.pipeline_fault(DudetxFault::TruncateFirst);
+        if truncate_first {
+            self.advance_watermarks(st, &batch);
+        }
+        let heap_fault = match self.fault {
+            Some(DudetxPtmFault::Pipeline(f @ DudetxFault::SkipHeapFlush)) => Some(f),
+            _ => None,
+        };
         {
             let mut apply = self.apply.lock();
             for (_, p) in &batch {
                 for op in &p.ops {
-                    if let Err(e) = apply.apply(&self.pool, pages, op, None) {
+                    if let Err(e) = apply.apply(&self.pool, pages, op, heap_fault) {
                         return Err(self.fail(st, e));
                     }
                 }
             }
         }
-        self.pool.fence();
-        for (id, _) in &batch {
-            let c = chain_of(*id);
-            st.reproduced[c] = st.reproduced[c].max(seq_of(*id));
+        // The heap writes durable before the watermarks say they are (§3.1).
+        if heap_fault.is_none() {
+            self.pool.fence();
         }
-        st.slot = write_watermarks(&self.pool, self.meta_page, st.slot, &st.reproduced);
+        if !truncate_first {
+            self.advance_watermarks(st, &batch);
+        }
         let mut head = st.head;
         while let Some(&(id, end)) = st.ring.front() {
             if seq_of(id) > st.reproduced[chain_of(id)] {

@@ -1,6 +1,6 @@
 //! DUDETx behind the persistent-object API (`pmtx::ptm`, `PtmEngineKind::Dudetx`; §3, §3.6):
-//! transactions *perform* on a DRAM shadow of the object heap (one frame per PM heap page,
-//! `heap.rs`) under a word-based STM (`worker.rs`, §4.1), producing a thread-local volatile
+//! transactions *perform* on a DRAM shadow of the object heap (4 KiB shadow pages of the PM heap
+//! pages by default, `heap.rs`) under a word-based STM (`worker.rs`, §4.1), producing a thread-local volatile
 //! redo log of (word, value) ops and allocation-log ops (§3.6); the *persist* step combines a
 //! group of logs (each word's last value), compresses it with LZ4 and persists it in the log
 //! ring, then the durable id (§3.2, §3.3); the *reproduce* step writes the words into the PM
@@ -17,12 +17,18 @@
 //! which ids are durable, [`PtmEngine::committed_id`] which id the last commit took).
 //!
 //! Departures from the paper, and why:
-//! - **Shadow paging at 2 MiB** (§3.4, §3.6.2; `heap.rs`): frames are whole heap pages, LRU
-//!   eviction of unpinned frames, touching ids; STM mode only (the lock mode's ids are per
-//!   chain, so it keeps every page).
+//! - **Shadow paging** (§3.4, §3.6.2; `heap.rs`): shadow pages of 4 KiB by default as the
+//!   paper's (`DudetxPtmOptions::shadow_page_bytes`, up to whole 2 MiB heap pages), touching
+//!   ids; eviction is an *approximate* LRU (the least recently used of a sample of 32 resident
+//!   frames, the sample moving round the resident list) rather than an exact one, since sorting
+//!   every frame per eviction costs O(n log n) with 4 KiB pages; STM mode only (the lock mode's
+//!   ids are per chain, so it keeps every page).
 //! - **The lock-based mode** (§5, `locks.rs`): locks are taken automatically per word stripe
-//!   (strict 2PL; no user-level `txLock`), its pipeline steps run in the committing threads,
-//!   and its records are not combined across transactions.
+//!   (strict 2PL; no user-level `txLock`), its pipeline steps run in the committing threads
+//!   (its own persist/reproduce, not `pipeline::Core`'s: see docs/ARCHITECTURE.md), and its
+//!   records are not combined across transactions. Its ordering steps honour the pipeline's
+//!   four faults (log write-back, durable report, heap write-back, truncation) besides its
+//!   own two.
 //! - **The allocation log rides in the transaction's redo record** instead of a separate
 //!   per-thread log (§3.6): one record, one CRC, so the allocation state a crash leaves is
 //!   exactly the one the persisted records say, with no second ordering step to get wrong.
@@ -167,6 +173,9 @@ pub struct DudetxPtmOptions {
     pub mode: DurabilityMode,
     /// Transactions combined into one log record at most (§3.3).
     pub group: usize,
+    /// Async mode: how long the persist thread waits at most for a group to fill, in µs
+    /// (`DudetxConfig::group_delay_us`).
+    pub group_delay_us: u64,
     /// 2 MiB pages of the log ring at creation (0: a quarter of the pool, 1 to 8).
     pub log_pages: usize,
     /// Persist and reproduce in background threads (ignored under the crash simulator, whose
@@ -174,10 +183,13 @@ pub struct DudetxPtmOptions {
     pub background: bool,
     /// The perform mode.
     pub perform: PerformMode,
-    /// Shadow paging (§3.4): 2 MiB frames the DRAM shadow holds at most (0: every heap page,
-    /// no paging). Not with the lock-based mode.
+    /// Shadow paging (§3.4): the bytes of a shadow page (a frame): a power of two from 4 KiB
+    /// (the default, the paper's) to a 2 MiB heap page.
+    pub shadow_page_bytes: usize,
+    /// Shadow paging (§3.4): frames the DRAM shadow holds at most (0: every shadow page, no
+    /// paging). Not with the lock-based mode.
     pub shadow_frames: usize,
-    /// Shadow paging by size: the shadow holds at most this percentage of the heap's pages
+    /// Shadow paging by size: the shadow holds at most this percentage of the shadow pages
     /// (1 to 99; 0 or 100: every page), when `shadow_frames` is 0.
     pub shadow_percent: usize,
     /// A deliberate ordering bug (test-only).
@@ -189,9 +201,11 @@ impl Default for DudetxPtmOptions {
         DudetxPtmOptions {
             mode: DurabilityMode::Sync,
             group: 64,
+            group_delay_us: super::DEFAULT_GROUP_DELAY_US,
             log_pages: 0,
             background: true,
             perform: PerformMode::Stm,
+            shadow_page_bytes: heap::DEFAULT_SHADOW_PAGE,
             shadow_frames: 0,
             shadow_percent: 0,
             fault: None,
@@ -321,6 +335,7 @@ fn core_config(config: &PtmConfig, log_pages: usize) -> Result<DudetxConfig, Ptm
             o.shadow_percent
         )));
     }
+    heap::check_shadow_page(o.shadow_page_bytes).map_err(PtmError::Pool)?;
     let paging = heap::Shadow::pages(o.shadow_frames, o.shadow_percent);
     if paging && matches!(o.perform, PerformMode::Locks(_)) {
         return Err(PtmError::Pool(
@@ -332,6 +347,7 @@ fn core_config(config: &PtmConfig, log_pages: usize) -> Result<DudetxConfig, Ptm
     let mut c = DudetxConfig::new(Protocol::Occ);
     c.mode = o.mode;
     c.group = o.group;
+    c.group_delay_us = o.group_delay_us;
     c.log_pages = log_pages;
     // The lock mode steps its own pipeline in the committing threads (`locks.rs`).
     c.background =
@@ -380,6 +396,7 @@ impl DudetxPtm {
         let shadow = Arc::new(Shadow::with_capacity(
             config.dudetx.shadow_frames,
             config.dudetx.shadow_percent,
+            config.dudetx.shadow_page_bytes,
         ));
         let apply = ObjectApply {
             shadow: shadow.clone(),
@@ -465,6 +482,7 @@ impl DudetxPtm {
         let shadow = Arc::new(Shadow::with_capacity(
             config.dudetx.shadow_frames,
             config.dudetx.shadow_percent,
+            config.dudetx.shadow_page_bytes,
         ));
         for (index, tag) in pages.allocated(&pool)? {
             if tag.kind == heap::HEAP_KIND {
@@ -629,6 +647,7 @@ fn lock_pipe(
         },
         meta_page,
         &config.dudetx,
+        config.max_threads,
         detect,
         ObjectApply {
             shadow: shadow.clone(),

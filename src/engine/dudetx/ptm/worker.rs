@@ -161,7 +161,7 @@ impl StmWorker {
 
     fn frame_of(&mut self, addr: u64) -> Option<Arc<Frame>> {
         if let Some(f) = &self.frame {
-            if addr >= f.base && addr < f.base + crate::alloc::PAGE_SIZE {
+            if f.contains(addr) {
                 return Some(f.clone());
             }
         }
@@ -240,7 +240,7 @@ impl StmWorker {
             return Err(invalid(h, "it points into no object page of this pool"));
         }
         let f = self.frame_of(header_at).ok_or_else(unloadable)?;
-        if (header_at - f.base) % slot_bytes(f.class) != 0 {
+        if (header_at - f.page) % slot_bytes(f.class) != 0 {
             return Err(invalid(h, "it points into the middle of a slot"));
         }
         let w = self.read_word(&f, header_at, h)?;
@@ -270,7 +270,8 @@ impl StmWorker {
         Ok(())
     }
 
-    fn write_bytes(&mut self, f: &Frame, at: u64, src: &[u8], h: u64) -> Result<(), PtmError> {
+    /// Buffers a write of `src` at `at` (an object of `h`; it may span shadow pages).
+    fn write_bytes(&mut self, at: u64, src: &[u8], h: u64) -> Result<(), PtmError> {
         let mut i = 0usize;
         while i < src.len() {
             let addr = (at + i as u64) & !7;
@@ -279,7 +280,8 @@ impl StmWorker {
             let value = if n == 8 {
                 u64::from_le_bytes(src[i..i + 8].try_into().expect("8 bytes"))
             } else {
-                let mut b = self.read_word(f, addr, h)?.to_le_bytes();
+                let f = self.frame_of(addr).ok_or_else(unloadable)?;
+                let mut b = self.read_word(&f, addr, h)?.to_le_bytes();
                 b[skip..skip + n].copy_from_slice(&src[i..i + n]);
                 u64::from_le_bytes(b)
             };
@@ -304,7 +306,7 @@ impl StmWorker {
     fn write_shadow(&self, frames: &std::collections::HashMap<u64, Arc<Frame>>, id: u64) -> i64 {
         let mut live_delta = 0i64;
         for (&addr, &(value, header)) in &self.writes {
-            let w = frames[&(addr & !(crate::alloc::PAGE_SIZE - 1))].word(addr);
+            let w = frames[&self.inner.shadow.frame_base(addr)].word(addr);
             if header {
                 let was = Header::decode(w.load(Ordering::Relaxed)).is_some_and(|h| h.live);
                 let is = Header::decode(value).is_some_and(|h| h.live);
@@ -320,7 +322,7 @@ impl StmWorker {
     fn written_frames(&self) -> Result<std::collections::HashMap<u64, Arc<Frame>>, PtmError> {
         let mut frames = std::collections::HashMap::new();
         for &addr in self.writes.keys() {
-            let base = addr & !(crate::alloc::PAGE_SIZE - 1);
+            let base = self.inner.shadow.frame_base(addr);
             if let std::collections::hash_map::Entry::Vacant(e) = frames.entry(base) {
                 e.insert(self.inner.shadow.frame(addr).ok_or_else(unloadable)?);
             }
@@ -401,11 +403,15 @@ impl PtmWorker for StmWorker {
     fn read(&mut self, h: u64, offset: usize, dst: &mut [u8]) -> Result<(), PtmError> {
         let o = self.object(h)?;
         Self::range(h, &o, offset, dst.len())?;
-        let f = self.frame_of(o.at).ok_or_else(unloadable)?;
         let at = o.at + offset as u64;
+        let mut f = self.frame_of(at).ok_or_else(unloadable)?;
         let mut i = 0usize;
         while i < dst.len() {
             let addr = (at + i as u64) & !7;
+            // An object may span shadow pages (§3.4: 4 KiB by default).
+            if !f.contains(addr) {
+                f = self.frame_of(addr).ok_or_else(unloadable)?;
+            }
             let skip = (at + i as u64 - addr) as usize;
             let n = (8 - skip).min(dst.len() - i);
             let b = self.read_word(&f, addr, h)?.to_le_bytes();
@@ -418,8 +424,7 @@ impl PtmWorker for StmWorker {
     fn write(&mut self, h: u64, offset: usize, src: &[u8]) -> Result<(), PtmError> {
         let o = self.object(h)?;
         Self::range(h, &o, offset, src.len())?;
-        let f = self.frame_of(o.at).ok_or_else(unloadable)?;
-        self.write_bytes(&f, o.at + offset as u64, src, h)
+        self.write_bytes(o.at + offset as u64, src, h)
     }
 
     /// `pmalloc` (§3.6): a free slot from the DRAM free lists; its header (a new generation)
@@ -459,7 +464,7 @@ impl PtmWorker for StmWorker {
             size: init.len() as u64,
         };
         self.writes.insert(header_at, (header.encode(), true));
-        self.write_bytes(&f, header_at + 8, init, h)?;
+        self.write_bytes(header_at + 8, init, h)?;
         Ok(h)
     }
 
