@@ -422,7 +422,8 @@ impl HashIndex {
     pub fn prefetch(&self, key: u64) {
         let hash = self.hash(key);
         let shard = &self.shards[self.shard_of(hash)];
-        let table = shard.table(shard.state.load(Ordering::Relaxed));
+        // Acquire: a state naming a grown table must also show that table's new segments.
+        let table = shard.table(shard.state.load(Ordering::Acquire));
         crate::pmem::prefetch(table.bucket(hash as usize & table.mask));
     }
 
