@@ -14,14 +14,15 @@
 //!   cycles; issue 13).
 //! - **Sharded writers.** The key's hash picks a shard; a writer holds its shard's mutex, so
 //!   conditional updates (`insert_new`, `remove_if`, `replace_if`) are atomic per key.
-//! - **Growth without epochs.** A shard grows (or sheds tombstones) by building a new table and
-//!   publishing it through an [`ArcSwap`]; a reader still in the old table sees the frozen state
-//!   it had when it was replaced, and the old table is freed when its last reader leaves.
+//! - **Growth without epochs or reference counts.** A shard's buckets live in type-stable
+//!   segments that double the table as it grows and are freed only with the index. A shard
+//!   grows (or sheds tombstones) in place under its writer lock, with a shard-wide seqlock word
+//!   that readers validate after their bucket read, so a lookup takes no pin and writes nothing
+//!   (it used to load the table through `arc-swap`, two locked instructions per lookup; issue
+//!   13). Readers of that shard wait while it is rebuilt, which growth makes rare.
 
 use std::fmt;
-use std::sync::Arc;
-
-use arc_swap::ArcSwap;
+use std::sync::OnceLock;
 
 use super::sync::{fence, spin, AtomicU64, AtomicUsize, Mutex, Ordering};
 
@@ -106,21 +107,41 @@ enum Probe {
     Continue,
 }
 
-/// A shard's open-addressing table.
-struct Table {
-    buckets: Box<[Bucket]>,
-    /// Full plus tombstoned slots (changed under the shard lock only).
-    used: AtomicUsize,
+/// Segments of a shard's table. Segment 0 holds [`MIN_BUCKETS`] buckets and segment `s >= 1`
+/// holds `MIN_BUCKETS << (s - 1)`, so a table of `MIN_BUCKETS << k` buckets is segments `0..=k`
+/// and doubling it adds one segment as large as all the others together. 30 segments reach
+/// 2^31 buckets (128 GiB) per shard.
+const SEGMENTS: usize = 30;
+/// log2 of [`MIN_BUCKETS`].
+const MIN_BUCKETS_LOG2: u32 = MIN_BUCKETS.trailing_zeros();
+/// A shard's state word: bit 0 is set while its table is rebuilt, bits 1..7 hold log2 of its
+/// bucket count, the rest count rebuilds (so a reader sees any rebuild it overlapped).
+const REBUILDING: u64 = 1;
+const SIZE_SHIFT: u32 = 1;
+const SIZE_MASK: u64 = 0x3f;
+const SEQ_ONE: u64 = 1 << 7;
+
+/// Where bucket `b` lives: its segment and the offset in it.
+#[inline]
+fn locate(b: usize) -> (usize, usize) {
+    let above = b >> MIN_BUCKETS_LOG2;
+    if above == 0 {
+        (0, b)
+    } else {
+        let s = above.ilog2();
+        (s as usize + 1, b - (MIN_BUCKETS << s))
+    }
 }
 
-impl Table {
-    fn with_buckets(buckets: usize) -> Table {
-        Table {
-            buckets: (0..buckets).map(|_| Bucket::default()).collect(),
-            used: AtomicUsize::new(0),
-        }
-    }
+/// A shard's open-addressing table as of one state word: `mask + 1` buckets in the shard's
+/// segments.
+#[derive(Clone, Copy)]
+struct Table<'a> {
+    shard: &'a Shard,
+    mask: usize,
+}
 
+impl<'a> Table<'a> {
     /// Buckets so that `entries` fill at most half the slots (a power of two).
     fn buckets_for(entries: usize) -> usize {
         (entries * 2)
@@ -129,14 +150,24 @@ impl Table {
             .max(MIN_BUCKETS)
     }
 
-    fn mask(&self) -> usize {
-        self.buckets.len() - 1
+    fn len(&self) -> usize {
+        self.mask + 1
+    }
+
+    /// Bucket `b` (below `len`). Every segment of the table exists before a state word that
+    /// names its size is published, and segments are freed only with the index.
+    #[inline]
+    fn bucket(&self, b: usize) -> &'a Bucket {
+        let (segment, at) = locate(b);
+        &self.shard.segments[segment]
+            .get()
+            .expect("a published table size has all its segments")[at]
     }
 
     /// Reads bucket `b` consistently for `key`.
     #[inline]
     fn probe(&self, b: usize, key: u64) -> Probe {
-        let bucket = &self.buckets[b];
+        let bucket = self.bucket(b);
         loop {
             let v = bucket.version.load(Ordering::Acquire);
             if v & 1 != 0 {
@@ -165,9 +196,9 @@ impl Table {
     /// Where `key` is: its bucket, slot and address.
     #[inline]
     fn find(&self, hash: u64, key: u64) -> Option<(usize, usize, u64)> {
-        let mask = self.mask();
+        let mask = self.mask;
         let mut b = hash as usize & mask;
-        for _ in 0..self.buckets.len() {
+        for _ in 0..self.len() {
             match self.probe(b, key) {
                 Probe::Found(slot, addr) => return Some((b, slot, addr)),
                 Probe::Absent => return None,
@@ -180,14 +211,14 @@ impl Table {
     /// Puts a key known absent into the first free slot of its probe sequence. The caller holds
     /// the shard lock and has made sure there is room.
     fn place(&self, hash: u64, key: u64, addr: u64) {
-        let mask = self.mask();
+        let mask = self.mask;
         let mut b = hash as usize & mask;
         loop {
-            let bucket = &self.buckets[b];
+            let bucket = self.bucket(b);
             let states = bucket.states.load(Ordering::Relaxed);
             if let Some(slot) = (0..SLOTS).find(|&s| Bucket::state(states, s) != FULL) {
                 if Bucket::state(states, slot) == EMPTY {
-                    self.used.fetch_add(1, Ordering::Relaxed);
+                    self.shard.used.fetch_add(1, Ordering::Relaxed);
                 }
                 bucket.begin_write();
                 bucket.keys[slot].store(key, Ordering::Relaxed);
@@ -201,7 +232,8 @@ impl Table {
     }
 
     fn for_each_entry(&self, mut f: impl FnMut(u64, u64)) {
-        for bucket in self.buckets.iter() {
+        for b in 0..self.len() {
+            let bucket = self.bucket(b);
             let states = bucket.states.load(Ordering::Relaxed);
             for slot in 0..SLOTS {
                 if Bucket::state(states, slot) == FULL {
@@ -215,11 +247,116 @@ impl Table {
     }
 }
 
-/// One shard: its table and the lock its writers hold.
+/// One shard: its table's segments, the state word readers validate against, and the lock its
+/// writers hold.
 struct Shard {
-    table: ArcSwap<Table>,
+    /// Rebuild bit, log2 of the bucket count and rebuild count (see [`REBUILDING`]).
+    state: AtomicU64,
+    /// Type-stable bucket storage (see [`SEGMENTS`]): allocated as the table doubles, freed
+    /// only with the index, so a reader never needs a reference count or an epoch pin to read
+    /// it (issue 13: `arc-swap`'s per-lookup debt slot cost two locked instructions).
+    segments: [OnceLock<Box<[Bucket]>>; SEGMENTS],
+    /// Full plus tombstoned slots (changed under the writer lock only).
+    used: AtomicUsize,
     writer: Mutex<()>,
     len: AtomicUsize,
+}
+
+impl Shard {
+    fn with_buckets(buckets: usize) -> Shard {
+        let shard = Shard {
+            state: AtomicU64::new(0),
+            segments: std::array::from_fn(|_| OnceLock::new()),
+            used: AtomicUsize::new(0),
+            writer: Mutex::new(()),
+            len: AtomicUsize::new(0),
+        };
+        shard.allocate(buckets);
+        shard.state.store(
+            u64::from(buckets.trailing_zeros()) << SIZE_SHIFT,
+            Ordering::Relaxed,
+        );
+        shard
+    }
+
+    /// Makes sure the segments of a table of `buckets` (a power of two) exist.
+    fn allocate(&self, buckets: usize) {
+        let (last, _) = locate(buckets - 1);
+        assert!(
+            last < SEGMENTS,
+            "a hash shard of {buckets} buckets exceeds its {SEGMENTS} segments"
+        );
+        for (s, segment) in self.segments[..=last].iter().enumerate() {
+            let size = if s == 0 {
+                MIN_BUCKETS
+            } else {
+                MIN_BUCKETS << (s - 1)
+            };
+            segment.get_or_init(|| (0..size).map(|_| Bucket::default()).collect());
+        }
+    }
+
+    /// The table a state word describes.
+    #[inline]
+    fn table(&self, state: u64) -> Table<'_> {
+        Table {
+            shard: self,
+            mask: (1usize << ((state >> SIZE_SHIFT) & SIZE_MASK)) - 1,
+        }
+    }
+
+    /// The current table, for a writer (who holds the lock, so it cannot change).
+    fn locked_table(&self) -> Table<'_> {
+        self.table(self.state.load(Ordering::Relaxed))
+    }
+
+    /// Calls `f` on the current table and returns its result once no rebuild overlapped the
+    /// call (a seqlock over the whole shard; each bucket has its own for ordinary writes).
+    #[inline]
+    fn read<R>(&self, mut f: impl FnMut(Table<'_>) -> R) -> R {
+        loop {
+            let state = self.state.load(Ordering::Acquire);
+            if state & REBUILDING != 0 {
+                spin();
+                continue;
+            }
+            let result = f(self.table(state));
+            fence(Ordering::Acquire);
+            if self.state.load(Ordering::Relaxed) == state {
+                return result;
+            }
+        }
+    }
+
+    /// Rebuilds the table in place under the writer lock, with `buckets` (at least the current
+    /// count): tombstones are dropped and every entry rehashed. Readers wait meanwhile (they see
+    /// the rebuild bit), which is the price of never freeing a table under them; growth is
+    /// geometric, so this is rare.
+    /// With `keep` false every entry is dropped instead (`clear`).
+    fn rebuild(&self, hash: impl Fn(u64) -> u64, buckets: usize, keep: bool) {
+        let old = self.locked_table();
+        let mut entries = Vec::new();
+        if keep {
+            entries.reserve(self.len.load(Ordering::Relaxed));
+            old.for_each_entry(|k, a| entries.push((k, a)));
+        }
+        // New segments are allocated (zeroed) before readers are held off.
+        self.allocate(buckets);
+        let state = self.state.load(Ordering::Relaxed);
+        self.state.store(state | REBUILDING, Ordering::Relaxed);
+        fence(Ordering::Release);
+        for b in 0..old.len() {
+            old.bucket(b).states.store(0, Ordering::Relaxed);
+        }
+        self.used.store(0, Ordering::Relaxed);
+        let seq = (state & !(SEQ_ONE - 1)) + SEQ_ONE;
+        let new_state = seq | (u64::from(buckets.trailing_zeros()) << SIZE_SHIFT);
+        let new = self.table(new_state);
+        for (k, a) in entries {
+            new.place(hash(k), k, a);
+        }
+        self.state.store(new_state, Ordering::Release);
+    }
 }
 
 /// A concurrent hash map from an 8-byte primary key to an 8-byte tuple address (see the module
@@ -251,13 +388,7 @@ impl HashIndex {
         let per_shard = per_shard + 4 * (per_shard as f64).sqrt().ceil() as usize;
         Self {
             shards: (0..shards)
-                .map(|_| Shard {
-                    table: ArcSwap::from_pointee(Table::with_buckets(Table::buckets_for(
-                        per_shard,
-                    ))),
-                    writer: Mutex::new(()),
-                    len: AtomicUsize::new(0),
-                })
+                .map(|_| Shard::with_buckets(Table::buckets_for(per_shard)))
                 .collect(),
             shard_shift: 64 - shards.trailing_zeros(),
             // A loom model must replay identically: a fixed seed there.
@@ -280,18 +411,20 @@ impl HashIndex {
     #[inline]
     pub fn get(&self, key: u64) -> Option<u64> {
         let hash = self.hash(key);
-        let table = self.shards[self.shard_of(hash)].table.load();
-        table.find(hash, key).map(|(_, _, addr)| addr)
+        self.shards[self.shard_of(hash)]
+            .read(|table| table.find(hash, key).map(|(_, _, addr)| addr))
     }
 
     /// Starts loading the bucket where `key` would be, so that a later [`get`](Self::get) finds
     /// it in the cache: a transaction that knows its keys issues these first and overlaps the
-    /// misses.
+    /// misses. A hint: a concurrent rebuild may make it load the wrong line, never a wrong result.
     #[inline]
     pub fn prefetch(&self, key: u64) {
         let hash = self.hash(key);
-        let table = self.shards[self.shard_of(hash)].table.load();
-        crate::pmem::prefetch(&table.buckets[hash as usize & table.mask()]);
+        let shard = &self.shards[self.shard_of(hash)];
+        // Acquire: a state naming a grown table must also show that table's new segments.
+        let table = shard.table(shard.state.load(Ordering::Acquire));
+        crate::pmem::prefetch(table.bucket(hash as usize & table.mask));
     }
 
     /// Runs `f` on `key`'s shard under its writer lock, with the current table and where the key
@@ -299,25 +432,29 @@ impl HashIndex {
     fn write<R>(
         &self,
         key: u64,
-        f: impl FnOnce(&Shard, &Table, u64, Option<(usize, usize, u64)>) -> R,
+        f: impl FnOnce(&Shard, Table<'_>, u64, Option<(usize, usize, u64)>) -> R,
     ) -> R {
         let hash = self.hash(key);
         let shard = &self.shards[self.shard_of(hash)];
         let _writer = shard.writer.lock();
-        let table = shard.table.load();
+        let table = shard.locked_table();
         let found = table.find(hash, key);
-        f(shard, &table, hash, found)
+        f(shard, table, hash, found)
     }
 
     /// Adds an absent key under the shard lock, first rebuilding the table if it is too full.
-    fn add(&self, shard: &Shard, table: &Table, hash: u64, key: u64, addr: u64) {
-        let slots = table.buckets.len() * SLOTS;
-        if (table.used.load(Ordering::Relaxed) + 1) * 8 > slots * MAX_USED_EIGHTHS {
+    /// A table never shrinks (its segments stay allocated anyway): a rebuild for tombstones
+    /// keeps its size.
+    fn add(&self, shard: &Shard, table: Table<'_>, hash: u64, key: u64, addr: u64) {
+        let slots = table.len() * SLOTS;
+        if (shard.used.load(Ordering::Relaxed) + 1) * 8 > slots * MAX_USED_EIGHTHS {
             let live = shard.len.load(Ordering::Relaxed) + 1;
-            let rebuilt = Table::with_buckets(Table::buckets_for(live));
-            table.for_each_entry(|k, a| rebuilt.place(self.hash(k), k, a));
-            rebuilt.place(hash, key, addr);
-            shard.table.store(Arc::new(rebuilt));
+            shard.rebuild(
+                |k| self.hash(k),
+                Table::buckets_for(live).max(table.len()),
+                true,
+            );
+            shard.locked_table().place(hash, key, addr);
         } else {
             table.place(hash, key, addr);
         }
@@ -325,8 +462,8 @@ impl HashIndex {
     }
 
     /// Removes the entry at (`b`, `slot`) under the shard lock.
-    fn take(shard: &Shard, table: &Table, b: usize, slot: usize) {
-        let bucket = &table.buckets[b];
+    fn take(shard: &Shard, table: Table<'_>, b: usize, slot: usize) {
+        let bucket = table.bucket(b);
         bucket.begin_write();
         bucket.set_state(slot, TOMBSTONE);
         bucket.end_write();
@@ -334,8 +471,8 @@ impl HashIndex {
     }
 
     /// Sets the address at (`b`, `slot`) under the shard lock.
-    fn set(table: &Table, b: usize, slot: usize, addr: u64) {
-        let bucket = &table.buckets[b];
+    fn set(table: Table<'_>, b: usize, slot: usize, addr: u64) {
+        let bucket = table.bucket(b);
         bucket.begin_write();
         bucket.addrs[slot].store(addr, Ordering::Relaxed);
         bucket.end_write();
@@ -422,8 +559,8 @@ impl HashIndex {
     pub fn clear(&self) {
         for shard in self.shards.iter() {
             let _writer = shard.writer.lock();
-            let buckets = shard.table.load().buckets.len();
-            shard.table.store(Arc::new(Table::with_buckets(buckets)));
+            let buckets = shard.locked_table().len();
+            shard.rebuild(|k| self.hash(k), buckets, false);
             shard.len.store(0, Ordering::Relaxed);
         }
     }
@@ -440,8 +577,7 @@ impl HashIndex {
             {
                 let _writer = shard.writer.lock();
                 shard
-                    .table
-                    .load()
+                    .locked_table()
                     .for_each_entry(|k, a| entries.push((k, a)));
             }
             for &(k, a) in &entries {
@@ -450,17 +586,18 @@ impl HashIndex {
         }
     }
 
-    /// DRAM bytes used by the index: every shard's current table (64 bytes a bucket) plus the
-    /// fixed part. A table being replaced lives on only until its last reader leaves.
+    /// DRAM bytes used by the index: every shard's allocated segments (64 bytes a bucket) plus
+    /// the fixed part.
     pub fn memory_bytes(&self) -> usize {
-        let tables: usize = self
+        let buckets: usize = self
             .shards
             .iter()
-            .map(|s| s.table.load().buckets.len() * std::mem::size_of::<Bucket>())
+            .flat_map(|s| s.segments.iter().filter_map(OnceLock::get))
+            .map(|segment| segment.len())
             .sum();
         std::mem::size_of::<Self>()
-            + self.shards.len() * (std::mem::size_of::<Shard>() + std::mem::size_of::<Table>())
-            + tables
+            + self.shards.len() * std::mem::size_of::<Shard>()
+            + buckets * std::mem::size_of::<Bucket>()
     }
 }
 
@@ -671,6 +808,34 @@ mod tests {
             });
         });
         assert_eq!(index.len(), 10_000);
+    }
+
+    /// Tombstone rebuilds happen in place: a queue-like table (inserts of new keys, removals of
+    /// old ones) keeps its memory however long it runs.
+    #[test]
+    fn churn_rebuilds_in_place_without_growing_memory() {
+        let index = HashIndex::new();
+        for key in 0..1_000u64 {
+            index.insert_new(key, key).unwrap();
+        }
+        let settled = {
+            for key in 1_000..20_000u64 {
+                index.insert_new(key, key).unwrap();
+                assert_eq!(index.remove(key - 1_000), Some(key - 1_000));
+            }
+            index.memory_bytes()
+        };
+        for key in 20_000..200_000u64 {
+            index.insert_new(key, key).unwrap();
+            assert_eq!(index.remove(key - 1_000), Some(key - 1_000));
+        }
+        // A shard whose share of the 1,000 live keys drifts up may double once more, but 180,000
+        // further inserts and removals (dozens of rebuilds per shard) must not add up.
+        let after = index.memory_bytes();
+        assert!(after <= 2 * settled, "{settled} bytes became {after}");
+        assert_eq!(index.len(), 1_000);
+        assert!((199_000..200_000).all(|k| index.get(k) == Some(k)));
+        assert_eq!(index.get(198_999), None);
     }
 
     #[test]
