@@ -53,7 +53,8 @@ pub struct Counters {
     pub defrag_passes: AtomicU64,
     /// Objects defragmentation moved, in total.
     pub defrag_moved: AtomicU64,
-    /// Of `gc_runs`, those the GC thread ran (not a commit or an allocation inline).
+    /// Of `gc_runs`, those a background thread ran: the GC thread, or the defragmentation
+    /// thread before its pass (not a commit or an allocation inline).
     pub thread_gc_runs: AtomicU64,
     /// Of `defrag_passes`, those the defragmentation thread ran (not `Ptm::defragment`).
     pub thread_defrag_passes: AtomicU64,
@@ -163,6 +164,11 @@ fn defrag_loop(eng: &Arc<Inner>, period: Duration) {
             slot
         };
         let ok = pass(|| {
+            // The pass starts with the pending collections; collected here they count as a
+            // background thread's (the pass would otherwise take them from the GC thread).
+            if eng.gc() > 0 {
+                eng.counters.thread_gc_runs.fetch_add(1, Ordering::Relaxed);
+            }
             let mut w = ArchtmWorker::new(Arc::clone(eng), slot);
             let before = eng.counters.defrag_passes.load(Ordering::Relaxed);
             // An error (the pool full for the moved copies) leaves everything consistent: the
