@@ -104,6 +104,9 @@ impl GroupCommit {
                     self.cp.store(bound, Ordering::Release);
                 }
             }
+            // A thread that crashed (simulated) inside its commit never leaves: its open tid
+            // would hold `c_p` below ours for ever.
+            pool.unwind_if_crashed();
             round += 1;
             if round > 4 {
                 std::thread::yield_now();
