@@ -9,6 +9,7 @@ with its range, the ratio new/old, the new build's ratio to volatile where the c
 and its 2-thread/1-thread scaling.
 
     scripts/compare_builds.py [--old REV] [--rounds 3] [--duration 3] [--suite core,protocols]
+                              [--only tpcc,16op]
 
 Suites:
   core       TPC-C (2 warehouses, full mix, falcon OCC eADR and volatile, 1 and 2 threads);
@@ -101,6 +102,9 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration", type=float, default=3)
     parser.add_argument("--suite", default="core")
+    parser.add_argument("--only", default="",
+                        help="comma-separated parts of case names: run only the cases whose name "
+                             "contains one of them (e.g. tpcc)")
     args = parser.parse_args()
     if args.rounds < 1 or args.duration <= 0:
         sys.exit("--rounds must be at least 1 and --duration positive")
@@ -108,6 +112,14 @@ def main():
     unknown = suites - {"core", "protocols"}
     if unknown:
         sys.exit(f"unknown suite(s): {', '.join(sorted(unknown))} (core, protocols)")
+    only = [part for part in args.only.split(",") if part]
+
+    def chosen(duration):
+        return [(n, a) for n, a in cases(suites, duration)
+                if not only or any(part in n for part in only)]
+
+    if not chosen(args.duration):
+        sys.exit(f"--only {args.only}: no case of suite(s) {args.suite} matches")
     binaries = {"old": build(args.old), "new": build(None)}
     print(f"old = {args.old}, new = working tree; {args.rounds} rounds of {args.duration} s, "
           f"interleaved; machine: {os.cpu_count()} CPUs", flush=True)
@@ -115,7 +127,7 @@ def main():
     dram = {}  # (case, engine, build) -> [bytes per record]
     order = ["old", "new"]
     for rnd in range(args.rounds):
-        for name, case_args in cases(suites, args.duration):
+        for name, case_args in chosen(args.duration):
             for build_name in order:
                 rows = run(binaries[build_name], case_args)
                 for (engine, threads), row in rows.items():
