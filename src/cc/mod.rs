@@ -110,12 +110,19 @@ impl Protocol {
         )
     }
 
-    /// Whether scans are validated against phantoms at commit (`engine::common::ScanSet`): under
-    /// the single-version protocols, which claim serializability with one current version per
-    /// key. The multi-version ones read scans at a snapshot (SI admits phantoms by definition;
-    /// docs/CC.md states the weaker guarantee of MVOCC, MV2PL and MVTO).
-    pub fn validates_scans(self) -> bool {
-        !self.is_multi_version()
+    /// Whether a transaction's scans are validated against phantoms at commit
+    /// (`engine::common::ScanSet`): under the protocols that claim serializability, for the
+    /// transactions that read current rows or hold a timestamp order to keep. That is every
+    /// transaction of the single-version protocols, and the read-write transactions of MVOCC,
+    /// MV2PL (which read current rows under validation or locks) and MVTO (whose scans must not
+    /// miss an insert ordered before it). Read-only transactions of the multi-version protocols
+    /// read a snapshot, serializable at it as it is; SI admits phantoms by definition.
+    pub fn validates_scans(self, read_only: bool) -> bool {
+        match self {
+            Protocol::Si => false,
+            Protocol::Mvocc | Protocol::Mv2pl | Protocol::Mvto => !read_only,
+            _ => true,
+        }
     }
 
     /// Whether a transaction locks tuples as it writes them (2PL, TO) rather than at commit;

@@ -871,8 +871,11 @@ impl Db {
     ///
     /// **Snapshot readers.** Under the multi-version protocols that keep old versions
     /// ([`Protocol::Si`], [`Protocol::Mvocc`], [`Protocol::Mv2pl`]) a read-only transaction reads
-    /// the snapshot of its start: it takes no locks, never blocks or aborts a writer, and never
-    /// aborts itself. Under [`Protocol::Mvto`] (and FIR) it takes a timestamp and may wait briefly
+    /// the snapshot of its start: it takes no locks and never blocks or aborts a writer. It never
+    /// aborts itself either, with one exception: a range scan of a table in which a delete
+    /// committed after the snapshot fails with [`TxError::Conflict`] (and `run_read_only`
+    /// retries it at a new snapshot), because the index it walks no longer holds the deleted row
+    /// the snapshot still sees. Under [`Protocol::Mvto`] (and FIR) it takes a timestamp and may wait briefly
     /// for an older writer in flight. The single-version protocols keep no old versions: there a
     /// read-only transaction is validated (OCC family: it may abort and be retried, but never
     /// blocks a writer) or takes read locks (2PL, TO: writers of the rows it read wait or abort).

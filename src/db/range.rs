@@ -9,12 +9,16 @@
 //! without repeats, and every row is read through the engine's protocol exactly as
 //! [`Tx::scan`] reads it (it enters the read set, locks are taken, snapshots apply).
 //!
-//! **Phantoms.** Under the single-version protocols (2PL, TO, OCC, Silo, TicToc, H-Store) of the
-//! Falcon family and Zen, the interval each batch covered is validated at commit: a row
-//! inserted into it by another transaction since fails the transaction with `Conflict`, so a
-//! range read is serializable. Under the multi-version protocols (SI, MVOCC, MV2PL, MVTO) and on
-//! FIR, scans read a snapshot and are not re-validated (docs/CC.md, "Phantoms"). A batch reads
-//! one row past the range's end (the scan primitive finds the end by reading it) and hands out
+//! **Phantoms.** Under every protocol that claims serializability (all but SI) on the Falcon
+//! family and Zen, the interval each batch of a read-write transaction covered is validated at
+//! commit: a row inserted into it by another transaction since fails the transaction with
+//! `Conflict`, so a range read is serializable. So are the read-only transactions of the
+//! single-version protocols (2PL, TO, OCC, Silo, TicToc, H-Store); those of the multi-version
+//! ones (MVOCC, MV2PL, MVTO) read a snapshot, serializable at it. SI's scans read its snapshot
+//! and admit phantoms by definition. A scan at a snapshot fails with `Conflict` when a delete
+//! committed in its table after the snapshot (the walked index no longer holds that row). FIR's
+//! scans are not validated yet (docs/CC.md, "Phantoms"). A batch reads one row past the range's
+//! end (the scan primitive finds the end by reading it) and hands out
 //! none of it; that row is in the read set like the others.
 
 use super::{layout_of, Row, Tx};

@@ -265,6 +265,20 @@ impl FalconWorker {
         position
     }
 
+    /// A scan at a snapshot (MV read-only transactions, SI, MVTO) walks the current index, from
+    /// which a delete takes its key at commit: a row the snapshot holds but a later delete took
+    /// out would be missed. Rather than read past it, such a scan fails with `Conflict` (and is
+    /// retried at a new snapshot) when `rt` saw a delete commit after the snapshot. Called after
+    /// the index walk: a delete whose removal the walk missed raised `deleted_up_to` before it.
+    fn no_delete_since_snapshot(&self, rt: &TableRt) -> Result<(), TxError> {
+        match self.snapshot {
+            Some(s) if tid_timestamp(rt.deleted_up_to.load(Ordering::SeqCst)) > s => {
+                Err(TxError::Conflict)
+            }
+            _ => Ok(()),
+        }
+    }
+
     pub(super) fn holds_read_lock(&self, tuple: u64) -> bool {
         self.reads.iter().any(|&(t, _)| t == tuple)
     }
@@ -1115,6 +1129,7 @@ impl EngineWorker for FalconWorker {
         let result = rt
             .index
             .collect_scan_hits(&rt.schema.name, from, reverse, limit, &mut hits)
+            .and_then(|()| self.no_delete_since_snapshot(rt))
             .and_then(|()| {
                 // The hits' tuples are scattered over the heap: keep the next few loading while
                 // one is read, so a scan of many rows (Stock-Level's order lines) does not wait
@@ -1136,7 +1151,7 @@ impl EngineWorker for FalconWorker {
                 )
             });
         if let Ok(visited) = result {
-            if self.proto.validates_scans() && limit > 0 {
+            if self.proto.validates_scans(self.read_only) && limit > 0 {
                 let covered = ScanSet::covered(table, from, reverse, limit, &hits, visited);
                 self.scan_sets.push(covered);
             }

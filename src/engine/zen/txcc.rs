@@ -683,6 +683,23 @@ impl ZenWorker {
         }
     }
 
+    /// A scan at a snapshot (MV read-only transactions, SI, MVTO) walks the current index, from
+    /// which a delete takes its key at commit: a row the snapshot holds but a later delete took
+    /// out would be missed (point reads find it in the key's chain, a walk has no key to ask
+    /// for). Rather than read past it, such a scan fails with `Conflict` (and is retried at a new
+    /// snapshot) when `rt` saw a delete commit, or one is committing, after the snapshot. Called
+    /// after the index walk: a delete whose removal the walk missed raised `deleted_up_to` first.
+    pub(super) fn no_delete_since_snapshot(&self, rt: &super::TableRt) -> Result<(), TxError> {
+        let Some(s) = self.cx.snapshot else {
+            return Ok(());
+        };
+        let last = rt.deleted_up_to.load(Ordering::SeqCst);
+        if last == PENDING || tid_timestamp(last) > s {
+            return Err(TxError::Conflict);
+        }
+        Ok(())
+    }
+
     /// Releases the write lock of entry `r`: commit with `tid`, or abort (`None`).
     pub(super) fn release_word(&self, table: TableId, r: u64, tid: Option<u64>) {
         release(self.proto, self.word(table, r), tid);

@@ -1150,11 +1150,12 @@ impl EngineWorker for ZenWorker {
         row.resize(rt.row, 0);
         let result =
             common::collect_scan_hits(&rt.index, &rt.schema.name, from, reverse, limit, &mut hits)
+                .and_then(|()| self.no_delete_since_snapshot(rt))
                 .and_then(|()| {
                     common::visit_hits(&hits, &mut row, |key, _, out| self.read(table, key, out), f)
                 });
         if let Ok(visited) = result {
-            if self.proto.validates_scans() && limit > 0 {
+            if self.proto.validates_scans(self.read_only) && limit > 0 {
                 let covered = ScanSet::covered(table, from, reverse, limit, &hits, visited);
                 self.scan_sets.push(covered);
             }
