@@ -105,7 +105,10 @@ impl FalconWorker {
         // 3. The commit tid, then read validation at it (OCC family, TicToc) and, under every
         // single-version protocol, phantom validation of the scans.
         let tid = self.take_commit_tid(has_writes);
-        if !self.validate_reads(tid) || !self.validate_scans() {
+        if !self.validate_reads(tid)
+            || !self.validate_scans()
+            || !self.inserts_follow_younger_scans()
+        {
             self.rollback(published);
             return Err(TxError::Conflict);
         }

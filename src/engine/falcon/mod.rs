@@ -372,6 +372,13 @@ pub(crate) struct TableRt {
     /// index): a snapshot or MVTO transaction older than it that misses a key may have missed
     /// it because of that delete (`FalconWorker::resolve_miss`).
     pub deleted_up_to: std::sync::atomic::AtomicU64,
+    /// The largest tid of a TO or MVTO transaction that scanned this table. An older
+    /// transaction's insert committed after that scan would be a row the younger scan missed
+    /// though the timestamp order puts it first (a phantom its read timestamps cannot catch: an
+    /// absent key has no tuple to stamp), so such an insert fails at commit
+    /// (`FalconWorker::inserts_follow_younger_scans`). Conservative: the whole table, not the
+    /// range.
+    pub scanned_up_to: std::sync::atomic::AtomicU64,
 }
 
 impl TableRt {
@@ -390,6 +397,7 @@ impl TableRt {
             secondary,
             schema,
             deleted_up_to: std::sync::atomic::AtomicU64::new(0),
+            scanned_up_to: std::sync::atomic::AtomicU64::new(0),
         }
     }
 

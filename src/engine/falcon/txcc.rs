@@ -488,6 +488,24 @@ impl FalconWorker {
         valid
     }
 
+    /// TO and MVTO: whether every insert of this transaction is ordered after the scans of its
+    /// table (`TableRt::scanned_up_to`): a younger transaction that scanned the table may have
+    /// walked past the key before it was published. Runs after the inserts are published and a
+    /// full fence, as the scanner raises the mark before its walk and a fence: one of the two
+    /// sees the other.
+    pub(super) fn inserts_follow_younger_scans(&self) -> bool {
+        if !matches!(self.proto, Protocol::To | Protocol::Mvto) {
+            return true;
+        }
+        self.writes.iter().all(|w| {
+            w.kind != WriteKind::Insert
+                || self.tables[w.table as usize]
+                    .scanned_up_to
+                    .load(Ordering::SeqCst)
+                    <= self.ts
+        })
+    }
+
     /// Releases the write lock of `t`: commit with `tid`, or abort (`None`).
     pub(super) fn release_word(&self, t: u64, tid: Option<u64>) {
         let word = self.word(t);

@@ -1126,6 +1126,12 @@ impl EngineWorker for FalconWorker {
         row.resize(rt.row, 0);
         let bytes = (tuple::HEADER + rt.row as u64).min(PREFETCH_TUPLE_BYTES);
         let pool = Arc::clone(&self.pool);
+        if matches!(self.proto, Protocol::To | Protocol::Mvto) {
+            // Before the walk (see `TableRt::scanned_up_to`): an older insert published after
+            // it then sees this scan at its commit, or this walk sees the insert.
+            rt.scanned_up_to.fetch_max(self.ts, Ordering::SeqCst);
+            std::sync::atomic::fence(Ordering::SeqCst);
+        }
         let result = rt
             .index
             .collect_scan_hits(&rt.schema.name, from, reverse, limit, &mut hits)

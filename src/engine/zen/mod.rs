@@ -204,6 +204,11 @@ pub(crate) struct TableRt {
     /// of a key deleted by another thread outranks the tombstone in recovery's "newest Tx-CTS
     /// wins" (Algorithm 2), whatever the protocol's tids.
     pub deleted_up_to: AtomicU64,
+    /// The largest tid of a TO or MVTO transaction that scanned this table: an older
+    /// transaction's insert published after that scan would be a row the younger scan missed
+    /// though the timestamp order puts it first, so it fails at commit (as Falcon's
+    /// `TableRt::scanned_up_to`; conservative: the whole table, not the range).
+    pub scanned_up_to: AtomicU64,
 }
 
 impl TableRt {
@@ -241,6 +246,7 @@ impl TableRt {
             accesses: AtomicU64::new(0),
             versions: VersionStore::new(),
             deleted_up_to: AtomicU64::new(0),
+            scanned_up_to: AtomicU64::new(0),
             schema,
         }
     }

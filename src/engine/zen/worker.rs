@@ -804,6 +804,22 @@ impl ZenWorker {
         valid
     }
 
+    /// TO and MVTO: whether every insert of this transaction is ordered after the scans of its
+    /// table (`TableRt::scanned_up_to`); after the inserts are published and a full fence, as
+    /// the scanner raises the mark before its walk and a fence: one of the two sees the other.
+    fn inserts_follow_younger_scans(&self) -> bool {
+        if !matches!(self.proto, Protocol::To | Protocol::Mvto) {
+            return true;
+        }
+        self.writes.iter().all(|w| {
+            w.kind != WriteKind::Insert
+                || self.tables[w.table as usize]
+                    .scanned_up_to
+                    .load(Ordering::SeqCst)
+                    <= self.cx.ts
+        })
+    }
+
     fn end_txn(&mut self) {
         for i in 0..self.pins.len() {
             let (table, r) = self.pins[i];
@@ -1148,6 +1164,12 @@ impl EngineWorker for ZenWorker {
         let mut row = std::mem::take(&mut self.scratch);
         let rt = &self.tables[table as usize];
         row.resize(rt.row, 0);
+        if matches!(self.proto, Protocol::To | Protocol::Mvto) {
+            // Before the walk (see `TableRt::scanned_up_to`): an older insert published after
+            // it then sees this scan at its commit, or this walk sees the insert.
+            rt.scanned_up_to.fetch_max(self.cx.ts, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+        }
         let result =
             common::collect_scan_hits(&rt.index, &rt.schema.name, from, reverse, limit, &mut hits)
                 .and_then(|()| self.no_delete_since_snapshot(rt))
@@ -1221,7 +1243,10 @@ impl EngineWorker for ZenWorker {
         } else {
             0
         };
-        if !self.validate_reads(tid) || !self.validate_scans() {
+        if !self.validate_reads(tid)
+            || !self.validate_scans()
+            || !self.inserts_follow_younger_scans()
+        {
             return self.fail(TxError::Conflict);
         }
         if order.is_empty() {
