@@ -3,20 +3,33 @@
 # paper's "unplanned crash") grows with the data written since the last index leaf checkpoint,
 # not with the pool size. Release build, pools in /dev/shm (PMTX_POOL_DIR), removed afterwards.
 #
+# Every kill lands after the load: the bench says on stderr when its load is done ("loaded N
+# records"), and the script waits for that line before it counts the run time. (A fixed sleep
+# landed in the load at 2 and 4 GiB on a loaded machine, so FIR redid 160k-300k versions of the
+# load instead of a run's.)
+#
 # Experiment 1 (sizes): pools of 1, 2 and 4 GiB (--pool-size), loaded with 250,000 YCSB records
-#   per GiB by 2 threads, then 16-op YCSB-A until a SIGKILL a few seconds into the run; FIR
-#   checkpoints every second (its default). fir vs zen vs falcon (DRAM indexes; falcon also with
-#   PM indexes). `pmtx recover` then recovers each pool ROUNDS times (the first is the recovery of
-#   the killed pool) and the line gives the time until transactions can run, its phases and, for
-#   FIR, the versions redone (the work since the checkpoint) and the slots of PM the scan read.
-# Experiment 2 (work since the checkpoint): one pool size (WORK_POOL, default 2G, 250,000 records);
-#   FIR's checkpointer runs every CKPT_MS (default 4000) ms from the pool's creation, and the kill
-#   lands WAIT seconds after the first checkpoint, for each WAIT in WAITS (default "0.25 0.5 1 2").
+#   per GiB by 2 threads, then 16-op YCSB-A (2 threads) killed RUN_S seconds (default 3) after
+#   the load; FIR checkpoints every second (its default). fir vs zen vs falcon. Each of REPEAT
+#   kills (default 1; the rounds interleave the configurations) is recovered ROUNDS times by
+#   `pmtx recover` (the first is the recovery of the killed pool, the others recover its image
+#   again); each line gives the time until transactions can run, its phases and, for FIR, the
+#   versions redone (the work since the checkpoint) and the slots of PM the scan read.
+# Experiment 2 (work since the checkpoint): one pool (WORK_GIB GiB, default 2, 250,000 records
+#   per GiB); FIR's background checkpointer is off and the bench takes one checkpoint right after
+#   the load (--checkpoint-after-load), then runs YCSB-A until the kill WAIT seconds later, for
+#   each WAIT in WAITS (default "0 1 2 4 8"): the work since the checkpoint grows with WAIT while
+#   the pool and the data stay the same.
+#
+# Both experiments end with the median and range of the time until transactions can run, over
+# every recovery of each configuration.
 #
 #   scripts/fir_recovery.sh [sizes|work|all]   (default all)
 #     CONFIGS (env): ENGINE:INDEX list for experiment 1 (default "fir:dram zen:dram falcon:dram falcon:pm")
 #     SIZES (env): pool sizes in GiB for experiment 1 (default "1 2 4")
-#     ROUNDS (env): recoveries per pool (default 2)
+#     ROUNDS (env): recoveries per killed pool (default 2); REPEAT (env): kills per
+#       configuration (default 1)
+#     NO_BUILD=1 (env): use target/release/pmtx as it is
 #
 # The machine the numbers come from matters: on a shared 2-core machine other processes'
 # builds stretch every phase; compare engines within one run of this script.
@@ -27,38 +40,49 @@ case "$what" in sizes | work | all) ;; *) echo "usage: $0 [sizes|work|all]" >&2;
 configs=${CONFIGS:-"fir:dram zen:dram falcon:dram falcon:pm"}
 sizes=${SIZES:-"1 2 4"}
 rounds=${ROUNDS:-2}
+repeat=${REPEAT:-1}
+run_s=${RUN_S:-3}
 dir=${PMTX_POOL_DIR:-/dev/shm}
-cargo build --release --quiet --bin pmtx
+[ -n "${NO_BUILD:-}" ] || cargo build --release --quiet --bin pmtx
 pmtx=target/release/pmtx
+results=$(mktemp)
+trap 'rm -f "$results" "$dir"/pmtx-firrec-*' EXIT
 
-# Runs the bench on a new pool until it is killed after $1 seconds (or ends on its own: then
-# says so). Remaining arguments go to the bench.
+# Runs the bench on a new pool $3 and SIGKILLs it $2 seconds after its stderr shows a line
+# matching $1 (or reports that it ended first). Remaining arguments go to the bench. Sets
+# `killed` and `marker` (the line waited for).
 run_and_kill() {
-    local after=$1 pool=$2
-    shift 2
+    local pattern=$1 after=$2 pool=$3
+    shift 3
     rm -f "$pool"
     "$pmtx" bench ycsb --threads 2 --duration 600 --warmup 0 --ops-per-txn 16 --pool "$pool" "$@" \
         >/dev/null 2>"$pool.err" &
     local bench=$!
-    sleep "$after"
-    if kill -KILL "$bench" 2>/dev/null; then
+    until grep -q "$pattern" "$pool.err" 2>/dev/null; do
+        kill -0 "$bench" 2>/dev/null || break
+        sleep 0.05
+    done
+    marker=$(grep -m1 "$pattern" "$pool.err" | cut -c1-100 || true)
+    if [ -n "$marker" ]; then sleep "$after"; fi
+    if [ -n "$marker" ] && kill -KILL "$bench" 2>/dev/null; then
         wait "$bench" 2>/dev/null || true
         killed=yes
     else
         wait "$bench" 2>/dev/null || true
-        killed="no, the bench ended first: $(grep -m1 error "$pool.err" | cut -c1-120 || true)"
+        killed="no, the bench ended first: $(grep -m1 -i error "$pool.err" | cut -c1-120 || true)"
     fi
     rm -f "$pool.err"
 }
 
-# Recovers $2 (engine $1) ROUNDS times; prints one line per round after the prefix $3.
+# Recovers $2 (engine $1) ROUNDS times; prints one line per round after the prefix $3 and
+# records "key ready_ms" under the key $4 for the summary.
 recover_rounds() {
-    local e=$1 pool=$2 prefix=$3
+    local e=$1 pool=$2 prefix=$3 key=$4
     for run in $(seq 1 "$rounds"); do
         out=$("$pmtx" recover "$pool" --engine "$e" 2>/dev/null)
         ready=$(echo "$out" | grep -E "^ *total" | tr -s " " | cut -d" " -f6 || true)
         phases=$(echo "$out" \
-            | grep -E "^  (catalog|index recovery|replay|heap scan|scan regions|page table|checkpoint load|checkpoint read|checkpoint install|undo/redo scan|redo|update_map|secondary indexes)" \
+            | grep -E "^  (catalog|index recovery|replay|heap scan|scan regions|page table|checkpoint load|checkpoint read|index build|checkpoint headers|undo/redo scan|redo|update_map|secondary indexes)" \
             | tr -s " " | sed 's/^ //' | paste -sd ";" - || true)
         fact() { echo "$out" | grep -E "^  $1 " | tr -s " " | rev | cut -d" " -f1 | rev || true; }
         extra=""
@@ -66,38 +90,65 @@ recover_rounds() {
             extra="; redone $(fact 'versions redone'); slots read $(fact 'region slots read'); from checkpoint $(fact 'entries from the checkpoint')"
         fi
         echo "$prefix run $run: ready ${ready} ms$extra; $phases"
+        if [ -n "$ready" ]; then echo "$key $ready" >>"$results"; fi
     done
 }
 
+# Median and range of every recovery recorded under each key, in the order the keys came.
+summary() {
+    python3 - "$results" <<'EOF'
+import statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    key, ms = line.rsplit(" ", 1)
+    runs.setdefault(key, []).append(float(ms))
+for key, ms in runs.items():
+    print(f"  {key:<40} median {statistics.median(ms):9.1f} ms  range {min(ms):.1f}-{max(ms):.1f}  ({len(ms)} recoveries)")
+EOF
+    : >"$results"
+}
+
 if [ "$what" != work ]; then
-    echo "== experiment 1: recovery after a kill, by pool size"
-    for gib in $sizes; do
-        records=$((gib * 250000))
-        kill_after=$((records / 400000 + 3))
-        for config in $configs; do
-            e=${config%%:*}
-            index=${config##*:}
-            cc=occ
-            [ "$e" = fir ] && cc=mvto # FIR runs MVTO only (§4.2.1)
-            pool="$dir/pmtx-firrec-$e-$index-$gib.pool"
-            run_and_kill "$kill_after" "$pool" --engine "$e" --cc "$cc" --index "$index" \
-                --records "$records" --pool-size "${gib}G"
-            recover_rounds "$e" "$pool" "$e index=$index pool=${gib}GiB records=$records killed=$killed"
-            rm -f "$pool"
+    echo "== experiment 1: recovery after a kill ${run_s} s after the load, by pool size"
+    for round in $(seq 1 "$repeat"); do
+        for gib in $sizes; do
+            records=$((gib * 250000))
+            for config in $configs; do
+                e=${config%%:*}
+                index=${config##*:}
+                cc=occ
+                [ "$e" = fir ] && cc=mvto # FIR runs MVTO only (§4.2.1)
+                pool="$dir/pmtx-firrec-$e-$index-$gib.pool"
+                run_and_kill "loaded .* records" "$run_s" "$pool" --engine "$e" --cc "$cc" \
+                    --index "$index" --records "$records" --pool-size "${gib}G"
+                recover_rounds "$e" "$pool" \
+                    "round $round: $e index=$index pool=${gib}GiB records=$records ($marker) killed=$killed" \
+                    "$e:$index ${gib}GiB"
+                rm -f "$pool"
+            done
         done
     done
+    echo "== experiment 1: time until transactions can run"
+    summary
 fi
 
 if [ "$what" != sizes ]; then
-    pool_size=${WORK_POOL:-2G}
-    ckpt_ms=${CKPT_MS:-4000}
-    echo "== experiment 2: FIR recovery after a kill, by the work since the checkpoint (pool $pool_size)"
-    for wait_s in ${WAITS:-"0.25 0.5 1 2"}; do
-        pool="$dir/pmtx-firrec-work.pool"
-        after=$(echo "$ckpt_ms / 1000 + $wait_s" | bc -l)
-        run_and_kill "$after" "$pool" --engine fir --cc mvto --records 250000 \
-            --pool-size "$pool_size" --fir-checkpoint-ms "$ckpt_ms"
-        recover_rounds fir "$pool" "fir ${wait_s}s after the checkpoint killed=$killed"
-        rm -f "$pool"
+    gib=${WORK_GIB:-2}
+    waits=${WAITS:-"0 1 2 4 8"}
+    records=$((gib * 250000))
+    echo "== experiment 2: FIR recovery after a kill, by the work since the checkpoint (pool ${gib} GiB, $records records)"
+    for round in $(seq 1 "$repeat"); do
+        for wait_s in $waits; do
+            pool="$dir/pmtx-firrec-work.pool"
+            run_and_kill "checkpoint after the load" "$wait_s" "$pool" --engine fir --cc mvto \
+                --records "$records" --pool-size "${gib}G" --fir-checkpoint-ms 0 \
+                --checkpoint-after-load
+            recover_rounds fir "$pool" \
+                "round $round: fir ${wait_s}s after the checkpoint ($marker) killed=$killed" \
+                "fir ${wait_s}s after the checkpoint"
+            rm -f "$pool"
+        done
     done
+    echo "== experiment 2: time until transactions can run"
+    summary
 fi

@@ -57,7 +57,7 @@ for records in $sizes; do
             out=$("$pmtx" recover "$pool" --engine "$e" 2>/dev/null)
             ready=$(echo "$out" | grep -E "^ *total" | tr -s " " | cut -d" " -f6 || true)
             phases=$(echo "$out" \
-                | grep -E "^  (catalog|index recovery|replay|heap scan|page table|checkpoint load|checkpoint read|checkpoint install|undo/redo scan|redo|update_map|secondary indexes)" \
+                | grep -E "^  (catalog|index recovery|replay|heap scan|page table|checkpoint load|checkpoint read|index build|checkpoint headers|undo/redo scan|redo|update_map|secondary indexes)" \
                 | tr -s " " | sed 's/^ //' | paste -sd ";" - || true)
             background=$(echo "$out" | grep -E "background work pending" | tr -s " " | cut -d" " -f6 || true)
             echo "$e index=$index records=$records pool=${size}MiB $mode run $run: ready ${ready} ms; background done ${background:-none} ms; $phases"

@@ -152,6 +152,11 @@ pub struct YcsbArgs {
     /// (`Text(field_len)` string columns through the typed API; issue 21).
     #[arg(long, default_value = "bytes")]
     pub value_type: crate::workload::ycsb::driver::ValueType,
+    /// Take a checkpoint right after the load, for engines that keep one (FIR's index leaf
+    /// checkpoint, §4.3): with `--fir-checkpoint-ms 0` the work since the last checkpoint is
+    /// then exactly the run so far (scripts/fir_recovery.sh's `work` experiment).
+    #[arg(long)]
+    pub checkpoint_after_load: bool,
 }
 
 /// Arguments of `pmtx bench bank`.
@@ -530,10 +535,33 @@ pub(crate) fn ycsb_engine_run(
     let table = db.create_table(driver::schema(workload))?;
     let bar = bench::loading_bar(args.records, &format!("loading {engine}"));
     let loaded = AtomicU64::new(0);
+    let load_started = std::time::Instant::now();
     driver::load(&db, table, workload, args.records, 2, &|n| {
         bar.set_position(loaded.fetch_add(n, Ordering::Relaxed) + n);
     })?;
     bar.finish_and_clear();
+    // On stderr, where a script that kills the run mid-way waits for it (fir_recovery.sh).
+    eprintln!(
+        "{engine}: loaded {} records in {:.2} s",
+        args.records,
+        load_started.elapsed().as_secs_f64()
+    );
+    if args.checkpoint_after_load {
+        match db.checkpoint() {
+            Some(stats) => {
+                let stats = stats.map_err(|e| format!("the checkpoint after the load: {e}"))?;
+                eprintln!(
+                    "{engine}: checkpoint after the load: {} entries in {:.1} ms",
+                    stats.entries, stats.ms
+                );
+            }
+            None => {
+                return Err(
+                    format!("--checkpoint-after-load: engine {engine} keeps no checkpoint").into(),
+                )
+            }
+        }
+    }
     let dram_after_load = rss_anon_bytes();
     let inserts = Arc::new(AcknowledgedCounter::new(args.records));
     let result = bench::run(common.bench_config(threads, &driver::TXN_KINDS), |t| {

@@ -46,6 +46,11 @@ pub(crate) fn run(args: RecoverArgs) -> CliResult {
         .domain(args.domain.unwrap_or(header.domain))
         .allow_domain_change(args.allow_domain_change)
         .path(&args.pool);
+    // No background FIR checkpoint while the structure is checked: the pool keeps the image it
+    // was recovered from, so recovering it again repeats the same work (the scripts time several
+    // recoveries of one killed pool; a checkpoint taken during the check left the next one
+    // nothing to redo).
+    config.fir_checkpoint_interval_ms = None;
     if let Some(engine) = args.engine {
         config = config.engine(engine);
         config.engine_from_pool = false;

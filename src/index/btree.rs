@@ -368,6 +368,74 @@ impl<const W: usize> BTree<W> {
         }
     }
 
+    /// Builds a tree of `entries`, whose keys must be strictly ascending, bottom up (FIR §4.4.2:
+    /// leaves filled in key order, each inner level built over the one below): O(n), no
+    /// descent, split or lock per key. Leaves are full (as ascending inserts leave them), and
+    /// each level's nodes share its children evenly, so no inner node is left with a single
+    /// child. Returns the first key that is not above its predecessor as the error.
+    pub(super) fn from_sorted(
+        entries: impl IntoIterator<Item = ([u64; W], u64)>,
+    ) -> Result<Self, [u64; W]> {
+        let tree = Self::new();
+        // The level being built: (node id, its smallest key), in key order.
+        let mut level: Vec<(u64, [u64; W])> = Vec::new();
+        let mut leaf: Option<(u64, &Node<W>, usize)> = None;
+        let mut last: Option<[u64; W]> = None;
+        for (key, value) in entries {
+            if last.is_some_and(|l| l >= key) {
+                return Err(key);
+            }
+            last = Some(key);
+            let (id, node, count) = match leaf {
+                Some(open) if open.2 < CAP => open,
+                _ => {
+                    if let Some((id, node, count)) = leaf {
+                        node.set_meta(true, count);
+                        tree.add_count(id, count as i64);
+                    }
+                    // The empty root leaf of `new` is the first leaf.
+                    let (id, node) = if level.is_empty() {
+                        let id = tree.root.load(Ordering::Relaxed);
+                        (id, tree.arena.get(id).expect("the root exists"))
+                    } else {
+                        tree.arena.alloc()
+                    };
+                    level.push((id, key));
+                    (id, node, 0)
+                }
+            };
+            node.set_key(count, key);
+            node.slots[count].store(value, Ordering::Relaxed);
+            leaf = Some((id, node, count + 1));
+        }
+        if let Some((id, node, count)) = leaf {
+            node.set_meta(true, count);
+            tree.add_count(id, count as i64);
+        }
+        while level.len() > 1 {
+            let parents = level.len().div_ceil(CAP + 1);
+            let mut above = Vec::with_capacity(parents);
+            for p in 0..parents {
+                let children = &level[level.len() * p / parents..level.len() * (p + 1) / parents];
+                let (id, node) = tree.arena.alloc();
+                for (i, &(child, first)) in children.iter().enumerate() {
+                    node.slots[i].store(child, Ordering::Relaxed);
+                    if i > 0 {
+                        node.set_key(i - 1, first);
+                    }
+                }
+                node.set_meta(false, children.len() - 1);
+                above.push((id, children[0].1));
+            }
+            level = above;
+        }
+        if let Some(&(root, _)) = level.first() {
+            // Release: a thread that receives the tree sees every node stored above.
+            tree.root.store(root, Ordering::Release);
+        }
+        Ok(tree)
+    }
+
     /// The root, read-locked, or `None` (restart) if it is locked or was replaced meanwhile.
     #[inline]
     fn read_root(&self) -> Option<(u64, &Node<W>, u64)> {

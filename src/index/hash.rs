@@ -26,7 +26,7 @@ use std::sync::OnceLock;
 
 use super::sync::{fence, spin, AtomicU64, AtomicUsize, Mutex, Ordering};
 
-use super::mix64;
+use super::{mix64, IndexError};
 
 /// Fewest shards: even a single-threaded engine gets a few, so that recovery threads and the
 /// first workers rarely meet on one lock. (The loom model uses one shard of one bucket, so that a
@@ -63,6 +63,21 @@ fn shard_count() -> usize {
     (threads * 4)
         .next_power_of_two()
         .clamp(MIN_SHARDS, MAX_SHARDS)
+}
+
+/// `per_shard` entries plus headroom: hashed keys fill shards unevenly (binomially), so four
+/// standard deviations more.
+fn with_headroom(per_shard: usize) -> usize {
+    per_shard + 4 * (per_shard as f64).sqrt().ceil() as usize
+}
+
+/// A new index's hash seed (a loom model must replay identically: a fixed seed there).
+fn new_seed() -> u64 {
+    if cfg!(loom) {
+        0
+    } else {
+        rand::random()
+    }
 }
 
 /// One cache line: seqlock version, slot states and three pairs.
@@ -231,6 +246,33 @@ impl<'a> Table<'a> {
         }
     }
 
+    /// Puts `key` into the first free slot of its probe sequence in a table no other thread
+    /// can see yet (a bulk build: no reader to fence off, no lock, no tombstone), unless it is
+    /// there already; returns whether it was put. The caller has sized the table.
+    fn place_private(&self, hash: u64, key: u64, addr: u64) -> bool {
+        let mask = self.mask;
+        let mut b = hash as usize & mask;
+        loop {
+            let bucket = self.bucket(b);
+            let states = bucket.states.load(Ordering::Relaxed);
+            for slot in 0..SLOTS {
+                if Bucket::state(states, slot) == FULL {
+                    if bucket.keys[slot].load(Ordering::Relaxed) == key {
+                        return false;
+                    }
+                    continue;
+                }
+                // Slots fill in order and nothing is removed: this one and the rest are empty,
+                // so the key is nowhere further along either.
+                bucket.keys[slot].store(key, Ordering::Relaxed);
+                bucket.addrs[slot].store(addr, Ordering::Relaxed);
+                bucket.set_state(slot, FULL);
+                return true;
+            }
+            b = (b + 1) & mask;
+        }
+    }
+
     fn for_each_entry(&self, mut f: impl FnMut(u64, u64)) {
         for b in 0..self.len() {
             let bucket = self.bucket(b);
@@ -383,17 +425,94 @@ impl HashIndex {
     /// presize it from the number of rows it is about to insert.
     pub fn with_capacity(capacity: usize) -> Self {
         let shards = shard_count();
-        // Hashed keys fill shards unevenly (binomially): four standard deviations of headroom.
-        let per_shard = capacity.div_ceil(shards);
-        let per_shard = per_shard + 4 * (per_shard as f64).sqrt().ceil() as usize;
+        let per_shard = with_headroom(capacity.div_ceil(shards));
         Self {
             shards: (0..shards)
                 .map(|_| Shard::with_buckets(Table::buckets_for(per_shard)))
                 .collect(),
             shard_shift: 64 - shards.trailing_zeros(),
-            // A loom model must replay identically: a fixed seed there.
-            seed: if cfg!(loom) { 0 } else { rand::random() },
+            seed: new_seed(),
         }
+    }
+
+    /// Builds an index holding `entries` (key, address; keys distinct, in any order) that takes
+    /// `spare` more entries without growing. The entries are split by shard, then each shard's
+    /// table is sized for its own share and filled by one thread, the shards in parallel, with
+    /// no lock, seqlock bump or growth per entry (FIR §4.4.2: recovery rebuilds an index from
+    /// its checkpoint's entries multi-threaded and without contention). Inserting them one by
+    /// one into a shared index cost a lock and a cache miss into a table of the whole index's
+    /// size per entry. An error names a key given twice.
+    pub fn from_entries(entries: &[(u64, u64)], spare: usize) -> Result<Self, IndexError> {
+        let shard_total = shard_count();
+        let shard_shift = 64 - shard_total.trailing_zeros();
+        let seed = new_seed();
+        let hash = |key: u64| mix64(key ^ seed);
+        let shard_of = |h: u64| h.checked_shr(shard_shift).unwrap_or(0) as usize;
+        let threads = std::thread::available_parallelism()
+            .map_or(1, usize::from)
+            .min(shard_total);
+        let spare_per_shard = spare.div_ceil(shard_total);
+        // Each thread splits its part of the entries by shard, then builds every `threads`-th
+        // shard from all the parts.
+        let part_len = entries.len().div_ceil(threads).max(1);
+        let parts: Vec<Vec<Vec<(u64, u64)>>> = std::thread::scope(|s| {
+            entries
+                .chunks(part_len)
+                .map(|part| {
+                    s.spawn(move || {
+                        let mut by_shard = vec![Vec::new(); shard_total];
+                        for &(key, addr) in part {
+                            by_shard[shard_of(hash(key))].push((key, addr));
+                        }
+                        by_shard
+                    })
+                })
+                .collect::<Vec<_>>()
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
+        });
+        let parts = &parts;
+        let built: Vec<Result<Vec<(usize, Shard)>, IndexError>> = std::thread::scope(|s| {
+            (0..threads)
+                .map(|t| {
+                    s.spawn(move || {
+                        (t..shard_total)
+                            .step_by(threads)
+                            .map(|shard_index| {
+                                let mine = || parts.iter().flat_map(|p| p[shard_index].iter());
+                                let count = parts.iter().map(|p| p[shard_index].len()).sum();
+                                let buckets =
+                                    Table::buckets_for(count + with_headroom(spare_per_shard));
+                                let shard = Shard::with_buckets(buckets);
+                                let table = shard.locked_table();
+                                for &(key, addr) in mine() {
+                                    if !table.place_private(hash(key), key, addr) {
+                                        return Err(IndexError::BulkDuplicateKey(key));
+                                    }
+                                }
+                                shard.used.store(count, Ordering::Relaxed);
+                                shard.len.store(count, Ordering::Relaxed);
+                                Ok((shard_index, shard))
+                            })
+                            .collect()
+                    })
+                })
+                .collect::<Vec<_>>()
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
+        });
+        let mut shards = Vec::with_capacity(shard_total);
+        for part in built {
+            shards.extend(part?);
+        }
+        shards.sort_unstable_by_key(|(i, _)| *i);
+        Ok(Self {
+            shards: shards.into_iter().map(|(_, shard)| shard).collect(),
+            shard_shift,
+            seed,
+        })
     }
 
     #[inline]
@@ -728,6 +847,42 @@ mod tests {
         );
     }
 
+    /// Applies point operation `op` (insert_new, upsert, remove, remove_if, replace_if) to the
+    /// index and to a `HashMap` model; checks that they agree on its result and on the key after.
+    fn check_op(
+        index: &HashIndex,
+        model: &mut std::collections::HashMap<u64, u64>,
+        op: u8,
+        key: u64,
+        addr: u64,
+    ) -> Result<(), proptest::test_runner::TestCaseError> {
+        match op {
+            0 => {
+                let expected = model.get(&key).copied();
+                proptest::prop_assert_eq!(index.insert_new(key, addr).err(), expected);
+                model.entry(key).or_insert(addr);
+            }
+            1 => proptest::prop_assert_eq!(index.upsert(key, addr), model.insert(key, addr)),
+            2 => proptest::prop_assert_eq!(index.remove(key), model.remove(&key)),
+            3 => {
+                let hit = model.get(&key) == Some(&addr);
+                if hit {
+                    model.remove(&key);
+                }
+                proptest::prop_assert_eq!(index.remove_if(key, addr), hit);
+            }
+            _ => {
+                let hit = model.get(&key) == Some(&addr);
+                if hit {
+                    model.insert(key, addr + 1);
+                }
+                proptest::prop_assert_eq!(index.replace_if(key, addr, addr + 1), hit);
+            }
+        }
+        proptest::prop_assert_eq!(index.get(key), model.get(&key).copied());
+        Ok(())
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
 
@@ -738,30 +893,7 @@ mod tests {
             let index = HashIndex::new();
             let mut model = std::collections::HashMap::new();
             for (op, key, addr) in ops {
-                match op {
-                    0 => {
-                        let expected = model.get(&key).copied();
-                        proptest::prop_assert_eq!(index.insert_new(key, addr).err(), expected);
-                        model.entry(key).or_insert(addr);
-                    }
-                    1 => proptest::prop_assert_eq!(index.upsert(key, addr), model.insert(key, addr)),
-                    2 => proptest::prop_assert_eq!(index.remove(key), model.remove(&key)),
-                    3 => {
-                        let hit = model.get(&key) == Some(&addr);
-                        if hit {
-                            model.remove(&key);
-                        }
-                        proptest::prop_assert_eq!(index.remove_if(key, addr), hit);
-                    }
-                    _ => {
-                        let hit = model.get(&key) == Some(&addr);
-                        if hit {
-                            model.insert(key, addr + 1);
-                        }
-                        proptest::prop_assert_eq!(index.replace_if(key, addr, addr + 1), hit);
-                    }
-                }
-                proptest::prop_assert_eq!(index.get(key), model.get(&key).copied());
+                check_op(&index, &mut model, op, key, addr)?;
             }
             proptest::prop_assert_eq!(index.len(), model.len());
             let mut seen = std::collections::HashMap::new();
@@ -770,6 +902,54 @@ mod tests {
             });
             proptest::prop_assert_eq!(seen, model);
         }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+        /// A bulk-built index holds exactly its entries, then behaves as a `HashMap` under
+        /// further point operations, and its `spare` inserts do not grow it.
+        #[test]
+        fn from_entries_matches_a_hashmap(
+            start in proptest::collection::hash_map(0u64..5_000, 0u64..1_000, 0..2_000),
+            spare in 0usize..500,
+            ops in proptest::collection::vec((0u8..5, 0u64..6_000, 0u64..3), 0..500),
+        ) {
+            let entries: Vec<(u64, u64)> = start.iter().map(|(&k, &a)| (k, a)).collect();
+            let index = HashIndex::from_entries(&entries, spare).unwrap();
+            let mut model = start;
+            proptest::prop_assert_eq!(index.len(), model.len());
+            for key in 0..6_000u64 {
+                proptest::prop_assert_eq!(index.get(key), model.get(&key).copied(), "key {}", key);
+            }
+            let before = index.memory_bytes();
+            let mut fresh = 0;
+            for key in (10_000u64..).take(spare) {
+                index.insert_new(key, key).unwrap();
+                model.insert(key, key);
+                fresh += 1;
+            }
+            proptest::prop_assert_eq!(index.memory_bytes(), before, "{} spare inserts grew it", fresh);
+            for (op, key, addr) in ops {
+                check_op(&index, &mut model, op, key, addr)?;
+            }
+            let mut seen = std::collections::HashMap::new();
+            index.for_each(|k, a| {
+                assert!(seen.insert(k, a).is_none(), "key {k} visited twice");
+            });
+            proptest::prop_assert_eq!(seen, model);
+        }
+    }
+
+    #[test]
+    fn from_entries_refuses_a_key_given_twice() {
+        let mut entries: Vec<(u64, u64)> = (0..10_000u64).map(|k| (k * 7, k)).collect();
+        entries.push((700, 1));
+        assert_eq!(
+            HashIndex::from_entries(&entries, 0).err(),
+            Some(IndexError::BulkDuplicateKey(700))
+        );
+        assert!(HashIndex::from_entries(&[], 0).unwrap().is_empty());
     }
 
     /// Writers insert, update and remove their own keys (growing the tables as they go) while a

@@ -102,6 +102,12 @@ pub enum IndexError {
     /// An index kind name did not parse.
     #[error("unknown index kind `{0}` (expected `hash` or `ordered`)")]
     UnknownKind(String),
+    /// A bulk build was given a key twice.
+    #[error("a bulk index build was given key {0} twice")]
+    BulkDuplicateKey(u64),
+    /// A sorted bulk build was given a key that is not above the key before it.
+    #[error("a sorted bulk index build was given key {0} after a key at least as large")]
+    BulkKeyOrder(u64),
 }
 
 /// The first entry `scan` visits, telling it to stop there: `first_at_or_after` and
@@ -257,9 +263,15 @@ mod tests {
         }
     }
 
-    fn check_against_model(kind: PrimaryIndexKind, ops: &[Op]) -> Result<(), TestCaseError> {
-        let index = PrimaryIndex::new(kind);
-        let mut model = BTreeMap::new();
+    /// Runs `ops` on an index of `kind` bulk-built from `start` and on a model holding `start`.
+    fn check_against_model(
+        kind: PrimaryIndexKind,
+        start: &BTreeMap<u64, u64>,
+        ops: &[Op],
+    ) -> Result<(), TestCaseError> {
+        let entries: Vec<(u64, u64)> = start.iter().map(|(&k, &a)| (k, a)).collect();
+        let index = PrimaryIndex::from_sorted(kind, &entries, 0).unwrap();
+        let mut model = start.clone();
         for (step, op) in ops.iter().enumerate() {
             let expected = apply_to_model(&mut model, op);
             let actual = apply_to_index(&index, op);
@@ -286,6 +298,16 @@ mod tests {
         Ok(())
     }
 
+    #[test]
+    fn a_sorted_bulk_build_refuses_keys_out_of_order_whatever_the_kind() {
+        for kind in [PrimaryIndexKind::Hash, PrimaryIndexKind::Ordered] {
+            let got = PrimaryIndex::from_sorted(kind, &[(1, 0), (3, 0), (2, 0)], 0).err();
+            assert_eq!(got, Some(IndexError::BulkKeyOrder(2)), "{kind}");
+            let got = PrimaryIndex::from_sorted(kind, &[(1, 0), (1, 5)], 0).err();
+            assert_eq!(got, Some(IndexError::BulkKeyOrder(1)), "{kind}");
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(100))]
 
@@ -293,8 +315,18 @@ mod tests {
         fn ordered_and_hash_indexes_match_a_btreemap_model(
             ops in proptest::collection::vec(op_strategy(), 1..80)
         ) {
-            check_against_model(PrimaryIndexKind::Ordered, &ops)?;
-            check_against_model(PrimaryIndexKind::Hash, &ops)?;
+            check_against_model(PrimaryIndexKind::Ordered, &BTreeMap::new(), &ops)?;
+            check_against_model(PrimaryIndexKind::Hash, &BTreeMap::new(), &ops)?;
+        }
+
+        /// The same, from an index bulk-built by `PrimaryIndex::from_sorted`.
+        #[test]
+        fn bulk_built_indexes_match_a_btreemap_model(
+            start in proptest::collection::btree_map(0u64..24, 0u64..4, 0..24),
+            ops in proptest::collection::vec(op_strategy(), 1..80)
+        ) {
+            check_against_model(PrimaryIndexKind::Ordered, &start, &ops)?;
+            check_against_model(PrimaryIndexKind::Hash, &start, &ops)?;
         }
     }
 }

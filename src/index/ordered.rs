@@ -5,6 +5,7 @@ use std::fmt;
 use std::ops::{Bound, RangeBounds};
 
 use super::btree::BTree;
+use super::IndexError;
 
 /// A concurrent ordered map from an 8-byte primary key to an 8-byte tuple address, with
 /// ascending and descending range scans.
@@ -22,6 +23,16 @@ impl OrderedIndex {
     /// Creates an empty index.
     pub fn new() -> Self {
         Self { tree: BTree::new() }
+    }
+
+    /// Builds an index holding `entries` (key, address), whose keys must be strictly ascending,
+    /// bottom up: full leaves in key order, then each inner level over the one below (FIR
+    /// §4.4.2's rebuild from an index leaf checkpoint). O(n), with no descent or lock per key.
+    /// An error names the first key that is not above the one before it.
+    pub fn from_sorted(entries: impl IntoIterator<Item = (u64, u64)>) -> Result<Self, IndexError> {
+        BTree::from_sorted(entries.into_iter().map(|(k, a)| ([k], a)))
+            .map(|tree| Self { tree })
+            .map_err(|[key]| IndexError::BulkKeyOrder(key))
     }
 
     /// Returns the address stored for `key`.
@@ -616,5 +627,74 @@ mod tests {
         });
         index.tree.check_invariants();
         assert_eq!(index.len() as u64, KEYS.div_ceil(STABLE_EVERY));
+    }
+
+    /// Keys 0, 3, 6, ... below `n * 3`, mapping to key + 1.
+    fn bulk(n: u64) -> OrderedIndex {
+        OrderedIndex::from_sorted((0..n).map(|i| (i * 3, i * 3 + 1))).unwrap()
+    }
+
+    #[test]
+    fn from_sorted_builds_a_balanced_tree_of_every_size() {
+        // Sizes around the leaf and inner-node capacities, and one four levels deep.
+        for n in [0u64, 1, 2, 29, 30, 31, 61, 930, 931, 962, 5_000, 100_000] {
+            let index = bulk(n);
+            index.tree.check_invariants();
+            assert_eq!(index.len(), n as usize, "size {n}");
+            let all = collect_scan(&index, 0, usize::MAX);
+            assert_eq!(all, (0..n).map(|i| i * 3).collect::<Vec<_>>(), "size {n}");
+            for i in 0..n.min(2_000) {
+                assert_eq!(index.get(i * 3), Some(i * 3 + 1));
+                assert_eq!(index.get(i * 3 + 1), None);
+            }
+        }
+    }
+
+    #[test]
+    fn from_sorted_refuses_keys_out_of_order_or_repeated() {
+        let err = |v: Vec<(u64, u64)>| OrderedIndex::from_sorted(v).err();
+        assert_eq!(
+            err(vec![(1, 0), (5, 0), (5, 1)]),
+            Some(IndexError::BulkKeyOrder(5))
+        );
+        assert_eq!(
+            err(vec![(1, 0), (5, 0), (4, 1)]),
+            Some(IndexError::BulkKeyOrder(4))
+        );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        /// A bottom-up built tree holds exactly its entries and then behaves as a `BTreeMap`
+        /// under inserts, removals and scans (its full leaves split, its leaves empty and unlink).
+        #[test]
+        fn from_sorted_then_changes_match_a_btreemap(
+            start in prop::collection::btree_map(0u64..20_000, 0u64..1_000, 0..3_000),
+            ops in prop::collection::vec((0u8..3, 0u64..20_000, 0u64..1_000), 0..600),
+        ) {
+            let index = OrderedIndex::from_sorted(start.iter().map(|(&k, &a)| (k, a))).unwrap();
+            let mut model = start;
+            index.tree.check_invariants();
+            for (op, key, addr) in ops {
+                match op {
+                    0 => {
+                        let expected = model.get(&key).copied();
+                        prop_assert_eq!(index.insert_new(key, addr).err(), expected);
+                        model.entry(key).or_insert(addr);
+                    }
+                    1 => prop_assert_eq!(index.upsert(key, addr), model.insert(key, addr)),
+                    _ => prop_assert_eq!(index.remove(key), model.remove(&key)),
+                }
+            }
+            index.tree.check_invariants();
+            let mut seen = Vec::new();
+            index.for_each(|k, a| seen.push((k, a)));
+            prop_assert_eq!(seen, model.iter().map(|(&k, &a)| (k, a)).collect::<Vec<_>>());
+            let from = model.keys().nth(model.len() / 2).copied().unwrap_or(0);
+            let mut rev = Vec::new();
+            index.scan_rev(from, 50, |k, _| { rev.push(k); true });
+            prop_assert_eq!(rev, model.range(..=from).rev().take(50).map(|(&k, _)| k).collect::<Vec<_>>());
+        }
     }
 }

@@ -86,6 +86,27 @@ impl PrimaryIndex {
         }
     }
 
+    /// Builds an index of `kind` holding `entries` (key, address), whose keys must be strictly
+    /// ascending (an index leaf checkpoint's order), without inserting them one by one: a hash
+    /// index is filled shard by shard in parallel and takes `spare` more entries without
+    /// growing ([`HashIndex::from_entries`]); an ordered one is built bottom up
+    /// ([`OrderedIndex::from_sorted`]). An error names a key out of order or given twice.
+    pub fn from_sorted(
+        kind: PrimaryIndexKind,
+        entries: &[(u64, u64)],
+        spare: usize,
+    ) -> Result<Self, IndexError> {
+        if let Some(w) = entries.windows(2).find(|w| w[0].0 >= w[1].0) {
+            return Err(IndexError::BulkKeyOrder(w[1].0));
+        }
+        Ok(match kind {
+            PrimaryIndexKind::Hash => Self::Hash(HashIndex::from_entries(entries, spare)?),
+            PrimaryIndexKind::Ordered => {
+                Self::Ordered(OrderedIndex::from_sorted(entries.iter().copied())?)
+            }
+        })
+    }
+
     /// The kind of index backing this one.
     pub fn kind(&self) -> PrimaryIndexKind {
         match self {

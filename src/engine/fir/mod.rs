@@ -17,7 +17,7 @@
 //! | §4.3.1 Algorithm 2: MarkNode, GetIncrement, FlushChpt, MergeAndPersist | `checkpoint::LeafMarks::mark`, `FirEngine::{get_increment, merge_and_write}` |
 //! | §4.3.3 time cost model (eqs. 1–4) | `cost.rs` |
 //! | §4.4.1 undo/redo: committed = txnId ≤ LCTT of the region's thread, from CT on | `recovery.rs` (binary search per region) |
-//! | §4.4.2 index rebuild from the checkpoint, in parallel | `recovery::load_checkpoint` (one thread per core over the pages), `recovery::redo_part` (one thread per core, keys split) |
+//! | §4.4.2 index rebuild from the checkpoint, bottom up, in parallel | `recovery::load_checkpoint` (one thread per core over the pages), `PrimaryIndex::from_sorted` (bulk build), `recovery::redo_part` (one thread per core, keys split) |
 //! | §4.5 GC: gc_array, redistribution, checkpoint, free | `worker::FirWorker::collect_garbage`, `gc.rs` (free record) |
 //!
 //! A transaction runs on one worker thread, which is bound to one region of every table (its
@@ -103,18 +103,25 @@
 //!   (a crash during recovery is recovered again). Redo applies versions in txnId order, in
 //!   parallel (§4.4.2 builds the index in parallel): the versions are split over the cores by
 //!   key, so every version of a key is applied by one thread in txnId order and no two threads
-//!   meet on a key. Each table's hash index is sized once, before the checkpoint's entries go in,
-//!   for them plus the versions redo may insert (the paper's bottom-up build never rebalances; a
-//!   growing hash index would rehash its entries several times). The update_map is rebuilt
+//!   meet on a key. The indexes redo works on are built from the checkpoint with room for the
+//!   versions redo may insert (the paper's bottom-up build never rebalances; a growing hash
+//!   index would rehash its entries several times). The update_map is rebuilt
 //!   without a pass over the versions: every used slot of a block starts obsolete (one word per
 //!   64 slots) and installing a version from the checkpoint or by redo marks it live. What the
 //!   scan reads of PM is counted (`region slots read`: the binary search's probes, the versions
 //!   from CT on, the non-empty slots after the committed prefix) so that a test can hold it to
 //!   O(m + log n). What stays proportional to the data rather than to m: loading the checkpoint
 //!   (every live key, as in the paper) and making a tile per block (its DRAM headers). The tiles
-//!   are made in parallel, and the checkpoint's headers are written in address order (in key
-//!   order they scattered over the tiles); the index inserts (`PrimaryIndex` is shared with the
-//!   other engines and has no bulk build) are most of the load: about 1 µs per key at 1 GiB.
+//!   are made in parallel, and the checkpoint's headers are written block by block (a counting
+//!   sort; in key order they scattered over the tiles). Each table's primary index is built from
+//!   the checkpoint's sorted entries at once, not key by key (§4.4.2's bottom-up build):
+//!   `PrimaryIndex::from_sorted` builds an ordered index leaves first, then each inner level,
+//!   and a hash index (which the paper does not have: pmtx's tables may choose one) shard by
+//!   shard in parallel, each shard's table sized for its own entries plus the versions redo may
+//!   insert and filled with no lock or seqlock bump per key. Inserting key by key into the shared
+//!   index cost about 1 µs per key at 1 GiB (a lock and a cache miss into a table the size of
+//!   the whole index per key). Redo then applies the versions since CT to the built indexes
+//!   with ordinary operations.
 //! - **Secondary indexes are rebuilt from the rows** after the primary index (the paper
 //!   checkpoints every index; pmtx's secondary indexes map to primary keys and are rebuilt by
 //!   reading the live rows).
@@ -172,7 +179,7 @@ use crate::alloc::{PageManager, PAGE_SIZE};
 use crate::catalog::{Catalog, CatalogStore, Schema, TableId};
 use crate::cc::{Protocol, MAX_THREADS};
 use crate::engine::{DbError, Engine, EngineKind, EngineWorker, RecoveryReport};
-use crate::index::{PrimaryIndex, PrimaryIndexKind, SecondaryIndex};
+use crate::index::{PrimaryIndex, SecondaryIndex};
 use crate::pmem::{PersistenceDomain, Pool};
 use crossbeam_utils::CachePadded;
 use layout::{kind, meta, tuple};
@@ -375,19 +382,13 @@ pub(crate) struct TableRt {
 
 impl TableRt {
     fn new(schema: Schema) -> TableRt {
-        TableRt::with_capacity(schema, 0)
+        let index = PrimaryIndex::new(schema.primary_index);
+        TableRt::with_index(schema, index)
     }
 
-    /// A table whose hash index holds `capacity` keys without growing (recovery knows how many
-    /// it is about to insert).
-    fn with_capacity(schema: Schema, capacity: usize) -> TableRt {
+    /// A table whose primary index is `index` (recovery builds it from the checkpoint).
+    fn with_index(schema: Schema, index: PrimaryIndex) -> TableRt {
         let row = schema.row_size();
-        let index = match schema.primary_index {
-            PrimaryIndexKind::Hash => {
-                PrimaryIndex::Hash(crate::index::HashIndex::with_capacity(capacity))
-            }
-            PrimaryIndexKind::Ordered => PrimaryIndex::Ordered(crate::index::OrderedIndex::new()),
-        };
         let secondary = schema
             .secondary
             .iter()
