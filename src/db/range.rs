@@ -16,8 +16,8 @@
 //! single-version protocols (2PL, TO, OCC, Silo, TicToc, H-Store); those of the multi-version
 //! ones (MVOCC, MV2PL, MVTO) read a snapshot, serializable at it. SI's scans read its snapshot
 //! and admit phantoms by definition. A scan at a snapshot fails with `Conflict` when a delete
-//! committed in its table after the snapshot (the walked index no longer holds that row). FIR's
-//! scans are not validated yet (docs/CC.md, "Phantoms"). A batch reads one row past the range's
+//! committed in its table after the snapshot (the walked index no longer holds that row). FIR
+//! (MVTO) keeps its timestamp order for scans too (docs/CC.md, "Phantoms"). A batch reads one row past the range's
 //! end (the scan primitive finds the end by reading it) and hands out
 //! none of it; that row is in the read set like the others.
 

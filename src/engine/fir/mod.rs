@@ -378,6 +378,12 @@ pub(crate) struct TableRt {
     pub secondary: Vec<SecondaryIndex>,
     /// The largest txnId of a committed delete: an insert must be younger (see the departures).
     pub deleted_up_to: AtomicU64,
+    /// The largest txnId of a transaction that scanned this table. An older transaction's
+    /// insert published after that scan would be a row the younger scan missed though MVTO's
+    /// order puts it first (an absent key has no version to carry a read timestamp), so such an
+    /// insert fails at commit (`FirWorker::inserts_follow_younger_scans`; conservative: the whole
+    /// table, not the range; docs/CC.md, "Phantoms").
+    pub scanned_up_to: AtomicU64,
 }
 
 impl TableRt {
@@ -400,6 +406,7 @@ impl TableRt {
             index,
             secondary,
             deleted_up_to: AtomicU64::new(0),
+            scanned_up_to: AtomicU64::new(0),
             schema,
         }
     }

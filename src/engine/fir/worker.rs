@@ -541,6 +541,21 @@ impl FirWorker {
         self.ts
     }
 
+    /// Whether every insert of this transaction is ordered after the scans of its table
+    /// (`TableRt::scanned_up_to`): a younger transaction that scanned the table may have walked
+    /// past the key before the insert published it. After a full fence, as the scanner raises
+    /// the mark before its walk and a fence: one of the two sees the other.
+    fn inserts_follow_younger_scans(&self) -> bool {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.writes.iter().all(|w| {
+            w.kind != WriteKind::Insert
+                || self.tables[w.table as usize]
+                    .scanned_up_to
+                    .load(Ordering::SeqCst)
+                    <= self.ts
+        })
+    }
+
     /// Takes the slot's state from where it is parked between transactions (see
     /// `FirEngine::parked`); waits while another worker's GC round works on it.
     fn hold(&mut self) {
@@ -951,8 +966,21 @@ impl EngineWorker for FirWorker {
     ) -> Result<(), TxError> {
         let t = self.table(table)?;
         let mut hits = std::mem::take(&mut self.scan_hits);
+        // Before the walk (see `TableRt::scanned_up_to`): an older insert published after it
+        // then sees this scan at its commit, or this walk meets the insert (and waits for it).
+        t.scanned_up_to.fetch_max(self.ts, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
         let collected =
-            common::collect_scan_hits(&t.index, &t.schema.name, from, reverse, limit, &mut hits);
+            common::collect_scan_hits(&t.index, &t.schema.name, from, reverse, limit, &mut hits)
+                .and_then(|()| {
+                    // A delete by a younger transaction took its key out of the index, though
+                    // this one's timestamp still sees the row: rather than miss it, retry.
+                    if t.deleted_up_to.load(Ordering::SeqCst) > self.ts {
+                        Err(TxError::Conflict)
+                    } else {
+                        Ok(())
+                    }
+                });
         let mut row = std::mem::take(&mut self.scratch);
         row.resize(t.row, 0);
         let result = collected.and_then(|()| {
@@ -977,6 +1005,10 @@ impl EngineWorker for FirWorker {
     fn commit(&mut self) -> Result<u64, TxError> {
         if !self.in_txn {
             return Ok(self.ts);
+        }
+        if !self.inserts_follow_younger_scans() {
+            self.abort();
+            return Err(TxError::Conflict);
         }
         let ts = self.commit_writes();
         if let Some(every) = self.eng.config.checkpoint_every_commits {
