@@ -191,6 +191,8 @@ pub(crate) struct State {
     persisting: bool,
     /// A reproduce step is applying records outside the lock.
     reproducing: bool,
+    /// A persist step waits for ring room: reproduce should not wait for a batch.
+    room_wanted: bool,
     /// Threads still running.
     running: usize,
 }
@@ -255,6 +257,12 @@ pub(crate) struct Core<H = Heap> {
     stats: [AtomicU64; 5],
 }
 
+/// Records the reproduce thread waits for before it applies them (see `Core::reproduce_loop`).
+const REPRODUCE_BATCH: usize = 32;
+
+/// How long the reproduce thread waits for a whole batch before it applies a partial one.
+const REPRODUCE_IDLE: std::time::Duration = std::time::Duration::from_millis(2);
+
 /// The largest combined log a record may carry: a quarter of the ring, so that a record always
 /// fits once the records before it are truncated.
 pub(crate) fn max_record_raw(ring_capacity: u64) -> usize {
@@ -294,6 +302,7 @@ impl<H: Apply> Core<H> {
                 stop: false,
                 persisting: false,
                 reproducing: false,
+                room_wanted: false,
                 running: 0,
             }),
             heap: Mutex::new(heap),
@@ -342,8 +351,13 @@ impl<H: Apply> Core<H> {
             st.queued_since = Some(std::time::Instant::now());
         }
         if self.config.background {
-            // The persist thread waits for the first log, and (filling a group) for a full one.
-            if st.queue.len() == 1 || self.group_full(&st) {
+            // Async: the persist thread waits for the first log, and (filling a group) for a
+            // full one. Sync: the committer, which waits next, leads the step itself
+            // (`wait_durable`): waking the persist thread too cost a wake-up and a thread
+            // competing for the cores on every commit (`perf`, 2-thread sync YCSB-A).
+            let wake = self.config.mode == DurabilityMode::Async
+                && (st.queue.len() == 1 || self.group_full(&st));
+            if wake {
                 self.wake_persist.notify_all();
             }
             return Ok(());
@@ -686,16 +700,20 @@ impl<H: Apply> Core<H> {
     /// keeps a second step off the ring tail meanwhile. A failure is left in `failed`.
     fn persist_step(&self, st: &mut parking_lot::MutexGuard<'_, State>) {
         st.persisting = true;
+        let reproducible = st.seq.reproducible();
         let result = self.next_group(st).and_then(|group| {
             while !self.has_room(st, group.bytes) && st.failed.is_none() {
                 if st.seq.reproducible() == 0 && !st.reproducing && st.tail > st.head {
                     // Nothing reproduce could apply frees room: the ring is full of records
                     // that are not reproducible yet.
+                    st.room_wanted = false;
                     return Err(ring_full(group.bytes));
                 }
+                st.room_wanted = true;
                 self.wake_reproduce.notify_one();
                 self.wake_persist.wait(st);
             }
+            st.room_wanted = false;
             match &st.failed {
                 Some(why) => Err(why.clone()),
                 None => self.write_group(st, group, true),
@@ -707,20 +725,40 @@ impl<H: Apply> Core<H> {
             }
         }
         st.persisting = false;
-        self.wake_reproduce.notify_one();
+        // Reproduce is woken by the first record to apply and then by every whole batch (it
+        // takes a partial one after `REPRODUCE_IDLE`).
+        let now = st.seq.reproducible();
+        if (reproducible == 0 && now > 0) || now >= REPRODUCE_BATCH {
+            self.wake_reproduce.notify_one();
+        }
         // The persist thread, if it waits for the tail, and committers waiting for the next
         // step (`write_group` woke the ones now durable).
         self.wake_persist.notify_all();
         self.became_durable.notify_all();
     }
 
-    /// The reproduce thread (§3.1).
+    /// The reproduce thread (§3.1). It applies records in batches of [`REPRODUCE_BATCH`], or
+    /// what there is after [`REPRODUCE_IDLE`], or at once when a drain, a stop or a persist
+    /// step waiting for ring room needs it: reproduce is off every commit's path, and waking
+    /// for each record (a wake-up, a fence and two truncation words per record) took about
+    /// as much CPU as the workers on two cores (`perf`, 2-thread sync YCSB-A).
     fn reproduce_loop(&self) {
         let mut st = self.state.lock();
+        let mut idle = false;
         loop {
             if st.failed.is_some() {
                 break;
             }
+            let pending = st.seq.reproducible();
+            let urgent = st.stop || st.draining > 0 || st.room_wanted;
+            if pending > 0 && pending < REPRODUCE_BATCH && !urgent && !idle {
+                idle = self
+                    .wake_reproduce
+                    .wait_for(&mut st, REPRODUCE_IDLE)
+                    .timed_out();
+                continue;
+            }
+            idle = false;
             let Some(r) = st.seq.take_reproducible(self.meta_page) else {
                 // The persist thread has finished: nothing more will come.
                 if st.stop && st.running == 1 {
