@@ -135,6 +135,47 @@ fn crashtest_refuses_counts_that_would_test_nothing() {
     refused(&["crashtest", "--txns", "0"], "--txns must be at least 1");
 }
 
+/// DUDETx's persistent-object crash sweep takes the perform mode: a lock-mode fault is refused
+/// without it (naming the option), and a short lock-mode sweep in async mode runs clean.
+#[test]
+fn the_dudetx_ptm_crash_sweep_runs_the_lock_mode() {
+    refused(
+        &[
+            "crashtest",
+            "--engine",
+            "dudetx-ptm",
+            "--inject-fault",
+            "dudetx-lock-no-deps",
+            "--images",
+            "1",
+        ],
+        "--dudetx-perform locks",
+    );
+    refused(
+        &[
+            "crashtest",
+            "--engine",
+            "dudetx-ptm",
+            "--dudetx-perform",
+            "htm",
+        ],
+        "RTM",
+    );
+    succeeded(&[
+        "crashtest",
+        "--engine",
+        "dudetx-ptm",
+        "--dudetx-perform",
+        "locks-two-round",
+        "--dudetx-mode",
+        "async",
+        "--txns",
+        "6",
+        "--images",
+        "8",
+    ]);
+}
+
 #[test]
 fn json_into_a_missing_directory_is_refused_before_the_run() {
     let started = Instant::now();

@@ -233,6 +233,9 @@ fn bad_configurations_are_refused_with_a_reason() {
     let mut c = config(PersistenceDomain::Adr);
     c.dudetx_log_pages = 5000;
     refused(c, "log ring");
+    let mut c = config(PersistenceDomain::Adr);
+    c.dudetx_group_delay_us = 1_000_001;
+    refused(c, "group delay");
     refused(
         config(PersistenceDomain::Adr).index_placement(pmtx::index::IndexPlacement::Pm),
         "DRAM shadow",
@@ -263,4 +266,38 @@ fn a_transaction_too_large_for_the_log_is_refused_whole() {
     assert!(!db.run(|tx| tx.exists(t, 0)).unwrap());
     db.run(|tx| tx.insert(t, 0, &[Value::Bytes(b"ok")]))
         .unwrap();
+}
+
+/// `DbConfig::dudetx_group_delay_us` reaches the table engine's persist thread (§3.3): with a
+/// group that cannot fill and a delay of 1 s, async commits stay volatile well past the
+/// default 2 ms delay, and a drain (the structure check) still makes them durable at once.
+#[test]
+fn the_group_delay_is_set_through_the_db_config() {
+    let mut c = config(PersistenceDomain::Adr);
+    c.dudetx_mode = DurabilityMode::Async;
+    c.dudetx_group = 1 << 20;
+    c.dudetx_group_delay_us = 1_000_000;
+    let db = Db::create(c).unwrap();
+    let t = db.create_table(kv()).unwrap();
+    let start = std::time::Instant::now();
+    let mut w = db.worker().unwrap();
+    let mut last = 0;
+    for k in 0..20u64 {
+        last = w
+            .run_counted(false, |tx| {
+                tx.insert(t, k, &[Value::U64(k), Value::Bytes(b"x")])
+            })
+            .unwrap()
+            .tid;
+    }
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let durable = db.engine().durable_tid();
+    if start.elapsed() < std::time::Duration::from_millis(900) {
+        assert!(
+            durable < last,
+            "commit {last} became durable (durable id {durable}) within 50 ms of a 1 s group delay"
+        );
+    }
+    db.check_structure().unwrap();
+    assert_eq!(db.engine().durable_tid(), last);
 }

@@ -11,8 +11,8 @@ use pmtx::crashtest::ptm::{
 use pmtx::engine::dudetx::ptm::locks::Detect;
 use pmtx::engine::dudetx::ptm::{DudetxPtmFault, PerformMode};
 use pmtx::engine::dudetx::DurabilityMode;
-use pmtx::pmem::{CrashTrigger, PersistenceDomain, SimulatedCrash};
-use pmtx::ptm::{PPtr, Ptm, PtmConfig, PtmEngineKind, PtmError, PtmWorker};
+use pmtx::pmem::{CrashTrigger, PersistenceDomain};
+use pmtx::ptm::{PPtr, Ptm, PtmConfig, PtmEngineKind, PtmError};
 use std::collections::HashMap;
 
 fn small() -> PtmConfig {
@@ -647,39 +647,11 @@ fn a_lock_mode_pool_refuses_the_stm_and_reopens_under_locks() {
     std::fs::remove_file(&path).unwrap();
 }
 
-/// One step of the lock-mode crash workload on worker `w` (its chain): bump the counter
-/// (account 7: every step depends on the one before, so the recovered state must be a prefix)
-/// and move up to 4 between two of accounts 0..4.
-fn lock_step(w: &mut dyn PtmWorker, accounts: &[PPtr<u64>; 8], i: u64) -> Result<(), PtmError> {
-    w.begin();
-    let r = (|| {
-        let get = |w: &mut dyn PtmWorker, p: PPtr<u64>| -> Result<u64, PtmError> {
-            let mut b = [0u8; 8];
-            w.read(p.raw(), 0, &mut b)?;
-            Ok(u64::from_le_bytes(b))
-        };
-        let c = get(w, accounts[7])?;
-        w.write(accounts[7].raw(), 0, &(c + 1).to_le_bytes())?;
-        let (a, b, amount) = ((i * 7 + 1) % 5, (i * 3) % 5, i % 5);
-        if a != b {
-            let (x, y) = (get(w, accounts[a as usize])?, get(w, accounts[b as usize])?);
-            if x >= amount {
-                w.write(accounts[a as usize].raw(), 0, &(x - amount).to_le_bytes())?;
-                w.write(accounts[b as usize].raw(), 0, &(y + amount).to_le_bytes())?;
-            }
-        }
-        w.commit()
-    })();
-    if r.is_err() {
-        w.abort();
-    }
-    r
-}
-
-/// Crashes a two-chain lock-mode run (steps alternate between two workers, so the graph has
-/// hand-offs between chains and the ring holds them out of order) before every `stride`-th
-/// PM event; each image must recover to the state after a prefix of the steps: sync, the
-/// acknowledged steps or one more; async, at least the steps reported durable.
+/// The shared crash sweep (`crashtest::ptm`) in lock mode: the workload's steps take turns on
+/// two workers (two chains, so the graph has hand-offs between chains and the ring holds them
+/// out of order), crashed before every `stride`-th PM event; sync: the acknowledged steps or
+/// one more survive; async: the state after some step from the last reported durable to the
+/// one in flight.
 fn lock_sweep(
     domain: PersistenceDomain,
     mode: DurabilityMode,
@@ -688,103 +660,11 @@ fn lock_sweep(
     steps: u64,
     stride: u64,
 ) -> Result<u64, String> {
-    let cfg = |trigger: Option<CrashTrigger>, fault: Option<DudetxPtmFault>| {
-        let mut c = locked(detect, mode).domain(domain);
-        c.dudetx.group = 3;
-        c.dudetx.fault = fault;
-        c.crash_sim = trigger;
-        c
-    };
-    let run =
-        |ptm: &Ptm<Root>, upto: &std::cell::Cell<u64>| -> Result<Vec<(Vec<u64>, u64)>, PtmError> {
-            setup(ptm)?;
-            ptm.check_invariants().map_err(PtmError::Pool)?;
-            let r = ptm.run(|tx| tx.read(tx.root()))?;
-            let mut w = [ptm.engine().worker()?, ptm.engine().worker()?];
-            let mut out = vec![(state_of(ptm)?.0.accounts, 0)];
-            for i in 0..steps {
-                lock_step(&mut *w[(i % 2) as usize], &r.accounts, i)?;
-                upto.set(i + 1);
-                out.push((state_of(ptm)?.0.accounts, ptm.committed_id().unwrap()));
-            }
-            Ok(out)
-        };
-    let reference = {
-        let ptm = Ptm::<Root>::create(cfg(Some(CrashTrigger::Never), None)).unwrap();
-        let events = || ptm.engine().pool().crash_sim().unwrap().events();
-        let start = events();
-        let states = run(&ptm, &std::cell::Cell::new(0)).map_err(|e| e.to_string())?;
-        (states, start, events())
-    };
-    let (states, start, end) = &reference;
-    let mut points = 0;
-    for at in (*start..*end).step_by(stride as usize) {
-        let ptm = std::panic::catch_unwind(|| {
-            Ptm::<Root>::create(cfg(Some(CrashTrigger::AtEvent(at)), fault))
-        });
-        let Ok(Ok(ptm)) = ptm else { continue };
-        let done = std::cell::Cell::new(0u64);
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&ptm, &done)));
-        match r {
-            Err(p) if !SimulatedCrash::is(p.as_ref()) => std::panic::resume_unwind(p),
-            Ok(Err(e)) if !ptm.engine().pool().crash_sim().unwrap().has_crashed() => {
-                return Err(format!("the run failed before the crash: {e}"))
-            }
-            _ => {}
-        }
-        let sim = ptm.engine().pool().crash_sim().cloned().unwrap();
-        let Some(cs) = sim.crash_state() else {
-            // The run ended first; the close may reach the event (a crash that tests nothing).
-            let closed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(ptm)));
-            if let Err(p) = closed {
-                if !SimulatedCrash::is(p.as_ref()) {
-                    std::panic::resume_unwind(p);
-                }
-            }
-            continue;
-        };
-        if done.get() == 0 {
-            continue; // crashed in the setup
-        }
-        points += 1;
-        let durable_before = ptm.durable_id().unwrap();
-        drop(ptm);
-        let acked = done.get() as usize;
-        for img in cs.images(2, at) {
-            let ctx = format!("{domain} {mode} {detect:?} {fault:?}: crash before event {at} after {acked} steps, image {:?}", img.prefixes);
-            let ptm = Ptm::<Root>::open_image(
-                &img.bytes,
-                cfg(None, fault.filter(|f| *f == DudetxPtmFault::LockRingOrder)),
-            )
-            .map_err(|e| format!("{ctx}: recovery failed: {e}"))?;
-            let (s, _) = state_of(&ptm).map_err(|e| format!("{ctx}: {e}"))?;
-            let k = (s.accounts[7] - 100) as usize;
-            if k >= states.len() || s.accounts != states[k].0 {
-                return Err(format!(
-                    "{ctx}: recovered {:?}, which is no prefix of the run (counter {k})",
-                    s.accounts
-                ));
-            }
-            let ok = match mode {
-                DurabilityMode::Sync => k == acked || k == acked + 1,
-                DurabilityMode::Async => {
-                    let kd = states
-                        .iter()
-                        .position(|(_, id)| *id == durable_before)
-                        .unwrap_or(0);
-                    k >= kd && k <= acked + 1
-                }
-            };
-            if !ok {
-                return Err(format!("{ctx}: recovered the state after {k} steps (durable before: {durable_before:#x})"));
-            }
-            ptm.check_invariants().map_err(|e| format!("{ctx}: {e}"))?;
-            transfer(&ptm, &mut Lcg(at), 10).map_err(|e| format!("{ctx}: after recovery: {e}"))?;
-            ptm.check_invariants()
-                .map_err(|e| format!("{ctx}: after recovery: {e}"))?;
-        }
-    }
-    Ok(points)
+    let mut cfg = PtmCrashConfig::dudetx(domain, mode, fault);
+    cfg.dudetx_perform = PerformMode::Locks(detect);
+    cfg.steps = steps;
+    cfg.stride = stride;
+    sweep(cfg)
 }
 
 /// Crash tests of the lock mode: ADR and eADR, sync and async, one- and two-round detecting.
@@ -808,8 +688,8 @@ fn lock_mode_every_crash_point_recovers_a_prefix() {
 }
 
 /// The lock mode's ordering faults are caught (async mode: the ring holds chains out of
-/// order there): its own (dependency list, dependency order) and the pipeline's, which name
-/// the same ordering steps in the lock mode's persist and reproduce (log write-back, durable
+/// order there): its own (dependency list, dependency order, double-buffered watermarks) and
+/// the pipeline core's, at the same ordering steps as in the STM (log write-back, durable
 /// report, heap write-back, truncation).
 #[test]
 fn lock_mode_faults_are_caught() {

@@ -91,6 +91,10 @@ pub struct CommonArgs {
     /// DUDETx: transactions combined into one persisted log record at most (§3.3).
     #[arg(long, default_value_t = 64)]
     pub dudetx_group: usize,
+    /// DUDETx, async mode: how long the persist thread waits at most for a group to fill (§3.3),
+    /// in µs (at most 1 000 000; 0: it takes what is queued).
+    #[arg(long, default_value_t = crate::engine::dudetx::DEFAULT_GROUP_DELAY_US)]
+    pub dudetx_group_delay_us: u64,
     /// MMDB group commit: transactions written as one log record at most.
     #[arg(long, default_value_t = 64)]
     pub mmdb_group: usize,
@@ -226,6 +230,7 @@ impl CommonArgs {
         config.cache_ratio = self.cache_ratio;
         config.dudetx_mode = self.dudetx_mode;
         config.dudetx_group = self.dudetx_group;
+        config.dudetx_group_delay_us = self.dudetx_group_delay_us;
         config.mmdb_group = self.mmdb_group;
         config.mmdb_group_wait_us = self.mmdb_group_wait_us;
         config.mmdb_checkpoint_ms = self.mmdb_checkpoint_ms;

@@ -13,9 +13,9 @@ use std::path::PathBuf;
 /// Arguments of `pmtx crashtest`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// The engine: a table engine, or archtm (the persistent-object API's crash workload, see
-    /// `crashtest::ptm`; one thread, --txns steps, every PM event with --exhaustive, else
-    /// --images crash points spread over the run).
+    /// The engine: a table engine, or archtm or dudetx-ptm (the persistent-object API's crash
+    /// workload, see `crashtest::ptm`; one thread, --txns steps, every PM event with
+    /// --exhaustive, else --images crash points spread over the run).
     #[arg(long, default_value = "falcon")]
     pub engine: CrashEngine,
     /// The persistence domain simulated (adr or eadr).
@@ -74,6 +74,11 @@ pub struct Args {
     /// check is that everything up to the durable id reported survives).
     #[arg(long, default_value = "sync")]
     pub dudetx_mode: crate::engine::dudetx::DurabilityMode,
+    /// DUDETx's persistent-object API (`--engine dudetx-ptm`): the perform mode, `stm` or the
+    /// lock-based `locks` / `locks-two-round` (§5: the workload's steps take turns on two
+    /// workers, so their chains depend on each other).
+    #[arg(long, default_value = "stm")]
+    pub dudetx_perform: crate::engine::dudetx::ptm::PerformMode,
     /// Instead of the simulator: SIGKILL this many child `pmtx` processes mid-workload.
     #[arg(long)]
     pub real_kills: Option<u32>,
@@ -223,8 +228,8 @@ fn run_ptm(args: &Args, kind: crate::ptm::PtmEngineKind) -> CliResult {
     use crate::ptm::archtm::ArchtmFault;
     if args.threads != 1 || args.real_kills.is_some() || args.rounds != 1 {
         return Err(
-            "--engine archtm crash tests run one thread, under the simulator, one round \
-                    (--threads 1, no --real-kills, --rounds 1)"
+            "persistent-object (archtm, dudetx-ptm) crash tests run one thread, under the \
+             simulator, one round (--threads 1, no --real-kills, --rounds 1)"
                 .into(),
         );
     }
@@ -248,10 +253,14 @@ fn run_ptm(args: &Args, kind: crate::ptm::PtmEngineKind) -> CliResult {
             .as_deref()
             .map(str::parse::<crate::engine::dudetx::ptm::DudetxPtmFault>)
             .transpose()?;
-        if fault.is_some_and(|f| f.lock_mode()) {
+        let lock_mode = matches!(
+            args.dudetx_perform,
+            crate::engine::dudetx::ptm::PerformMode::Locks(_)
+        );
+        if fault.is_some_and(|f| f.lock_mode()) && !lock_mode {
             return Err(
-                "that fault is in a step of the lock-based perform mode (§5), which this sweep \
-                 does not run: its crash tests are tests/ptm_dudetx.rs lock_mode_*"
+                "that fault is in a step of the lock-based perform mode (§5): add \
+                 --dudetx-perform locks (or locks-two-round)"
                     .into(),
             );
         }
@@ -261,11 +270,10 @@ fn run_ptm(args: &Args, kind: crate::ptm::PtmEngineKind) -> CliResult {
                     .into(),
             );
         }
-        cfg = PtmCrashConfig::dudetx(
-            args.domain,
-            crate::engine::dudetx::DurabilityMode::Sync,
-            fault,
-        );
+        cfg = PtmCrashConfig::dudetx(args.domain, args.dudetx_mode, fault);
+        crate::engine::dudetx::ptm::resolve_perform(args.dudetx_perform)
+            .map_err(|e| e.to_string())?;
+        cfg.dudetx_perform = args.dudetx_perform;
     } else {
         cfg.fault = args
             .inject_fault

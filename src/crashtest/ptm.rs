@@ -10,10 +10,11 @@
 //! the recovered pool keeps working.
 
 use crate::engine::dudetx::ptm::DudetxPtmFault;
+use crate::engine::dudetx::ptm::PerformMode;
 use crate::engine::dudetx::DurabilityMode;
 use crate::pmem::{CrashTrigger, PersistenceDomain, SimulatedCrash};
 use crate::ptm::archtm::ArchtmFault;
-use crate::ptm::{PPtr, Ptm, PtmConfig, PtmEngineKind, PtmError};
+use crate::ptm::{run_on_worker, PPtr, PTx, Ptm, PtmConfig, PtmEngineKind, PtmError, PtmWorker};
 
 crate::pobject! {
     /// A list node.
@@ -113,85 +114,153 @@ pub fn setup(ptm: &Ptm<Root>) -> Result<(), PtmError> {
 
 /// A transfer of up to `max` between two random accounts.
 pub fn transfer(ptm: &Ptm<Root>, rng: &mut Lcg, max: u64) -> Result<(), PtmError> {
-    let (a, b, amount) = (rng.next(8) as usize, rng.next(8) as usize, rng.next(max));
-    ptm.run(|tx| {
-        let r = tx.read(tx.root())?;
-        let (x, y) = (tx.read(r.accounts[a])?, tx.read(r.accounts[b])?);
-        if a != b && x >= amount {
-            tx.write(r.accounts[a], &(x - amount))?;
-            tx.write(r.accounts[b], &(y + amount))?;
-        }
-        Ok(())
-    })
+    Runner::new(ptm).transfer(rng, max)
 }
 
 /// Step `i` of the workload. Returns whether it committed (step kinds 4 abort on purpose);
 /// adds the objects defragmentation moved to `moved`.
 pub fn step(ptm: &Ptm<Root>, i: u64, rng: &mut Lcg, moved: &mut u64) -> Result<bool, PtmError> {
-    match i % 5 {
-        0 => transfer(ptm, rng, 20).map(|()| true),
-        3 => {
-            if i % 10 == 8 {
-                // Online defragmentation (mock transactions that change no value): crashes
-                // during it must leave the same state.
-                *moved += ptm.defragment()?.1;
-            }
-            transfer(ptm, rng, 20).map(|()| true)
+    Runner::new(ptm).step(i, rng, moved)
+}
+
+/// Runs the workload's transactions: through [`Ptm::run`], or on a few workers of their own in
+/// turn (DUDETx's lock-based mode, §5: each worker is a chain, so lock hand-offs make
+/// dependencies between chains, and the log ring holds the chains' records out of dependency
+/// order). Taking turns, every transaction that commits also adds 1 to account 7: a word every
+/// step writes, so any two steps applied out of order leave a state no step leads to.
+pub struct Runner<'a> {
+    ptm: &'a Ptm<Root>,
+    workers: Vec<Box<dyn PtmWorker>>,
+    turn: usize,
+    /// Conflict retries per transaction on its own workers ([`Ptm::run`]'s default).
+    retries: u32,
+}
+
+impl<'a> Runner<'a> {
+    /// Transactions through [`Ptm::run`].
+    pub fn new(ptm: &'a Ptm<Root>) -> Runner<'a> {
+        Runner {
+            ptm,
+            workers: Vec::new(),
+            turn: 0,
+            retries: PtmConfig::temporary().max_retries,
         }
-        1 => {
-            if i % 10 == 6 {
-                // An incremental lookup-table checkpoint (§5.6): crashes during it, and
-                // recoveries from it and its CHKP-diff, must keep the same state.
-                ptm.checkpoint()?;
-            }
-            ptm.run(|tx| {
-                let root = tx.root();
-                let r = tx.read(root)?;
-                let n = tx.alloc(&Node {
-                    value: i,
-                    next: r.head,
-                })?;
-                tx.update(root, |r| {
-                    r.head = n;
-                    r.len += 1;
-                })
-            })
-            .map(|()| true)
+    }
+
+    /// Transactions on `n` workers of their own, one after the other.
+    pub fn taking_turns(ptm: &'a Ptm<Root>, n: usize) -> Result<Runner<'a>, PtmError> {
+        let workers = (0..n)
+            .map(|_| ptm.engine().worker())
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Runner {
+            workers,
+            ..Runner::new(ptm)
+        })
+    }
+
+    fn run<T>(
+        &mut self,
+        f: impl FnMut(&mut PTx<'_, Root>) -> Result<T, PtmError>,
+    ) -> Result<T, PtmError> {
+        if self.workers.is_empty() {
+            return self.ptm.run(f);
         }
-        2 => {
-            let pop = rng.next(2) == 0;
-            ptm.run(|tx| {
-                let root = tx.root();
-                let r = tx.read(root)?;
-                if pop && !r.head.is_null() {
-                    let n = tx.read(r.head)?;
-                    tx.free(r.head)?;
-                    tx.update(root, |r| {
-                        r.head = n.next;
-                        r.len -= 1;
-                    })
-                } else {
-                    // Replace an account object: alloc a copy, free the old one.
-                    let k = (i % 8) as usize;
-                    let v = tx.read(r.accounts[k])?;
-                    let fresh = tx.alloc(&v)?;
-                    tx.free(r.accounts[k])?;
-                    tx.update(root, |r| r.accounts[k] = fresh)
+        let n = self.workers.len();
+        let w = &mut self.workers[self.turn % n];
+        self.turn += 1;
+        let mut f = f;
+        let stamped = |tx: &mut PTx<'_, Root>| {
+            let v = f(tx)?;
+            let r = tx.read(tx.root())?;
+            let c = tx.read(r.accounts[7])?;
+            tx.write(r.accounts[7], &(c + 1))?;
+            Ok(v)
+        };
+        run_on_worker(&mut **w, self.ptm.engine().root(), self.retries, stamped).map(|(v, _)| v)
+    }
+
+    /// A transfer of up to `max` between two random accounts.
+    pub fn transfer(&mut self, rng: &mut Lcg, max: u64) -> Result<(), PtmError> {
+        let (a, b, amount) = (rng.next(8) as usize, rng.next(8) as usize, rng.next(max));
+        self.run(|tx| {
+            let r = tx.read(tx.root())?;
+            let (x, y) = (tx.read(r.accounts[a])?, tx.read(r.accounts[b])?);
+            if a != b && x >= amount {
+                tx.write(r.accounts[a], &(x - amount))?;
+                tx.write(r.accounts[b], &(y + amount))?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Step `i` of the workload (see [`step`]).
+    pub fn step(&mut self, i: u64, rng: &mut Lcg, moved: &mut u64) -> Result<bool, PtmError> {
+        let ptm = self.ptm;
+        match i % 5 {
+            0 => self.transfer(rng, 20).map(|()| true),
+            3 => {
+                if i % 10 == 8 {
+                    // Online defragmentation (mock transactions that change no value): crashes
+                    // during it must leave the same state.
+                    *moved += ptm.defragment()?.1;
                 }
-            })
-            .map(|()| true)
-        }
-        _ => {
-            let k = rng.next(8) as usize;
-            match ptm.run(|tx| {
-                let r = tx.read(tx.root())?;
-                tx.write(r.accounts[k], &1_000_000)?;
-                tx.alloc(&Node::default())?;
-                tx.abort::<()>()
-            }) {
-                Err(PtmError::UserAbort) => Ok(false),
-                Err(e) => Err(e),
-                Ok(()) => Err(PtmError::Pool("an aborted transaction committed".into())),
+                self.transfer(rng, 20).map(|()| true)
+            }
+            1 => {
+                if i % 10 == 6 {
+                    // An incremental lookup-table checkpoint (§5.6): crashes during it, and
+                    // recoveries from it and its CHKP-diff, must keep the same state.
+                    ptm.checkpoint()?;
+                }
+                self.run(|tx| {
+                    let root = tx.root();
+                    let r = tx.read(root)?;
+                    let n = tx.alloc(&Node {
+                        value: i,
+                        next: r.head,
+                    })?;
+                    tx.update(root, |r| {
+                        r.head = n;
+                        r.len += 1;
+                    })
+                })
+                .map(|()| true)
+            }
+            2 => {
+                let pop = rng.next(2) == 0;
+                self.run(|tx| {
+                    let root = tx.root();
+                    let r = tx.read(root)?;
+                    if pop && !r.head.is_null() {
+                        let n = tx.read(r.head)?;
+                        tx.free(r.head)?;
+                        tx.update(root, |r| {
+                            r.head = n.next;
+                            r.len -= 1;
+                        })
+                    } else {
+                        // Replace an account object: alloc a copy, free the old one.
+                        let k = (i % 8) as usize;
+                        let v = tx.read(r.accounts[k])?;
+                        let fresh = tx.alloc(&v)?;
+                        tx.free(r.accounts[k])?;
+                        tx.update(root, |r| r.accounts[k] = fresh)
+                    }
+                })
+                .map(|()| true)
+            }
+            _ => {
+                let k = rng.next(8) as usize;
+                match self.run(|tx| {
+                    let r = tx.read(tx.root())?;
+                    tx.write(r.accounts[k], &1_000_000)?;
+                    tx.alloc(&Node::default())?;
+                    tx.abort::<()>()
+                }) {
+                    Err(PtmError::UserAbort) => Ok(false),
+                    Err(e) => Err(e),
+                    Ok(()) => Err(PtmError::Pool("an aborted transaction committed".into())),
+                }
             }
         }
     }
@@ -213,6 +282,11 @@ pub struct PtmCrashConfig {
     pub dudetx_mode: DurabilityMode,
     /// DUDETx: shadow frames (§3.4 paging; 0: every page).
     pub dudetx_shadow_frames: usize,
+    /// DUDETx: the perform mode. With the lock-based one (§5) the workload's transactions take
+    /// turns on two workers (two chains, see [`Runner`]), and async crashes are checked against
+    /// the steps (ids are per chain, so no id order says which survive): the recovered state
+    /// is the one after some step from the last reported durable to the one in flight.
+    pub dudetx_perform: PerformMode,
     /// Workload steps after setup.
     pub steps: u64,
     /// Crash before every `stride`-th PM event of the run (1: every event).
@@ -241,6 +315,7 @@ impl PtmCrashConfig {
             dudetx_fault: None,
             dudetx_mode: DurabilityMode::Sync,
             dudetx_shadow_frames: 0,
+            dudetx_perform: PerformMode::Stm,
             steps: 60,
             stride: 1,
             event: None,
@@ -293,8 +368,27 @@ impl PtmCrashConfig {
         c.dudetx.mode = self.dudetx_mode;
         c.dudetx.group = 3;
         c.dudetx.shadow_frames = self.dudetx_shadow_frames;
+        c.dudetx.perform = self.dudetx_perform;
+        if self.lock_mode() {
+            // The two chains of the workload and `Ptm::run`'s worker (setup, reads).
+            c.max_threads = 3;
+        }
         c.crash_sim = trigger;
         c
+    }
+
+    /// Whether DUDETx runs its lock-based perform mode (§5).
+    fn lock_mode(&self) -> bool {
+        self.engine == PtmEngineKind::Dudetx && matches!(self.dudetx_perform, PerformMode::Locks(_))
+    }
+
+    /// The workload's runner on `ptm`: two chains taking turns in lock mode.
+    fn runner<'a>(&self, ptm: &'a Ptm<Root>) -> Result<Runner<'a>, PtmError> {
+        if self.lock_mode() {
+            Runner::taking_turns(ptm, 2)
+        } else {
+            Ok(Runner::new(ptm))
+        }
     }
 
     fn fault_name(&self) -> &'static str {
@@ -350,8 +444,9 @@ fn reference(cfg: &PtmCrashConfig) -> Result<Reference, PtmError> {
     let mut states = vec![state_of(&ptm)?.0];
     let mut ids = vec![ptm.committed_id()];
     let mut moved = 0;
+    let mut runner = cfg.runner(&ptm)?;
     for i in 0..cfg.steps {
-        step(&ptm, i, &mut rng, &mut moved)?;
+        runner.step(i, &mut rng, &mut moved)?;
         states.push(state_of(&ptm)?.0);
         ids.push(ptm.committed_id());
     }
@@ -386,8 +481,9 @@ fn crash_at(cfg: &PtmCrashConfig, at: u64, reference: &Reference) -> Result<u64,
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let mut rng = Lcg(7);
         let mut moved = 0;
+        let mut runner = cfg.runner(&ptm)?;
         for i in 0..cfg.steps {
-            step(&ptm, i, &mut rng, &mut moved)?;
+            runner.step(i, &mut rng, &mut moved)?;
             done.set(done.get() + 1);
         }
         Ok::<(), PtmError>(())
@@ -439,7 +535,21 @@ fn crash_at(cfg: &PtmCrashConfig, at: u64, reference: &Reference) -> Result<u64,
         let ptm = Ptm::<Root>::open_image(&img.bytes, cfg.ptm_config(false, None))
             .map_err(|e| format!("{ctx}: recovery failed: {e}"))?;
         let (s, reachable) = state_of(&ptm).map_err(|e| format!("{ctx}: {e}"))?;
-        if asynchronous {
+        if asynchronous && cfg.lock_mode() {
+            // Per-chain ids: the step that committed the id reported durable last bounds the
+            // survivors from below (each step reads the root, so it depends on the one before:
+            // a durable step's predecessors are durable), the step in flight from above.
+            let kd = durable_before
+                .and_then(|b| reference.ids.iter().position(|id| *id == Some(b)))
+                .unwrap_or(0);
+            if !(kd..=acked + 1).any(|k| states.get(k) == Some(&s)) {
+                return Err(format!(
+                    "{ctx}: recovered {s:?}, which is the state after no step from {kd} (the \
+                     last reported durable) to {}",
+                    acked + 1
+                ));
+            }
+        } else if asynchronous {
             // Async commits: exactly the transactions up to the recovered durable id survive
             // (a prefix: never one after a gap), and that id is at least the one reported
             // durable before the crash.

@@ -131,6 +131,12 @@ pub struct DbConfig {
     pub dudetx_mode: DurabilityMode,
     /// DUDETx: transactions combined into one persisted log record at most (§3.3; default 64).
     pub dudetx_group: usize,
+    /// DUDETx, async mode: how long the persist thread waits at most for a group of
+    /// `dudetx_group` to fill (§3.3), in µs (default 2,000; at most 1,000,000; 0: it takes what
+    /// is queued). Sync commits never wait for a group. The table engine's shadow is a whole
+    /// DRAM copy of the tables, so it has no shadow page size or shadow size to set (those are
+    /// the persistent-object API's, `DudetxPtmOptions`).
+    pub dudetx_group_delay_us: u64,
     /// DUDETx: 2 MiB pages of the PM log ring, for a new pool; 0 (the default) sizes it from
     /// the pool: a quarter of its pages, 1 to 8.
     pub dudetx_log_pages: usize,
@@ -197,6 +203,7 @@ impl Default for DbConfig {
             background_recovery: true,
             dudetx_mode: DurabilityMode::Sync,
             dudetx_group: 64,
+            dudetx_group_delay_us: crate::engine::dudetx::DEFAULT_GROUP_DELAY_US,
             dudetx_log_pages: 0,
             dudetx_background: true,
             dudetx_fault: None,
@@ -359,6 +366,7 @@ impl DbConfig {
         c.max_row_bytes = self.max_row_bytes;
         c.mode = self.dudetx_mode;
         c.group = self.dudetx_group;
+        c.group_delay_us = self.dudetx_group_delay_us;
         c.log_pages = self.dudetx_log_pages;
         c.background = self.dudetx_background;
         c.fault = self.dudetx_fault;

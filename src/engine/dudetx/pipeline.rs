@@ -5,6 +5,14 @@
 //! log. The steps run in two background threads, or (`background: false`, for the crash
 //! simulator, whose PM events must come from the threads it drives) inline in the committing
 //! thread.
+//!
+//! What differs between the perform modes is a [`Sequencer`]: [`IdOrder`] for the STM and the
+//! table engine (global ids, §3.2–§3.4: a group combined into one record, a durable id word,
+//! reproduce in id order, truncation by the last id) and `ptm::locks::DepOrder` for the
+//! lock-based mode (§5: one record per transaction persisted chain by chain, durability found
+//! by one- or two-round detection, reproduce in dependency order, truncation by per-chain
+//! watermarks). The core owns everything else: the queue, the ring, the ordering steps and
+//! their faults, the threads, group commit, draining and failure.
 
 use super::heap::Heap;
 use super::layout::meta;
@@ -18,18 +26,148 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// A record persisted but not yet reproduced.
-struct Persisted {
-    last: u64,
+/// A record a persist step writes: the ids it covers and its payload (encoded ops, before
+/// compression).
+pub(crate) struct Record {
+    /// The first id it covers.
+    pub first: u64,
+    /// The last id it covers.
+    pub last: u64,
+    /// The encoded ops.
+    pub raw: Vec<u8>,
+}
+
+/// A record written to the ring: where, and where the next one starts.
+pub(crate) struct Written {
+    /// The record.
+    pub record: Record,
+    /// Its log position.
+    pub pos: u64,
     /// The log position after it.
-    end: u64,
-    ops: Vec<Op>,
+    pub end: u64,
+}
+
+/// What one reproduce step applies and how it truncates the log afterwards (§3.1: a record
+/// is recycled only once its effects are durable).
+pub(crate) struct Reproduction {
+    /// The records' ops, record after record, in the order they apply.
+    pub ops: Vec<Vec<Op>>,
+    /// The sequencer's truncation marks (the STM: the last reproduced id; lock mode: the
+    /// chains' watermarks), written and persisted once the heap writes are durable, before the
+    /// head moves.
+    pub marks: Box<dyn FnOnce(&Pool) + Send>,
+    /// The new truncation position, if the head moves.
+    pub head: Option<u64>,
+    /// The id [`Core::reproduced`] reports afterwards.
+    pub last: u64,
+}
+
+/// What the perform modes' pipelines do differently (§3 vs §5), plugged into [`Core`]: how a
+/// group of committed logs becomes records, what makes a record durable, which persisted
+/// records reproduce next and in what order, and what marks the truncation. Its methods run
+/// under the core's state lock.
+pub(crate) trait Sequencer: Send + 'static {
+    /// The records a persist step writes for `group` (committed logs, in the order they were
+    /// queued), in ring order.
+    fn records(&mut self, group: Vec<(u64, Vec<u8>)>) -> Result<Vec<Record>, String>;
+
+    /// Whether a persist step publishes a durable id word on PM after its records (§3.2, a
+    /// global order); without one, recovery finds what is durable again (§5.3).
+    fn durable_word(&self) -> bool;
+
+    /// Bookkeeping once `written` are durable; returns the id to report durable, if any
+    /// became so.
+    fn persisted(&mut self, written: Vec<Written>) -> Result<Option<u64>, String>;
+
+    /// The durable-report fault without a durable word: reports `records` durable before they
+    /// are written; returns the id to report.
+    fn report_early(&mut self, records: &[Record]) -> Option<u64>;
+
+    /// Whether transaction `id` is durable, `reported` being the last id reported durable.
+    fn is_durable(&self, id: u64, reported: u64) -> bool;
+
+    /// Persisted records reproduce could apply now.
+    fn reproducible(&self) -> usize;
+
+    /// Takes every reproducible record for one reproduce step (`meta_page`: the meta page the
+    /// marks go to); None when there is none.
+    fn take_reproducible(&mut self, meta_page: u64) -> Option<Reproduction>;
+
+    /// Whether nothing persisted waits for reproduce, given the last id committed and the last
+    /// reproduced.
+    fn settled(&self, committed: u64, reproduced: u64) -> bool;
+}
+
+/// The global order of the STM and the table engine (§3.2–§3.4): ids in commit order; a
+/// group is combined into one record (§3.3) and the durable id published after it; reproduce
+/// applies records in id order and truncates with the last id it applied.
+#[derive(Default)]
+pub(crate) struct IdOrder {
+    /// Persisted, not yet reproduced: (last id, log position after it, ops), in id order.
+    persisted: VecDeque<(u64, u64, Vec<Op>)>,
+}
+
+impl Sequencer for IdOrder {
+    fn records(&mut self, group: Vec<(u64, Vec<u8>)>) -> Result<Vec<Record>, String> {
+        let (Some(first), Some(last)) = (group.first(), group.last()) else {
+            return Ok(Vec::new());
+        };
+        let (first, last) = (first.0, last.0);
+        let slices: Vec<&[u8]> = group.iter().map(|(_, l)| l.as_slice()).collect();
+        let raw = log::combine(&slices)?;
+        Ok(vec![Record { first, last, raw }])
+    }
+
+    fn durable_word(&self) -> bool {
+        true
+    }
+
+    fn persisted(&mut self, written: Vec<Written>) -> Result<Option<u64>, String> {
+        let mut last = None;
+        for w in written {
+            let ops = log::decode_ops(&w.record.raw)?;
+            self.persisted.push_back((w.record.last, w.end, ops));
+            last = Some(w.record.last);
+        }
+        Ok(last)
+    }
+
+    fn report_early(&mut self, _records: &[Record]) -> Option<u64> {
+        None // the durable id word is written early instead (`Core::write_records`)
+    }
+
+    fn is_durable(&self, id: u64, reported: u64) -> bool {
+        reported >= id
+    }
+
+    fn reproducible(&self) -> usize {
+        self.persisted.len()
+    }
+
+    fn take_reproducible(&mut self, meta_page: u64) -> Option<Reproduction> {
+        let &(last, end, _) = self.persisted.back()?;
+        let ops = self.persisted.drain(..).map(|(_, _, ops)| ops).collect();
+        let marks = Box::new(move |pool: &Pool| {
+            pool.write_u64(meta_page + meta::HEAD_SEQ, last);
+            pool.persist(meta_page + meta::HEAD_SEQ, 8);
+        });
+        Some(Reproduction {
+            ops,
+            marks,
+            head: Some(end),
+            last,
+        })
+    }
+
+    fn settled(&self, committed: u64, reproduced: u64) -> bool {
+        self.persisted.is_empty() && reproduced >= committed
+    }
 }
 
 /// The pipeline's shared state (under [`Core::state`]).
-#[derive(Default)]
 pub(crate) struct State {
-    /// Committed, not yet persisted: (id, encoded redo log), in id order.
+    /// Committed, not yet persisted: (id, encoded redo log), in the order they were queued
+    /// (the STM: id order; lock mode: every transaction after those it depends on).
     queue: VecDeque<(u64, Vec<u8>)>,
     /// The bytes of the logs in `queue`.
     queued_bytes: usize,
@@ -42,17 +180,29 @@ pub(crate) struct State {
     pub tail: u64,
     /// The truncation position.
     pub head: u64,
-    /// Persisted, not yet reproduced, in id order.
-    persisted: VecDeque<Persisted>,
+    /// The perform mode's order: persisted records and what is durable and reproducible.
+    seq: Box<dyn Sequencer>,
     /// Why the pipeline stopped (a full PM heap); commits are refused then.
     pub failed: Option<String>,
     /// Drop asked the threads to finish.
     stop: bool,
-    /// A persist step is writing a record (by the persist thread or a sync committer leading
+    /// A persist step is writing records (by the persist thread or a sync committer leading
     /// one, [`Core::wait_durable`]): the ring tail is taken.
     persisting: bool,
+    /// A reproduce step is applying records outside the lock.
+    reproducing: bool,
+    /// A persist step waits for ring room: reproduce should not wait for a batch.
+    room_wanted: bool,
     /// Threads still running.
     running: usize,
+}
+
+/// A group taken off the queue for one persist step: its records, built at their ring
+/// positions.
+struct Prepared {
+    records: Vec<Record>,
+    built: Vec<Vec<u8>>,
+    bytes: u64,
 }
 
 /// What log combination and compression did (§3.3, §6.3).
@@ -97,7 +247,8 @@ pub(crate) struct Core<H = Heap> {
     wake_persist: Condvar,
     wake_reproduce: Condvar,
     became_durable: Condvar,
-    /// The durable id (§3.2), as persisted.
+    /// The last id reported durable (the STM: the durable id of §3.2, as persisted; lock
+    /// mode: the last transaction detection found reproducible, any chain).
     pub durable: AtomicU64,
     /// The last id assigned to a commit.
     pub committed: AtomicU64,
@@ -106,6 +257,12 @@ pub(crate) struct Core<H = Heap> {
     stats: [AtomicU64; 5],
 }
 
+/// Records the reproduce thread waits for before it applies them (see `Core::reproduce_loop`).
+const REPRODUCE_BATCH: usize = 32;
+
+/// How long the reproduce thread waits for a whole batch before it applies a partial one.
+const REPRODUCE_IDLE: std::time::Duration = std::time::Duration::from_millis(2);
+
 /// The largest combined log a record may carry: a quarter of the ring, so that a record always
 /// fits once the records before it are truncated.
 pub(crate) fn max_record_raw(ring_capacity: u64) -> usize {
@@ -113,6 +270,8 @@ pub(crate) fn max_record_raw(ring_capacity: u64) -> usize {
 }
 
 impl<H: Apply> Core<H> {
+    /// A pipeline over `ring` whose durable id is `durable` and whose log is truncated at
+    /// `tail`, ordered by `seq`.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         pool: Arc<Pool>,
@@ -123,6 +282,7 @@ impl<H: Apply> Core<H> {
         heap: H,
         durable: u64,
         tail: u64,
+        seq: Box<dyn Sequencer>,
     ) -> Core<H> {
         Core {
             pool,
@@ -131,9 +291,19 @@ impl<H: Apply> Core<H> {
             ring,
             config,
             state: Mutex::new(State {
+                queue: VecDeque::new(),
+                queued_bytes: 0,
+                queued_since: None,
+                draining: 0,
                 tail,
                 head: tail,
-                ..State::default()
+                seq,
+                failed: None,
+                stop: false,
+                persisting: false,
+                reproducing: false,
+                room_wanted: false,
+                running: 0,
             }),
             heap: Mutex::new(heap),
             wake_persist: Condvar::new(),
@@ -162,8 +332,15 @@ impl<H: Apply> Core<H> {
         }
     }
 
-    /// Hands a committed transaction's redo log to the pipeline (called under the commit lock,
-    /// so ids enter the queue in order); inline mode persists and reproduces here.
+    /// Why the pipeline stopped, if it did.
+    pub fn failed(&self) -> Option<String> {
+        self.state.lock().failed.clone()
+    }
+
+    /// Hands a committed transaction's redo log to the pipeline (called in the order the
+    /// sequencer needs: the STM under the commit lock, so ids enter the queue in order; lock
+    /// mode while the transaction holds its locks, so it follows everything it depends on);
+    /// inline mode persists and reproduces here.
     pub fn enqueue(&self, id: u64, log: Vec<u8>) -> Result<(), String> {
         let mut st = self.state.lock();
         self.stats[0].fetch_add(1, Ordering::Relaxed);
@@ -174,8 +351,13 @@ impl<H: Apply> Core<H> {
             st.queued_since = Some(std::time::Instant::now());
         }
         if self.config.background {
-            // The persist thread waits for the first log, and (filling a group) for a full one.
-            if st.queue.len() == 1 || self.group_full(&st) {
+            // Async: the persist thread waits for the first log, and (filling a group) for a
+            // full one. Sync: the committer, which waits next, leads the step itself
+            // (`wait_durable`): waking the persist thread too cost a wake-up and a thread
+            // competing for the cores on every commit (`perf`, 2-thread sync YCSB-A).
+            let wake = self.config.mode == DurabilityMode::Async
+                && (st.queue.len() == 1 || self.group_full(&st));
+            if wake {
                 self.wake_persist.notify_all();
             }
             return Ok(());
@@ -186,7 +368,7 @@ impl<H: Apply> Core<H> {
                 self.persist_inline(&mut st)?;
             }
             // Leave a couple of records un-reproduced, so that crashes find logs to replay.
-            if st.persisted.len() > 2 {
+            if st.seq.reproducible() > 2 {
                 self.reproduce_inline(&mut st)?;
             }
         }
@@ -227,7 +409,7 @@ impl<H: Apply> Core<H> {
     /// still takes what arrives while no committer waits.
     pub fn wait_durable(&self, id: u64) -> Result<(), String> {
         let mut st = self.state.lock();
-        while self.durable.load(Ordering::Acquire) < id {
+        while !st.seq.is_durable(id, self.durable.load(Ordering::Acquire)) {
             if let Some(why) = &st.failed {
                 return Err(why.clone());
             }
@@ -240,9 +422,10 @@ impl<H: Apply> Core<H> {
         Ok(())
     }
 
-    /// Takes the next group off the queue: at most `group` transactions and a quarter of the
-    /// ring; returns (first id, last id, combined log).
-    fn next_group(&self, st: &mut State) -> Result<(u64, u64, Vec<u8>), String> {
+    /// Takes the next group off the queue (at most `group` transactions and a quarter of the
+    /// ring) and builds its records at the ring tail (ids ≥ 1; the sequencer decides how many
+    /// records a group makes).
+    fn next_group(&self, st: &mut State) -> Result<Prepared, String> {
         let limit = max_record_raw(self.ring.capacity());
         let mut n = 0;
         let mut bytes = 0;
@@ -254,85 +437,155 @@ impl<H: Apply> Core<H> {
             bytes += len;
             n += 1;
         }
-        let batch: Vec<(u64, Vec<u8>)> = st.queue.drain(..n).collect();
+        let group: Vec<(u64, Vec<u8>)> = st.queue.drain(..n).collect();
         st.queued_bytes -= bytes;
         if st.queue.is_empty() {
             st.queued_since = None;
         }
-        let slices: Vec<&[u8]> = batch.iter().map(|(_, l)| l.as_slice()).collect();
-        let raw = log::combine(&slices)?;
-        Ok((batch[0].0, batch[batch.len() - 1].0, raw))
+        let records = st.seq.records(group)?;
+        let mut pos = st.tail;
+        let built: Vec<Vec<u8>> = records
+            .iter()
+            .map(|r| {
+                let rec = build_record(r.first, r.last, pos, &r.raw, true);
+                pos += rec.len() as u64;
+                rec
+            })
+            .collect();
+        Ok(Prepared {
+            records,
+            built,
+            bytes: pos - st.tail,
+        })
     }
 
-    /// The persist step's PM writes for a record at `pos` (§3.2): the record, its write-back and
-    /// fence, then the durable id and its write-back and fence.
-    fn write_record(&self, pos: u64, rec: &[u8], last: u64) {
+    /// Whether the ring has room for `bytes` more.
+    fn has_room(&self, st: &State, bytes: u64) -> bool {
+        st.tail + bytes - st.head <= self.ring.capacity()
+    }
+
+    /// The persist step's PM writes for `records` built from `pos` on (§3.2): each record,
+    /// its write-back and fence (each before the next, so that the intact records a crash
+    /// leaves are a prefix), then, when the sequencer has one, the durable id and its
+    /// write-back and fence.
+    fn write_records(&self, mut pos: u64, records: &[Vec<u8>], durable_word: Option<u64>) {
         let pool = &*self.pool;
         let durable_at = self.meta_page + meta::DURABLE;
-        if self.fault() == Some(DudetxFault::DurableIdFirst) {
+        let fault = self.fault();
+        if let (Some(last), Some(DudetxFault::DurableIdFirst)) = (durable_word, fault) {
             pool.write_u64(durable_at, last);
             pool.persist(durable_at, 8);
         }
-        self.ring.write(pool, pos, rec);
-        if self.fault() != Some(DudetxFault::SkipLogFlush) {
-            self.ring.flush(pool, pos, rec.len() as u64);
-            pool.fence();
+        for rec in records {
+            self.ring.write(pool, pos, rec);
+            if fault != Some(DudetxFault::SkipLogFlush) {
+                self.ring.flush(pool, pos, rec.len() as u64);
+                pool.fence();
+            }
+            pos += rec.len() as u64;
         }
-        pool.write_u64(durable_at, last);
-        pool.persist(durable_at, 8);
+        if let Some(last) = durable_word {
+            pool.write_u64(durable_at, last);
+            pool.persist(durable_at, 8);
+        }
     }
 
-    /// Bookkeeping after a record is durable.
-    fn persisted(&self, st: &mut State, first: u64, last: u64, raw: Vec<u8>, rec_len: u64) {
-        let _ = first;
-        self.stats[1].fetch_add(1, Ordering::Relaxed);
-        self.stats[3].fetch_add(raw.len() as u64, Ordering::Relaxed);
-        self.stats[4].fetch_add(rec_len, Ordering::Relaxed);
-        st.tail += rec_len;
-        let ops = log::decode_ops(&raw).expect("a combined log decodes");
-        st.persisted.push_back(Persisted {
-            last,
-            end: st.tail,
-            ops,
-        });
-        self.durable.store(last, Ordering::Release);
+    /// Writes a prepared group (the lock released around the PM writes when `unlocked`) and
+    /// does the bookkeeping after it: stats, the tail, the sequencer's, the durable report.
+    fn write_group(
+        &self,
+        st: &mut parking_lot::MutexGuard<'_, State>,
+        group: Prepared,
+        unlocked: bool,
+    ) -> Result<(), String> {
+        let durable_word = if st.seq.durable_word() {
+            group.records.last().map(|r| r.last)
+        } else {
+            None
+        };
+        if self.fault() == Some(DudetxFault::DurableIdFirst) && durable_word.is_none() {
+            // The fault without a durable word: report before the records are written.
+            if let Some(id) = st.seq.report_early(&group.records) {
+                self.durable.store(id, Ordering::Release);
+            }
+        }
+        let pos = st.tail;
+        if unlocked {
+            parking_lot::MutexGuard::unlocked(st, || {
+                self.write_records(pos, &group.built, durable_word)
+            });
+        } else {
+            self.write_records(pos, &group.built, durable_word);
+        }
+        self.stats[1].fetch_add(group.records.len() as u64, Ordering::Relaxed);
+        let mut written = Vec::with_capacity(group.records.len());
+        let mut at = pos;
+        for (record, rec) in group.records.into_iter().zip(&group.built) {
+            self.stats[3].fetch_add(record.raw.len() as u64, Ordering::Relaxed);
+            self.stats[4].fetch_add(rec.len() as u64, Ordering::Relaxed);
+            let end = at + rec.len() as u64;
+            written.push(Written {
+                record,
+                pos: at,
+                end,
+            });
+            at = end;
+        }
+        st.tail = at;
+        let reported = st.seq.persisted(written)?;
+        if let Some(id) = reported {
+            self.durable.store(id, Ordering::Release);
+        }
         self.became_durable.notify_all();
-    }
-
-    /// One persist step in the calling thread.
-    fn persist_inline(&self, st: &mut State) -> Result<(), String> {
-        let (first, last, raw) = self.next_group(st)?;
-        let rec = build_record(first, last, st.tail, &raw, true);
-        if st.tail + rec.len() as u64 - st.head > self.ring.capacity() {
-            self.reproduce_inline(st)?;
-        }
-        self.write_record(st.tail, &rec, last);
-        self.persisted(st, first, last, raw, rec.len() as u64);
         Ok(())
     }
 
-    /// The reproduce step's PM writes (§3.1): apply the records' ops to the heap (durably), then
-    /// truncate the log up to `end`: the last reproduced id, then the head position.
-    fn reproduce_records(&self, records: &[Persisted]) -> Result<(), String> {
-        let Some(last) = records.last() else {
-            return Ok(());
-        };
+    /// Stops the pipeline with `why` (commits are refused from then on).
+    fn fail(&self, st: &mut State, why: String) -> String {
+        st.failed = Some(why.clone());
+        self.became_durable.notify_all();
+        self.wake_persist.notify_all();
+        self.wake_reproduce.notify_all();
+        why
+    }
+
+    /// One persist step in the calling thread.
+    fn persist_inline(&self, st: &mut parking_lot::MutexGuard<'_, State>) -> Result<(), String> {
+        let group = self.next_group(st).map_err(|e| self.fail(st, e))?;
+        if !self.has_room(st, group.bytes) {
+            self.reproduce_inline(st)?;
+            if !self.has_room(st, group.bytes) {
+                return Err(self.fail(st, ring_full(group.bytes)));
+            }
+        }
+        self.write_group(st, group, false)
+            .map_err(|e| self.fail(st, e))
+    }
+
+    /// The reproduce step's PM writes (§3.1): apply the records' ops to the heap (durably),
+    /// then truncate the log: the sequencer's marks, then the head position.
+    fn reproduce_records(&self, r: Reproduction) -> Result<(), String> {
         let pool = &*self.pool;
-        let truncate = || {
-            pool.write_u64(self.meta_page + meta::HEAD_SEQ, last.last);
-            pool.persist(self.meta_page + meta::HEAD_SEQ, 8);
-            pool.write_u64(self.meta_page + meta::HEAD_POS, last.end);
-            pool.persist(self.meta_page + meta::HEAD_POS, 8);
+        let Reproduction {
+            ops, marks, head, ..
+        } = r;
+        let mut marks = Some(marks);
+        let mut truncate = || {
+            if let Some(m) = marks.take() {
+                m(pool);
+            }
+            if let Some(h) = head {
+                pool.write_u64(self.meta_page + meta::HEAD_POS, h);
+                pool.persist(self.meta_page + meta::HEAD_POS, 8);
+            }
         };
         if self.fault() == Some(DudetxFault::TruncateFirst) {
             truncate();
         }
         {
             let mut heap = self.heap.lock();
-            for r in records {
-                for op in &r.ops {
-                    heap.apply(pool, &self.pages, op, self.fault())?;
-                }
+            for op in ops.iter().flatten() {
+                heap.apply(pool, &self.pages, op, self.fault())?;
             }
         }
         // One fence for the batch's write-backs, before the truncation words (§3.1: a record is
@@ -346,33 +599,52 @@ impl<H: Apply> Core<H> {
         Ok(())
     }
 
-    /// Reproduces every persisted record in the calling thread.
+    /// Reproduces every reproducible record in the calling thread.
     fn reproduce_inline(&self, st: &mut State) -> Result<(), String> {
-        let records: Vec<Persisted> = st.persisted.drain(..).collect();
-        if let Err(e) = self.reproduce_records(&records) {
-            st.failed = Some(e.clone());
-            return Err(e);
+        let Some(r) = st.seq.take_reproducible(self.meta_page) else {
+            return Ok(());
+        };
+        let (head, last) = (r.head, r.last);
+        if let Err(e) = self.reproduce_records(r) {
+            return Err(self.fail(st, e));
         }
-        self.after_reproduce(st, &records);
+        self.after_reproduce(st, head, last);
         Ok(())
     }
 
-    fn after_reproduce(&self, st: &mut State, records: &[Persisted]) {
-        if let Some(last) = records.last() {
-            st.head = last.end;
-            self.reproduced.store(last.last, Ordering::Release);
+    fn after_reproduce(&self, st: &mut State, head: Option<u64>, last: u64) {
+        if let Some(h) = head {
+            st.head = h;
         }
+        self.reproduced.store(last, Ordering::Release);
+    }
+
+    /// Whether everything queued is persisted and reproduced.
+    fn drained(&self, st: &State) -> bool {
+        st.queue.is_empty()
+            && !st.persisting
+            && !st.reproducing
+            && st.seq.settled(
+                self.committed.load(Ordering::Acquire),
+                self.reproduced.load(Ordering::Acquire),
+            )
     }
 
     /// Persists and reproduces everything committed (a clean close, a structure check): inline,
     /// or by waiting for the threads.
     pub fn drain(&self) -> Result<(), String> {
         let mut st = self.state.lock();
+        if let Some(why) = &st.failed {
+            return Err(why.clone());
+        }
         if !self.config.background {
             while !st.queue.is_empty() {
                 self.persist_inline(&mut st)?;
             }
-            return self.reproduce_inline(&mut st);
+            while st.seq.reproducible() > 0 {
+                self.reproduce_inline(&mut st)?;
+            }
+            return Ok(());
         }
         st.draining += 1;
         let result = self.wait_drained(&mut st);
@@ -386,8 +658,7 @@ impl<H: Apply> Core<H> {
             if let Some(why) = &st.failed {
                 return Err(why.clone());
             }
-            let target = self.committed.load(Ordering::Acquire);
-            if self.reproduced.load(Ordering::Acquire) >= target && st.queue.is_empty() {
+            if self.drained(st) {
                 return Ok(());
             }
             if st.running == 0 {
@@ -424,59 +695,87 @@ impl<H: Apply> Core<H> {
     }
 
     /// One persist step with background threads (§3.2), by the persist thread or a leading
-    /// sync committer: the next group combined into a record, room for it in the ring (waiting
-    /// for reproduce), the record and durable id written outside the lock; `persisting` keeps
-    /// a second step off the ring tail meanwhile. A failure is left in `failed`.
+    /// sync committer: the next group made into records, room for them in the ring (waiting
+    /// for reproduce), the records (and durable id) written outside the lock; `persisting`
+    /// keeps a second step off the ring tail meanwhile. A failure is left in `failed`.
     fn persist_step(&self, st: &mut parking_lot::MutexGuard<'_, State>) {
         st.persisting = true;
-        let (first, last, raw) = match self.next_group(st) {
-            Ok(g) => g,
-            Err(e) => {
-                st.failed = Some(e);
-                st.persisting = false;
-                self.became_durable.notify_all();
-                return;
+        let reproducible = st.seq.reproducible();
+        let result = self.next_group(st).and_then(|group| {
+            while !self.has_room(st, group.bytes) && st.failed.is_none() {
+                if st.seq.reproducible() == 0 && !st.reproducing && st.tail > st.head {
+                    // Nothing reproduce could apply frees room: the ring is full of records
+                    // that are not reproducible yet.
+                    st.room_wanted = false;
+                    return Err(ring_full(group.bytes));
+                }
+                st.room_wanted = true;
+                self.wake_reproduce.notify_one();
+                self.wake_persist.wait(st);
             }
-        };
-        let rec = build_record(first, last, st.tail, &raw, true);
-        while st.tail + rec.len() as u64 - st.head > self.ring.capacity() && st.failed.is_none() {
-            self.wake_reproduce.notify_one();
-            self.wake_persist.wait(st);
-        }
-        if st.failed.is_none() {
-            let pos = st.tail;
-            parking_lot::MutexGuard::unlocked(st, || self.write_record(pos, &rec, last));
-            self.persisted(st, first, last, raw, rec.len() as u64);
+            st.room_wanted = false;
+            match &st.failed {
+                Some(why) => Err(why.clone()),
+                None => self.write_group(st, group, true),
+            }
+        });
+        if let Err(e) = result {
+            if st.failed.is_none() {
+                self.fail(st, e);
+            }
         }
         st.persisting = false;
-        self.wake_reproduce.notify_one();
+        // Reproduce is woken by the first record to apply and then by every whole batch (it
+        // takes a partial one after `REPRODUCE_IDLE`).
+        let now = st.seq.reproducible();
+        if (reproducible == 0 && now > 0) || now >= REPRODUCE_BATCH {
+            self.wake_reproduce.notify_one();
+        }
         // The persist thread, if it waits for the tail, and committers waiting for the next
-        // step (`persisted` woke the ones now durable).
+        // step (`write_group` woke the ones now durable).
         self.wake_persist.notify_all();
         self.became_durable.notify_all();
     }
 
-    /// The reproduce thread (§3.1).
+    /// The reproduce thread (§3.1). It applies records in batches of [`REPRODUCE_BATCH`], or
+    /// what there is after [`REPRODUCE_IDLE`], or at once when a drain, a stop or a persist
+    /// step waiting for ring room needs it: reproduce is off every commit's path, and waking
+    /// for each record (a wake-up, a fence and two truncation words per record) took about
+    /// as much CPU as the workers on two cores (`perf`, 2-thread sync YCSB-A).
     fn reproduce_loop(&self) {
         let mut st = self.state.lock();
+        let mut idle = false;
         loop {
             if st.failed.is_some() {
                 break;
             }
-            if st.persisted.is_empty() {
+            let pending = st.seq.reproducible();
+            let urgent = st.stop || st.draining > 0 || st.room_wanted;
+            if pending > 0 && pending < REPRODUCE_BATCH && !urgent && !idle {
+                idle = self
+                    .wake_reproduce
+                    .wait_for(&mut st, REPRODUCE_IDLE)
+                    .timed_out();
+                continue;
+            }
+            idle = false;
+            let Some(r) = st.seq.take_reproducible(self.meta_page) else {
                 // The persist thread has finished: nothing more will come.
                 if st.stop && st.running == 1 {
                     break;
                 }
                 self.wake_reproduce.wait(&mut st);
                 continue;
-            }
-            let records: Vec<Persisted> = st.persisted.drain(..).collect();
-            let result =
-                parking_lot::MutexGuard::unlocked(&mut st, || self.reproduce_records(&records));
+            };
+            let (head, last) = (r.head, r.last);
+            st.reproducing = true;
+            let result = parking_lot::MutexGuard::unlocked(&mut st, || self.reproduce_records(r));
+            st.reproducing = false;
             match result {
-                Ok(()) => self.after_reproduce(&mut st, &records),
-                Err(e) => st.failed = Some(e),
+                Ok(()) => self.after_reproduce(&mut st, head, last),
+                Err(e) => {
+                    self.fail(&mut st, e);
+                }
             }
             // Both the persist thread and a leading committer may wait for ring room.
             self.wake_persist.notify_all();
@@ -522,4 +821,13 @@ impl<H: Apply> Core<H> {
         self.wake_persist.notify_all();
         self.wake_reproduce.notify_all();
     }
+}
+
+/// Why a group of `bytes` cannot be persisted: the ring is full of records that are not
+/// reproducible yet (lock mode: they wait on transactions not persisted).
+fn ring_full(bytes: u64) -> String {
+    format!(
+        "the DUDETx log ring has no room for {bytes} more bytes of records, and the records in \
+         it are not reproducible yet: format the pool with a larger log"
+    )
 }

@@ -177,7 +177,10 @@ pub(super) fn open(
     let catalog = store
         .store_drops_finished(&pool, &catalog)?
         .unwrap_or(catalog);
-    let core = Core::new(pool, pages, meta_page, ring, config, heap, durable, pos);
+    let order = Box::new(super::pipeline::IdOrder::default());
+    let core = Core::new(
+        pool, pages, meta_page, ring, config, heap, durable, pos, order,
+    );
     DudetxEngine::assemble(core, shadow, catalog, Some(report))
 }
 

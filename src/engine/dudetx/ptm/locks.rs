@@ -6,6 +6,11 @@
 //! *reproducible* transactions (§5.3: persistent, and everything they depend on reproducible),
 //! in a dependency-respecting order, found by one-round or two-round detecting.
 //!
+//! The steps are the pipeline core's (`pipeline::Core`: its queue, ring, threads or inline
+//! steps, group commit, and its faults at each ordering step); [`DepOrder`] plugs in what this
+//! mode does differently: one record per transaction, chain after chain; detection instead of
+//! a durable id word; dependency-ordered reproduce; watermarks as the truncation marks.
+//!
 //! A transaction's id is `seq << 8 | chain`: the chain is the worker's slot (the paper's
 //! thread), `seq` counts that chain's commits. There is no global order, so the durable state
 //! is a watermark per chain: every transaction of the chain up to it is reproducible (§5.3),
@@ -24,17 +29,12 @@
 //! its effects are durable).
 
 use super::super::log::{decode_ops, encode_op, Op};
-use super::super::pipeline::Apply;
-use super::heap::ObjectApply;
+use super::super::pipeline::{Record, Reproduction, Sequencer, Written};
 use super::DudetxPtmFault;
-use crate::alloc::PageManager;
 use crate::engine::dudetx::layout::meta;
-use crate::engine::dudetx::DudetxFault;
-use crate::engine::dudetx::DurabilityMode;
-use crate::engine::wal::{build_record, parse_record, LogRing};
+use crate::engine::wal::{parse_record, LogRing};
 use crate::pmem::Pool;
-use parking_lot::{Condvar, Mutex};
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 /// The log "table" of a record's dependency list.
 pub const DEPS: u32 = 0xFFFF_FF02;
@@ -237,50 +237,169 @@ struct Persisted {
     pos: u64,
 }
 
-#[derive(Default)]
-struct State {
-    /// Per chain, committed and not yet persisted: (id, encoded log with its dependencies).
-    queues: BTreeMap<usize, VecDeque<(u64, Vec<u8>)>>,
-    queued: usize,
-    /// Persistent, not yet reproducible.
-    persisted: HashMap<u64, Persisted>,
-    /// Reproducible (durable), not yet reproduced, in a dependency-respecting order.
-    ready: VecDeque<(u64, Persisted)>,
-    /// Per chain: the last seq reproducible (durable).
-    durable: Vec<u64>,
-    /// Per chain: the last seq reproduced (as persisted in the current watermark slot).
-    reproduced: Vec<u64>,
-    /// The current watermark slot.
-    slot: u64,
-    /// Ring records not yet truncated: (id, end position), in ring order.
-    ring: VecDeque<(u64, u64)>,
-    tail: u64,
-    head: u64,
-    /// Why the pipeline stopped; commits are refused then.
-    failed: Option<String>,
-    /// The last id committed and the last made durable (any chain).
-    last_committed: u64,
-    last_durable: u64,
-    stats: super::super::LogStats,
-}
-
-/// The lock mode's persist and reproduce steps, run by the committing threads (a step persists
-/// every chain's queue, chain after chain, detects, and reproduces).
-pub struct LockPipe {
-    pool: std::sync::Arc<Pool>,
-    ring: LogRing,
-    meta_page: u64,
-    mode: DurabilityMode,
-    group: usize,
+/// The lock-based mode's order on the pipeline core ([`Sequencer`], §5): a group's
+/// transactions are persisted one record each, chain after chain (§3.2's per-thread persist:
+/// no global order in the ring); once persisted, detection (§5.3) finds the reproducible ones
+/// and reports them durable; reproduce applies them in a dependency-respecting order, then
+/// writes the chains' reproduced watermarks (double-buffered) before the head moves past the
+/// ring's reproduced prefix. There is no durable id word: recovery detects again.
+pub(crate) struct DepOrder {
     detect: Detect,
     fault: Option<DudetxPtmFault>,
     /// Watermark words each reproduce writes: the chains workers can use and every chain
     /// with a watermark above 0 (the other chains' words are 0 in both slots, so they need
     /// no rewrite).
     chains: usize,
-    state: Mutex<State>,
-    became_durable: Condvar,
-    apply: Mutex<ObjectApply>,
+    /// Persistent, not yet reproducible.
+    persisted: HashMap<u64, Persisted>,
+    /// Reproducible (durable), not yet reproduced, in a dependency-respecting order.
+    ready: VecDeque<(u64, Persisted)>,
+    /// Per chain: the last seq reproducible (durable).
+    durable: Vec<u64>,
+    /// Per chain: the last seq reproduced (as the current watermark slot will say once the
+    /// reproduce step in flight is done).
+    reproduced: Vec<u64>,
+    /// The current watermark slot.
+    slot: u64,
+    /// Ring records not yet truncated: (id, end position), in ring order.
+    ring: VecDeque<(u64, u64)>,
+}
+
+impl DepOrder {
+    /// The order of a pool whose chains (`max_threads` of them used) have reproduced up to
+    /// `reproduced`.
+    pub(crate) fn new(
+        pool: &Pool,
+        meta_page: u64,
+        max_threads: usize,
+        detect: Detect,
+        fault: Option<DudetxPtmFault>,
+        reproduced: Vec<u64>,
+    ) -> DepOrder {
+        let slot = pool.read_u64(meta_page + WM_SEL) & 1;
+        // A chain whose current watermark is 0 has never reproduced anything, so its word is 0
+        // in the other slot too (watermarks only grow, each slot write copies every chain
+        // above 0): words past the last such chain and the workers' chains stay as they are.
+        let chains = reproduced
+            .iter()
+            .rposition(|&w| w != 0)
+            .map_or(0, |c| c + 1)
+            .max(max_threads.min(CHAINS));
+        DepOrder {
+            detect,
+            fault,
+            chains,
+            persisted: HashMap::new(),
+            ready: VecDeque::new(),
+            durable: reproduced.clone(),
+            reproduced,
+            slot,
+            ring: VecDeque::new(),
+        }
+    }
+}
+
+impl Sequencer for DepOrder {
+    /// One record per transaction, chain after chain (each chain's in its own order).
+    fn records(&mut self, mut group: Vec<(u64, Vec<u8>)>) -> Result<Vec<Record>, String> {
+        group.sort_by_key(|&(id, _)| chain_of(id));
+        Ok(group
+            .into_iter()
+            .map(|(id, raw)| Record {
+                first: id,
+                last: id,
+                raw,
+            })
+            .collect())
+    }
+
+    fn durable_word(&self) -> bool {
+        false
+    }
+
+    /// Adds the records to the graph and detects (§5.3): the reproducible ones become durable
+    /// and ready, in the order found.
+    fn persisted(&mut self, written: Vec<Written>) -> Result<Option<u64>, String> {
+        for w in written {
+            let id = w.record.first;
+            let (deps, ops) = decode_ops(&w.record.raw).and_then(split_deps)?;
+            self.ring.push_back((id, w.end));
+            self.persisted.insert(
+                id,
+                Persisted {
+                    deps,
+                    ops,
+                    pos: w.pos,
+                },
+            );
+        }
+        let pending: HashMap<u64, Vec<u64>> = self
+            .persisted
+            .iter()
+            .map(|(&id, p)| (id, p.deps.clone()))
+            .collect();
+        let order = detect(self.detect, &pending, &mut self.durable)?;
+        let last = order.last().copied();
+        for id in order {
+            let p = self.persisted.remove(&id).expect("a detected transaction");
+            self.ready.push_back((id, p));
+        }
+        Ok(last)
+    }
+
+    fn report_early(&mut self, records: &[Record]) -> Option<u64> {
+        records.last().map(|r| r.last)
+    }
+
+    fn is_durable(&self, id: u64, _reported: u64) -> bool {
+        seq_of(id) <= self.durable[chain_of(id)]
+    }
+
+    fn reproducible(&self) -> usize {
+        self.ready.len()
+    }
+
+    /// The ready transactions in dependency order (ring order under the fault), the new
+    /// watermarks into the slot that is not current, and the head past the ring's prefix of
+    /// reproduced records.
+    fn take_reproducible(&mut self, meta_page: u64) -> Option<Reproduction> {
+        if self.ready.is_empty() {
+            return None;
+        }
+        let mut batch: Vec<(u64, Persisted)> = self.ready.drain(..).collect();
+        if self.fault == Some(DudetxPtmFault::LockRingOrder) {
+            batch.sort_unstable_by_key(|(_, p)| p.pos);
+        }
+        let mut last = 0;
+        for (id, _) in &batch {
+            let c = chain_of(*id);
+            self.reproduced[c] = self.reproduced[c].max(seq_of(*id));
+            last = *id;
+        }
+        if self.fault != Some(DudetxPtmFault::LockWatermarkInPlace) {
+            self.slot ^= 1;
+        }
+        let (slot, wm) = (self.slot, self.reproduced[..self.chains].to_vec());
+        let marks = Box::new(move |pool: &Pool| write_watermarks(pool, meta_page, slot, &wm));
+        let mut head = None;
+        while let Some(&(id, end)) = self.ring.front() {
+            if seq_of(id) > self.reproduced[chain_of(id)] {
+                break;
+            }
+            head = Some(end);
+            self.ring.pop_front();
+        }
+        Some(Reproduction {
+            ops: batch.into_iter().map(|(_, p)| p.ops).collect(),
+            marks,
+            head,
+            last,
+        })
+    }
+
+    fn settled(&self, _committed: u64, _reproduced: u64) -> bool {
+        self.persisted.is_empty() && self.ready.is_empty()
+    }
 }
 
 /// What recovery found in a lock-mode log.
@@ -305,18 +424,17 @@ fn read_watermarks(pool: &Pool, meta_page: u64) -> (u64, Vec<u64>) {
 }
 
 /// Writes `wm` (the first chains' watermarks: the other words of both slots are already
-/// equal, see [`LockPipe::new`]) to the slot that is not current, makes it durable, then makes
-/// it current; returns the new slot.
-fn write_watermarks(pool: &Pool, meta_page: u64, slot: u64, wm: &[u64]) -> u64 {
-    let next = slot ^ 1;
-    let base = meta_page + wm_slot(next);
+/// equal, see [`DepOrder::new`]) to watermark slot `slot`, makes it durable, then makes it
+/// current. The caller passes the slot that is *not* current (double-buffering), except under
+/// the fault [`DudetxPtmFault::LockWatermarkInPlace`].
+fn write_watermarks(pool: &Pool, meta_page: u64, slot: u64, wm: &[u64]) {
+    let base = meta_page + wm_slot(slot);
     for (c, &w) in wm.iter().enumerate() {
         pool.write_u64(base + c as u64 * 8, w);
     }
     pool.persist(base, wm.len() as u64 * 8);
-    pool.write_u64(meta_page + WM_SEL, next);
+    pool.write_u64(meta_page + WM_SEL, slot);
     pool.persist(meta_page + WM_SEL, 8);
-    next
 }
 
 /// Recovery of a lock-mode log (§3.5, §5.3): from the truncation point, every intact record
@@ -362,7 +480,7 @@ pub(crate) fn recover(
         }
     }
     // The replayed writes are fenced by the watermark slot's persist.
-    write_watermarks(pool, meta_page, slot, &done);
+    write_watermarks(pool, meta_page, slot ^ 1, &done);
     pool.write_u64(meta_page + meta::HEAD_POS, pos);
     pool.persist(meta_page + meta::HEAD_POS, 8);
     Ok(Recovered {
@@ -371,288 +489,6 @@ pub(crate) fn recover(
         abandoned: (pending.len() - order.len()) as u64,
         pos,
     })
-}
-
-impl LockPipe {
-    /// A pipeline over `ring` whose chains (`max_threads` of them used) have reproduced up to
-    /// `reproduced`, the log truncated at `pos`.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn new(
-        pool: std::sync::Arc<Pool>,
-        ring: LogRing,
-        meta_page: u64,
-        config: &super::DudetxPtmOptions,
-        max_threads: usize,
-        detect: Detect,
-        apply: ObjectApply,
-        reproduced: Vec<u64>,
-        pos: u64,
-    ) -> LockPipe {
-        let slot = pool.read_u64(meta_page + WM_SEL) & 1;
-        // A chain whose current watermark is 0 has never reproduced anything, so its word is 0
-        // in the other slot too (watermarks only grow, each slot write copies every chain
-        // above 0): words past the last such chain and the workers' chains stay as they are.
-        let chains = reproduced
-            .iter()
-            .rposition(|&w| w != 0)
-            .map_or(0, |c| c + 1)
-            .max(max_threads.min(CHAINS));
-        LockPipe {
-            chains,
-            pool,
-            ring,
-            meta_page,
-            mode: config.mode,
-            group: config.group,
-            detect,
-            fault: config.fault,
-            state: Mutex::new(State {
-                durable: reproduced.clone(),
-                reproduced,
-                slot,
-                tail: pos,
-                head: pos,
-                ..State::default()
-            }),
-            became_durable: Condvar::new(),
-            apply: Mutex::new(apply),
-        }
-    }
-
-    /// The last seq each chain reproduced (chains continue after it).
-    pub fn reproduced(&self) -> Vec<u64> {
-        self.state.lock().reproduced.clone()
-    }
-
-    /// Why the pipeline stopped, if it did.
-    pub fn failed(&self) -> Option<String> {
-        self.state.lock().failed.clone()
-    }
-
-    /// (last id committed, last id made durable), any chain.
-    pub fn ids(&self) -> (u64, u64) {
-        let st = self.state.lock();
-        (st.last_committed, st.last_durable)
-    }
-
-    /// What the log did (no combination in this mode: combined = raw).
-    pub fn stats(&self) -> super::super::LogStats {
-        self.state.lock().stats
-    }
-
-    /// The record a transaction's log becomes: its dependency list first (§5.2), then its ops.
-    pub fn log_with_deps(&self, deps: &[u64], ops: &[u8]) -> Vec<u8> {
-        let mut log = Vec::with_capacity(ops.len() + 17 + deps.len() * 8);
-        let listed: &[u64] = if self.fault == Some(DudetxPtmFault::LockNoDeps) {
-            &[]
-        } else {
-            deps
-        };
-        encode_deps(&mut log, listed);
-        log.extend_from_slice(ops);
-        log
-    }
-
-    /// Queues a committed transaction's log (called while the transaction still holds its
-    /// locks, so everything it depends on is queued before it).
-    pub fn enqueue(&self, id: u64, log: Vec<u8>) {
-        let mut st = self.state.lock();
-        st.stats.txns += 1;
-        st.stats.raw_bytes += log.len() as u64;
-        st.queues
-            .entry(chain_of(id))
-            .or_default()
-            .push_back((id, log));
-        st.queued += 1;
-        st.last_committed = id;
-    }
-
-    /// The table engine's pipeline fault of this kind, if it is the one configured (the lock
-    /// mode's steps have the same ordering points: log persist, durable report, reproduce,
-    /// truncation).
-    fn pipeline_fault(&self, f: DudetxFault) -> bool {
-        self.fault == Some(DudetxPtmFault::Pipeline(f))
-    }
-
-    /// After a commit: the steps when due (sync: always; async: once `group` logs wait), and in
-    /// sync mode the wait until `id` is durable.
-    pub fn after_commit(&self, pages: &PageManager, id: u64) -> Result<(), String> {
-        let mut st = self.state.lock();
-        if self.pipeline_fault(DudetxFault::DurableIdFirst) {
-            // The fault: the commit is reported durable before its record is persisted.
-            st.last_durable = id;
-            if st.queued < self.group {
-                return Ok(());
-            }
-        }
-        if self.mode == DurabilityMode::Sync || st.queued >= self.group {
-            self.step(pages, &mut st)?;
-        }
-        if self.mode == DurabilityMode::Sync {
-            while seq_of(id) > st.durable[chain_of(id)] {
-                if let Some(why) = &st.failed {
-                    return Err(why.clone());
-                }
-                self.step(pages, &mut st)?;
-                if seq_of(id) > st.durable[chain_of(id)] {
-                    self.became_durable
-                        .wait_for(&mut st, std::time::Duration::from_millis(1));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Persists, detects and reproduces everything queued.
-    pub fn drain(&self, pages: &PageManager) -> Result<(), String> {
-        let mut st = self.state.lock();
-        self.step(pages, &mut st)?;
-        self.reproduce(pages, &mut st)
-    }
-
-    fn fail(&self, st: &mut State, why: String) -> String {
-        st.failed = Some(why.clone());
-        self.became_durable.notify_all();
-        why
-    }
-
-    /// One step: persist every chain's queue (chain after chain: no global order, §3.3), detect
-    /// the reproducible transactions (§5.3), and reproduce when more than two wait (leaving a
-    /// few, so crashes find logs to replay).
-    fn step(&self, pages: &PageManager, st: &mut State) -> Result<(), String> {
-        if let Some(why) = &st.failed {
-            return Err(why.clone());
-        }
-        let queues = std::mem::take(&mut st.queues);
-        st.queued = 0;
-        for (_, q) in queues {
-            for (id, log) in q {
-                self.persist(pages, st, id, log)?;
-            }
-        }
-        let pending: HashMap<u64, Vec<u64>> = st
-            .persisted
-            .iter()
-            .map(|(&id, p)| (id, p.deps.clone()))
-            .collect();
-        let mut durable = st.durable.clone();
-        let order = match detect(self.detect, &pending, &mut durable) {
-            Ok(o) => o,
-            Err(e) => return Err(self.fail(st, e)),
-        };
-        st.durable = durable;
-        for id in order {
-            let p = st.persisted.remove(&id).expect("a detected transaction");
-            st.last_durable = id;
-            st.ready.push_back((id, p));
-        }
-        self.became_durable.notify_all();
-        if st.ready.len() > 2 {
-            self.reproduce(pages, st)?;
-        }
-        Ok(())
-    }
-
-    /// The persist step for one transaction (§3.3): the record, its write-back and fence.
-    fn persist(
-        &self,
-        pages: &PageManager,
-        st: &mut State,
-        id: u64,
-        log: Vec<u8>,
-    ) -> Result<(), String> {
-        let rec = build_record(id, id, st.tail, &log, true);
-        if st.tail + rec.len() as u64 - st.head > self.ring.capacity() {
-            self.reproduce(pages, st)?;
-            if st.tail + rec.len() as u64 - st.head > self.ring.capacity() {
-                return Err(self.fail(
-                    st,
-                    "the DUDETx log ring is full of records that are not reproducible yet \
-                     (they wait on transactions not persisted): format the pool with a larger \
-                     log"
-                    .into(),
-                ));
-            }
-        }
-        self.ring.write(&self.pool, st.tail, &rec);
-        if !self.pipeline_fault(DudetxFault::SkipLogFlush) {
-            self.ring.flush(&self.pool, st.tail, rec.len() as u64);
-            self.pool.fence();
-        }
-        let (deps, ops) = decode_ops(&log)
-            .and_then(split_deps)
-            .expect("a log this engine encoded");
-        st.stats.records += 1;
-        st.stats.combined_bytes += log.len() as u64;
-        st.stats.stored_bytes += rec.len() as u64;
-        let pos = st.tail;
-        st.tail += rec.len() as u64;
-        st.ring.push_back((id, st.tail));
-        st.persisted.insert(id, Persisted { deps, ops, pos });
-        Ok(())
-    }
-
-    /// The reproduced watermarks after `batch`, persisted (double-buffered).
-    fn advance_watermarks(&self, st: &mut State, batch: &[(u64, Persisted)]) {
-        for (id, _) in batch {
-            let c = chain_of(*id);
-            st.reproduced[c] = st.reproduced[c].max(seq_of(*id));
-        }
-        let wm = &st.reproduced[..self.chains];
-        st.slot = write_watermarks(&self.pool, self.meta_page, st.slot, wm);
-    }
-
-    /// The reproduce step (§3.4, §5.3): the ready transactions' writes in dependency order,
-    /// written back and fenced, then the reproduced watermarks (double-buffered), then the
-    /// truncation of the ring's reproduced prefix.
-    fn reproduce(&self, pages: &PageManager, st: &mut State) -> Result<(), String> {
-        if st.ready.is_empty() {
-            return Ok(());
-        }
-        let mut batch: Vec<(u64, Persisted)> = st.ready.drain(..).collect();
-        if self.fault == Some(DudetxPtmFault::LockRingOrder) {
-            batch.sort_unstable_by_key(|(_, p)| p.pos);
-        }
-        let truncate_first = self.pipeline_fault(DudetxFault::TruncateFirst);
-        if truncate_first {
-            self.advance_watermarks(st, &batch);
-        }
-        let heap_fault = match self.fault {
-            Some(DudetxPtmFault::Pipeline(f @ DudetxFault::SkipHeapFlush)) => Some(f),
-            _ => None,
-        };
-        {
-            let mut apply = self.apply.lock();
-            for (_, p) in &batch {
-                for op in &p.ops {
-                    if let Err(e) = apply.apply(&self.pool, pages, op, heap_fault) {
-                        return Err(self.fail(st, e));
-                    }
-                }
-            }
-        }
-        // The heap writes durable before the watermarks say they are (§3.1).
-        if heap_fault.is_none() {
-            self.pool.fence();
-        }
-        if !truncate_first {
-            self.advance_watermarks(st, &batch);
-        }
-        let mut head = st.head;
-        while let Some(&(id, end)) = st.ring.front() {
-            if seq_of(id) > st.reproduced[chain_of(id)] {
-                break;
-            }
-            head = end;
-            st.ring.pop_front();
-        }
-        if head != st.head {
-            st.head = head;
-            self.pool.write_u64(self.meta_page + meta::HEAD_POS, head);
-            self.pool.persist(self.meta_page + meta::HEAD_POS, 8);
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]

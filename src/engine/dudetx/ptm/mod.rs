@@ -24,11 +24,13 @@
 //!   every frame per eviction costs O(n log n) with 4 KiB pages; STM mode only (the lock mode's
 //!   ids are per chain, so it keeps every page).
 //! - **The lock-based mode** (§5, `locks.rs`): locks are taken automatically per word stripe
-//!   (strict 2PL; no user-level `txLock`), its pipeline steps run in the committing threads
-//!   (its own persist/reproduce, not `pipeline::Core`'s: see docs/ARCHITECTURE.md), and its
-//!   records are not combined across transactions. Its ordering steps honour the pipeline's
-//!   four faults (log write-back, durable report, heap write-back, truncation) besides its
-//!   own two.
+//!   (strict 2PL; no user-level `txLock`), and its records are not combined across
+//!   transactions (a combined record would need a group closed under dependencies and one
+//!   position in every chain's order). It runs on the same pipeline core as the STM
+//!   (`pipeline::Core`, with `locks::DepOrder` as the sequencer), so it has the core's faults
+//!   at each ordering step (log write-back, durable report, heap write-back, truncation)
+//!   besides its own three; §5.3's "background thread" that detects is the persist step
+//!   (detection runs when records become persistent), not a thread of its own.
 //! - **The allocation log rides in the transaction's redo record** instead of a separate
 //!   per-thread log (§3.6): one record, one CRC, so the allocation state a crash leaves is
 //!   exactly the one the persisted records say, with no second ordering step to get wrong.
@@ -47,7 +49,6 @@ use super::pipeline::Core;
 use super::{DudetxConfig, DudetxFault, DurabilityMode};
 use crate::cc::Protocol;
 use crate::engine::meta::MetaLayout;
-use crate::engine::wal::LogRing;
 use crate::pmem::{Pool, PoolOptions};
 use crate::ptm::{PtmConfig, PtmEngine, PtmError, PtmWorker};
 use heap::{ObjectApply, Shadow};
@@ -55,8 +56,8 @@ use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// A deliberate bug in one ordering step of the DUDETx PTM (test-only): the pipeline's four and
-/// the allocation log's.
+/// A deliberate bug in one ordering step of the DUDETx PTM (test-only): the pipeline core's
+/// four (in both perform modes), the allocation log's, and the lock mode's own three.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum DudetxPtmFault {
@@ -71,11 +72,15 @@ pub enum DudetxPtmFault {
     /// Lock mode (§5.3): reproduce and recovery apply reproducible records in ring order
     /// rather than in dependency order.
     LockRingOrder,
+    /// Lock mode: reproduce writes the chains' new watermarks over the current slot instead of
+    /// the other one, so a crash while it writes leaves some chains' marks new and others old
+    /// (recovery then replays a chain's reproduced records over newer writes of another).
+    LockWatermarkInPlace,
 }
 
 impl DudetxPtmFault {
     /// Every fault.
-    pub const ALL: [DudetxPtmFault; 7] = [
+    pub const ALL: [DudetxPtmFault; 8] = [
         DudetxPtmFault::Pipeline(DudetxFault::SkipLogFlush),
         DudetxPtmFault::Pipeline(DudetxFault::DurableIdFirst),
         DudetxPtmFault::Pipeline(DudetxFault::SkipHeapFlush),
@@ -83,6 +88,7 @@ impl DudetxPtmFault {
         DudetxPtmFault::SkipAllocLog,
         DudetxPtmFault::LockNoDeps,
         DudetxPtmFault::LockRingOrder,
+        DudetxPtmFault::LockWatermarkInPlace,
     ];
 
     /// The name (the pipeline faults keep theirs).
@@ -92,6 +98,7 @@ impl DudetxPtmFault {
             DudetxPtmFault::SkipAllocLog => "dudetx-skip-alloc-log",
             DudetxPtmFault::LockNoDeps => "dudetx-lock-no-deps",
             DudetxPtmFault::LockRingOrder => "dudetx-lock-ring-order",
+            DudetxPtmFault::LockWatermarkInPlace => "dudetx-lock-watermark-in-place",
         }
     }
 
@@ -99,7 +106,9 @@ impl DudetxPtmFault {
     pub fn lock_mode(self) -> bool {
         matches!(
             self,
-            DudetxPtmFault::LockNoDeps | DudetxPtmFault::LockRingOrder
+            DudetxPtmFault::LockNoDeps
+                | DudetxPtmFault::LockRingOrder
+                | DudetxPtmFault::LockWatermarkInPlace
         )
     }
 
@@ -290,8 +299,8 @@ pub(super) struct Inner {
     max_threads: usize,
     root: u64,
     fault: Option<DudetxPtmFault>,
-    /// The lock mode's pipeline (§5), when that is the perform mode.
-    pipe: Option<locks::LockPipe>,
+    /// The perform mode is the lock-based one (§5): the core's sequencer is `locks::DepOrder`.
+    lock_mode: bool,
     /// Lock mode: each stripe's holder (its chain + 1; 0: free).
     owners: Box<[AtomicU64]>,
     /// Lock mode: the id of the last transaction that released each stripe (§5.2).
@@ -349,9 +358,7 @@ fn core_config(config: &PtmConfig, log_pages: usize) -> Result<DudetxConfig, Ptm
     c.group = o.group;
     c.group_delay_us = o.group_delay_us;
     c.log_pages = log_pages;
-    // The lock mode steps its own pipeline in the committing threads (`locks.rs`).
-    c.background =
-        o.background && config.crash_sim.is_none() && !matches!(o.perform, PerformMode::Locks(_));
+    c.background = o.background && config.crash_sim.is_none();
     c.fault = match o.fault {
         Some(DudetxPtmFault::Pipeline(f)) => Some(f),
         _ => None,
@@ -401,20 +408,17 @@ impl DudetxPtm {
         let apply = ObjectApply {
             shadow: shadow.clone(),
         };
-        let pipe = lock_detect(config).map(|d| {
-            lock_pipe(
-                &pool,
-                &ring,
-                meta_page,
-                config,
-                d,
-                &shadow,
-                vec![0; locks::CHAINS],
-                0,
-            )
-        });
-        let core = Core::new(pool, pages, meta_page, ring, core_cfg, apply, 0, 0);
-        let mut eng = Self::assemble(config, core, shadow, 0, 0, root.len(), pipe)?;
+        let seq = sequencer(&pool, meta_page, config, vec![0; locks::CHAINS]);
+        let core = Core::new(pool, pages, meta_page, ring, core_cfg, apply, 0, 0, seq);
+        let mut eng = Self::assemble(
+            config,
+            core,
+            shadow,
+            0,
+            0,
+            root.len(),
+            vec![0; locks::CHAINS],
+        )?;
         // The root is allocated by an ordinary transaction, made durable and reproduced, and
         // only then named in the meta page: a pool without it is one whose creation a crash
         // interrupted.
@@ -427,9 +431,6 @@ impl DudetxPtm {
         };
         let core = &eng.inner.core;
         core.drain().map_err(PtmError::Pool)?;
-        if let Some(p) = &eng.inner.pipe {
-            p.drain(&core.pages).map_err(PtmError::Pool)?;
-        }
         core.pool.write_u64(meta_page + pmeta::ROOT, h);
         core.pool.persist(meta_page + pmeta::ROOT, 8);
         Arc::get_mut(&mut eng.inner)
@@ -515,12 +516,12 @@ impl DudetxPtm {
                 }
             )));
         }
-        let (replayed, pipe) = match lock_detect(config) {
+        let (replayed, chain_seqs) = match lock_detect(config) {
             None => (
                 super::recovery::replay(&pool, &ring, meta_page, |op| {
                     super::pipeline::Apply::apply(&mut apply, &pool, &pages, op, None)
                 })?,
-                None,
+                vec![0; locks::CHAINS],
             ),
             Some(d) => {
                 let ring_order = config.dudetx.fault == Some(DudetxPtmFault::LockRingOrder);
@@ -528,27 +529,18 @@ impl DudetxPtm {
                     super::pipeline::Apply::apply(&mut apply, &pool, &pages, op, None)
                 })
                 .map_err(PtmError::Pool)?;
-                let pipe = lock_pipe(
-                    &pool,
-                    &ring,
-                    meta_page,
-                    config,
-                    d,
-                    &shadow,
-                    r.reproduced,
-                    r.pos,
-                );
                 let replayed = super::recovery::Replayed {
                     durable: 0,
                     pos: r.pos,
                     records: r.replayed,
                     entries: 0,
                 };
-                (replayed, Some(pipe))
+                (replayed, r.reproduced)
             }
         };
         let live = shadow.load(&pool).map_err(PtmError::Pool)?;
         let root_size = word(pmeta::F_ROOT_SIZE) as usize;
+        let seq = sequencer(&pool, meta_page, config, chain_seqs.clone());
         let core = Core::new(
             pool,
             pages,
@@ -558,8 +550,9 @@ impl DudetxPtm {
             apply,
             replayed.durable,
             replayed.pos,
+            seq,
         );
-        Self::assemble(config, core, shadow, root, live, root_size, pipe)
+        Self::assemble(config, core, shadow, root, live, root_size, chain_seqs)
     }
 
     fn assemble(
@@ -569,7 +562,7 @@ impl DudetxPtm {
         root: u64,
         live: u64,
         root_size: usize,
-        pipe: Option<locks::LockPipe>,
+        chain_seqs: Vec<u64>,
     ) -> Result<DudetxPtm, PtmError> {
         let core = Arc::new(core);
         shadow.attach(&core);
@@ -579,11 +572,9 @@ impl DudetxPtm {
             Vec::new()
         };
         let clock = core.committed.load(Ordering::Acquire);
-        let seqs = pipe
-            .as_ref()
-            .map_or_else(|| vec![0; locks::CHAINS], |p| p.reproduced());
+        let lock_mode = lock_detect(config).is_some();
         let stripes = |n: usize| (0..n).map(|_| AtomicU64::new(0)).collect();
-        let lock_stripes = if pipe.is_some() { worker::STRIPES } else { 0 };
+        let lock_stripes = if lock_mode { worker::STRIPES } else { 0 };
         Ok(DudetxPtm {
             inner: Arc::new(Inner {
                 core,
@@ -596,11 +587,11 @@ impl DudetxPtm {
                 max_threads: config.max_threads,
                 root,
                 fault: config.dudetx.fault,
-                pipe,
+                lock_mode,
                 owners: stripes(lock_stripes),
                 released_by: stripes(lock_stripes),
                 free_chains: Mutex::new((0..config.max_threads.min(locks::CHAINS)).rev().collect()),
-                chain_seq: seqs.into_iter().map(AtomicU64::new).collect(),
+                chain_seq: chain_seqs.into_iter().map(AtomicU64::new).collect(),
             }),
             root_size,
             threads: Mutex::new(threads),
@@ -609,52 +600,38 @@ impl DudetxPtm {
 
     /// What log combination and compression did so far (§3.3).
     pub fn log_stats(&self) -> super::LogStats {
-        match &self.inner.pipe {
-            Some(p) => p.stats(),
-            None => self.inner.core.stats(),
-        }
+        self.inner.core.stats()
     }
 
     /// (committed, durable) ids: the STM's global ids, or in lock mode the last id committed
     /// and the last made durable (ids are per chain there, `locks.rs`).
     fn ids(&self) -> (u64, u64) {
-        match &self.inner.pipe {
-            Some(p) => p.ids(),
-            None => (
-                self.inner.core.committed.load(Ordering::Acquire),
-                self.inner.core.durable.load(Ordering::Acquire),
-            ),
-        }
+        (
+            self.inner.core.committed.load(Ordering::Acquire),
+            self.inner.core.durable.load(Ordering::Acquire),
+        )
     }
 }
 
-/// The lock mode's pipeline over the pool's log ring and shadow.
-#[allow(clippy::too_many_arguments)]
-fn lock_pipe(
-    pool: &Arc<Pool>,
-    ring: &LogRing,
+/// The core's sequencer for `config`'s perform mode: the global id order (STM), or the lock
+/// mode's dependency order (§5) with its chains reproduced up to `reproduced`.
+fn sequencer(
+    pool: &Pool,
     meta_page: u64,
     config: &PtmConfig,
-    detect: locks::Detect,
-    shadow: &Arc<Shadow>,
     reproduced: Vec<u64>,
-    pos: u64,
-) -> locks::LockPipe {
-    locks::LockPipe::new(
-        pool.clone(),
-        LogRing {
-            pages: ring.pages.clone(),
-        },
-        meta_page,
-        &config.dudetx,
-        config.max_threads,
-        detect,
-        ObjectApply {
-            shadow: shadow.clone(),
-        },
-        reproduced,
-        pos,
-    )
+) -> Box<dyn super::pipeline::Sequencer> {
+    match lock_detect(config) {
+        None => Box::new(super::pipeline::IdOrder::default()),
+        Some(d) => Box::new(locks::DepOrder::new(
+            pool,
+            meta_page,
+            config.max_threads,
+            d,
+            config.dudetx.fault,
+            reproduced,
+        )),
+    }
 }
 
 /// The lock mode's detection, when the perform mode is the lock-based one.
@@ -676,7 +653,7 @@ impl PtmEngine for DudetxPtm {
             self.inner.workers.fetch_sub(1, Ordering::Relaxed);
             return Err(PtmError::TooManyThreads(self.inner.max_threads));
         }
-        let chain = if self.inner.pipe.is_some() {
+        let chain = if self.inner.lock_mode {
             match self.inner.free_chains.lock().pop() {
                 Some(c) => Some(c),
                 None => {
@@ -736,9 +713,6 @@ impl PtmEngine for DudetxPtm {
     fn check_invariants(&self) -> Result<(), String> {
         let _order = self.inner.commit_lock.lock();
         self.inner.core.drain()?;
-        if let Some(p) = &self.inner.pipe {
-            p.drain(&self.inner.core.pages)?;
-        }
         self.inner.shadow.check(
             &self.inner.core.pool,
             self.inner.live.load(Ordering::Relaxed),
@@ -756,9 +730,6 @@ impl Drop for DudetxPtm {
         }
         if !core.config.background {
             let _ = core.drain();
-        }
-        if let Some(p) = &self.inner.pipe {
-            let _ = p.drain(&core.pages);
         }
         core.stop();
         for h in self.threads.lock().drain(..) {

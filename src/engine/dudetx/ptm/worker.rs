@@ -21,7 +21,7 @@ use super::super::log::encode_op;
 use super::heap::{
     class_for, slot_bytes, Frame, Header, ALLOC_LOG, MAX_OBJECT, OFFSET_BITS, WORD_LOG,
 };
-use super::locks::{chain_of, id_of};
+use super::locks::{chain_of, encode_deps, id_of};
 use super::{DudetxPtmFault, Inner};
 use crate::engine::dudetx::DurabilityMode;
 use crate::ptm::{PtmError, PtmWorker};
@@ -352,25 +352,33 @@ impl StmWorker {
     }
 
     /// Lock-mode commit (§5): every lock is held, so the writes go to the shadow directly; the
-    /// log is queued with its dependencies while the locks are still held (so a dependent's
-    /// predecessors are always queued before it), then the locks are released with this id.
+    /// log, its dependency list first (§5.2), is queued while the locks are still held (so a
+    /// transaction always follows those it depends on in the pipeline's queue), then the locks
+    /// are released with this id; a sync commit then waits until detection finds it durable.
     fn commit_locked(&mut self) -> Result<(), PtmError> {
         let inner = self.inner.clone();
-        let pipe = inner.pipe.as_ref().expect("the lock mode's pipeline");
+        let core = &inner.core;
         if self.writes.is_empty() {
             // Read-only: it wrote nothing a later transaction could depend on.
             self.unlock_all(None);
             self.clear();
             return Ok(());
         }
-        if let Some(why) = pipe.failed() {
+        if let Some(why) = core.failed() {
             return Err(PtmError::Pool(why));
         }
         let ops = self.redo_log()?;
         let frames = self.written_frames()?;
         let l = self.lock.as_ref().expect("lock mode");
         let chain = l.chain;
-        let log = pipe.log_with_deps(&l.deps, &ops);
+        let deps: &[u64] = if inner.fault == Some(DudetxPtmFault::LockNoDeps) {
+            &[]
+        } else {
+            &l.deps
+        };
+        let mut log = Vec::with_capacity(ops.len() + 17 + deps.len() * 8);
+        encode_deps(&mut log, deps);
+        log.extend_from_slice(&ops);
         let id = id_of(
             chain,
             inner.chain_seq[chain].fetch_add(1, Ordering::Relaxed) + 1,
@@ -378,12 +386,16 @@ impl StmWorker {
         let live_delta = self.write_shadow(&frames, id);
         inner.live.fetch_add(live_delta as u64, Ordering::Relaxed);
         inner.shadow.release(&self.freed);
-        pipe.enqueue(id, log);
+        core.committed.store(id, Ordering::Release);
+        let queued = core.enqueue(id, log);
         self.unlock_all(Some(id));
         self.allocated.clear();
         self.clear();
-        pipe.after_commit(&inner.core.pages, id)
-            .map_err(PtmError::Pool)
+        queued.map_err(PtmError::Pool)?;
+        if core.config.mode == DurabilityMode::Sync {
+            core.wait_durable(id).map_err(PtmError::Pool)?;
+        }
+        Ok(())
     }
 
     fn conflict(&mut self, h: u64) -> PtmError {
@@ -499,7 +511,7 @@ impl PtmWorker for StmWorker {
         }
         let inner = self.inner.clone();
         let core = &inner.core;
-        if let Some(why) = core.state.lock().failed.clone() {
+        if let Some(why) = core.failed() {
             return Err(PtmError::Pool(why));
         }
         let log = self.redo_log()?;
