@@ -297,6 +297,14 @@ impl PtmCrashConfig {
         c
     }
 
+    /// With the background threads: a pause after each step, so that their passes (every
+    /// millisecond) fall within the run however fast the steps are, and crashes can hit them.
+    fn let_threads_run(&self) {
+        if self.background {
+            std::thread::sleep(std::time::Duration::from_micros(300));
+        }
+    }
+
     fn fault_name(&self) -> &'static str {
         match (self.fault, self.dudetx_fault) {
             (Some(f), _) => f.name(),
@@ -352,6 +360,7 @@ fn reference(cfg: &PtmCrashConfig) -> Result<Reference, PtmError> {
     let mut moved = 0;
     for i in 0..cfg.steps {
         step(&ptm, i, &mut rng, &mut moved)?;
+        cfg.let_threads_run();
         states.push(state_of(&ptm)?.0);
         ids.push(ptm.committed_id());
     }
@@ -389,6 +398,7 @@ fn crash_at(cfg: &PtmCrashConfig, at: u64, reference: &Reference) -> Result<u64,
         for i in 0..cfg.steps {
             step(&ptm, i, &mut rng, &mut moved)?;
             done.set(done.get() + 1);
+            cfg.let_threads_run();
         }
         Ok::<(), PtmError>(())
     }));

@@ -76,13 +76,11 @@ impl ArchtmWorker {
     }
 
     /// Under the crash simulator, after the simulated power failure, a thread waiting for
-    /// another (which unwound at its next PM event and will never finish) stops too.
+    /// another (which unwound at its next PM event and will never finish) stops too. Every
+    /// wait or retry loop calls it: a loop that reaches no PM event would otherwise spin on a
+    /// peer that is gone.
     fn stop_if_crashed(&self) {
-        if let Some(sim) = self.eng.pool.crash_sim() {
-            if let Some(event) = sim.crashed_at() {
-                std::panic::resume_unwind(Box::new(crate::pmem::SimulatedCrash { event }));
-            }
-        }
+        self.eng.pool.unwind_if_crashed();
     }
 
     fn entry(&self, h: u64) -> Result<(&Entry, u64, u64), PtmError> {
@@ -109,7 +107,11 @@ impl ArchtmWorker {
                 let ws = &self.eng.slots[(v.writer & 0xff) as usize];
                 let st = ws.state.load(Ordering::Acquire);
                 if st >> 2 != v.writer >> 8 || st & 3 == dstate::END {
-                    continue; // the writer finished since the view: the entry changed
+                    // The writer finished since the view, so the entry changed: read it again.
+                    // A writer that died in a simulated crash never changes it: stop then.
+                    self.stop_if_crashed();
+                    std::hint::spin_loop();
+                    continue;
                 }
                 match st & 3 {
                     dstate::COMMITTING => {
@@ -314,6 +316,28 @@ impl ArchtmWorker {
                 std::thread::yield_now();
             }
         }
+    }
+
+    /// After a simulated power failure (no PM event may run): unlocks the entries this
+    /// transaction still holds, in DRAM only, so that no thread of the dead process waits on a
+    /// writer that is gone (the crash image is already taken; this changes nothing on PM).
+    fn release_after_crash(&mut self) {
+        for &id in &self.write_set {
+            let Some(e) = self.eng.table.get(id) else {
+                continue;
+            };
+            if e.writer.load(Ordering::Acquire) == self.txid {
+                e.modify(|e| {
+                    e.new.store(0, Ordering::Release);
+                    e.writer.store(0, Ordering::Release);
+                });
+            }
+        }
+        let s = &self.eng.slots[self.slot];
+        s.active.store(u64::MAX, Ordering::SeqCst);
+        s.busy.store(0, Ordering::SeqCst);
+        self.write_set.clear();
+        self.running = false;
     }
 }
 
@@ -612,6 +636,8 @@ impl Drop for ArchtmWorker {
         let crashed = self.eng.pool.crash_sim().is_some_and(|s| s.has_crashed());
         if self.running && !crashed {
             self.abort();
+        } else if self.running {
+            self.release_after_crash();
         }
         self.eng.free_slots.lock().push(self.slot);
     }
