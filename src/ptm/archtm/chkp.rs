@@ -201,26 +201,30 @@ impl Inner {
         self.persist(at, 8);
     }
 
-    /// §5.4: records a segment fetched from the global free list in CHKP-diff, durably, before
-    /// the thread writes into it. Called with the free list locked (so records are appended in
-    /// order, one at a time).
-    pub(crate) fn record_fetch(&self, off: u64, len: u64) {
+    /// §5.4: records the extents `taken` (a slot's take from the global free or recycle
+    /// lists) in CHKP-diff, durably, before the slot writes into them. Records are appended in
+    /// order, one take at a time (under the diff lock).
+    pub(crate) fn record_taken(&self, taken: &[(u64, u64)]) {
         let mut n = self.chkp.diff_len.lock();
         let epoch = self.chkp.epoch.load(Ordering::Acquire);
-        if *n > DIFF_CAP {
-            return; // overflowed: recovery scans everything this epoch
-        }
-        if *n == DIFF_CAP {
-            self.diff_overflow(epoch);
-            *n += 1;
-            return;
-        }
-        // archtm-diff-persist: the record is durable before the segment's first copy (else a
+        // archtm-diff-persist: the records are durable before the take's first copy (else a
         // crash could keep a copy there and lose the record that makes recovery look).
         let persist = self.fault != Some(ArchtmFault::DiffPersist);
-        self.write_record((epoch % 2) as usize, *n, off, len, epoch, persist);
-        *n += 1;
-        if persist {
+        let mut wrote = false;
+        for &(off, len) in taken {
+            if *n > DIFF_CAP {
+                break; // overflowed: recovery scans everything this epoch
+            }
+            if *n == DIFF_CAP {
+                self.diff_overflow(epoch);
+                *n += 1;
+                break;
+            }
+            self.write_record((epoch % 2) as usize, *n, off, len, epoch, persist);
+            *n += 1;
+            wrote = true;
+        }
+        if persist && wrote {
             self.pool.fence();
         }
     }
@@ -338,11 +342,22 @@ impl Inner {
                 self.pool.flush(at, buf.len() as u64);
             }
         }
-        // 2. The new epoch's diff: the segments the allocation lists still hold.
-        let mut segments = Vec::new();
+        // 2. The new epoch's diff: the space the slots' lists still hold.
+        let mut segments: Vec<(u64, u64)> = Vec::new();
         if self.fault != Some(ArchtmFault::ChkpSkipListDiff) {
-            for l in &self.alloc.lists {
-                segments.extend(l.lock().iter().copied());
+            let mut held: Vec<(u64, u64)> = Vec::new();
+            for l in &self.alloc.slots {
+                held.extend(l.lock().extents_held());
+            }
+            held.sort_unstable();
+            for (off, len) in held {
+                match segments.last_mut() {
+                    // Within a page only: a record lies inside one data page.
+                    Some((o, l)) if *o + *l == off && *o / PAGE_SIZE == off / PAGE_SIZE => {
+                        *l += len
+                    }
+                    _ => segments.push((off, len)),
+                }
             }
         }
         let mut diff_len = c.diff_len.lock();

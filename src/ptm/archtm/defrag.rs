@@ -12,7 +12,7 @@
 //! out of every allocation list for the duration of the move (the paper does not say how its
 //! migration avoids landing in the regions it drains).
 
-use super::alloc::merge_into;
+use super::alloc::{class_bytes, merge_into};
 use super::layout::block_bytes;
 use super::Inner;
 use crate::alloc::PAGE_SIZE;
@@ -87,6 +87,59 @@ impl Inner {
         usage
     }
 
+    /// Takes out of every free list (the slots' lists, the free list, the recycle lists) the
+    /// free space that lies in `regions`, and returns it: class blocks that overlap a region
+    /// whole (their bytes are free, wherever they lie), extents cut at the regions' bounds.
+    fn quarantine(&self, regions: &BTreeSet<u64>) -> Vec<(u64, u64)> {
+        let overlaps = |off: u64, len: u64| {
+            (off / REGION..=(off + len - 1) / REGION).any(|r| regions.contains(&r))
+        };
+        let a = &self.alloc;
+        let mut out = Vec::new();
+        for l in &a.slots {
+            let mut l = l.lock();
+            for (c, list) in l.classes.iter_mut().enumerate() {
+                let size = class_bytes(c);
+                list.retain(|&off| {
+                    let hit = overlaps(off, size);
+                    if hit {
+                        out.push((off, size));
+                    }
+                    !hit
+                });
+            }
+            out.append(&mut split_out(&mut l.extents, regions));
+        }
+        out.append(&mut split_out(&mut a.free.lock(), regions));
+        out.append(&mut split_out(&mut a.recycle.lock(), regions));
+        for (c, r) in a.recycled.iter().enumerate() {
+            let size = class_bytes(c);
+            let mut r = r.lock();
+            for &region in regions {
+                // Blocks that start less than a block before the region, or inside it.
+                let from = (region * REGION + 1).saturating_sub(size);
+                let hit: Vec<u64> = r.range(from..(region + 1) * REGION).copied().collect();
+                for off in hit {
+                    r.remove(&off);
+                    out.push((off, size));
+                }
+            }
+        }
+        out
+    }
+
+    /// Regions that hold recycled blocks of a size class.
+    fn regions_with_recycled_blocks(&self) -> BTreeSet<u64> {
+        let mut out = BTreeSet::new();
+        for (c, r) in self.alloc.recycled.iter().enumerate() {
+            let size = class_bytes(c);
+            for &off in r.lock().iter() {
+                out.extend(off / REGION..=(off + size - 1) / REGION);
+            }
+        }
+        out
+    }
+
     /// One defragmentation pass with `worker` (a slot of this engine).
     pub(crate) fn defragment(&self, worker: &mut dyn PtmWorker) -> Result<DefragReport, PtmError> {
         let _one = self.defrag_lock.lock();
@@ -95,7 +148,13 @@ impl Inner {
         let usage = self.region_usage();
         let mut regions = BTreeSet::new();
         let mut objects = BTreeSet::new();
-        for (&r, (used, handles)) in &usage {
+        // Regions with live objects, and regions whose free space sits in a class's recycle
+        // list (no other class can use it until the region is returned to the free list).
+        let mut candidates: BTreeSet<u64> = usage.keys().copied().collect();
+        candidates.append(&mut self.regions_with_recycled_blocks());
+        let no_objects = (0, Vec::new());
+        for r in candidates {
+            let (used, handles) = usage.get(&r).unwrap_or(&no_objects);
             if (*used as f64) < UNDERUSED * REGION as f64 {
                 // Only regions of small objects: moving a large object empties little.
                 if handles.iter().all(|&h| {
@@ -111,17 +170,11 @@ impl Inner {
             regions: regions.len() as u64,
             ..Default::default()
         };
-        if objects.is_empty() {
+        if regions.is_empty() {
             return Ok(report);
         }
         // Quarantine the regions' free space: the copies must land elsewhere.
-        let a = &self.alloc;
-        let mut quarantine = Vec::new();
-        for l in &a.lists {
-            quarantine.append(&mut split_out(&mut l.lock(), &regions));
-        }
-        quarantine.append(&mut split_out(&mut a.free.lock(), &regions));
-        quarantine.append(&mut split_out(&mut a.recycle.lock(), &regions));
+        let mut quarantine = self.quarantine(&regions);
         let objects: Vec<u64> = objects.into_iter().filter(|&h| h != self.root).collect();
         let mut result = Ok(());
         for batch in objects.chunks(BATCH) {
@@ -151,8 +204,11 @@ impl Inner {
             }
             report.moved += moved;
         }
+        // The moved objects' old blocks, now collected into the recycle lists, are free space
+        // of the regions too: the regions go back to the free list whole, for any size.
         self.gc();
-        merge_into(&mut a.free.lock(), quarantine);
+        quarantine.append(&mut self.quarantine(&regions));
+        merge_into(&mut self.alloc.free.lock(), quarantine);
         self.counters.defrag_passes.fetch_add(1, Ordering::Relaxed);
         self.counters
             .defrag_moved

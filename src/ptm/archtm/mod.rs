@@ -447,10 +447,11 @@ impl Inner {
     }
 
     /// Checks the allocator's and the lookup table's invariants: every live object's committed
-    /// version holds a valid header naming it; live blocks, free extents (allocation lists,
-    /// free list, recycle list) and blocks awaiting collection are disjoint and tile the data
-    /// pages exactly (nothing leaked, nothing owned twice). Call it while no transaction runs;
-    /// it waits for a background collection or defragmentation pass to finish.
+    /// version holds a valid header naming it; live blocks, free space (the slots' class lists
+    /// and extents, the free list, the recycle lists) and blocks awaiting collection are
+    /// disjoint and tile the data pages exactly (nothing leaked, nothing owned twice). Call it
+    /// while no transaction runs; it waits for a background collection or defragmentation
+    /// pass to finish.
     pub(crate) fn check_invariants(&self) -> Result<(), String> {
         let _d = self.defrag_lock.lock();
         let _g = self.alloc.gc.lock();
@@ -485,11 +486,19 @@ impl Inner {
             }
         }
         let a = &self.alloc;
-        for (s, l) in a.lists.iter().enumerate() {
+        for (s, l) in a.slots.iter().enumerate() {
             extents.extend(
                 l.lock()
+                    .extents_held()
+                    .map(|(o, n)| (o, n, format!("slot {s} list"))),
+            );
+        }
+        for (c, r) in a.recycled.iter().enumerate() {
+            let size = alloc::class_bytes(c);
+            extents.extend(
+                r.lock()
                     .iter()
-                    .map(|&(o, n)| (o, n, format!("slot {s} list"))),
+                    .map(|&o| (o, size, format!("recycle list of {size}-byte blocks"))),
             );
         }
         extents.extend(
@@ -628,10 +637,7 @@ impl PtmEngine for ArchTm {
         let i = &self.inner;
         let c = &i.counters;
         let live = i.table.iter().filter(|(_, e)| e.view().gen != 0).count() as u64;
-        let sum = |l: &[(u64, u64)]| l.iter().map(|e| e.1).sum::<u64>();
-        let free = i.alloc.lists.iter().map(|l| sum(&l.lock())).sum::<u64>()
-            + sum(&i.alloc.free.lock())
-            + sum(&i.alloc.recycle.lock());
+        let free = i.alloc.free_bytes();
         let large = i
             .table
             .iter()
