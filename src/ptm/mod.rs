@@ -433,8 +433,10 @@ pub struct PtmConfig {
     /// ArchTM: take a lookup-table checkpoint (§5.6) every this many commits (0: only on
     /// [`Ptm::checkpoint`]).
     pub checkpoint_every: u64,
-    /// ArchTM: bytes a thread fetches from the global free list at once (§5.4's segment; a
-    /// multiple of 64).
+    /// ArchTM: bytes a thread fetches from the global free list at once for objects above
+    /// 4 KiB (§5.4's segment), the most it takes of a size class at once (at most 16 KiB), and
+    /// the chunk a CHKP-diff record covers (§5.6); rounded up to a power of two from 64 bytes
+    /// to 2 MiB.
     pub segment_bytes: u64,
     /// DUDETx: durability mode, group size, perform mode, fault.
     pub dudetx: crate::engine::dudetx::ptm::DudetxPtmOptions,

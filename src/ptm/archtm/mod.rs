@@ -224,7 +224,9 @@ pub(crate) struct Inner {
     pub(crate) flushing: bool,
     pub(crate) fault: Option<ArchtmFault>,
     pub(crate) gc_threshold: usize,
-    /// Bytes of a segment fetched from the global free list (§5.4).
+    /// Bytes of a segment fetched from the global free list (§5.4) for blocks above 4 KiB, the
+    /// most a slot takes of a size class, and the CHKP-diff chunk: a power of two, 64 B to a
+    /// data page.
     pub(crate) segment: u64,
     pub(crate) root: u64,
     pub(crate) root_size: usize,
@@ -434,7 +436,10 @@ impl Inner {
             flushing: domain.needs_flush(),
             fault: config.archtm_fault,
             gc_threshold: config.gc_threshold,
-            segment: config.segment_bytes.div_ceil(layout::BLOCK).max(1) * layout::BLOCK,
+            segment: config
+                .segment_bytes
+                .clamp(layout::BLOCK, PAGE_SIZE)
+                .next_power_of_two(),
             root: 0,
             root_size,
             chkp: chkp::Chkp::new(capacity, config.checkpoint_every),
@@ -706,4 +711,30 @@ pub(crate) fn txstate_word(txid: u64, st: u64) -> u64 {
 /// Splits a TxState word.
 pub(crate) fn txstate_split(w: u64) -> (u64, u64) {
     (w >> 2, w & 3)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Layout version 3 (chunked CHKP-diff, the reserved slot): a pool of an older layout is
+    /// refused with both versions named, not misread.
+    #[test]
+    fn a_pool_of_an_older_layout_is_refused_with_the_versions_named() {
+        let config = PtmConfig::temporary().size(16 << 20).inline_background();
+        let eng = ArchTm::create(&config, &[0; 8]).unwrap();
+        let pool = &eng.inner.pool;
+        let mut image = pool.read_vec(0, pool.len() as usize);
+        let at = (eng.inner.meta + meta::F_VERSION) as usize;
+        assert_eq!(image[at..at + 8], meta::VERSION.to_le_bytes());
+        let ok = ArchTm::open_image(&image, &config);
+        assert!(ok.is_ok(), "the image itself opens");
+        image[at..at + 8].copy_from_slice(&2u64.to_le_bytes());
+        let err = ArchTm::open_image(&image, &config).err().expect("refused");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("layout version 2") && msg.contains("reads 3"),
+            "{msg}"
+        );
+    }
 }

@@ -114,7 +114,7 @@ pub(super) fn recover(inner: &mut Inner) -> Result<(), PtmError> {
             }
         }
         let mut segments = read_diff(inner, epoch);
-        *inner.chkp.diff_len.lock() = segments.len() as u64;
+        inner.chkp.diff.lock().len = segments.len() as u64;
         counts.segments = segments.len() as u64;
         if let Some(&(off, len)) = segments.iter().find(|&&(o, l)| !in_pages(&pages, o, l)) {
             return Err(damaged(format!(
@@ -131,7 +131,7 @@ pub(super) fn recover(inner: &mut Inner) -> Result<(), PtmError> {
         }
         merged
     } else {
-        *inner.chkp.diff_len.lock() = if epoch > 0 {
+        inner.chkp.diff.lock().len = if epoch > 0 {
             DIFF_CAP + 1
         } else {
             read_diff(inner, epoch).len() as u64
