@@ -279,8 +279,6 @@ impl PtmCrashConfig {
             .engine(self.engine)
             .inline_background();
         if self.background && self.engine == PtmEngineKind::Archtm {
-            // A slot for the defragmentation thread's mock transactions.
-            c.max_threads = 3;
             c.gc_interval = Some(std::time::Duration::from_millis(1));
             c.defrag_interval = Some(std::time::Duration::from_millis(1));
         }

@@ -38,8 +38,6 @@ pub struct Signal {
     gc_wanted: AtomicBool,
     /// Whether a GC thread runs (else commits collect inline).
     pub(crate) gc_thread: AtomicBool,
-    /// The defragmentation thread holds a thread slot (for its pass).
-    pub(crate) defrag_has_slot: AtomicBool,
 }
 
 /// Counters of the background work (engine stats).
@@ -146,7 +144,7 @@ fn gc_loop(eng: &Inner, period: Duration) {
 }
 
 /// §4.5 / §5.4 "Defragmentation": every `period`, if blocks were recycled since the last pass,
-/// a pass over the regions with a slot of its own (skipped while every slot is in use).
+/// a pass over the regions on the engine's reserved slot.
 fn defrag_loop(eng: &Arc<Inner>, period: Duration) {
     let mut seen = u64::MAX;
     while eng.signal.wait(period, false) {
@@ -155,21 +153,14 @@ fn defrag_loop(eng: &Arc<Inner>, period: Duration) {
         if recycled == seen && !pending {
             continue; // nothing freed since the last pass: no region can have emptied
         }
-        let slot = {
-            let mut free = eng.free_slots.lock();
-            let Some(slot) = free.pop() else {
-                continue;
-            };
-            eng.signal.defrag_has_slot.store(true, Ordering::Release);
-            slot
-        };
         let ok = pass(|| {
             // The pass starts with the pending collections; collected here they count as a
             // background thread's (the pass would otherwise take them from the GC thread).
             if eng.gc() > 0 {
                 eng.counters.thread_gc_runs.fetch_add(1, Ordering::Relaxed);
             }
-            let mut w = ArchtmWorker::new(Arc::clone(eng), slot);
+            // The engine's reserved slot: no user slot is borrowed, none waited for.
+            let mut w = ArchtmWorker::internal(Arc::clone(eng));
             let before = eng.counters.defrag_passes.load(Ordering::Relaxed);
             // An error (the pool full for the moved copies) leaves everything consistent: the
             // pass is retried later.
@@ -180,8 +171,6 @@ fn defrag_loop(eng: &Arc<Inner>, period: Duration) {
                     .fetch_add(1, Ordering::Relaxed);
             }
         });
-        // The worker (dropped in the pass) gave the slot back.
-        eng.signal.defrag_has_slot.store(false, Ordering::Release);
         if !ok {
             break;
         }

@@ -5,7 +5,8 @@
 //!   0 magic "PMTXATM1"  8 version  16 max_threads  24 salt  32 root object bytes
 //!   40 catalog slot bytes  48 CRC-32 of bytes 0..4096   4096.. (an empty catalog: meta::format)
 //!   64 KiB: the root object's handle (0 until creation finished)
-//!   128 KiB: the TxState table: one 64-byte line per thread slot,
+//!   128 KiB: the TxState table: one 64-byte line per thread slot, then one for the engine's
+//!            reserved slot (its own transactions: defragmentation, the root's creation),
 //!            word 0 = txid << 2 | state (END, BEGIN, COMMITTED), word 1 = commit id
 //!   192 KiB: CHKP (§5.6, `chkp`): the epoch (0: none), the epoch whose diff overflowed,
 //!            at +64 the ids each copy covers (copy 0, copy 1)

@@ -246,6 +246,13 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
+    /// The slot the engine's own transactions run on (defragmentation's mock transactions,
+    /// the root's creation): one past the user slots, so that they never take a user's slot
+    /// and a user never waits for one of them to give a slot back.
+    pub(crate) fn internal_slot(&self) -> usize {
+        self.max_threads
+    }
+
     /// The PM TxState word of `slot`.
     pub(crate) fn txstate_at(&self, slot: usize) -> u64 {
         self.meta + meta::TXSTATE + slot as u64 * meta::TXSTATE_STRIDE
@@ -324,9 +331,10 @@ impl ArchTm {
             background: None,
             inner: Arc::new(inner),
         };
-        // The root object is created by an ordinary transaction, then its handle recorded.
+        // The root object is created by an ordinary transaction (on the engine's own slot),
+        // then its handle recorded.
         let h = {
-            let mut w = eng.worker()?;
+            let mut w = worker::ArchtmWorker::internal(Arc::clone(&eng.inner));
             w.begin();
             let h = w.alloc(root)?;
             w.commit()?;
@@ -420,6 +428,8 @@ impl Inner {
         root_size: usize,
     ) -> Inner {
         let n = config.max_threads;
+        // The user slots, then the engine's reserved one (`internal_slot`).
+        let all = n + 1;
         let capacity = (pool.len() / layout::BLOCK).min(u64::from(u32::MAX));
         let domain = pool.domain();
         Inner {
@@ -428,10 +438,10 @@ impl Inner {
             salt,
             max_threads: n,
             table: LookupTable::new(capacity),
-            slots: (0..n).map(|_| SlotState::default()).collect(),
+            slots: (0..all).map(|_| SlotState::default()).collect(),
             free_slots: Mutex::new((0..n).rev().collect()),
-            id_lists: (0..n).map(|_| Mutex::new(Vec::new())).collect(),
-            alloc: alloc::Allocator::new(n),
+            id_lists: (0..all).map(|_| Mutex::new(Vec::new())).collect(),
+            alloc: alloc::Allocator::new(all),
             clock: AtomicU64::new(1),
             flushing: domain.needs_flush(),
             fault: config.archtm_fault,
@@ -596,34 +606,14 @@ impl Inner {
     }
 }
 
-impl ArchTm {
-    /// A free thread slot. The defragmentation thread borrows one for each pass: a caller that
-    /// finds none free while it does waits for the pass instead of failing.
-    fn take_slot(&self) -> Result<usize, PtmError> {
-        loop {
-            {
-                let mut free = self.inner.free_slots.lock();
-                if let Some(slot) = free.pop() {
-                    return Ok(slot);
-                }
-                // Read under the lock the thread sets it under, so a pass that took the last
-                // slot is seen.
-                if !self.inner.signal.defrag_has_slot.load(Ordering::Acquire) {
-                    return Err(PtmError::TooManyThreads(self.inner.max_threads));
-                }
-            }
-            std::thread::yield_now();
-        }
-    }
-}
-
 impl PtmEngine for ArchTm {
     fn name(&self) -> &'static str {
         "archtm"
     }
 
     fn worker(&self) -> Result<Box<dyn PtmWorker>, PtmError> {
-        let slot = self.take_slot()?;
+        let slot = self.inner.free_slots.lock().pop();
+        let slot = slot.ok_or(PtmError::TooManyThreads(self.inner.max_threads))?;
         Ok(Box::new(worker::ArchtmWorker::new(
             Arc::clone(&self.inner),
             slot,
@@ -697,7 +687,7 @@ impl PtmEngine for ArchTm {
     }
 
     fn defragment(&self) -> Result<(u64, u64), PtmError> {
-        let mut w = worker::ArchtmWorker::new(Arc::clone(&self.inner), self.take_slot()?);
+        let mut w = worker::ArchtmWorker::internal(Arc::clone(&self.inner));
         let r = self.inner.defragment(&mut w)?;
         Ok((r.regions, r.moved))
     }

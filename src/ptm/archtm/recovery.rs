@@ -21,7 +21,8 @@ pub(super) fn recover(inner: &mut Inner) -> Result<(), PtmError> {
     // 1. Uncommitted transactions (§5.5 step 1).
     let mut uncommitted = HashSet::new();
     let mut max_txid = 0;
-    for slot in 0..inner.max_threads {
+    // The user slots and the engine's reserved one.
+    for slot in 0..=inner.internal_slot() {
         let (txid, st) = txstate_split(pool.read_u64(inner.txstate_at(slot)));
         max_txid = max_txid.max(txid);
         if st == state::BEGIN {

@@ -25,6 +25,8 @@ pub(crate) struct ArchtmWorker {
     /// §5.1's write-set: ids of the objects this transaction locked (each once: an entry whose
     /// writer is this txid is already in it).
     write_set: Vec<u64>,
+    /// The engine's reserved slot ([`Inner::internal_slot`]), never handed to a user thread.
+    internal: bool,
 }
 
 fn entry(eng: &Inner, h: u64) -> Result<(&Entry, u64, u64), PtmError> {
@@ -63,7 +65,20 @@ fn invalid(h: u64, reason: impl Into<String>) -> PtmError {
 }
 
 impl ArchtmWorker {
+    /// A worker on user slot `slot` (taken from the free slots; given back on drop).
     pub(crate) fn new(eng: Arc<Inner>, slot: usize) -> ArchtmWorker {
+        Self::on_slot(eng, slot, false)
+    }
+
+    /// A worker on the engine's reserved slot, for its own transactions (defragmentation's
+    /// mock transactions, the root object's creation). One at a time: the callers hold
+    /// `Inner::defrag_lock`, or run before any other thread can.
+    pub(crate) fn internal(eng: Arc<Inner>) -> ArchtmWorker {
+        let slot = eng.internal_slot();
+        Self::on_slot(eng, slot, true)
+    }
+
+    fn on_slot(eng: Arc<Inner>, slot: usize, internal: bool) -> ArchtmWorker {
         ArchtmWorker {
             eng,
             slot,
@@ -72,6 +87,7 @@ impl ArchtmWorker {
             running: false,
             pm_begun: false,
             write_set: Vec::new(),
+            internal,
         }
     }
 
@@ -639,6 +655,8 @@ impl Drop for ArchtmWorker {
         } else if self.running {
             self.release_after_crash();
         }
-        self.eng.free_slots.lock().push(self.slot);
+        if !self.internal {
+            self.eng.free_slots.lock().push(self.slot);
+        }
     }
 }
