@@ -4,8 +4,9 @@
 
 mod common;
 use pmtx::crashtest::ptm::{Lcg, Root};
-use pmtx::ptm::{Ptm, PtmConfig, PtmError};
+use pmtx::ptm::{PPtr, Ptm, PtmConfig, PtmError};
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 fn stat(ptm: &Ptm<Root>, name: &str) -> u64 {
     ptm.stats()
@@ -58,8 +59,7 @@ fn churn_of_mixed_sizes_keeps_contents_and_the_allocator_sound() {
                 .keys()
                 .nth(rng.next(live.len() as u64) as usize)
                 .unwrap();
-            ptm.run(|tx| tx.free(pmtx::ptm::PPtr::<u8>::from_raw(h)))
-                .unwrap();
+            ptm.run(|tx| tx.free(PPtr::<u8>::from_raw(h))).unwrap();
             live.remove(&h);
         }
         if i % 500 == 0 {
@@ -134,5 +134,78 @@ fn a_full_pool_of_one_class_serves_another_once_freed() {
         big * 4032 * 10 > data * 9,
         "only {big} objects of 4000 bytes in {data} bytes"
     );
+    ptm.check_invariants().unwrap();
+}
+
+/// Polls `f` for up to ten seconds.
+fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let until = Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(Instant::now() < until, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The background thread's policy: no pass while the recycled blocks of idle classes are a
+/// small share of the data area (a quarter of a class's blocks freed: an eager pass would move
+/// the rest, `archtm_background` shows it); a pass once they exceed a quarter of it, which
+/// returns them to the free list and drains the regions below half used.
+#[test]
+fn the_background_pass_waits_until_idle_classes_strand_a_quarter_of_the_data_area() {
+    let mut c = PtmConfig::temporary().size(16 << 20);
+    c.gc_interval = Some(Duration::from_millis(1));
+    c.defrag_interval = Some(Duration::from_millis(5));
+    c.checkpoint_every = 0;
+    assert!(!c.defrag_eager, "the default policy");
+    let ptm = Ptm::<Root>::create(c).unwrap();
+    // 2 048 objects of 64-byte blocks, three in four freed: about 200 KiB (with the
+    // tombstones) of a class then idle, in a 2 MiB data area.
+    let small: Vec<PPtr<u64>> = ptm
+        .run(|tx| (0..2048u64).map(|i| tx.alloc(&i)).collect())
+        .unwrap();
+    ptm.run(|tx| {
+        (small.iter().enumerate())
+            .filter(|(i, _)| i % 4 != 0)
+            .try_for_each(|(_, &h)| tx.free(h))
+    })
+    .unwrap();
+    eventually("the collection", || {
+        stat(&ptm, "recycled_class_bytes") >= 1536 * 64
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(stat(&ptm, "thread_defrag_passes"), 0, "not worthwhile");
+    assert_eq!(stat(&ptm, "defrag_moved"), 0);
+    // 12 288 objects of 128-byte blocks, seven in eight freed: over a megabyte recycled.
+    let mut mid: Vec<PPtr<[u8; 96]>> = Vec::new();
+    for b in 0..12u8 {
+        let hs: Vec<PPtr<[u8; 96]>> = ptm
+            .run(|tx| (0..1024).map(|_| tx.alloc(&[b; 96])).collect())
+            .unwrap();
+        mid.extend(hs);
+    }
+    let before = stat(&ptm, "used_regions_4k");
+    for chunk in mid.chunks(1024) {
+        ptm.run(|tx| {
+            (chunk.iter().enumerate())
+                .filter(|(i, _)| i % 8 != 0)
+                .try_for_each(|(_, &h)| tx.free(h))
+        })
+        .unwrap();
+    }
+    eventually("a worthwhile pass", || {
+        stat(&ptm, "thread_defrag_passes") >= 1 && stat(&ptm, "defrag_moved") >= 1500
+    });
+    assert!(stat(&ptm, "defrag_released_bytes") >= 1 << 20);
+    let after = stat(&ptm, "used_regions_4k");
+    assert!(
+        after * 3 < before,
+        "regions in use: {before} before, {after} after"
+    );
+    for (i, &h) in small.iter().enumerate().step_by(4) {
+        assert_eq!(ptm.run(|tx| tx.read(h)).unwrap(), i as u64, "moved intact");
+    }
+    for (i, &h) in mid.iter().enumerate().step_by(8) {
+        assert_eq!(ptm.run(|tx| tx.read(h)).unwrap(), [(i / 1024) as u8; 96]);
+    }
     ptm.check_invariants().unwrap();
 }

@@ -91,6 +91,7 @@ fn the_defragmentation_thread_empties_underused_regions() {
     let _s = SERIAL.lock();
     let mut c = PtmConfig::temporary().size(16 << 20);
     c.defrag_interval = Some(Duration::from_millis(2));
+    c.defrag_eager = true;
     let ptm = Ptm::<Root>::create(c).unwrap();
     eventually("the defragmentation thread's start", || {
         threads_named("archtm-defrag") == 1
@@ -201,6 +202,7 @@ fn kill_config(path: &std::path::Path, engine: PtmEngineKind) -> PtmConfig {
     c.gc_threshold = 4;
     c.gc_interval = Some(Duration::from_millis(1));
     c.defrag_interval = Some(Duration::from_millis(5));
+    c.defrag_eager = true;
     c
 }
 

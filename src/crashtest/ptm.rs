@@ -281,6 +281,8 @@ impl PtmCrashConfig {
         if self.background && self.engine == PtmEngineKind::Archtm {
             c.gc_interval = Some(std::time::Duration::from_millis(1));
             c.defrag_interval = Some(std::time::Duration::from_millis(1));
+            // §4.5's rule: passes whenever blocks were recycled, so that crashes hit them.
+            c.defrag_eager = true;
         }
         c.gc_threshold = 4;
         // Small segments, so fetches (and their CHKP-diff records) happen between checkpoints.

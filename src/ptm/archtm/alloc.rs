@@ -32,7 +32,8 @@ use crate::alloc::{PageTag, PAGE_SIZE};
 use crate::ptm::PtmError;
 use parking_lot::Mutex;
 use std::collections::BTreeSet;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 /// Bytes a slot fetches from the global free list at once for blocks above [`CLASS_MAX`] (the
 /// default segment size).
@@ -114,6 +115,11 @@ pub struct Allocator {
     pub pages: Mutex<Vec<u64>>,
     /// One collection (or checkpoint) at a time.
     pub(crate) gc: Mutex<()>,
+    /// Per size class: a slot allocated from it since the defragmentation policy last looked
+    /// (`Inner::idle_classes`).
+    pub(crate) class_used: Vec<AtomicBool>,
+    /// Per size class: when the policy last saw it used.
+    pub(crate) class_seen: Mutex<Vec<Instant>>,
 }
 
 /// Inserts the sorted extents `add` into the sorted list `list`, merging neighbours within a page.
@@ -198,6 +204,8 @@ impl Allocator {
             recycle: Mutex::new(Vec::new()),
             pages: Mutex::new(Vec::new()),
             gc: Mutex::new(()),
+            class_used: (0..CLASSES).map(|_| AtomicBool::new(false)).collect(),
+            class_seen: Mutex::new(vec![Instant::now(); CLASSES]),
         }
     }
 
@@ -215,16 +223,20 @@ impl Allocator {
         merge_into(&mut lists.extents, extents);
     }
 
+    /// Bytes in the classes' recycle lists.
+    pub fn recycled_class_bytes(&self) -> u64 {
+        (self.recycled.iter().enumerate())
+            .map(|(c, r)| r.lock().len() as u64 * class_bytes(c))
+            .sum()
+    }
+
     /// Bytes free in every list (the slots', the free list and the recycle lists).
     pub fn free_bytes(&self) -> u64 {
         let sum = |l: &[(u64, u64)]| l.iter().map(|e| e.1).sum::<u64>();
         let slots: u64 = (self.slots.iter())
             .map(|l| l.lock().extents_held().map(|e| e.1).sum::<u64>())
             .sum();
-        let classes: u64 = (self.recycled.iter().enumerate())
-            .map(|(c, r)| r.lock().len() as u64 * class_bytes(c))
-            .sum();
-        slots + classes + sum(&self.free.lock()) + sum(&self.recycle.lock())
+        slots + self.recycled_class_bytes() + sum(&self.free.lock()) + sum(&self.recycle.lock())
     }
 }
 
@@ -235,6 +247,11 @@ impl Inner {
         let Some(class) = class_of(len) else {
             return self.alloc_extent(slot, len);
         };
+        // For the defragmentation policy: a load per allocation, a store once per look.
+        let used = &self.alloc.class_used[class];
+        if !used.load(Ordering::Relaxed) {
+            used.store(true, Ordering::Relaxed);
+        }
         let mut lists = self.alloc.slots[slot].lock();
         if let Some(off) = lists.classes[class].pop() {
             return Ok(off);

@@ -12,18 +12,24 @@
 //! out of every allocation list for the duration of the move (the paper does not say how its
 //! migration avoids landing in the regions it drains).
 
-use super::alloc::{class_bytes, merge_into};
+use super::alloc::{class_bytes, merge_into, CLASSES};
 use super::layout::block_bytes;
 use super::Inner;
 use crate::alloc::PAGE_SIZE;
 use crate::ptm::{PtmError, PtmWorker};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 /// The region size (§6: 4 KB).
 pub const REGION: u64 = 4096;
 /// A region whose live bytes are below this fraction is underutilized (§5.4: f = 50 %).
 pub const UNDERUSED: f64 = 0.5;
+/// The policy's window: a size class is idle once no slot allocated from it for this long.
+pub const IDLE: Duration = Duration::from_millis(50);
+/// The policy's bar: a background pass is worthwhile once the recycled blocks of idle classes
+/// exceed this share of the data area.
+pub const WORTHWHILE: f64 = 0.25;
 /// Objects moved per mock transaction.
 const BATCH: usize = 64;
 
@@ -36,6 +42,8 @@ pub struct DefragReport {
     pub moved: u64,
     /// Objects left in place (a concurrent writer held them).
     pub skipped: u64,
+    /// Bytes of idle classes' recycled blocks returned to the free list.
+    pub released: u64,
 }
 
 /// Removes from `list` the parts of its extents inside `regions`; returns them.
@@ -140,11 +148,45 @@ impl Inner {
         out
     }
 
-    /// One defragmentation pass with `worker` (a slot of this engine).
-    pub(crate) fn defragment(&self, worker: &mut dyn PtmWorker) -> Result<DefragReport, PtmError> {
+    /// The size classes no slot allocated from for [`IDLE`] (by class). Reads and clears the
+    /// classes' use flags, so its resolution is the caller's period (the background thread's).
+    pub(crate) fn idle_classes(&self) -> Vec<bool> {
+        let now = Instant::now();
+        let mut seen = self.alloc.class_seen.lock();
+        (0..CLASSES)
+            .map(|c| {
+                if self.alloc.class_used[c].swap(false, Ordering::Relaxed) {
+                    seen[c] = now;
+                }
+                now.duration_since(seen[c]) >= IDLE
+            })
+            .collect()
+    }
+
+    /// Whether a background pass is worthwhile: the recycled blocks of the `idle` classes
+    /// exceed [`WORTHWHILE`] of the data area. Memory no class in use will take back; below
+    /// the bar a pass would move objects to gain little.
+    pub(crate) fn defrag_worthwhile(&self, idle: &[bool]) -> bool {
+        let stranded: u64 = (self.alloc.recycled.iter().enumerate())
+            .filter(|&(c, _)| idle[c])
+            .map(|(c, r)| r.lock().len() as u64 * class_bytes(c))
+            .sum();
+        let data = self.alloc.pages.lock().len() as u64 * PAGE_SIZE;
+        stranded as f64 > WORTHWHILE * data as f64
+    }
+
+    /// One defragmentation pass with `worker` (on the engine's reserved slot): with `idle`,
+    /// first returns those classes' recycled blocks to the free list; then §4.5's rule, every
+    /// region below half used drained.
+    pub(crate) fn defragment(
+        &self,
+        worker: &mut dyn PtmWorker,
+        idle: Option<&[bool]>,
+    ) -> Result<DefragReport, PtmError> {
         let _one = self.defrag_lock.lock();
         // Finish pending collections first, so freed blocks count as free.
         self.gc();
+        let released = idle.map_or(0, |idle| self.release_recycled(|c| idle[c]));
         let usage = self.region_usage();
         let mut regions = BTreeSet::new();
         let mut objects = BTreeSet::new();
@@ -168,8 +210,12 @@ impl Inner {
         }
         let mut report = DefragReport {
             regions: regions.len() as u64,
+            released,
             ..Default::default()
         };
+        self.counters
+            .defrag_released
+            .fetch_add(released, Ordering::Relaxed);
         if regions.is_empty() {
             return Ok(report);
         }

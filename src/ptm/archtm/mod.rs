@@ -407,7 +407,7 @@ impl ArchTm {
             let bg = background::Background::start(
                 &self.inner,
                 config.gc_interval,
-                config.defrag_interval,
+                config.defrag_interval.map(|p| (p, config.defrag_eager)),
             )
             .map_err(|e| {
                 PtmError::Pool(format!("cannot start archtm's background threads: {e}"))
@@ -662,6 +662,11 @@ impl PtmEngine for ArchTm {
             ("recycled_bytes", c.recycled_bytes.load(Ordering::Relaxed)),
             ("defrag_passes", c.defrag_passes.load(Ordering::Relaxed)),
             ("defrag_moved", c.defrag_moved.load(Ordering::Relaxed)),
+            (
+                "defrag_released_bytes",
+                c.defrag_released.load(Ordering::Relaxed),
+            ),
+            ("recycled_class_bytes", i.alloc.recycled_class_bytes()),
             ("thread_gc_runs", c.thread_gc_runs.load(Ordering::Relaxed)),
             (
                 "thread_defrag_passes",
@@ -688,7 +693,7 @@ impl PtmEngine for ArchTm {
 
     fn defragment(&self) -> Result<(u64, u64), PtmError> {
         let mut w = worker::ArchtmWorker::internal(Arc::clone(&self.inner));
-        let r = self.inner.defragment(&mut w)?;
+        let r = self.inner.defragment(&mut w, None)?;
         Ok((r.regions, r.moved))
     }
 }
