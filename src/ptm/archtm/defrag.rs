@@ -5,12 +5,13 @@
 //! regions are wholly free.
 //!
 //! The paper's fragmentation manager is a background thread: [`super::background`] runs a pass
-//! every `PtmConfig::defrag_interval` when blocks were recycled since the last one;
-//! `Ptm::defragment` runs one on the caller's thread (one pass at a time). Departures: a pass
-//! finds underused regions from the lookup table's live versions rather than by examining the
-//! recycle list, and keeps new copies out of the regions it empties by taking their free space
-//! out of every allocation list for the duration of the move (the paper does not say how its
-//! migration avoids landing in the regions it drains).
+//! when its policy calls for one ([`Inner::defrag_worthwhile`], or eagerly whenever blocks
+//! were recycled); `Ptm::defragment` runs one on the caller's thread (one pass at a time).
+//! Departures: a pass finds underused regions from the lookup table's live versions and the
+//! classes' recycle lists (a region whose free space sits in a class's recycle list is drained
+//! too, so it returns to the free list for any size), and keeps new copies out of the regions
+//! it empties by taking their free space out of every list for the duration of the move (the
+//! paper does not say how its migration avoids landing in the regions it drains).
 
 use super::alloc::{class_bytes, merge_into, CLASSES};
 use super::layout::block_bytes;

@@ -30,7 +30,12 @@
 //!   with the TOMB flag): the paper does not say how a free survives a crash when the freed
 //!   copy's header is still on PM; the tombstone is the latest version, so recovery drops the
 //!   object, and garbage collection zeroes it only after the copies it deletes.
-//! - **Allocator (§4.4, §5.4):** see [`alloc`]. Garbage collection runs on the GC thread
+//! - **Allocator (§4.4, §5.4):** see [`alloc`]. Departure: 64-byte size classes up to 4 KiB,
+//!   one free list per class per slot and one recycle list per class, instead of §4.4's single
+//!   free list for all sizes; a slot takes 16 KiB of a class at a time in address order, so
+//!   its consecutive allocations of a class are contiguous (the single list fragmented into
+//!   holes of every size once blocks were recycled, and each hole cost a search and a
+//!   CHKP-diff record). Garbage collection runs on the GC thread
 //!   ([`background`]), woken when a committing slot's deallocation list passes a threshold and
 //!   every `PtmConfig::gc_interval`; an allocation that finds the free and recycle lists empty
 //!   still collects inline (it cannot wait for the thread). Without the thread
@@ -46,15 +51,25 @@
 //!   ([`ArchtmFault`]) that removes it, for the crash tests.
 //!
 //! - **Online defragmentation (§4.5):** [`defrag`]: 4 KiB regions less than half used are
-//!   emptied by a mock write transaction, on the defragmentation thread ([`background`], a
-//!   pass every `PtmConfig::defrag_interval` when blocks were recycled since the last) or on
-//!   `Ptm::defragment`.
+//!   emptied by a mock write transaction, on `Ptm::defragment` or the defragmentation thread
+//!   ([`background`]). Departure (the policy): the thread runs a pass only when the recycled
+//!   blocks of size classes no slot allocated from for 50 ms exceed 25 % of the data area
+//!   (such a pass first returns them to the free list); blocks of a class in use are taken
+//!   back by its next allocations, so moving objects for them would only add copies.
+//!   `PtmConfig::defrag_eager` keeps §4.5's rule (a pass whenever blocks were recycled).
+//! - **A reserved internal slot:** the engine's own transactions (defragmentation's mock
+//!   transactions, the root's creation) run on a TxState slot past the user slots, so they
+//!   never borrow a user's slot and no user waits for one (the paper does not say whose slot
+//!   the fragmentation manager's mock transaction uses).
 //! - **Incremental checkpoint (§5.6):** [`chkp`]: a persistent copy of the lookup table plus
-//!   CHKP-diff (the segments fetched since), so recovery scans only those. Departures (see
+//!   CHKP-diff (the chunks taken from since), so recovery scans only those. Departures (see
 //!   there): two copies alternating by epoch, so a torn checkpoint leaves the last one whole; a
-//!   dirty bitmap set by post-commit instead of write-protection faults; quiescence by per-slot
-//!   busy flags; recovery clears the checkpoint entry of an object freed since before it zeroes
-//!   the tombstone, as garbage collection does.
+//!   dirty bitmap (a bit per cache line of the copy) set by post-commit instead of
+//!   write-protection faults; CHKP-diff records the aligned chunk of `segment_bytes` holding a
+//!   take, once per checkpoint period, not every fetch (a record per recycled fragment filled
+//!   the diff within a few thousand commits); quiescence by per-slot busy flags; recovery
+//!   clears the checkpoint entry of an object freed since before it zeroes the tombstone, as
+//!   garbage collection does.
 //!
 //! - **Large objects (§4.4's regular data path):** `large.rs`: an
 //!   object larger than a data page holds ([`layout::MAX_SMALL`], 2 MiB less the header)
