@@ -91,6 +91,7 @@ fn the_defragmentation_thread_empties_underused_regions() {
     let _s = SERIAL.lock();
     let mut c = PtmConfig::temporary().size(16 << 20);
     c.defrag_interval = Some(Duration::from_millis(2));
+    c.defrag_eager = true;
     let ptm = Ptm::<Root>::create(c).unwrap();
     eventually("the defragmentation thread's start", || {
         threads_named("archtm-defrag") == 1
@@ -121,13 +122,54 @@ fn the_defragmentation_thread_empties_underused_regions() {
     assert_eq!(threads_named("archtm-"), 0);
 }
 
+/// Runs `f` on a thread of its own and fails with a message if it has not finished within
+/// `limit` (a thread spinning on a peer that is gone would otherwise hang the test binary).
+fn within<T: Send + 'static>(
+    limit: Duration,
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let worker = std::thread::Builder::new()
+        .name("watched".into())
+        .spawn(move || {
+            // A panic drops `tx` unsent: reported below as a failure, not a timeout.
+            let _ = tx.send(f());
+        })
+        .unwrap();
+    match rx.recv_timeout(limit) {
+        Ok(v) => {
+            worker.join().unwrap();
+            v
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => match worker.join() {
+            Err(p) => std::panic::resume_unwind(p),
+            Ok(()) => panic!("{what}: the watched thread ended without a result"),
+        },
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!(
+            "{what} did not finish within {} s: a thread is probably waiting on a peer that \
+             crashed (a wait or retry loop that does not check for the simulated crash)",
+            limit.as_secs()
+        ),
+    }
+}
+
 /// Power failures while the threads work (the crash simulator, ADR and eADR): random crash
 /// points (the threads make every run's PM events differ, so this samples rather than sweeps;
 /// the inline mode is swept exhaustively by `ptm_api`), each image recovered to an
-/// acknowledged state with the allocator's invariants and no leak.
+/// acknowledged state with the allocator's invariants and no leak. Under a watchdog: a hang
+/// fails the test with a message.
 #[test]
 fn power_failures_during_background_gc_and_defragmentation_recover() {
     let _s = SERIAL.lock();
+    within(
+        Duration::from_secs(300),
+        "the background crash sweep",
+        background_crash_sweep,
+    );
+}
+
+fn background_crash_sweep() {
     for domain in [PersistenceDomain::Adr, PersistenceDomain::Eadr] {
         let mut cfg = PtmCrashConfig::new(domain);
         cfg.background = true;
@@ -160,6 +202,7 @@ fn kill_config(path: &std::path::Path, engine: PtmEngineKind) -> PtmConfig {
     c.gc_threshold = 4;
     c.gc_interval = Some(Duration::from_millis(1));
     c.defrag_interval = Some(Duration::from_millis(5));
+    c.defrag_eager = true;
     c
 }
 

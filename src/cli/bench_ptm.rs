@@ -141,7 +141,7 @@ fn create_runner<R: PObject + Default>(
     let mut config = PtmConfig::temporary()
         .size(size)
         .domain(args.domain)
-        .max_threads(max_threads + 1);
+        .max_threads(max_threads);
     config.dudetx.mode = args.dudetx_mode;
     config.dudetx.group = args.dudetx_group;
     config.dudetx.group_delay_us = args.dudetx_group_delay_us;

@@ -354,10 +354,10 @@ impl PtmCrashConfig {
             .engine(self.engine)
             .inline_background();
         if self.background && self.engine == PtmEngineKind::Archtm {
-            // A slot for the defragmentation thread's mock transactions.
-            c.max_threads = 3;
             c.gc_interval = Some(std::time::Duration::from_millis(1));
             c.defrag_interval = Some(std::time::Duration::from_millis(1));
+            // §4.5's rule: passes whenever blocks were recycled, so that crashes hit them.
+            c.defrag_eager = true;
         }
         c.gc_threshold = 4;
         // Small segments, so fetches (and their CHKP-diff records) happen between checkpoints.
@@ -388,6 +388,14 @@ impl PtmCrashConfig {
             Runner::taking_turns(ptm, 2)
         } else {
             Ok(Runner::new(ptm))
+        }
+    }
+
+    /// With the background threads: a pause after each step, so that their passes (every
+    /// millisecond) fall within the run however fast the steps are, and crashes can hit them.
+    fn let_threads_run(&self) {
+        if self.background {
+            std::thread::sleep(std::time::Duration::from_micros(300));
         }
     }
 
@@ -447,6 +455,7 @@ fn reference(cfg: &PtmCrashConfig) -> Result<Reference, PtmError> {
     let mut runner = cfg.runner(&ptm)?;
     for i in 0..cfg.steps {
         runner.step(i, &mut rng, &mut moved)?;
+        cfg.let_threads_run();
         states.push(state_of(&ptm)?.0);
         ids.push(ptm.committed_id());
     }
@@ -485,6 +494,7 @@ fn crash_at(cfg: &PtmCrashConfig, at: u64, reference: &Reference) -> Result<u64,
         for i in 0..cfg.steps {
             runner.step(i, &mut rng, &mut moved)?;
             done.set(done.get() + 1);
+            cfg.let_threads_run();
         }
         Ok::<(), PtmError>(())
     }));

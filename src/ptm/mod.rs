@@ -427,14 +427,22 @@ pub struct PtmConfig {
     /// ArchTM: run the GC thread (§5.4), which also collects at least this often; `None`:
     /// commits collect inline (deterministic: what the crash simulator's image sweep uses).
     pub gc_interval: Option<std::time::Duration>,
-    /// ArchTM: run the defragmentation thread (§4.5), a pass this often when blocks were
-    /// recycled since the last; `None`: only [`Ptm::defragment`] defragments.
+    /// ArchTM: run the defragmentation thread (§4.5), which looks this often whether a pass
+    /// is due (see `defrag_eager`); `None`: only [`Ptm::defragment`] defragments.
     pub defrag_interval: Option<std::time::Duration>,
+    /// ArchTM: the defragmentation thread's policy. `false` (the default): a pass only when
+    /// the recycled blocks of size classes no slot allocated from for 50 ms exceed a quarter
+    /// of the data area (the pass returns them to the free list, then drains the regions below
+    /// half used). `true`: §4.5's rule alone, a pass whenever blocks were recycled since the
+    /// last, draining every region below half used. [`Ptm::defragment`] always uses §4.5's.
+    pub defrag_eager: bool,
     /// ArchTM: take a lookup-table checkpoint (§5.6) every this many commits (0: only on
     /// [`Ptm::checkpoint`]).
     pub checkpoint_every: u64,
-    /// ArchTM: bytes a thread fetches from the global free list at once (§5.4's segment; a
-    /// multiple of 64).
+    /// ArchTM: bytes a thread fetches from the global free list at once for objects above
+    /// 4 KiB (§5.4's segment), the most it takes of a size class at once (at most 16 KiB), and
+    /// the chunk a CHKP-diff record covers (§5.6); rounded up to a power of two from 64 bytes
+    /// to 2 MiB.
     pub segment_bytes: u64,
     /// DUDETx: durability mode, group size, perform mode, fault.
     pub dudetx: crate::engine::dudetx::ptm::DudetxPtmOptions,
@@ -457,6 +465,7 @@ impl PtmConfig {
             gc_threshold: archtm::alloc::GC_THRESHOLD,
             gc_interval: Some(archtm::background::GC_INTERVAL),
             defrag_interval: Some(archtm::background::DEFRAG_INTERVAL),
+            defrag_eager: false,
             checkpoint_every: 1 << 16,
             segment_bytes: archtm::alloc::FETCH,
             dudetx: Default::default(),

@@ -38,8 +38,6 @@ pub struct Signal {
     gc_wanted: AtomicBool,
     /// Whether a GC thread runs (else commits collect inline).
     pub(crate) gc_thread: AtomicBool,
-    /// The defragmentation thread holds a thread slot (for its pass).
-    pub(crate) defrag_has_slot: AtomicBool,
 }
 
 /// Counters of the background work (engine stats).
@@ -53,6 +51,8 @@ pub struct Counters {
     pub defrag_passes: AtomicU64,
     /// Objects defragmentation moved, in total.
     pub defrag_moved: AtomicU64,
+    /// Bytes of idle classes' recycled blocks the background passes returned to the free list.
+    pub defrag_released: AtomicU64,
     /// Of `gc_runs`, those a background thread ran: the GC thread, or the defragmentation
     /// thread before its pass (not a commit or an allocation inline).
     pub thread_gc_runs: AtomicU64,
@@ -97,11 +97,12 @@ fn pass(f: impl FnOnce()) -> bool {
 }
 
 impl Background {
-    /// Starts the threads `gc` / `defrag` (their periods) ask for.
+    /// Starts the threads `gc` / `defrag` (their periods; the defragmentation policy, eager
+    /// or not) ask for.
     pub(crate) fn start(
         inner: &Arc<Inner>,
         gc: Option<Duration>,
-        defrag: Option<Duration>,
+        defrag: Option<(Duration, bool)>,
     ) -> Result<Background, std::io::Error> {
         let mut threads = Vec::new();
         if let Some(period) = gc {
@@ -113,12 +114,12 @@ impl Background {
                     .spawn(move || gc_loop(&eng, period))?,
             );
         }
-        if let Some(period) = defrag {
+        if let Some((period, eager)) = defrag {
             let eng = Arc::clone(inner);
             threads.push(
                 std::thread::Builder::new()
                     .name("archtm-defrag".into())
-                    .spawn(move || defrag_loop(&eng, period))?,
+                    .spawn(move || defrag_loop(&eng, period, eager))?,
             );
         }
         Ok(Background {
@@ -145,23 +146,29 @@ fn gc_loop(eng: &Inner, period: Duration) {
     eng.signal.gc_thread.store(false, Ordering::Release);
 }
 
-/// §4.5 / §5.4 "Defragmentation": every `period`, if blocks were recycled since the last pass,
-/// a pass over the regions with a slot of its own (skipped while every slot is in use).
-fn defrag_loop(eng: &Arc<Inner>, period: Duration) {
+/// §4.5 / §5.4 "Defragmentation": every `period`, a pass on the engine's reserved slot if the
+/// policy calls for one. Eager (§4.5): whenever blocks were recycled since the last pass.
+/// Otherwise when [`Inner::defrag_worthwhile`]: the recycled blocks of classes no slot used
+/// for 50 ms exceed a quarter of the data area; such a pass first returns them to the free
+/// list. Departure: the paper's manager drains underused regions continuously; with size
+/// classes, recycled blocks of a class in use are taken back by its next allocations, and
+/// moving objects for them would only add copies.
+fn defrag_loop(eng: &Arc<Inner>, period: Duration, eager: bool) {
     let mut seen = u64::MAX;
     while eng.signal.wait(period, false) {
-        let recycled = eng.counters.recycled_bytes.load(Ordering::Acquire);
-        let pending = eng.alloc.dealloc.iter().any(|d| !d.lock().is_empty());
-        if recycled == seen && !pending {
-            continue; // nothing freed since the last pass: no region can have emptied
-        }
-        let slot = {
-            let mut free = eng.free_slots.lock();
-            let Some(slot) = free.pop() else {
+        let idle = if eager {
+            let recycled = eng.counters.recycled_bytes.load(Ordering::Acquire);
+            let pending = eng.alloc.dealloc.iter().any(|d| !d.lock().is_empty());
+            if recycled == seen && !pending {
+                continue; // nothing freed since the last pass: no region can have emptied
+            }
+            None
+        } else {
+            let idle = eng.idle_classes();
+            if !eng.defrag_worthwhile(&idle) {
                 continue;
-            };
-            eng.signal.defrag_has_slot.store(true, Ordering::Release);
-            slot
+            }
+            Some(idle)
         };
         let ok = pass(|| {
             // The pass starts with the pending collections; collected here they count as a
@@ -169,19 +176,18 @@ fn defrag_loop(eng: &Arc<Inner>, period: Duration) {
             if eng.gc() > 0 {
                 eng.counters.thread_gc_runs.fetch_add(1, Ordering::Relaxed);
             }
-            let mut w = ArchtmWorker::new(Arc::clone(eng), slot);
+            // The engine's reserved slot: no user slot is borrowed, none waited for.
+            let mut w = ArchtmWorker::internal(Arc::clone(eng));
             let before = eng.counters.defrag_passes.load(Ordering::Relaxed);
             // An error (the pool full for the moved copies) leaves everything consistent: the
             // pass is retried later.
-            let _ = eng.defragment(&mut w);
+            let _ = eng.defragment(&mut w, idle.as_deref());
             if eng.counters.defrag_passes.load(Ordering::Relaxed) > before {
                 eng.counters
                     .thread_defrag_passes
                     .fetch_add(1, Ordering::Relaxed);
             }
         });
-        // The worker (dropped in the pass) gave the slot back.
-        eng.signal.defrag_has_slot.store(false, Ordering::Release);
         if !ok {
             break;
         }

@@ -7,17 +7,21 @@
 //!   checkpoint leaves the previous one whole (the paper overwrites one copy in place and
 //!   does not say what a torn checkpoint recovers to). An epoch writes into the copy one epoch
 //!   behind, so it rewrites what changed during the last two epochs.
-//! - **Incremental:** only groups of [`GROUP`] ids whose committed state changed are written.
-//!   Departure: the paper detects changed lookup-table pages with write protection and page
-//!   faults; here post-commit sets a bit per group in a DRAM bitmap (no `unsafe`, no signal
-//!   handler, the same information).
-//! - **CHKP-diff** (§5.4 "Allocation"): every segment a thread fetches from the global free
-//!   list is recorded, durably, before the thread writes into it; a checkpoint starts the new
-//!   epoch's diff with the segments the allocation lists still hold. Every version written
-//!   since the checkpoint therefore lies in a recorded segment, and recovery scans only those
-//!   (§5.6). Records are 32 bytes (offset, length, epoch, a check word), appended to one of two
-//!   arrays (by epoch parity); a record of another epoch or with a bad check ends the array. A
-//!   full array sets the epoch's overflow word: recovery then scans everything, as §5.5.
+//! - **Incremental:** only groups of [`GROUP`] ids (two entries: one cache line) whose
+//!   committed state changed are written. Departure: the paper detects changed lookup-table
+//!   pages with write protection and page faults; here post-commit sets a bit per group in a
+//!   DRAM bitmap (no `unsafe`, no signal handler, the same information, and a finer grain).
+//! - **CHKP-diff** (§5.4 "Allocation"): before a slot writes into blocks it took from the
+//!   global free or recycle lists, the aligned *chunks* of `PtmConfig::segment_bytes` (64 KiB
+//!   by default) that hold them are recorded, durably, each once per checkpoint period; a
+//!   checkpoint starts the new epoch's diff with the chunks the slots' lists still hold. Every
+//!   version written since the checkpoint therefore lies in a recorded chunk, and recovery
+//!   scans only those (§5.6). Departure: the paper records every fetch of a segment; with
+//!   recycled blocks a take is scattered over many places, and a record per place filled the
+//!   diff within a few thousand commits (each fill forcing a checkpoint). Records are 32 bytes
+//!   (offset, length, epoch, a check word), appended to one of two arrays of [`DIFF_CAP`] (by
+//!   epoch parity); a record of another epoch or with a bad check ends the array. A full array
+//!   sets the epoch's overflow word: recovery then scans everything, as §5.5.
 //! - **Quiescence:** the checkpoint blocks new transactions and waits for running ones
 //!   (the paper "temporarily blocks all transactions"), then collects garbage, so at its
 //!   moment the only valid headers on PM are the live versions CHKP records.
@@ -33,6 +37,7 @@ use super::{ArchtmFault, Inner};
 use crate::alloc::{PageTag, PAGE_SIZE};
 use crate::ptm::PtmError;
 use parking_lot::Mutex;
+use std::collections::{BTreeSet, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -40,10 +45,10 @@ use std::time::{Duration, Instant};
 pub const ENTRY: u64 = 32;
 /// Ids per CHKP page.
 pub const PER_PAGE: u64 = PAGE_SIZE / ENTRY;
-/// Ids per dirty bit (2 KiB of CHKP: the granularity of the incremental copy).
-pub const GROUP: u64 = 64;
-/// Records per CHKP-diff array.
-pub const DIFF_CAP: u64 = 4096;
+/// Ids per dirty bit (64 bytes of CHKP, one cache line: the grain of the incremental copy).
+pub const GROUP: u64 = 2;
+/// Records per CHKP-diff array (chunks recorded per checkpoint period: 1 GiB of 64 KiB chunks).
+pub const DIFF_CAP: u64 = 16_384;
 /// Bytes of a CHKP-diff record.
 pub const DIFF_REC: u64 = 32;
 
@@ -51,8 +56,8 @@ pub const DIFF_REC: u64 = 32;
 pub struct Chkp {
     /// The current epoch (0: no checkpoint yet; recovery scans everything).
     pub epoch: AtomicU64,
-    /// Records in the current epoch's diff array (`DIFF_CAP` + 1 once it overflowed).
-    pub diff_len: Mutex<u64>,
+    /// The current epoch's diff array, as recorded so far.
+    pub diff: Mutex<Diff>,
     /// Per copy: CHKP page offset of each chunk (0: not allocated).
     pages: [Mutex<Vec<u64>>; 2],
     /// Groups changed since the last checkpoint.
@@ -68,6 +73,15 @@ pub struct Chkp {
     pub every: u64,
     /// Checkpoints taken.
     pub taken: AtomicU64,
+}
+
+/// The current epoch's CHKP-diff in DRAM.
+#[derive(Default)]
+pub struct Diff {
+    /// Records in the array (`DIFF_CAP` + 1 once it overflowed).
+    pub len: u64,
+    /// Offsets of the chunks recorded (durably) this epoch: a take there needs no record.
+    pub recorded: HashSet<u64>,
 }
 
 /// What the last recovery read (counters for the tests and `stats`).
@@ -93,7 +107,7 @@ impl Chkp {
         let chunks = capacity.div_ceil(PER_PAGE) as usize;
         Chkp {
             epoch: AtomicU64::new(0),
-            diff_len: Mutex::new(0),
+            diff: Mutex::new(Diff::default()),
             pages: [Mutex::new(vec![0; chunks]), Mutex::new(vec![0; chunks])],
             cur: (0..words).map(|_| AtomicU64::new(u64::MAX)).collect(),
             prev: (0..words).map(|_| AtomicU64::new(u64::MAX)).collect(),
@@ -201,26 +215,54 @@ impl Inner {
         self.persist(at, 8);
     }
 
-    /// §5.4: records a segment fetched from the global free list in CHKP-diff, durably, before
-    /// the thread writes into it. Called with the free list locked (so records are appended in
-    /// order, one at a time).
-    pub(crate) fn record_fetch(&self, off: u64, len: u64) {
-        let mut n = self.chkp.diff_len.lock();
-        let epoch = self.chkp.epoch.load(Ordering::Acquire);
-        if *n > DIFF_CAP {
+    /// The offsets of the chunks (aligned, of `segment` bytes, within a data page) that hold
+    /// some of `extents`.
+    fn chunks_of(&self, extents: impl Iterator<Item = (u64, u64)>) -> BTreeSet<u64> {
+        let chunk = self.segment;
+        let mut out = BTreeSet::new();
+        for (off, len) in extents {
+            out.extend((off / chunk * chunk..off + len).step_by(chunk as usize));
+        }
+        out
+    }
+
+    /// §5.4: records the chunks that hold the extents `taken` (a slot's take from the global
+    /// free or recycle lists) in CHKP-diff, durably, before the slot writes into them; a chunk
+    /// already recorded this epoch needs nothing. One take at a time (the diff lock, held to
+    /// the fence: another slot sees a chunk recorded only once the record is durable).
+    pub(crate) fn record_taken(&self, taken: &[(u64, u64)]) {
+        let mut d = self.chkp.diff.lock();
+        if d.len > DIFF_CAP {
             return; // overflowed: recovery scans everything this epoch
         }
-        if *n == DIFF_CAP {
-            self.diff_overflow(epoch);
-            *n += 1;
-            return;
-        }
-        // archtm-diff-persist: the record is durable before the segment's first copy (else a
+        let epoch = self.chkp.epoch.load(Ordering::Acquire);
+        // archtm-diff-persist: the records are durable before the take's first copy (else a
         // crash could keep a copy there and lose the record that makes recovery look).
         let persist = self.fault != Some(ArchtmFault::DiffPersist);
-        self.write_record((epoch % 2) as usize, *n, off, len, epoch, persist);
-        *n += 1;
-        if persist {
+        let mut wrote = false;
+        for start in self.chunks_of(taken.iter().copied()) {
+            if d.recorded.contains(&start) {
+                continue;
+            }
+            if d.len == DIFF_CAP {
+                // Durable with the records before it (the overflow word's persist fences).
+                self.diff_overflow(epoch);
+                d.len += 1;
+                return;
+            }
+            self.write_record(
+                (epoch % 2) as usize,
+                d.len,
+                start,
+                self.segment,
+                epoch,
+                persist,
+            );
+            d.len += 1;
+            d.recorded.insert(start);
+            wrote = true;
+        }
+        if persist && wrote {
             self.pool.fence();
         }
     }
@@ -301,54 +343,46 @@ impl Inner {
         let next_id = self.table.next_id.load(Ordering::Acquire);
         // archtm-chkp-persist: the copy and the diff are durable before the epoch names them.
         let persist = self.fault != Some(ArchtmFault::ChkpPersist);
-        // 1. The changed groups into the copy one epoch behind.
+        // 1. The changed groups into the copy one epoch behind: one write (and flush) per
+        // run of consecutive changed groups within a CHKP page.
         let groups = next_id.div_ceil(GROUP);
-        for g in 0..groups {
-            let (w, bit) = ((g / 64) as usize, 1u64 << (g % 64));
-            let dirty =
-                (c.cur[w].load(Ordering::Relaxed) | c.prev[w].load(Ordering::Relaxed)) & bit != 0;
-            if !dirty {
-                continue;
-            }
-            let first = g * GROUP;
-            let last = (first + GROUP).min(next_id);
-            let page = self.chkp_page(copy, first / PER_PAGE)?;
-            let at = page + (first % PER_PAGE) * ENTRY;
-            let mut buf = vec![0u8; ((last - first) * ENTRY) as usize];
-            for id in first..last {
-                let e = self.table.get(id).expect("an id below next_id");
-                let v = e.view();
-                let words = if v.gen == 0 || v.old == 0 {
-                    [0; 4]
-                } else {
-                    [
-                        v.old,
-                        v.gen << 32 | v.size,
-                        e.vtxid.load(Ordering::Acquire),
-                        0,
-                    ]
-                };
-                let o = ((id - first) * ENTRY) as usize;
-                for (k, w) in words.iter().enumerate() {
-                    buf[o + k * 8..o + k * 8 + 8].copy_from_slice(&w.to_le_bytes());
+        let mut run: Option<(u64, u64)> = None; // first and last group
+        for w in 0..groups.div_ceil(64) {
+            let mut bits = c.cur[w as usize].load(Ordering::Relaxed)
+                | c.prev[w as usize].load(Ordering::Relaxed);
+            while bits != 0 {
+                let g = w * 64 + u64::from(bits.trailing_zeros());
+                bits &= bits - 1;
+                if g >= groups {
+                    break;
+                }
+                match run {
+                    Some((first, last)) if last + 1 == g && (g * GROUP) % PER_PAGE != 0 => {
+                        run = Some((first, g))
+                    }
+                    _ => {
+                        if let Some((first, last)) = run {
+                            self.write_groups(copy, first, last, next_id, persist)?;
+                        }
+                        run = Some((g, g));
+                    }
                 }
             }
-            self.pool.write_bytes(at, &buf);
-            if self.flushing && persist {
-                self.pool.flush(at, buf.len() as u64);
-            }
         }
-        // 2. The new epoch's diff: the segments the allocation lists still hold.
-        let mut segments = Vec::new();
+        if let Some((first, last)) = run {
+            self.write_groups(copy, first, last, next_id, persist)?;
+        }
+        // 2. The new epoch's diff: the chunks of the space the slots' lists still hold.
+        let mut chunks = BTreeSet::new();
         if self.fault != Some(ArchtmFault::ChkpSkipListDiff) {
-            for l in &self.alloc.lists {
-                segments.extend(l.lock().iter().copied());
+            for l in &self.alloc.slots {
+                chunks.append(&mut self.chunks_of(l.lock().extents_held()));
             }
         }
-        let mut diff_len = c.diff_len.lock();
-        let n = segments.len() as u64;
-        for (i, &(off, len)) in segments.iter().take(DIFF_CAP as usize).enumerate() {
-            self.write_record(copy, i as u64, off, len, next, persist);
+        let mut diff = c.diff.lock();
+        let n = chunks.len() as u64;
+        for (i, &off) in chunks.iter().take(DIFF_CAP as usize).enumerate() {
+            self.write_record(copy, i as u64, off, self.segment, next, persist);
         }
         let nid_at = self.meta + meta::CHKP_NEXT_ID + copy as u64 * 8;
         self.pool.write_u64(nid_at, next_id);
@@ -366,12 +400,52 @@ impl Inner {
         self.pool.write_u64_ordered(at, next);
         self.persist(at, 8);
         c.epoch.store(next, Ordering::Release);
-        *diff_len = if n > DIFF_CAP { DIFF_CAP + 1 } else { n };
+        diff.len = if n > DIFF_CAP { DIFF_CAP + 1 } else { n };
+        diff.recorded = chunks.into_iter().collect();
         for (p, k) in c.prev.iter().zip(&c.cur) {
             p.store(k.swap(0, Ordering::Relaxed), Ordering::Relaxed);
         }
         c.commits.store(0, Ordering::Relaxed);
         c.taken.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Writes the entries of groups `first..=last` (one CHKP page) into `copy`, flushed
+    /// unless `persist` is off (the `archtm-chkp-persist` fault).
+    fn write_groups(
+        &self,
+        copy: usize,
+        first: u64,
+        last: u64,
+        next_id: u64,
+        persist: bool,
+    ) -> Result<(), PtmError> {
+        let (lo, hi) = (first * GROUP, ((last + 1) * GROUP).min(next_id));
+        let page = self.chkp_page(copy, lo / PER_PAGE)?;
+        let at = page + (lo % PER_PAGE) * ENTRY;
+        let mut buf = vec![0u8; ((hi - lo) * ENTRY) as usize];
+        for id in lo..hi {
+            let e = self.table.get(id).expect("an id below next_id");
+            let v = e.view();
+            let words = if v.gen == 0 || v.old == 0 {
+                [0; 4]
+            } else {
+                [
+                    v.old,
+                    v.gen << 32 | v.size,
+                    e.vtxid.load(Ordering::Acquire),
+                    0,
+                ]
+            };
+            let o = ((id - lo) * ENTRY) as usize;
+            for (k, w) in words.iter().enumerate() {
+                buf[o + k * 8..o + k * 8 + 8].copy_from_slice(&w.to_le_bytes());
+            }
+        }
+        self.pool.write_bytes(at, &buf);
+        if self.flushing && persist {
+            self.pool.flush(at, buf.len() as u64);
+        }
         Ok(())
     }
 
@@ -405,7 +479,7 @@ impl Inner {
             return;
         }
         let n = c.commits.fetch_add(1, Ordering::Relaxed) + 1;
-        let filling = *c.diff_len.lock() >= DIFF_CAP * 3 / 4;
+        let filling = c.diff.lock().len >= DIFF_CAP * 3 / 4;
         if n >= c.every || filling {
             // An error (no page for the copy) leaves the previous checkpoint valid.
             let _ = self.checkpoint(Some(Duration::from_millis(20)));

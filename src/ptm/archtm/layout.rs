@@ -5,12 +5,13 @@
 //!   0 magic "PMTXATM1"  8 version  16 max_threads  24 salt  32 root object bytes
 //!   40 catalog slot bytes  48 CRC-32 of bytes 0..4096   4096.. (an empty catalog: meta::format)
 //!   64 KiB: the root object's handle (0 until creation finished)
-//!   128 KiB: the TxState table: one 64-byte line per thread slot,
+//!   128 KiB: the TxState table: one 64-byte line per thread slot, then one for the engine's
+//!            reserved slot (its own transactions: defragmentation, the root's creation),
 //!            word 0 = txid << 2 | state (END, BEGIN, COMMITTED), word 1 = commit id
 //!   192 KiB: CHKP (§5.6, `chkp`): the epoch (0: none), the epoch whose diff overflowed,
 //!            at +64 the ids each copy covers (copy 0, copy 1)
-//!   256 KiB: CHKP-diff: two arrays (by epoch parity) of 4096 32-byte records
-//!            (segment offset, bytes, epoch, check)
+//!   256 KiB: CHKP-diff: two arrays (by epoch parity) of 16 384 32-byte records
+//!            (chunk offset, bytes, epoch, check)
 //! CHKP pages (kind CHKP, tag value = copy << 31 | chunk): 65 536 entries of 32 bytes
 //!   (committed version's offset (0: free id), generation << 32 | size, txid, 0)
 //! large-object pages (kind LARGE; tag value 0: a version's head page, 1: a tail page): §4.4's
@@ -94,8 +95,9 @@ pub mod meta {
     pub const F_CRC: u64 = 48;
     /// The magic value.
     pub const MAGIC: u64 = u64::from_le_bytes(*b"PMTXATM1");
-    /// The layout version this build writes.
-    pub const VERSION: u64 = 2;
+    /// The layout version this build writes (3: CHKP-diff of 16 384 chunk records, the
+    /// engine's reserved TxState slot).
+    pub const VERSION: u64 = 3;
     /// Where the (empty) catalog starts.
     pub const CATALOG_AT: u64 = 4096;
     /// Bytes per catalog slot.

@@ -30,7 +30,12 @@
 //!   with the TOMB flag): the paper does not say how a free survives a crash when the freed
 //!   copy's header is still on PM; the tombstone is the latest version, so recovery drops the
 //!   object, and garbage collection zeroes it only after the copies it deletes.
-//! - **Allocator (§4.4, §5.4):** see [`alloc`]. Garbage collection runs on the GC thread
+//! - **Allocator (§4.4, §5.4):** see [`alloc`]. Departure: 64-byte size classes up to 4 KiB,
+//!   one free list per class per slot and one recycle list per class, instead of §4.4's single
+//!   free list for all sizes; a slot takes 16 KiB of a class at a time in address order, so
+//!   its consecutive allocations of a class are contiguous (the single list fragmented into
+//!   holes of every size once blocks were recycled, and each hole cost a search and a
+//!   CHKP-diff record). Garbage collection runs on the GC thread
 //!   ([`background`]), woken when a committing slot's deallocation list passes a threshold and
 //!   every `PtmConfig::gc_interval`; an allocation that finds the free and recycle lists empty
 //!   still collects inline (it cannot wait for the thread). Without the thread
@@ -46,15 +51,25 @@
 //!   ([`ArchtmFault`]) that removes it, for the crash tests.
 //!
 //! - **Online defragmentation (§4.5):** [`defrag`]: 4 KiB regions less than half used are
-//!   emptied by a mock write transaction, on the defragmentation thread ([`background`], a
-//!   pass every `PtmConfig::defrag_interval` when blocks were recycled since the last) or on
-//!   `Ptm::defragment`.
+//!   emptied by a mock write transaction, on `Ptm::defragment` or the defragmentation thread
+//!   ([`background`]). Departure (the policy): the thread runs a pass only when the recycled
+//!   blocks of size classes no slot allocated from for 50 ms exceed 25 % of the data area
+//!   (such a pass first returns them to the free list); blocks of a class in use are taken
+//!   back by its next allocations, so moving objects for them would only add copies.
+//!   `PtmConfig::defrag_eager` keeps §4.5's rule (a pass whenever blocks were recycled).
+//! - **A reserved internal slot:** the engine's own transactions (defragmentation's mock
+//!   transactions, the root's creation) run on a TxState slot past the user slots, so they
+//!   never borrow a user's slot and no user waits for one (the paper does not say whose slot
+//!   the fragmentation manager's mock transaction uses).
 //! - **Incremental checkpoint (§5.6):** [`chkp`]: a persistent copy of the lookup table plus
-//!   CHKP-diff (the segments fetched since), so recovery scans only those. Departures (see
+//!   CHKP-diff (the chunks taken from since), so recovery scans only those. Departures (see
 //!   there): two copies alternating by epoch, so a torn checkpoint leaves the last one whole; a
-//!   dirty bitmap set by post-commit instead of write-protection faults; quiescence by per-slot
-//!   busy flags; recovery clears the checkpoint entry of an object freed since before it zeroes
-//!   the tombstone, as garbage collection does.
+//!   dirty bitmap (a bit per cache line of the copy) set by post-commit instead of
+//!   write-protection faults; CHKP-diff records the aligned chunk of `segment_bytes` holding a
+//!   take, once per checkpoint period, not every fetch (a record per recycled fragment filled
+//!   the diff within a few thousand commits); quiescence by per-slot busy flags; recovery
+//!   clears the checkpoint entry of an object freed since before it zeroes the tombstone, as
+//!   garbage collection does.
 //!
 //! - **Large objects (§4.4's regular data path):** `large.rs`: an
 //!   object larger than a data page holds ([`layout::MAX_SMALL`], 2 MiB less the header)
@@ -224,7 +239,9 @@ pub(crate) struct Inner {
     pub(crate) flushing: bool,
     pub(crate) fault: Option<ArchtmFault>,
     pub(crate) gc_threshold: usize,
-    /// Bytes of a segment fetched from the global free list (§5.4).
+    /// Bytes of a segment fetched from the global free list (§5.4) for blocks above 4 KiB, the
+    /// most a slot takes of a size class, and the CHKP-diff chunk: a power of two, 64 B to a
+    /// data page.
     pub(crate) segment: u64,
     pub(crate) root: u64,
     pub(crate) root_size: usize,
@@ -244,6 +261,13 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
+    /// The slot the engine's own transactions run on (defragmentation's mock transactions,
+    /// the root's creation): one past the user slots, so that they never take a user's slot
+    /// and a user never waits for one of them to give a slot back.
+    pub(crate) fn internal_slot(&self) -> usize {
+        self.max_threads
+    }
+
     /// The PM TxState word of `slot`.
     pub(crate) fn txstate_at(&self, slot: usize) -> u64 {
         self.meta + meta::TXSTATE + slot as u64 * meta::TXSTATE_STRIDE
@@ -322,9 +346,10 @@ impl ArchTm {
             background: None,
             inner: Arc::new(inner),
         };
-        // The root object is created by an ordinary transaction, then its handle recorded.
+        // The root object is created by an ordinary transaction (on the engine's own slot),
+        // then its handle recorded.
         let h = {
-            let mut w = eng.worker()?;
+            let mut w = worker::ArchtmWorker::internal(Arc::clone(&eng.inner));
             w.begin();
             let h = w.alloc(root)?;
             w.commit()?;
@@ -397,7 +422,7 @@ impl ArchTm {
             let bg = background::Background::start(
                 &self.inner,
                 config.gc_interval,
-                config.defrag_interval,
+                config.defrag_interval.map(|p| (p, config.defrag_eager)),
             )
             .map_err(|e| {
                 PtmError::Pool(format!("cannot start archtm's background threads: {e}"))
@@ -418,6 +443,8 @@ impl Inner {
         root_size: usize,
     ) -> Inner {
         let n = config.max_threads;
+        // The user slots, then the engine's reserved one (`internal_slot`).
+        let all = n + 1;
         let capacity = (pool.len() / layout::BLOCK).min(u64::from(u32::MAX));
         let domain = pool.domain();
         Inner {
@@ -426,15 +453,18 @@ impl Inner {
             salt,
             max_threads: n,
             table: LookupTable::new(capacity),
-            slots: (0..n).map(|_| SlotState::default()).collect(),
+            slots: (0..all).map(|_| SlotState::default()).collect(),
             free_slots: Mutex::new((0..n).rev().collect()),
-            id_lists: (0..n).map(|_| Mutex::new(Vec::new())).collect(),
-            alloc: alloc::Allocator::new(n),
+            id_lists: (0..all).map(|_| Mutex::new(Vec::new())).collect(),
+            alloc: alloc::Allocator::new(all),
             clock: AtomicU64::new(1),
             flushing: domain.needs_flush(),
             fault: config.archtm_fault,
             gc_threshold: config.gc_threshold,
-            segment: config.segment_bytes.div_ceil(layout::BLOCK).max(1) * layout::BLOCK,
+            segment: config
+                .segment_bytes
+                .clamp(layout::BLOCK, PAGE_SIZE)
+                .next_power_of_two(),
             root: 0,
             root_size,
             chkp: chkp::Chkp::new(capacity, config.checkpoint_every),
@@ -447,10 +477,11 @@ impl Inner {
     }
 
     /// Checks the allocator's and the lookup table's invariants: every live object's committed
-    /// version holds a valid header naming it; live blocks, free extents (allocation lists,
-    /// free list, recycle list) and blocks awaiting collection are disjoint and tile the data
-    /// pages exactly (nothing leaked, nothing owned twice). Call it while no transaction runs;
-    /// it waits for a background collection or defragmentation pass to finish.
+    /// version holds a valid header naming it; live blocks, free space (the slots' class lists
+    /// and extents, the free list, the recycle lists) and blocks awaiting collection are
+    /// disjoint and tile the data pages exactly (nothing leaked, nothing owned twice). Call it
+    /// while no transaction runs; it waits for a background collection or defragmentation
+    /// pass to finish.
     pub(crate) fn check_invariants(&self) -> Result<(), String> {
         let _d = self.defrag_lock.lock();
         let _g = self.alloc.gc.lock();
@@ -485,11 +516,19 @@ impl Inner {
             }
         }
         let a = &self.alloc;
-        for (s, l) in a.lists.iter().enumerate() {
+        for (s, l) in a.slots.iter().enumerate() {
             extents.extend(
                 l.lock()
+                    .extents_held()
+                    .map(|(o, n)| (o, n, format!("slot {s} list"))),
+            );
+        }
+        for (c, r) in a.recycled.iter().enumerate() {
+            let size = alloc::class_bytes(c);
+            extents.extend(
+                r.lock()
                     .iter()
-                    .map(|&(o, n)| (o, n, format!("slot {s} list"))),
+                    .map(|&o| (o, size, format!("recycle list of {size}-byte blocks"))),
             );
         }
         extents.extend(
@@ -582,34 +621,14 @@ impl Inner {
     }
 }
 
-impl ArchTm {
-    /// A free thread slot. The defragmentation thread borrows one for each pass: a caller that
-    /// finds none free while it does waits for the pass instead of failing.
-    fn take_slot(&self) -> Result<usize, PtmError> {
-        loop {
-            {
-                let mut free = self.inner.free_slots.lock();
-                if let Some(slot) = free.pop() {
-                    return Ok(slot);
-                }
-                // Read under the lock the thread sets it under, so a pass that took the last
-                // slot is seen.
-                if !self.inner.signal.defrag_has_slot.load(Ordering::Acquire) {
-                    return Err(PtmError::TooManyThreads(self.inner.max_threads));
-                }
-            }
-            std::thread::yield_now();
-        }
-    }
-}
-
 impl PtmEngine for ArchTm {
     fn name(&self) -> &'static str {
         "archtm"
     }
 
     fn worker(&self) -> Result<Box<dyn PtmWorker>, PtmError> {
-        let slot = self.take_slot()?;
+        let slot = self.inner.free_slots.lock().pop();
+        let slot = slot.ok_or(PtmError::TooManyThreads(self.inner.max_threads))?;
         Ok(Box::new(worker::ArchtmWorker::new(
             Arc::clone(&self.inner),
             slot,
@@ -628,10 +647,7 @@ impl PtmEngine for ArchTm {
         let i = &self.inner;
         let c = &i.counters;
         let live = i.table.iter().filter(|(_, e)| e.view().gen != 0).count() as u64;
-        let sum = |l: &[(u64, u64)]| l.iter().map(|e| e.1).sum::<u64>();
-        let free = i.alloc.lists.iter().map(|l| sum(&l.lock())).sum::<u64>()
-            + sum(&i.alloc.free.lock())
-            + sum(&i.alloc.recycle.lock());
+        let free = i.alloc.free_bytes();
         let large = i
             .table
             .iter()
@@ -661,6 +677,11 @@ impl PtmEngine for ArchTm {
             ("recycled_bytes", c.recycled_bytes.load(Ordering::Relaxed)),
             ("defrag_passes", c.defrag_passes.load(Ordering::Relaxed)),
             ("defrag_moved", c.defrag_moved.load(Ordering::Relaxed)),
+            (
+                "defrag_released_bytes",
+                c.defrag_released.load(Ordering::Relaxed),
+            ),
+            ("recycled_class_bytes", i.alloc.recycled_class_bytes()),
             ("thread_gc_runs", c.thread_gc_runs.load(Ordering::Relaxed)),
             (
                 "thread_defrag_passes",
@@ -686,8 +707,8 @@ impl PtmEngine for ArchTm {
     }
 
     fn defragment(&self) -> Result<(u64, u64), PtmError> {
-        let mut w = worker::ArchtmWorker::new(Arc::clone(&self.inner), self.take_slot()?);
-        let r = self.inner.defragment(&mut w)?;
+        let mut w = worker::ArchtmWorker::internal(Arc::clone(&self.inner));
+        let r = self.inner.defragment(&mut w, None)?;
         Ok((r.regions, r.moved))
     }
 }
@@ -700,4 +721,30 @@ pub(crate) fn txstate_word(txid: u64, st: u64) -> u64 {
 /// Splits a TxState word.
 pub(crate) fn txstate_split(w: u64) -> (u64, u64) {
     (w >> 2, w & 3)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Layout version 3 (chunked CHKP-diff, the reserved slot): a pool of an older layout is
+    /// refused with both versions named, not misread.
+    #[test]
+    fn a_pool_of_an_older_layout_is_refused_with_the_versions_named() {
+        let config = PtmConfig::temporary().size(16 << 20).inline_background();
+        let eng = ArchTm::create(&config, &[0; 8]).unwrap();
+        let pool = &eng.inner.pool;
+        let mut image = pool.read_vec(0, pool.len() as usize);
+        let at = (eng.inner.meta + meta::F_VERSION) as usize;
+        assert_eq!(image[at..at + 8], meta::VERSION.to_le_bytes());
+        let ok = ArchTm::open_image(&image, &config);
+        assert!(ok.is_ok(), "the image itself opens");
+        image[at..at + 8].copy_from_slice(&2u64.to_le_bytes());
+        let err = ArchTm::open_image(&image, &config).err().expect("refused");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("layout version 2") && msg.contains("reads 3"),
+            "{msg}"
+        );
+    }
 }

@@ -21,7 +21,8 @@ pub(super) fn recover(inner: &mut Inner) -> Result<(), PtmError> {
     // 1. Uncommitted transactions (§5.5 step 1).
     let mut uncommitted = HashSet::new();
     let mut max_txid = 0;
-    for slot in 0..inner.max_threads {
+    // The user slots and the engine's reserved one.
+    for slot in 0..=inner.internal_slot() {
         let (txid, st) = txstate_split(pool.read_u64(inner.txstate_at(slot)));
         max_txid = max_txid.max(txid);
         if st == state::BEGIN {
@@ -114,7 +115,7 @@ pub(super) fn recover(inner: &mut Inner) -> Result<(), PtmError> {
             }
         }
         let mut segments = read_diff(inner, epoch);
-        *inner.chkp.diff_len.lock() = segments.len() as u64;
+        inner.chkp.diff.lock().len = segments.len() as u64;
         counts.segments = segments.len() as u64;
         if let Some(&(off, len)) = segments.iter().find(|&&(o, l)| !in_pages(&pages, o, l)) {
             return Err(damaged(format!(
@@ -131,7 +132,7 @@ pub(super) fn recover(inner: &mut Inner) -> Result<(), PtmError> {
         }
         merged
     } else {
-        *inner.chkp.diff_len.lock() = if epoch > 0 {
+        inner.chkp.diff.lock().len = if epoch > 0 {
             DIFF_CAP + 1
         } else {
             read_diff(inner, epoch).len() as u64

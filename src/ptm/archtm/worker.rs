@@ -25,6 +25,8 @@ pub(crate) struct ArchtmWorker {
     /// §5.1's write-set: ids of the objects this transaction locked (each once: an entry whose
     /// writer is this txid is already in it).
     write_set: Vec<u64>,
+    /// The engine's reserved slot ([`Inner::internal_slot`]), never handed to a user thread.
+    internal: bool,
 }
 
 fn entry(eng: &Inner, h: u64) -> Result<(&Entry, u64, u64), PtmError> {
@@ -63,7 +65,20 @@ fn invalid(h: u64, reason: impl Into<String>) -> PtmError {
 }
 
 impl ArchtmWorker {
+    /// A worker on user slot `slot` (taken from the free slots; given back on drop).
     pub(crate) fn new(eng: Arc<Inner>, slot: usize) -> ArchtmWorker {
+        Self::on_slot(eng, slot, false)
+    }
+
+    /// A worker on the engine's reserved slot, for its own transactions (defragmentation's
+    /// mock transactions, the root object's creation). One at a time: the callers hold
+    /// `Inner::defrag_lock`, or run before any other thread can.
+    pub(crate) fn internal(eng: Arc<Inner>) -> ArchtmWorker {
+        let slot = eng.internal_slot();
+        Self::on_slot(eng, slot, true)
+    }
+
+    fn on_slot(eng: Arc<Inner>, slot: usize, internal: bool) -> ArchtmWorker {
         ArchtmWorker {
             eng,
             slot,
@@ -72,17 +87,16 @@ impl ArchtmWorker {
             running: false,
             pm_begun: false,
             write_set: Vec::new(),
+            internal,
         }
     }
 
     /// Under the crash simulator, after the simulated power failure, a thread waiting for
-    /// another (which unwound at its next PM event and will never finish) stops too.
+    /// another (which unwound at its next PM event and will never finish) stops too. Every
+    /// wait or retry loop calls it: a loop that reaches no PM event would otherwise spin on a
+    /// peer that is gone.
     fn stop_if_crashed(&self) {
-        if let Some(sim) = self.eng.pool.crash_sim() {
-            if let Some(event) = sim.crashed_at() {
-                std::panic::resume_unwind(Box::new(crate::pmem::SimulatedCrash { event }));
-            }
-        }
+        self.eng.pool.unwind_if_crashed();
     }
 
     fn entry(&self, h: u64) -> Result<(&Entry, u64, u64), PtmError> {
@@ -109,7 +123,11 @@ impl ArchtmWorker {
                 let ws = &self.eng.slots[(v.writer & 0xff) as usize];
                 let st = ws.state.load(Ordering::Acquire);
                 if st >> 2 != v.writer >> 8 || st & 3 == dstate::END {
-                    continue; // the writer finished since the view: the entry changed
+                    // The writer finished since the view, so the entry changed: read it again.
+                    // A writer that died in a simulated crash never changes it: stop then.
+                    self.stop_if_crashed();
+                    std::hint::spin_loop();
+                    continue;
                 }
                 match st & 3 {
                     dstate::COMMITTING => {
@@ -314,6 +332,28 @@ impl ArchtmWorker {
                 std::thread::yield_now();
             }
         }
+    }
+
+    /// After a simulated power failure (no PM event may run): unlocks the entries this
+    /// transaction still holds, in DRAM only, so that no thread of the dead process waits on a
+    /// writer that is gone (the crash image is already taken; this changes nothing on PM).
+    fn release_after_crash(&mut self) {
+        for &id in &self.write_set {
+            let Some(e) = self.eng.table.get(id) else {
+                continue;
+            };
+            if e.writer.load(Ordering::Acquire) == self.txid {
+                e.modify(|e| {
+                    e.new.store(0, Ordering::Release);
+                    e.writer.store(0, Ordering::Release);
+                });
+            }
+        }
+        let s = &self.eng.slots[self.slot];
+        s.active.store(u64::MAX, Ordering::SeqCst);
+        s.busy.store(0, Ordering::SeqCst);
+        self.write_set.clear();
+        self.running = false;
     }
 }
 
@@ -612,7 +652,11 @@ impl Drop for ArchtmWorker {
         let crashed = self.eng.pool.crash_sim().is_some_and(|s| s.has_crashed());
         if self.running && !crashed {
             self.abort();
+        } else if self.running {
+            self.release_after_crash();
         }
-        self.eng.free_slots.lock().push(self.slot);
+        if !self.internal {
+            self.eng.free_slots.lock().push(self.slot);
+        }
     }
 }
