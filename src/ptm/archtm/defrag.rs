@@ -5,7 +5,7 @@
 //! regions are wholly free.
 //!
 //! The paper's fragmentation manager is a background thread: [`super::background`] runs a pass
-//! when its policy calls for one ([`Inner::defrag_worthwhile`], or eagerly whenever blocks
+//! when its policy calls for one (`Inner::defrag_worthwhile`, or eagerly whenever blocks
 //! were recycled); `Ptm::defragment` runs one on the caller's thread (one pass at a time).
 //! Departures: a pass finds underused regions from the lookup table's live versions and the
 //! classes' recycle lists (a region whose free space sits in a class's recycle list is drained

@@ -7,7 +7,7 @@
 //! in a dependency-respecting order, found by one-round or two-round detecting.
 //!
 //! The steps are the pipeline core's (`pipeline::Core`: its queue, ring, threads or inline
-//! steps, group commit, and its faults at each ordering step); [`DepOrder`] plugs in what this
+//! steps, group commit, and its faults at each ordering step); `DepOrder` plugs in what this
 //! mode does differently: one record per transaction, chain after chain; detection instead of
 //! a durable id word; dependency-ordered reproduce; watermarks as the truncation marks.
 //!
