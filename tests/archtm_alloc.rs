@@ -3,18 +3,12 @@
 //! defragmentation policy of the background thread.
 
 mod common;
+use common::eventually;
+use common::ptm_model::stat;
 use pmtx::crashtest::ptm::{Lcg, Root};
 use pmtx::ptm::{PPtr, Ptm, PtmConfig, PtmError};
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
-
-fn stat(ptm: &Ptm<Root>, name: &str) -> u64 {
-    ptm.stats()
-        .iter()
-        .find(|s| s.0 == name)
-        .unwrap_or_else(|| panic!("no stat {name}"))
-        .1
-}
+use std::time::Duration;
 
 /// Objects of sizes across the classes (64 B to 4 KiB blocks) and above them (the extent
 /// path), allocated, rewritten and freed at random: contents stay right and the allocator's
@@ -135,15 +129,6 @@ fn a_full_pool_of_one_class_serves_another_once_freed() {
         "only {big} objects of 4000 bytes in {data} bytes"
     );
     ptm.check_invariants().unwrap();
-}
-
-/// Polls `f` for up to ten seconds.
-fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let until = Instant::now() + Duration::from_secs(10);
-    while !f() {
-        assert!(Instant::now() < until, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 /// The background thread's policy: no pass while the recycled blocks of idle classes are a

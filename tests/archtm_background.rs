@@ -9,20 +9,14 @@ use pmtx::pmem::PersistenceDomain;
 use pmtx::ptm::{PPtr, Ptm, PtmConfig, PtmEngineKind};
 use std::io::{BufRead, Write};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 mod common;
+use common::eventually;
+use common::ptm_model::stat;
 
 /// The tests of this file count the process's threads: one at a time.
 static SERIAL: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
-
-fn stat(ptm: &Ptm<Root>, name: &str) -> u64 {
-    ptm.stats()
-        .iter()
-        .find(|s| s.0 == name)
-        .unwrap_or_else(|| panic!("no stat {name}"))
-        .1
-}
 
 /// Threads of this process whose name starts with `prefix`.
 fn threads_named(prefix: &str) -> usize {
@@ -31,15 +25,6 @@ fn threads_named(prefix: &str) -> usize {
         .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
         .filter(|c| c.trim_end().starts_with(prefix))
         .count()
-}
-
-/// Polls `f` for up to ten seconds.
-fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let until = Instant::now() + Duration::from_secs(10);
-    while !f() {
-        assert!(Instant::now() < until, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 #[test]

@@ -10,6 +10,7 @@ use pmtx::ptm::archtm::MAX_OBJECT;
 use pmtx::ptm::{PPtr, Ptm, PtmConfig, PtmError, PtmWorker};
 
 mod common;
+use common::ptm_model::stat;
 
 /// Five MiB: a head page and two tail pages.
 const BIG: usize = 5 << 20;
@@ -18,10 +19,6 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31) ^ seed ^ (i >> 12) as u8)
         .collect()
-}
-
-fn stat(ptm: &Ptm<u64>, name: &str) -> u64 {
-    ptm.stats().iter().find(|s| s.0 == name).unwrap().1
 }
 
 fn read_all(w: &mut Box<dyn PtmWorker>, h: u64) -> Vec<u8> {

@@ -4,6 +4,7 @@
 //! with and without each `archtm-*` fault.
 
 mod common;
+use common::ptm_model::stat;
 use common::ptm_model::{self, op};
 use pmtx::pmem::{CrashTrigger, PersistenceDomain};
 use pmtx::ptm::archtm::ArchtmFault;
@@ -555,14 +556,6 @@ fn defragmentation_moves_the_objects_of_underused_regions() {
     ptm.check_invariants().unwrap();
     // A second pass finds nothing more to do.
     assert_eq!(ptm.defragment().unwrap().1, 0);
-}
-
-fn stat(ptm: &Ptm<Root>, name: &str) -> u64 {
-    ptm.stats()
-        .iter()
-        .find(|s| s.0 == name)
-        .unwrap_or_else(|| panic!("no stat {name}"))
-        .1
 }
 
 /// §5.6: after a checkpoint, recovery reads the checkpoint's entries and scans only the

@@ -4,6 +4,7 @@
 use crate::catalog::TableId;
 use crate::engine::{RecoveryReport, TxError};
 use crate::index::{PrimaryIndex, SecondaryLookup};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::time::Instant;
 
 /// Every commit tid is below this: its timestamp, microseconds of clock summed over the pool's
@@ -139,6 +140,29 @@ impl ScanSet {
         }
         count == self.count && digest == self.digest
     }
+}
+
+/// Timestamp ordering's guard against an older insert behind a younger scan (TO and MVTO;
+/// docs/CC.md, "Phantoms"): an absent key has no tuple to carry a read timestamp, so a scan
+/// raises its table's `scanned_up_to` mark to its timestamp before it walks the index, and
+/// [`inserts_follow_scans`] fails a transaction whose insert went to a table a younger one
+/// scanned. The two full fences make one side see the other: either the walk meets the insert,
+/// or the inserter's check (after it published the insert) meets the mark.
+pub(crate) fn mark_scan(scanned_up_to: &AtomicU64, ts: u64) {
+    scanned_up_to.fetch_max(ts, Ordering::SeqCst);
+    fence(Ordering::SeqCst);
+}
+
+/// Whether no transaction younger than `ts` scanned any of the tables (their `scanned_up_to`
+/// marks) that this one inserted into; see [`mark_scan`]. Called after the inserts are published.
+pub(crate) fn inserts_follow_scans<'a>(
+    ts: u64,
+    inserted_tables: impl IntoIterator<Item = &'a AtomicU64>,
+) -> bool {
+    fence(Ordering::SeqCst);
+    inserted_tables
+        .into_iter()
+        .all(|scanned_up_to| scanned_up_to.load(Ordering::SeqCst) <= ts)
 }
 
 /// [`ScanSet::unchanged`] for every scan of a transaction whose inserts are `inserts` (table,

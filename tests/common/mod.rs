@@ -3,6 +3,19 @@
 #[allow(dead_code)] // only the persistent-object API tests use it
 pub mod ptm_model;
 
+/// Polls `f` every 5 ms for up to ten seconds; fails naming `what` if it never holds.
+#[allow(dead_code)] // only some of the test files that include this module call it
+pub fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !f() {
+        assert!(
+            std::time::Instant::now() < until,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 /// A scratch directory for pool files: under /dev/shm when it exists (DRAM standing in for PM,
 /// as the project's default pools), else the system temp dir. Removed when dropped.
 #[allow(dead_code)] // only some of the test files that include this module call it

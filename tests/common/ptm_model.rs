@@ -75,3 +75,12 @@ pub fn run_ops<R: PObject>(
     });
     (r, next, freed)
 }
+
+/// The engine statistic `name` of `ptm` (panics, naming it, if the engine has none).
+pub fn stat<R: PObject>(ptm: &Ptm<R>, name: &str) -> u64 {
+    ptm.stats()
+        .iter()
+        .find(|s| s.0 == name)
+        .unwrap_or_else(|| panic!("no stat {name}"))
+        .1
+}

@@ -489,21 +489,16 @@ impl FalconWorker {
     }
 
     /// TO and MVTO: whether every insert of this transaction is ordered after the scans of its
-    /// table (`TableRt::scanned_up_to`): a younger transaction that scanned the table may have
-    /// walked past the key before it was published. Runs after the inserts are published and a
-    /// full fence, as the scanner raises the mark before its walk and a fence: one of the two
-    /// sees the other.
+    /// table (`TableRt::scanned_up_to`, `common::inserts_follow_scans`); after the inserts are
+    /// published.
     pub(super) fn inserts_follow_younger_scans(&self) -> bool {
-        if !matches!(self.proto, Protocol::To | Protocol::Mvto) {
-            return true;
-        }
-        self.writes.iter().all(|w| {
-            w.kind != WriteKind::Insert
-                || self.tables[w.table as usize]
-                    .scanned_up_to
-                    .load(Ordering::SeqCst)
-                    <= self.ts
-        })
+        !matches!(self.proto, Protocol::To | Protocol::Mvto)
+            || crate::engine::common::inserts_follow_scans(
+                self.ts,
+                (self.writes.iter())
+                    .filter(|w| w.kind == WriteKind::Insert)
+                    .map(|w| &self.tables[w.table as usize].scanned_up_to),
+            )
     }
 
     /// Releases the write lock of `t`: commit with `tid`, or abort (`None`).

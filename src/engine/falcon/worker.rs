@@ -1129,8 +1129,7 @@ impl EngineWorker for FalconWorker {
         if matches!(self.proto, Protocol::To | Protocol::Mvto) {
             // Before the walk (see `TableRt::scanned_up_to`): an older insert published after
             // it then sees this scan at its commit, or this walk sees the insert.
-            rt.scanned_up_to.fetch_max(self.ts, Ordering::SeqCst);
-            std::sync::atomic::fence(Ordering::SeqCst);
+            common::mark_scan(&rt.scanned_up_to, self.ts);
         }
         let result = rt
             .index

@@ -542,18 +542,15 @@ impl FirWorker {
     }
 
     /// Whether every insert of this transaction is ordered after the scans of its table
-    /// (`TableRt::scanned_up_to`): a younger transaction that scanned the table may have walked
-    /// past the key before the insert published it. After a full fence, as the scanner raises
-    /// the mark before its walk and a fence: one of the two sees the other.
+    /// (`TableRt::scanned_up_to`, `common::inserts_follow_scans`): FIR publishes an insert
+    /// when it is made, so a younger scan may have walked past the key before.
     fn inserts_follow_younger_scans(&self) -> bool {
-        std::sync::atomic::fence(Ordering::SeqCst);
-        self.writes.iter().all(|w| {
-            w.kind != WriteKind::Insert
-                || self.tables[w.table as usize]
-                    .scanned_up_to
-                    .load(Ordering::SeqCst)
-                    <= self.ts
-        })
+        common::inserts_follow_scans(
+            self.ts,
+            (self.writes.iter())
+                .filter(|w| w.kind == WriteKind::Insert)
+                .map(|w| &self.tables[w.table as usize].scanned_up_to),
+        )
     }
 
     /// Takes the slot's state from where it is parked between transactions (see
@@ -968,8 +965,7 @@ impl EngineWorker for FirWorker {
         let mut hits = std::mem::take(&mut self.scan_hits);
         // Before the walk (see `TableRt::scanned_up_to`): an older insert published after it
         // then sees this scan at its commit, or this walk meets the insert (and waits for it).
-        t.scanned_up_to.fetch_max(self.ts, Ordering::SeqCst);
-        std::sync::atomic::fence(Ordering::SeqCst);
+        common::mark_scan(&t.scanned_up_to, self.ts);
         let collected =
             common::collect_scan_hits(&t.index, &t.schema.name, from, reverse, limit, &mut hits)
                 .and_then(|()| {

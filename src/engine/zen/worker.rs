@@ -805,19 +805,16 @@ impl ZenWorker {
     }
 
     /// TO and MVTO: whether every insert of this transaction is ordered after the scans of its
-    /// table (`TableRt::scanned_up_to`); after the inserts are published and a full fence, as
-    /// the scanner raises the mark before its walk and a fence: one of the two sees the other.
+    /// table (`TableRt::scanned_up_to`, `common::inserts_follow_scans`); after the inserts are
+    /// published.
     fn inserts_follow_younger_scans(&self) -> bool {
-        if !matches!(self.proto, Protocol::To | Protocol::Mvto) {
-            return true;
-        }
-        self.writes.iter().all(|w| {
-            w.kind != WriteKind::Insert
-                || self.tables[w.table as usize]
-                    .scanned_up_to
-                    .load(Ordering::SeqCst)
-                    <= self.cx.ts
-        })
+        !matches!(self.proto, Protocol::To | Protocol::Mvto)
+            || common::inserts_follow_scans(
+                self.cx.ts,
+                (self.writes.iter())
+                    .filter(|w| w.kind == WriteKind::Insert)
+                    .map(|w| &self.tables[w.table as usize].scanned_up_to),
+            )
     }
 
     fn end_txn(&mut self) {
@@ -1167,8 +1164,7 @@ impl EngineWorker for ZenWorker {
         if matches!(self.proto, Protocol::To | Protocol::Mvto) {
             // Before the walk (see `TableRt::scanned_up_to`): an older insert published after
             // it then sees this scan at its commit, or this walk sees the insert.
-            rt.scanned_up_to.fetch_max(self.cx.ts, Ordering::SeqCst);
-            fence(Ordering::SeqCst);
+            common::mark_scan(&rt.scanned_up_to, self.cx.ts);
         }
         let result =
             common::collect_scan_hits(&rt.index, &rt.schema.name, from, reverse, limit, &mut hits)
