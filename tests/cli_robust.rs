@@ -176,6 +176,23 @@ fn the_dudetx_ptm_crash_sweep_runs_the_lock_mode() {
     ]);
 }
 
+/// `--list-faults` names every fault `--inject-fault` takes, the persistent-object engines' too.
+#[test]
+fn list_faults_names_the_ptm_engines_faults() {
+    let out = pmtx(&["crashtest", "--list-faults"]);
+    assert!(out.status.success());
+    let listed = String::from_utf8_lossy(&out.stdout);
+    for name in [
+        "archtm-begin-persist",
+        "dudetx-skip-alloc-log",
+        "dudetx-lock-no-deps",
+        "dudetx-lock-ring-order",
+        "dudetx-lock-watermark-in-place",
+    ] {
+        assert!(listed.contains(name), "{name} missing from:\n{listed}");
+    }
+}
+
 #[test]
 fn json_into_a_missing_directory_is_refused_before_the_run() {
     let started = Instant::now();

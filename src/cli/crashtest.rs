@@ -145,6 +145,13 @@ pub(crate) fn run(args: Args) -> CliResult {
         for f in crate::ptm::archtm::ArchtmFault::ALL {
             outln!("{:<24} {:<42} {}", f.name(), "archtm", f.describe());
         }
+        // The pipeline's faults are listed above for the table engine; the persistent-object
+        // API takes them too, under `--engine dudetx-ptm`.
+        for f in crate::engine::dudetx::ptm::DudetxPtmFault::ALL {
+            if !matches!(f, crate::engine::dudetx::ptm::DudetxPtmFault::Pipeline(_)) {
+                outln!("{:<24} {:<42} {}", f.name(), "dudetx-ptm", f.describe());
+            }
+        }
         return Ok(());
     }
     check_counts(&args)?;

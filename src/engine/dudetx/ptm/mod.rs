@@ -102,6 +102,21 @@ impl DudetxPtmFault {
         }
     }
 
+    /// What the fault breaks, for `pmtx crashtest --list-faults`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            DudetxPtmFault::Pipeline(_) => "the table engine's pipeline fault of the same name",
+            DudetxPtmFault::SkipAllocLog => "pmalloc/pfree are not written to the allocation log",
+            DudetxPtmFault::LockNoDeps => "lock mode: a record is persisted without its dependencies",
+            DudetxPtmFault::LockRingOrder => {
+                "lock mode: reproduce and recovery apply records in ring order, not dependency order"
+            }
+            DudetxPtmFault::LockWatermarkInPlace => {
+                "lock mode: the chains' watermarks are rewritten in place, not double-buffered"
+            }
+        }
+    }
+
     /// Whether the fault is in a step only the lock-based perform mode (§5) has.
     pub fn lock_mode(self) -> bool {
         matches!(
