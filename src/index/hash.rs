@@ -444,10 +444,16 @@ impl HashIndex {
     /// size per entry. An error names a key given twice.
     pub fn from_entries(entries: &[(u64, u64)], spare: usize) -> Result<Self, IndexError> {
         let shard_total = shard_count();
-        let shard_shift = 64 - shard_total.trailing_zeros();
-        let seed = new_seed();
-        let hash = |key: u64| mix64(key ^ seed);
-        let shard_of = |h: u64| h.checked_shr(shard_shift).unwrap_or(0) as usize;
+        // The index without its shards yet: its `hash` and `shard_of` place every entry where
+        // lookups will look for it.
+        let mut index = Self {
+            shards: Box::new([]),
+            shard_shift: 64 - shard_total.trailing_zeros(),
+            seed: new_seed(),
+        };
+        let shell = &index;
+        let hash = |key: u64| shell.hash(key);
+        let shard_of = |h: u64| shell.shard_of(h);
         let threads = std::thread::available_parallelism()
             .map_or(1, usize::from)
             .min(shard_total);
@@ -508,11 +514,8 @@ impl HashIndex {
             shards.extend(part?);
         }
         shards.sort_unstable_by_key(|(i, _)| *i);
-        Ok(Self {
-            shards: shards.into_iter().map(|(_, shard)| shard).collect(),
-            shard_shift,
-            seed,
-        })
+        index.shards = shards.into_iter().map(|(_, shard)| shard).collect();
+        Ok(index)
     }
 
     #[inline]
