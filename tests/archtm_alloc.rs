@@ -6,7 +6,7 @@ mod common;
 use common::eventually;
 use common::ptm_model::stat;
 use pmtx::crashtest::ptm::{Lcg, Root};
-use pmtx::ptm::{PPtr, Ptm, PtmConfig, PtmError};
+use pmtx::ptm::{PObject, PPtr, Ptm, PtmConfig, PtmError};
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -131,6 +131,16 @@ fn a_full_pool_of_one_class_serves_another_once_freed() {
     ptm.check_invariants().unwrap();
 }
 
+/// Frees, in one transaction, every object of `handles` but each `n`-th.
+fn free_all_but_one_in<T: PObject>(ptm: &Ptm<Root>, handles: &[PPtr<T>], n: usize) {
+    ptm.run(|tx| {
+        (handles.iter().enumerate())
+            .filter(|(i, _)| i % n != 0)
+            .try_for_each(|(_, &h)| tx.free(h))
+    })
+    .unwrap();
+}
+
 /// The background thread's policy: no pass while the recycled blocks of idle classes are a
 /// small share of the data area (a quarter of a class's blocks freed: an eager pass would move
 /// the rest, `archtm_background` shows it); a pass once they exceed a quarter of it, which
@@ -148,12 +158,7 @@ fn the_background_pass_waits_until_idle_classes_strand_a_quarter_of_the_data_are
     let small: Vec<PPtr<u64>> = ptm
         .run(|tx| (0..2048u64).map(|i| tx.alloc(&i)).collect())
         .unwrap();
-    ptm.run(|tx| {
-        (small.iter().enumerate())
-            .filter(|(i, _)| i % 4 != 0)
-            .try_for_each(|(_, &h)| tx.free(h))
-    })
-    .unwrap();
+    free_all_but_one_in(&ptm, &small, 4);
     eventually("the collection", || {
         stat(&ptm, "recycled_class_bytes") >= 1536 * 64
     });
@@ -170,12 +175,7 @@ fn the_background_pass_waits_until_idle_classes_strand_a_quarter_of_the_data_are
     }
     let before = stat(&ptm, "used_regions_4k");
     for chunk in mid.chunks(1024) {
-        ptm.run(|tx| {
-            (chunk.iter().enumerate())
-                .filter(|(i, _)| i % 8 != 0)
-                .try_for_each(|(_, &h)| tx.free(h))
-        })
-        .unwrap();
+        free_all_but_one_in(&ptm, chunk, 8);
     }
     eventually("a worthwhile pass", || {
         stat(&ptm, "thread_defrag_passes") >= 1 && stat(&ptm, "defrag_moved") >= 1500
