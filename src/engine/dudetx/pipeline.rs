@@ -23,7 +23,7 @@ use crate::engine::wal::{build_record, LogRing};
 use crate::pmem::Pool;
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// A record a persist step writes: the ids it covers and its payload (encoded ops, before
@@ -254,6 +254,9 @@ pub(crate) struct Core<H = Heap> {
     pub committed: AtomicU64,
     /// The last id reproduced and truncated.
     pub reproduced: AtomicU64,
+    /// Whether `State::failed` is set (it is set once, by `fail`): every commit asks, and the
+    /// answer is almost always no, which should not cost the state lock the persist step holds.
+    has_failed: AtomicBool,
     stats: [AtomicU64; 5],
 }
 
@@ -310,6 +313,7 @@ impl<H: Apply> Core<H> {
             wake_reproduce: Condvar::new(),
             became_durable: Condvar::new(),
             durable: AtomicU64::new(durable),
+            has_failed: AtomicBool::new(false),
             committed: AtomicU64::new(durable),
             reproduced: AtomicU64::new(durable),
             stats: Default::default(),
@@ -334,6 +338,9 @@ impl<H: Apply> Core<H> {
 
     /// Why the pipeline stopped, if it did.
     pub fn failed(&self) -> Option<String> {
+        if !self.has_failed.load(Ordering::Acquire) {
+            return None;
+        }
         self.state.lock().failed.clone()
     }
 
@@ -543,6 +550,7 @@ impl<H: Apply> Core<H> {
     /// Stops the pipeline with `why` (commits are refused from then on).
     fn fail(&self, st: &mut State, why: String) -> String {
         st.failed = Some(why.clone());
+        self.has_failed.store(true, Ordering::Release);
         self.became_durable.notify_all();
         self.wake_persist.notify_all();
         self.wake_reproduce.notify_all();
