@@ -841,7 +841,7 @@ impl Db {
         let core = match core {
             Some(core) => core,
             None => match self.engine.clone().worker(slot) {
-                Ok(inner) => WorkerCore::new(inner),
+                Ok(inner) => Box::new(WorkerCore::new(inner)),
                 Err(e) => {
                     self.slots.release(slot);
                     return Err(e);
@@ -946,9 +946,13 @@ struct SlotPool {
     /// Threads waiting in `claim`: parking a worker idle notifies only when there are some, so
     /// that `Db::run` does not touch the shared `free` lock.
     waiters: std::sync::atomic::AtomicUsize,
-    /// Per slot: the idle worker `Db::run` left there. Padded: each is its thread's.
-    idle: Box<[crossbeam_utils::CachePadded<parking_lot::Mutex<Option<WorkerCore>>>]>,
+    /// Per slot: the idle worker `Db::run` left there. Padded: each is its thread's. Its
+    /// thread takes and parks it with one atomic swap each (a boxed core is one pointer, so the
+    /// cell is lock-free): that is what makes `Db::run` about as cheap as [`Worker::run`].
+    idle: Box<[crossbeam_utils::CachePadded<IdleCell>]>,
 }
+
+type IdleCell = crossbeam_utils::atomic::AtomicCell<Option<Box<WorkerCore>>>;
 
 /// Longest sleep of a waiting thread between looks at the slots: bounds the cost of a
 /// notification that raced with the thread starting to wait.
@@ -965,7 +969,7 @@ impl SlotPool {
     }
 
     /// A free slot, or an idle slot with its worker, waiting up to `wait` for one.
-    fn claim(&self, wait: std::time::Duration) -> Option<(usize, Option<WorkerCore>)> {
+    fn claim(&self, wait: std::time::Duration) -> Option<(usize, Option<Box<WorkerCore>>)> {
         use std::sync::atomic::Ordering::SeqCst;
         let start = std::time::Instant::now();
         let mut free = self.free.lock();
@@ -995,21 +999,18 @@ impl SlotPool {
     }
 
     /// Some idle worker, taken out of its slot (which the caller now holds).
-    fn steal_idle(&self) -> Option<(usize, WorkerCore)> {
-        self.idle.iter().enumerate().find_map(|(slot, cell)| {
-            let core = cell.try_lock()?.take()?;
-            Some((slot, core))
-        })
+    fn steal_idle(&self) -> Option<(usize, Box<WorkerCore>)> {
+        (self.idle.iter().enumerate()).find_map(|(slot, cell)| Some((slot, cell.take()?)))
     }
 
     /// The idle worker of `slot`, if it is still there.
-    fn take_idle(&self, slot: usize) -> Option<WorkerCore> {
-        self.idle.get(slot)?.lock().take()
+    fn take_idle(&self, slot: usize) -> Option<Box<WorkerCore>> {
+        self.idle.get(slot)?.take()
     }
 
     /// Leaves `core` idle in `slot` (still claimed) for its thread's next `Db::run`.
-    fn park_idle(&self, slot: usize, core: WorkerCore) {
-        *self.idle[slot].lock() = Some(core);
+    fn park_idle(&self, slot: usize, core: Box<WorkerCore>) {
+        self.idle[slot].store(Some(core));
         if self.waiters.load(std::sync::atomic::Ordering::SeqCst) > 0 {
             let _free = self.free.lock();
             self.freed.notify_one();
@@ -1035,7 +1036,9 @@ thread_local! {
 pub struct Worker<'db> {
     db: &'db Db,
     slot: usize,
-    core: WorkerCore,
+    /// Boxed, so that parking and taking it moves a pointer (see [`IdleCell`]); `None` only
+    /// while the worker drops.
+    core: Option<Box<WorkerCore>>,
     /// Taken for [`Db::run`] or [`Db::begin`]: on drop the worker stays in its slot, idle, for
     /// the next `Db::run` of this thread (see [`SlotPool`]), instead of freeing the slot.
     cached: bool,
@@ -1079,7 +1082,9 @@ struct TxBuffers {
 
 impl Drop for Worker<'_> {
     fn drop(&mut self) {
-        let core = std::mem::replace(&mut self.core, WorkerCore::new(Box::new(NoWorker)));
+        let Some(core) = self.core.take() else {
+            return;
+        };
         // A worker dropped by a panic may be inside a transaction: it is not kept.
         if self.cached && !std::thread::panicking() {
             self.db.slots.park_idle(self.slot, core);
@@ -1089,47 +1094,6 @@ impl Drop for Worker<'_> {
             self.db.slots.release(self.slot);
         }
     }
-}
-
-/// Stands in for a dropped engine worker.
-struct NoWorker;
-impl EngineWorker for NoWorker {
-    fn begin(&mut self, _: bool) {}
-    fn read(&mut self, _: TableId, _: u64, _: &mut [u8]) -> Result<(), TxError> {
-        Err(TxError::Unsupported("worker dropped".into()))
-    }
-    fn update(&mut self, _: TableId, _: u64, _: &[FieldWrite<'_>]) -> Result<(), TxError> {
-        Err(TxError::Unsupported("worker dropped".into()))
-    }
-    fn insert(&mut self, _: TableId, _: u64, _: &[u8]) -> Result<(), TxError> {
-        Err(TxError::Unsupported("worker dropped".into()))
-    }
-    fn delete(&mut self, _: TableId, _: u64) -> Result<(), TxError> {
-        Err(TxError::Unsupported("worker dropped".into()))
-    }
-    fn scan(
-        &mut self,
-        _: TableId,
-        _: u64,
-        _: bool,
-        _: usize,
-        _: &mut dyn FnMut(u64, &[u8]) -> bool,
-    ) -> Result<(), TxError> {
-        Err(TxError::Unsupported("worker dropped".into()))
-    }
-    fn lookup_secondary(
-        &mut self,
-        _: TableId,
-        _: usize,
-        _: u64,
-        _: &mut Vec<u64>,
-    ) -> Result<(), TxError> {
-        Err(TxError::Unsupported("worker dropped".into()))
-    }
-    fn commit(&mut self) -> Result<u64, TxError> {
-        Err(TxError::Unsupported("worker dropped".into()))
-    }
-    fn abort(&mut self) {}
 }
 
 /// The result of one call of [`Worker::run`]: the value and the conflict aborts it took.
@@ -1143,11 +1107,11 @@ pub struct RunOutcome<T> {
 }
 
 impl<'db> Worker<'db> {
-    fn new(db: &'db Db, slot: usize, core: WorkerCore, cached: bool) -> Worker<'db> {
+    fn new(db: &'db Db, slot: usize, core: Box<WorkerCore>, cached: bool) -> Worker<'db> {
         Worker {
             db,
             slot,
-            core,
+            core: Some(core),
             cached,
             // Backoff jitter seed, distinct per slot.
             rng: slot as u64 * 7919 + 1,
@@ -1159,18 +1123,22 @@ impl<'db> Worker<'db> {
         self.slot
     }
 
+    /// The worker's state (present until the worker drops).
+    fn core(&mut self) -> &mut WorkerCore {
+        self.core
+            .as_deref_mut()
+            .expect("a worker holds its core until it drops")
+    }
+
     /// Picks up tables created since the worker last looked.
     fn refresh_schemas(&mut self) {
-        if self.core.schemas.len()
-            < self
-                .db
-                .table_count
-                .load(std::sync::atomic::Ordering::Acquire)
-        {
+        let tables = (self.db.table_count).load(std::sync::atomic::Ordering::Acquire);
+        if self.core().schemas.len() < tables {
             let catalog = self.db.engine.catalog();
-            self.core.schemas = catalog.tables;
-            let schemas = &self.core.schemas;
-            self.core.layouts = (schemas.iter())
+            let core = self.core();
+            core.schemas = catalog.tables;
+            let schemas = &core.schemas;
+            core.layouts = (schemas.iter())
                 .map(|s| RowLayout::of(s, varlen::chunks_of(s, schemas)))
                 .collect();
         }
@@ -1191,7 +1159,7 @@ impl<'db> Worker<'db> {
         self.refresh_schemas();
         Transaction::start(
             Tx {
-                held: Held::Borrowed(&mut self.core),
+                held: Held::Borrowed(self.core()),
                 doomed: None,
             },
             read_only,
@@ -1234,9 +1202,9 @@ impl<'db> Worker<'db> {
         let mut aborts = 0u32;
         loop {
             self.refresh_schemas();
-            self.core.inner.begin(read_only);
+            self.core().inner.begin(read_only);
             let mut tx = Tx {
-                held: Held::Borrowed(&mut self.core),
+                held: Held::Borrowed(self.core()),
                 doomed: None,
             };
             // A closure that swallowed the error that ended the engine transaction (a conflict)
@@ -1249,7 +1217,7 @@ impl<'db> Worker<'db> {
             match result {
                 Ok((value, tid)) => return Ok(RunOutcome { value, aborts, tid }),
                 Err(e) => {
-                    self.core.inner.abort();
+                    self.core().inner.abort();
                     self.stop_if_power_failed();
                     if !e.is_retryable() || aborts >= max_retries {
                         return Err(DbError::Tx(e));
@@ -1757,7 +1725,7 @@ impl<'w> Tx<'w> {
     fn core(&mut self) -> &mut WorkerCore {
         match &mut self.held {
             Held::Borrowed(core) => core,
-            Held::Owned(worker) => &mut worker.core,
+            Held::Owned(worker) => worker.core(),
         }
     }
 
@@ -2251,4 +2219,15 @@ impl Drop for Transaction<'_> {
 /// Whether `path` names an existing pool file.
 pub fn pool_exists(path: &Path) -> bool {
     path.is_file()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slots_idle_cell_is_lock_free() {
+        // Otherwise crossbeam falls back to a global lock table, and `Db::run` pays for it.
+        assert!(IdleCell::is_lock_free());
+    }
 }
