@@ -912,6 +912,28 @@ impl Pool {
 
     // ---- stores ----
 
+    /// `Msync` domain: remembers a flushed range for the next fence's `msync`. Out of line, as
+    /// [`simulated`] is, so that the flush of the other domains stays small enough to inline.
+    #[cold]
+    #[inline(never)]
+    fn queue_msync(&self, off: u64, len: u64) {
+        self.msync_dirty.lock().push((off, len));
+    }
+
+    /// `Msync` domain, at a fence: `msync`s every range flushed since the last one.
+    #[cold]
+    #[inline(never)]
+    fn msync_queued(&self) {
+        let dirty = std::mem::take(&mut *self.msync_dirty.lock());
+        for (off, len) in dirty {
+            if let Err(e) = self.map.msync(off, len) {
+                // A failed msync means the durability promise cannot be kept: stop loudly
+                // rather than report a commit that is not durable.
+                panic!("msync of pool {:?} failed: {e}", self.path);
+            }
+        }
+    }
+
     /// Runs one store event: through the simulator when attached, else directly.
     #[inline(always)]
     fn store_event(&self, off: u64, len: u64, apply: impl FnOnce() -> bool) {
@@ -919,13 +941,7 @@ impl Pool {
             None => {
                 apply();
             }
-            Some(sim) => {
-                if let Err(apply) = sim.record(&self.map, Event::Store, off, len, apply) {
-                    sim.after_crash();
-                    // OnCrash::Continue: the program goes on against the live image, unrecorded.
-                    apply();
-                }
-            }
+            Some(sim) => simulated(sim, &self.map, Event::Store, off, len, apply),
         }
         if self.counting {
             stats::count_write(len);
@@ -1170,15 +1186,10 @@ impl Pool {
         let first = off & !(CACHE_LINE - 1);
         let lines = (off + len - first).div_ceil(CACHE_LINE);
         if let Some(sim) = &self.sim {
-            if sim
-                .record(&self.map, Event::Flush, off, len, || false)
-                .is_err()
-            {
-                sim.after_crash();
-            }
+            simulated(sim, &self.map, Event::Flush, off, len, || false);
         } else {
             match self.domain {
-                PersistenceDomain::Msync => self.msync_dirty.lock().push((off, len)),
+                PersistenceDomain::Msync => self.queue_msync(off, len),
                 _ => {
                     for i in 0..lines {
                         // SAFETY: the range was bounds-checked above, so every line start
@@ -1210,18 +1221,9 @@ impl Pool {
             return;
         }
         if let Some(sim) = &self.sim {
-            if sim.record(&self.map, Event::Fence, 0, 0, || false).is_err() {
-                sim.after_crash();
-            }
+            simulated(sim, &self.map, Event::Fence, 0, 0, || false);
         } else if self.domain == PersistenceDomain::Msync {
-            let dirty = std::mem::take(&mut *self.msync_dirty.lock());
-            for (off, len) in dirty {
-                if let Err(e) = self.map.msync(off, len) {
-                    // A failed msync means the durability promise cannot be kept: stop loudly
-                    // rather than report a commit that is not durable.
-                    panic!("msync of pool {:?} failed: {e}", self.path);
-                }
-            }
+            self.msync_queued();
         } else {
             cpu::store_fence();
             // `sfence` is also a compiler barrier here (the intrinsic touches memory); say so
@@ -1286,6 +1288,26 @@ impl std::fmt::Debug for Pool {
 #[inline(never)]
 fn out_of_range(what: &str, off: u64, len: u64, size: u64) -> ! {
     panic!("PM {what} of {len} bytes at offset {off} is outside the pool (size {size})")
+}
+
+/// Runs a store, flush or fence event through the crash simulator (`apply` does a store's
+/// effect; flushes and fences pass one that does nothing). Out of line and cold: with no
+/// simulator attached, the PM accessors stay small enough to inline into their callers.
+#[cold]
+#[inline(never)]
+fn simulated(
+    sim: &CrashSim,
+    map: &Mapping,
+    event: Event,
+    off: u64,
+    len: u64,
+    apply: impl FnOnce() -> bool,
+) {
+    if let Err(apply) = sim.record(map, event, off, len, apply) {
+        sim.after_crash();
+        // OnCrash::Continue: the program goes on against the live image, unrecorded.
+        apply();
+    }
 }
 
 #[cold]

@@ -495,7 +495,8 @@ impl FalconWorker {
     /// changes of deletes and Outp's moved versions.
     fn publish_versions(&mut self, tid: u64) {
         let policy = self.eng.policy;
-        let reuse = self.reuse_stamp(tid);
+        // Only deletes and Outp's moved versions need it: read the clock for those alone.
+        let mut reuse = None;
         for i in 0..self.writes.len() {
             let (table, key, t, kind) = (
                 self.writes[i].table,
@@ -536,6 +537,7 @@ impl FalconWorker {
                 if policy.persist_data {
                     self.pool.flush(superseded, tuple::HEADER);
                 }
+                let reuse = *reuse.get_or_insert_with(|| self.reuse_stamp(tid));
                 table_alloc(self.state.as_mut().expect("state present"), table)
                     .deleted
                     .push_back((superseded, reuse));
@@ -543,6 +545,7 @@ impl FalconWorker {
             if kind == WriteKind::Delete {
                 rt.deleted_up_to.fetch_max(tid, Ordering::SeqCst);
                 rt.index.remove_if(key, t);
+                let reuse = *reuse.get_or_insert_with(|| self.reuse_stamp(tid));
                 table_alloc(self.state.as_mut().expect("state present"), table)
                     .deleted
                     .push_back((t, reuse));

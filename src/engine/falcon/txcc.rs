@@ -350,46 +350,56 @@ impl FalconWorker {
     /// deadlock can form. Returns false (after nothing is left locked by the caller to undo
     /// beyond what `locked` flags record) when a lock or SI's first-committer check fails.
     pub(super) fn lock_at_commit(&mut self) -> bool {
-        let mut order: Vec<usize> = (0..self.writes.len())
-            .filter(|&i| matches!(self.writes[i].kind, WriteKind::Update | WriteKind::Delete))
-            .collect();
+        // The order lives in a buffer the worker keeps: no allocation per commit.
+        let mut order = std::mem::take(&mut self.lock_order);
+        order.clear();
+        order.extend(
+            (0..self.writes.len())
+                .filter(|&i| matches!(self.writes[i].kind, WriteKind::Update | WriteKind::Delete)),
+        );
         order.sort_unstable_by_key(|&i| self.writes[i].tuple);
         self.locked_rts.clear();
-        for i in order {
-            let t = self.writes[i].tuple;
-            let mut got = None;
-            for round in 0..SPIN_LIMIT {
-                let w = self.word(t).load();
-                if w & LOCK_BIT == 0 && self.word(t).cas(w, w | LOCK_BIT) {
-                    got = Some(w);
-                    break;
-                }
-                backoff(round);
+        let locked = order.iter().all(|&i| self.lock_write_at_commit(i));
+        self.lock_order = order;
+        locked
+    }
+
+    /// Locks write `i`'s tuple for [`Self::lock_at_commit`]; false when the lock, the row's
+    /// liveness or SI's first-committer check fails.
+    fn lock_write_at_commit(&mut self, i: usize) -> bool {
+        let t = self.writes[i].tuple;
+        let mut got = None;
+        for round in 0..SPIN_LIMIT {
+            let w = self.word(t).load();
+            if w & LOCK_BIT == 0 && self.word(t).cas(w, w | LOCK_BIT) {
+                got = Some(w);
+                break;
             }
-            let Some(old) = got else {
+            backoff(round);
+        }
+        let Some(old) = got else {
+            return false;
+        };
+        self.writes[i].locked = true;
+        // A blind update or delete (the transaction did not read the row) is validated by
+        // nothing else: the row may have been deleted by a transaction that committed since
+        // the index gave its address. Writing into the dead slot would acknowledge a write to
+        // a row that no longer exists (`tests/db_api.rs`,
+        // `a_blind_write_to_a_row_deleted_meanwhile_is_not_acknowledged`).
+        if !super::recovery::live_with_key(&self.pool, t, self.writes[i].key) {
+            return false;
+        }
+        let write_ts = self.write_ts(t);
+        self.max_seen = self.max_seen.max(write_ts);
+        if self.proto == Protocol::Tictoc {
+            self.locked_rts.push(tictoc::rts(old));
+        }
+        if self.proto == Protocol::Si {
+            // First committer wins (ArchTM §5.3): a version newer than the snapshot means a
+            // concurrent transaction committed a write to this tuple first.
+            let s = self.snapshot.expect("SI transactions have a snapshot");
+            if tid_timestamp(write_ts) > s {
                 return false;
-            };
-            self.writes[i].locked = true;
-            // A blind update or delete (the transaction did not read the row) is validated by
-            // nothing else: the row may have been deleted by a transaction that committed since
-            // the index gave its address. Writing into the dead slot would acknowledge a write to
-            // a row that no longer exists (`tests/db_api.rs`,
-            // `a_blind_write_to_a_row_deleted_meanwhile_is_not_acknowledged`).
-            if !super::recovery::live_with_key(&self.pool, t, self.writes[i].key) {
-                return false;
-            }
-            let write_ts = self.write_ts(t);
-            self.max_seen = self.max_seen.max(write_ts);
-            if self.proto == Protocol::Tictoc {
-                self.locked_rts.push(tictoc::rts(old));
-            }
-            if self.proto == Protocol::Si {
-                // First committer wins (ArchTM §5.3): a version newer than the snapshot means a
-                // concurrent transaction committed a write to this tuple first.
-                let s = self.snapshot.expect("SI transactions have a snapshot");
-                if tid_timestamp(write_ts) > s {
-                    return false;
-                }
             }
         }
         true
@@ -399,12 +409,11 @@ impl FalconWorker {
     /// retired as pending versions).
     pub(super) fn commit_tid(&mut self) -> u64 {
         let last = self.st().last_tid;
-        let now = self.eng.clock.now();
         match self.proto {
             Protocol::To | Protocol::Mvto => self.ts,
             Protocol::Silo => {
                 let ts = self.eng.cc.epoch.commit_ts(
-                    now,
+                    self.eng.clock.now(),
                     tid_timestamp(last),
                     tid_timestamp(self.max_seen),
                 );
@@ -427,7 +436,7 @@ impl FalconWorker {
                 tictoc::tid_at_least(ct, self.thread)
             }
             Protocol::Mvocc | Protocol::Mv2pl | Protocol::Si => {
-                let floor = now
+                let floor = (self.eng.clock.now())
                     .max(tid_timestamp(last) + 1)
                     .max(tid_timestamp(self.max_seen) + 1);
                 let ts = self.eng.cc.snapshots.stamp(floor);

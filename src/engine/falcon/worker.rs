@@ -150,6 +150,8 @@ pub(crate) struct FalconWorker {
     pub(super) span_seen: Vec<bool>,
     /// Secondary entries a commit replaces: (table, index, primary key, old secondary key).
     pub(super) secondary_changes: Vec<(TableId, usize, u64, u64)>,
+    /// The write set's indexes in lock order (`lock_at_commit`), kept between commits.
+    pub(super) lock_order: Vec<usize>,
     /// A secondary-index insert that failed after the commit mark (`commit.rs`, `note_late`).
     pub(super) late_error: Option<TxError>,
     /// A row read back from PM at commit (secondary keys).
@@ -206,6 +208,7 @@ impl FalconWorker {
             flush_write: Vec::new(),
             span_seen: Vec::new(),
             secondary_changes: Vec::new(),
+            lock_order: Vec::new(),
             late_error: None,
             row_buf: Vec::new(),
             superseded: Vec::new(),

@@ -562,13 +562,12 @@ impl ZenWorker {
     /// The commit tid, after the write set is locked (and, for the MV protocols, its old images
     /// retired as pending versions).
     pub(super) fn commit_tid(&mut self, last: u64) -> u64 {
-        let now = self.eng.clock.now();
         let thread = self.thread;
         match self.proto {
             Protocol::To | Protocol::Mvto => self.cx.ts,
             Protocol::Silo => {
                 let ts = self.eng.cc.epoch.commit_ts(
-                    now,
+                    self.eng.clock.now(),
                     tid_timestamp(last),
                     tid_timestamp(self.max_seen),
                 );
@@ -592,7 +591,7 @@ impl ZenWorker {
                 tictoc::tid_at_least(ct, thread)
             }
             Protocol::Mvocc | Protocol::Mv2pl | Protocol::Si => {
-                let floor = now
+                let floor = (self.eng.clock.now())
                     .max(tid_timestamp(last) + 1)
                     .max(tid_timestamp(self.max_seen) + 1);
                 let ts = self.eng.cc.snapshots.stamp(floor);
