@@ -664,7 +664,7 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
     }
     phase.lap(&mut report, "secondary indexes");
 
-    for (slot, st) in engine.threads.iter().zip(states) {
+    for (slot, st) in engine.slots.iter().zip(states) {
         *slot.lock() = Some(st);
     }
     engine.clock.store(max_txn, Ordering::SeqCst);
@@ -839,7 +839,7 @@ pub(super) fn check_structure(engine: &FirEngine) -> Result<Vec<u64>, String> {
         counts.push(rows);
     }
     // Regions: committed up to the append position, empty after it.
-    for (thread, slot) in engine.threads.iter().enumerate() {
+    for (thread, slot) in engine.slots.iter().enumerate() {
         let guard = slot.lock();
         let Some(st) = guard.as_ref() else { continue };
         for (table, r) in st.regions.iter().enumerate() {
