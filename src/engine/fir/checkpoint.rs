@@ -408,15 +408,25 @@ impl FirEngine {
         })
     }
 
-    /// Reads the `n` entries of checkpoint page `page` into `out`.
+    /// Reads the `n` entries of checkpoint page `page` onto the end of `out`.
     pub(crate) fn read_page(&self, page: u64, n: u64, out: &mut Vec<Entry>) {
-        let mut buf = vec![0u8; (n.min(ck::PER_PAGE) * ck::ENTRY) as usize];
+        let start = out.len();
+        out.resize(start + n.min(ck::PER_PAGE) as usize, [0; 4]);
+        self.read_page_into(page, &mut out[start..], &mut Vec::new());
+    }
+
+    /// Reads the first `out.len()` entries of checkpoint page `page` into `out` (at most a
+    /// page's), through `buf` (scratch, reused by the caller from page to page).
+    pub(crate) fn read_page_into(&self, page: u64, out: &mut [Entry], buf: &mut Vec<u8>) {
+        let n = out.len().min(ck::PER_PAGE as usize);
+        buf.resize(n * ck::ENTRY as usize, 0);
         self.pool
-            .read_bytes(self.pages.page_offset(page) + ck::FIRST_ENTRY, &mut buf);
-        out.extend(buf.chunks_exact(ck::ENTRY as usize).map(|e| {
-            let w = |i: usize| u64::from_le_bytes(e[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-            [w(0), w(1), w(2), w(3)]
-        }));
+            .read_bytes(self.pages.page_offset(page) + ck::FIRST_ENTRY, buf);
+        for (e, bytes) in out.iter_mut().zip(buf.chunks_exact(ck::ENTRY as usize)) {
+            let w =
+                |i: usize| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+            *e = [w(0), w(1), w(2), w(3)];
+        }
     }
 
     /// Writes sorted `entries` to fresh checkpoint pages of `generation` (flushed, not fenced).

@@ -118,7 +118,9 @@
 //!   `PrimaryIndex::from_sorted` builds an ordered index leaves first, then each inner level,
 //!   and a hash index (which the paper does not have: pmtx's tables may choose one) shard by
 //!   shard in parallel, each shard's table sized for its own entries plus the versions redo may
-//!   insert and filled with no lock or seqlock bump per key. Inserting key by key into the shared
+//!   insert and filled with no lock or seqlock bump per key, in home-bucket order (front to back,
+//!   not one cache and TLB miss per key). The checkpoint's pages are read straight into one
+//!   array sized from their headers, each thread into its own part. Inserting key by key into the shared
 //!   index cost about 1 µs per key at 1 GiB (a lock and a cache miss into a table the size of
 //!   the whole index per key). Redo then applies the versions since CT to the built indexes
 //!   with ordinary operations.
