@@ -8,6 +8,20 @@
 # landed in the load at 2 and 4 GiB on a loaded machine, so FIR redid 160k-300k versions of the
 # load instead of a run's.)
 #
+# The scenario (the paper's "unplanned crash", §5.3): the engine is loaded, runs its workload,
+# and is terminated at a time set in advance, with FIR's checkpointer at its configured interval
+# (the paper keeps "the time interval of checkpoint flush" of its other experiments; here the
+# default, 1 s between the end of one checkpoint and the start of the next). So the kill is not
+# synchronised with the checkpointer: it lands RUN_S s into the run, at whatever point of the
+# checkpoint cycle that is; with RUN_S = 3 at least one checkpoint that started after the load
+# has had time to complete unless checkpoints take over 2 s. Every kill counts (none is retried
+# or filtered); FIR's report line says which checkpoint recovery loaded (its CT) and how many
+# versions it redid, so a kill that came before the first checkpoint after the load shows as a
+# large "redone". zen and falcon run the same load, workload and kill time on their own pools of
+# the same size. What each recovery does: zen scans every tuple slot of its heap (Zen §3.3.3:
+# newest version per key into a fresh index), falcon replays its log and rebuilds DRAM indexes
+# from the heap, fir loads the last index leaf checkpoint and redoes the versions after its CT.
+#
 # Experiment 1 (sizes): pools of 1, 2 and 4 GiB (--pool-size), loaded with 250,000 YCSB records
 #   per GiB by 2 threads, then 16-op YCSB-A (2 threads) killed RUN_S seconds (default 3) after
 #   the load; FIR checkpoints every second (its default). fir vs zen vs falcon. Each of REPEAT
@@ -30,6 +44,10 @@
 #     ROUNDS (env): recoveries per killed pool (default 2); REPEAT (env): kills per
 #       configuration (default 1)
 #     NO_BUILD=1 (env): use target/release/pmtx as it is
+#     PMTX (env): the binary that runs the bench (default target/release/pmtx; implies NO_BUILD)
+#     RECOVER_BINS (env): "LABEL=PATH ..." binaries that each recover every killed image in
+#       turn, interleaved round by round (default: the bench's binary alone); the summary keys
+#       name the label. All must share the pool layout.
 #
 # The machine the numbers come from matters: on a shared 2-core machine other processes'
 # builds stretch every phase; compare engines within one run of this script.
@@ -43,8 +61,9 @@ rounds=${ROUNDS:-2}
 repeat=${REPEAT:-1}
 run_s=${RUN_S:-3}
 dir=${PMTX_POOL_DIR:-/dev/shm}
-[ -n "${NO_BUILD:-}" ] || cargo build --release --quiet --bin pmtx
-pmtx=target/release/pmtx
+[ -n "${NO_BUILD:-}${PMTX:-}" ] || cargo build --release --quiet --bin pmtx
+pmtx=${PMTX:-target/release/pmtx}
+recover_bins=${RECOVER_BINS:-"this=$pmtx"}
 results=$(mktemp)
 trap 'rm -f "$results" "$dir"/pmtx-firrec-*' EXIT
 
@@ -74,12 +93,16 @@ run_and_kill() {
     rm -f "$pool.err"
 }
 
-# Recovers $2 (engine $1) ROUNDS times; prints one line per round after the prefix $3 and
-# records "key ready_ms" under the key $4 for the summary.
+# Recovers $2 (engine $1) ROUNDS times with each binary of RECOVER_BINS (interleaved: one
+# recovery per binary per round); prints one line per recovery after the prefix $3 and records
+# "key ready_ms" under the key $4 (plus the binary's label if there are several) for the summary.
 recover_rounds() {
     local e=$1 pool=$2 prefix=$3 key=$4
     for run in $(seq 1 "$rounds"); do
-        out=$("$pmtx" recover "$pool" --engine "$e" 2>/dev/null)
+      for bin in $recover_bins; do
+        label=${bin%%=*}
+        [ "$recover_bins" = "this=$pmtx" ] || { prefix_b="$prefix [$label]"; key_b="$key [$label]"; }
+        out=$("${bin#*=}" recover "$pool" --engine "$e" 2>/dev/null)
         ready=$(echo "$out" | grep -E "^ *total" | tr -s " " | cut -d" " -f6 || true)
         phases=$(echo "$out" \
             | grep -E "^  (catalog|index recovery|replay|heap scan|scan regions|page table|checkpoint load|checkpoint read|index build|checkpoint headers|undo/redo scan|redo|update_map|secondary indexes)" \
@@ -89,8 +112,9 @@ recover_rounds() {
         if [ "$e" = fir ]; then
             extra="; redone $(fact 'versions redone'); slots read $(fact 'region slots read'); from checkpoint $(fact 'entries from the checkpoint')"
         fi
-        echo "$prefix run $run: ready ${ready} ms$extra; $phases"
-        if [ -n "$ready" ]; then echo "$key $ready" >>"$results"; fi
+        echo "${prefix_b:-$prefix} run $run: ready ${ready} ms$extra; $phases"
+        if [ -n "$ready" ]; then echo "${key_b:-$key} $ready" >>"$results"; fi
+      done
     done
 }
 

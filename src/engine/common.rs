@@ -722,6 +722,18 @@ impl<T> TableDrop<'_, T> {
     pub(crate) fn run(
         self,
         free_space: impl FnOnce() -> Result<(), crate::engine::DbError>,
+        forget: impl FnMut(&mut T),
+        tombstone: impl FnOnce(&crate::catalog::Catalog),
+    ) -> Result<(), crate::engine::DbError> {
+        self.run_unless_in_use(Option::is_none, free_space, forget, tombstone)
+    }
+
+    /// [`run`](Self::run) for an engine whose slot says itself whether a worker is alive in it
+    /// (`in_use`; FIR keeps a live worker's state in its slot between transactions).
+    pub(crate) fn run_unless_in_use(
+        self,
+        in_use: impl Fn(&Option<T>) -> bool,
+        free_space: impl FnOnce() -> Result<(), crate::engine::DbError>,
         mut forget: impl FnMut(&mut T),
         tombstone: impl FnOnce(&crate::catalog::Catalog),
     ) -> Result<(), crate::engine::DbError> {
@@ -734,7 +746,7 @@ impl<T> TableDrop<'_, T> {
             .enumerate()
             .map(|(slot, state)| {
                 let guard = state.lock();
-                if guard.is_none() {
+                if in_use(&guard) {
                     return Err(crate::engine::DbError::Config(format!(
                         "cannot drop table '{name}': worker slot {slot} is in use (a drop runs \
                          with no worker alive)"

@@ -113,8 +113,9 @@ pub(crate) struct Leaf {
     pub writes: u64,
 }
 
-/// One shard of the leaf map: (table, leaf number) → mark.
-type LeafShard = HashMap<(TableId, u64), Leaf>;
+/// One shard of the leaf map: (table, leaf number) → mark. Hashed with `mix64`, not SipHash:
+/// every committed write and every version recovery redoes marks a leaf.
+type LeafShard = HashMap<(TableId, u64), Leaf, crate::engine::common::BuildWriteKeyHasher>;
 
 /// What writing a checkpoint's pages gave: the new directory's pages, the previous pages it
 /// replaces (freed after the switch) and the pages written (freed if the checkpoint fails).
@@ -132,7 +133,9 @@ pub(crate) struct LeafMarks {
 impl LeafMarks {
     pub fn new() -> LeafMarks {
         LeafMarks {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| Mutex::new(LeafShard::default()))
+                .collect(),
         }
     }
 
@@ -298,15 +301,25 @@ impl FirEngine {
 
     /// A full checkpoint's pages: every table's entries, sorted. Returns the new directory's
     /// pages, the pages it replaces and the pages written.
+    ///
+    /// The index walk gives each key's address, and a committed version's header is read
+    /// directly (`committed_at`); only a key whose version is pending or latched takes the
+    /// lookup and latch of [`newest_committed`](Self::newest_committed). Looking every key up
+    /// again cost a second random cache miss and a latch per key.
     fn write_full(&self, tables: &[Arc<TableRt>], generation: u64) -> Result<Written, DbError> {
-        let mut entries: Vec<Entry> = Vec::new();
-        let mut keys = Vec::new();
+        let total: usize = tables.iter().map(|t| t.index.len()).sum();
+        let mut entries: Vec<Entry> = Vec::with_capacity(total);
+        let mut pairs = Vec::new();
         for (table, t) in tables.iter().enumerate() {
-            keys.clear();
-            t.index.for_each(|k, _| keys.push(k));
-            keys.sort_unstable();
-            for &key in &keys {
-                if let Some((txn, addr)) = self.newest_committed(t, key) {
+            pairs.clear();
+            pairs.reserve(t.index.len());
+            t.index.for_each(|k, a| pairs.push((k, a)));
+            pairs.sort_unstable_by_key(|p| p.0);
+            for &(key, addr) in &pairs {
+                let found = self
+                    .committed_at(key, addr)
+                    .or_else(|| self.newest_committed(t, key));
+                if let Some((txn, addr)) = found {
                     entries.push([table as u64, key, txn, addr]);
                 }
             }
@@ -395,15 +408,25 @@ impl FirEngine {
         })
     }
 
-    /// Reads the `n` entries of checkpoint page `page` into `out`.
+    /// Reads the `n` entries of checkpoint page `page` onto the end of `out`.
     pub(crate) fn read_page(&self, page: u64, n: u64, out: &mut Vec<Entry>) {
-        let mut buf = vec![0u8; (n.min(ck::PER_PAGE) * ck::ENTRY) as usize];
+        let start = out.len();
+        out.resize(start + n.min(ck::PER_PAGE) as usize, [0; 4]);
+        self.read_page_into(page, &mut out[start..], &mut Vec::new());
+    }
+
+    /// Reads the first `out.len()` entries of checkpoint page `page` into `out` (at most a
+    /// page's), through `buf` (scratch, reused by the caller from page to page).
+    pub(crate) fn read_page_into(&self, page: u64, out: &mut [Entry], buf: &mut Vec<u8>) {
+        let n = out.len().min(ck::PER_PAGE as usize);
+        buf.resize(n * ck::ENTRY as usize, 0);
         self.pool
-            .read_bytes(self.pages.page_offset(page) + ck::FIRST_ENTRY, &mut buf);
-        out.extend(buf.chunks_exact(ck::ENTRY as usize).map(|e| {
-            let w = |i: usize| u64::from_le_bytes(e[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-            [w(0), w(1), w(2), w(3)]
-        }));
+            .read_bytes(self.pages.page_offset(page) + ck::FIRST_ENTRY, buf);
+        for (e, bytes) in out.iter_mut().zip(buf.chunks_exact(ck::ENTRY as usize)) {
+            let w =
+                |i: usize| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+            *e = [w(0), w(1), w(2), w(3)];
+        }
     }
 
     /// Writes sorted `entries` to fresh checkpoint pages of `generation` (flushed, not fenced).
@@ -508,6 +531,27 @@ impl FirEngine {
             ct,
             pages,
         };
+    }
+
+    /// `(txnId, addr)` if the version at `addr`, which the index walk found for `key`, is a
+    /// committed, unlatched version of `key`; `None` sends the key to `newest_committed`.
+    ///
+    /// A committed version's begin_ts never changes (the header is written before its state is
+    /// stored with release order), so no latch is needed. If the key got a newer version after
+    /// the walk read `addr`, that version's transaction ended after CT was taken, so its txnId
+    /// is at least CT and recovery redoes it (the module documentation's rule).
+    fn committed_at(&self, key: u64, addr: u64) -> Option<(u64, u64)> {
+        let h = self.header(addr);
+        if h.state.load(Ordering::Acquire) != state::COMMITTED {
+            return None;
+        }
+        let (found, txn) = (
+            h.key.load(Ordering::Relaxed),
+            h.begin.load(Ordering::Relaxed),
+        );
+        // A header rewritten meanwhile (a latch taken) changed its state word: checked again.
+        std::sync::atomic::fence(Ordering::Acquire);
+        (found == key && h.state.load(Ordering::Relaxed) == state::COMMITTED).then_some((txn, addr))
     }
 
     /// The newest committed version of `key` and its txnId; `None` if the key has none or it is

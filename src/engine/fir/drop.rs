@@ -80,13 +80,13 @@ impl FirEngine {
         };
         crate::engine::common::TableDrop {
             catalog: &self.catalog,
-            slots: &self.threads,
+            slots: &self.slots,
             store: &self.catalog_store,
             pool: &self.pool,
             table,
             // The deliberate bug of the crash harness frees first (test-only).
             free_first: self.config.fault == Some(FirFault::DropFreeBeforeTombstone),
         }
-        .run(free, forget, tombstone)
+        .run_unless_in_use(super::slot_in_use, free, forget, tombstone)
     }
 }

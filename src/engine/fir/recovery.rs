@@ -221,33 +221,46 @@ fn read_directory(engine: &FirEngine, checkpoint_pages: &[u64]) -> Result<DirRea
     Ok(dir)
 }
 
-/// One thread's share of the checkpoint's pages, read and checked, before the indexes take them.
-type PagesRead = (Vec<CkptPage>, Vec<Entry>);
+/// The entry count of each page of checkpoint `generation` (`listed`, in key order), from the
+/// page headers, checked; they place each page's entries in the one array recovery reads them
+/// into.
+fn page_counts(engine: &FirEngine, generation: u64, listed: &[u64]) -> Result<Vec<u64>, DbError> {
+    let pool = &engine.pool;
+    listed
+        .iter()
+        .map(|&page| {
+            let at = engine.pages.page_offset(page);
+            let (wrote, n) = (pool.read_u64(at + ck::GEN), pool.read_u64(at + ck::COUNT));
+            if wrote == 0 || wrote > generation || n == 0 || n > ck::PER_PAGE {
+                return Err(corrupt(format!(
+                    "page {page} of index checkpoint {generation} is damaged: written by generation {wrote}, {n} entries"
+                )));
+            }
+            Ok(n)
+        })
+        .collect()
+}
 
-/// Reads checkpoint `pages` (one thread's share) and checks every entry against the tiles and the
-/// LCTT; the indexes are built afterwards from every share at once (`build_indexes`).
+/// Reads checkpoint `pages` (one thread's share; `out` holds exactly their entries, `counts`
+/// says how many each has) and checks every entry against the tiles and the LCTT; the indexes
+/// are built afterwards from every share at once (`build_indexes`).
 fn read_pages(
     engine: &FirEngine,
     tables: &[Arc<TableRt>],
     lctt: &[u64],
     generation: u64,
-    pages: &[u64],
-) -> Result<Vec<PagesRead>, DbError> {
-    let pool = &engine.pool;
-    let mut out = Vec::with_capacity(pages.len());
-    let mut entries = Vec::new();
-    for &page in pages {
-        let at = engine.pages.page_offset(page);
-        let (wrote, n) = (pool.read_u64(at + ck::GEN), pool.read_u64(at + ck::COUNT));
-        if wrote == 0 || wrote > generation || n == 0 || n > ck::PER_PAGE {
-            return Err(corrupt(format!(
-                "page {page} of index checkpoint {generation} is damaged: written by generation {wrote}, {n} entries"
-            )));
-        }
-        let first = entries.len();
-        engine.read_page(page, n, &mut entries);
+    (pages, counts): (&[u64], &[u64]),
+    out: &mut [Entry],
+) -> Result<Vec<CkptPage>, DbError> {
+    let mut read = Vec::with_capacity(pages.len());
+    let mut buf = Vec::new();
+    let mut rest = out;
+    for (&page, &n) in pages.iter().zip(counts) {
+        let (mine, after) = std::mem::take(&mut rest).split_at_mut(n as usize);
+        rest = after;
+        engine.read_page_into(page, mine, &mut buf);
         let mut prev: Option<(u64, u64)> = None;
-        for &[table, key, txn, addr] in &entries[first..] {
+        for &[table, key, txn, addr] in mine.iter() {
             let bad = |why: &str| {
                 corrupt(format!(
                     "index checkpoint {generation}: entry (table {table}, key {key}, txnId {txn}, address {addr:#x}) {why}"
@@ -276,14 +289,13 @@ fn read_pages(
                 return Err(bad("is not a committed version"));
             }
         }
-        out.push(CkptPage {
+        read.push(CkptPage {
             page,
-            first: (entries[first][0], entries[first][1]),
+            first: (mine[0][0], mine[0][1]),
             entries: n,
         });
     }
-    entries.retain(|e| tables[e[0] as usize].schema.is_live());
-    Ok(vec![(out, entries)])
+    Ok(read)
 }
 
 /// Writes the headers of checked checkpoint entries (one thread's share) into the tiles, block
@@ -373,26 +385,41 @@ fn load_checkpoint(
     (phase, report): (&mut PhaseClock, &mut RecoveryReport),
 ) -> Result<CkptDir, DbError> {
     let generation = dir.generation;
-    let per_worker = dir.listed.len().div_ceil(workers.max(1)).max(1);
-    let read: Vec<PagesRead> = std::thread::scope(|s| {
-        let (eng, tabs): (&FirEngine, &[Arc<TableRt>]) = (engine, tables);
-        let handles: Vec<_> = dir
-            .listed
-            .chunks(per_worker)
-            .map(|chunk| s.spawn(move || read_pages(eng, tabs, lctt, generation, chunk)))
-            .collect();
-        crate::engine::common::join_parts(handles)
-    })?;
-    let pages: Vec<CkptPage> = read.iter().flat_map(|r| r.0.iter().copied()).collect();
-    let total: u64 = pages.iter().map(|p| p.entries).sum();
-    if total != dir.entries || pages.windows(2).any(|w| w[0].first >= w[1].first) {
+    let counts = page_counts(engine, generation, &dir.listed)?;
+    let total: u64 = counts.iter().sum();
+    if total != dir.entries {
         return Err(corrupt(format!(
-            "index checkpoint {generation} holds {total} entries in pages out of key order or not the {} its directory says",
+            "index checkpoint {generation} holds {total} entries, not the {} its directory says",
             dir.entries
         )));
     }
+    // One array for every entry, each thread reading its pages into its own part of it (no
+    // per-thread vectors that grow and are then copied together).
+    let mut entries: Vec<Entry> = vec![[0; 4]; total as usize];
+    let per_worker = dir.listed.len().div_ceil(workers.max(1)).max(1);
+    let pages: Vec<CkptPage> = std::thread::scope(|s| {
+        let (eng, tabs): (&FirEngine, &[Arc<TableRt>]) = (engine, tables);
+        let mut rest: &mut [Entry] = &mut entries;
+        let mut handles = Vec::new();
+        for (listed, counts) in dir.listed.chunks(per_worker).zip(counts.chunks(per_worker)) {
+            let len: u64 = counts.iter().sum();
+            let (mine, after) = std::mem::take(&mut rest).split_at_mut(len as usize);
+            rest = after;
+            handles.push(
+                s.spawn(move || read_pages(eng, tabs, lctt, generation, (listed, counts), mine)),
+            );
+        }
+        crate::engine::common::join_parts(handles)
+    })?;
+    if pages.windows(2).any(|w| w[0].first >= w[1].first) {
+        return Err(corrupt(format!(
+            "index checkpoint {generation} has its pages out of key order"
+        )));
+    }
     phase.lap(report, "checkpoint read");
-    let entries: Vec<Entry> = read.into_iter().flat_map(|r| r.1).collect();
+    if tables.iter().any(|t| !t.schema.is_live()) {
+        entries.retain(|e| tables[e[0] as usize].schema.is_live());
+    }
     *tables = build_indexes(tables, &entries, extra, generation)?;
     *engine.tables.get_mut() = tables.clone();
     phase.lap(report, "index build");
@@ -664,7 +691,7 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
     }
     phase.lap(&mut report, "secondary indexes");
 
-    for (slot, st) in engine.threads.iter().zip(states) {
+    for (slot, st) in engine.slots.iter().zip(states) {
         *slot.lock() = Some(st);
     }
     engine.clock.store(max_txn, Ordering::SeqCst);
@@ -839,7 +866,7 @@ pub(super) fn check_structure(engine: &FirEngine) -> Result<Vec<u64>, String> {
         counts.push(rows);
     }
     // Regions: committed up to the append position, empty after it.
-    for (thread, slot) in engine.threads.iter().enumerate() {
+    for (thread, slot) in engine.slots.iter().enumerate() {
         let guard = slot.lock();
         let Some(st) = guard.as_ref() else { continue };
         for (table, r) in st.regions.iter().enumerate() {

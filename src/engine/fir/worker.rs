@@ -107,12 +107,18 @@ impl FirWorker {
         if thread >= eng.config.max_threads {
             return Err(DbError::NoWorkerSlot(eng.config.max_threads));
         }
-        let state = eng.threads[thread]
-            .lock()
-            .take()
-            .ok_or_else(|| DbError::Config(format!("worker slot {thread} is already in use")))?;
+        {
+            let mut slot = eng.slots[thread].lock();
+            match slot.as_mut() {
+                Some(st) if !st.owned => st.owned = true,
+                _ => {
+                    return Err(DbError::Config(format!(
+                        "worker slot {thread} is already in use"
+                    )))
+                }
+            }
+        }
         let tables = eng.tables.read().clone();
-        *eng.parked[thread].lock() = Some(state);
         Ok(FirWorker {
             pool: eng.pool.clone(),
             thread,
@@ -554,10 +560,10 @@ impl FirWorker {
     }
 
     /// Takes the slot's state from where it is parked between transactions (see
-    /// `FirEngine::parked`); waits while another worker's GC round works on it.
+    /// `FirEngine::slots`); waits while another worker's GC round works on it.
     fn hold(&mut self) {
         if self.state.is_none() {
-            self.state = self.eng.parked[self.thread].lock().take();
+            self.state = self.eng.slots[self.thread].lock().take();
             debug_assert!(
                 self.state.is_some(),
                 "a live worker's state is parked or held"
@@ -569,7 +575,7 @@ impl FirWorker {
     /// regions of a worker that stopped writing (§4.5).
     fn park(&mut self) {
         if let Some(st) = self.state.take() {
-            *self.eng.parked[self.thread].lock() = Some(st);
+            *self.eng.slots[self.thread].lock() = Some(st);
         }
     }
 
@@ -601,27 +607,25 @@ impl FirWorker {
         // checkpoint lock while it locks the slots).
         let me = self.thread;
         for other in (0..eng.config.max_threads).filter(|&o| o != me) {
-            for slots in [&eng.threads, &eng.parked] {
-                let Some(mut guard) = slots[other].try_lock() else {
-                    continue;
-                };
-                let Some(ost) = guard.as_mut() else {
-                    continue;
-                };
-                if ost.commits != ost.gc_seen_commits {
-                    ost.gc_seen_commits = ost.commits; // still writing: its own rounds collect
-                    continue;
-                }
-                let victims = self.gc_victims(other, ost);
-                if victims.is_empty() {
-                    continue;
-                }
-                self.eng.gc.rounds.fetch_add(1, Ordering::Relaxed);
-                self.eng.gc.adopted.fetch_add(1, Ordering::Relaxed);
-                let done = self.redistribute(other, &victims);
-                emptied |= !done.is_empty();
-                ost.gc_waiting.extend(done);
+            let Some(mut guard) = eng.slots[other].try_lock() else {
+                continue;
+            };
+            let Some(ost) = guard.as_mut() else {
+                continue;
+            };
+            if ost.commits != ost.gc_seen_commits {
+                ost.gc_seen_commits = ost.commits; // still writing: its own rounds collect
+                continue;
             }
+            let victims = self.gc_victims(other, ost);
+            if victims.is_empty() {
+                continue;
+            }
+            self.eng.gc.rounds.fetch_add(1, Ordering::Relaxed);
+            self.eng.gc.adopted.fetch_add(1, Ordering::Relaxed);
+            let done = self.redistribute(other, &victims);
+            emptied |= !done.is_empty();
+            ost.gc_waiting.extend(done);
         }
         if !emptied {
             return Ok(());
@@ -635,11 +639,9 @@ impl FirWorker {
         let st = self.state.as_mut().expect("the worker holds its state");
         free_collected(&eng, st);
         for other in (0..eng.config.max_threads).filter(|&o| o != me) {
-            for slots in [&eng.threads, &eng.parked] {
-                if let Some(mut guard) = slots[other].try_lock() {
-                    if let Some(ost) = guard.as_mut() {
-                        free_collected(&eng, ost);
-                    }
+            if let Some(mut guard) = eng.slots[other].try_lock() {
+                if let Some(ost) = guard.as_mut() {
+                    free_collected(&eng, ost);
                 }
             }
         }
@@ -1073,12 +1075,12 @@ impl Drop for FirWorker {
         if self.in_txn && !std::thread::panicking() {
             self.abort();
         }
-        let state = self
-            .state
-            .take()
-            .or_else(|| self.eng.parked[self.thread].lock().take());
-        if let Some(state) = state {
-            *self.eng.threads[self.thread].lock() = Some(state);
+        let mut slot = self.eng.slots[self.thread].lock();
+        if let Some(mut state) = self.state.take() {
+            state.owned = false;
+            *slot = Some(state);
+        } else if let Some(state) = slot.as_mut() {
+            state.owned = false;
         }
     }
 }
