@@ -4,7 +4,10 @@
 //! - **Logless CoW (§4.1, Alg. 1):** the first write of an object in a transaction takes the
 //!   object's write lock, allocates a block, and copies the committed version there, with a
 //!   header annotated with the transaction's id (§4.2); later writes go to that copy. No undo or
-//!   redo log.
+//!   redo log. The copy leaves out the bytes the first write is about to store, so each byte
+//!   of a new version reaches PM once (on Optane the cache would merge the two stores before
+//!   the media; the store count, which is what `pmtx bench ptm`'s write amplification counts,
+//!   would not).
 //! - **DRAM metadata (§4.2, §4.3, §5.1):** the object lookup table (new, old, writer = lock) in
 //!   [`table`], per-slot ID lists, and all allocator metadata ([`alloc`]). PM holds only the
 //!   objects, the TxState table and the root handle ([`layout`]).
