@@ -28,6 +28,9 @@ pub(crate) struct ArchtmWorker {
     write_set: Vec<u64>,
     /// The engine's reserved slot ([`Inner::internal_slot`]), never handed to a user thread.
     internal: bool,
+    /// The slot's tombstone reserve was filled (at the worker's first transaction: a take
+    /// outside one could race a checkpoint's CHKP-diff of the lists).
+    tomb_reserve_filled: bool,
 }
 
 fn entry(eng: &Inner, h: u64) -> Result<(&Entry, u64, u64), PtmError> {
@@ -89,6 +92,8 @@ impl ArchtmWorker {
             pm_begun: false,
             write_set: Vec::new(),
             internal,
+            // The engine's own transactions free nothing.
+            tomb_reserve_filled: internal,
         }
     }
 
@@ -397,6 +402,11 @@ impl PtmWorker for ArchtmWorker {
         self.pm_begun = false;
         self.write_set.clear();
         self.running = true;
+        if !self.tomb_reserve_filled {
+            // Blocks for the tombstones of frees in a full pool (§5.4 gives a free none).
+            self.tomb_reserve_filled = true;
+            self.eng.fill_tomb_reserve(self.slot);
+        }
     }
 
     fn read(&mut self, h: u64, offset: usize, dst: &mut [u8]) -> Result<(), PtmError> {
@@ -521,7 +531,7 @@ impl PtmWorker for ArchtmWorker {
             }
             // A large copy is dropped at once (its pages are ours alone: invalid on PM before
             // they go back), and the tombstone takes a block of its own.
-            let off = self.eng.alloc_block(self.slot, BLOCK)?;
+            let off = self.eng.alloc_tomb(self.slot)?;
             self.eng.pool.fill(v.new, 0, header::BYTES);
             self.eng.persist(v.new, header::BYTES);
             self.eng.free_large(v.new);
@@ -531,7 +541,7 @@ impl PtmWorker for ArchtmWorker {
         }
         self.lock_committed(e, h, gen)?;
         self.pm_begin();
-        let off = match self.eng.alloc_block(self.slot, BLOCK) {
+        let off = match self.eng.alloc_tomb(self.slot) {
             Ok(off) => off,
             Err(err) => {
                 e.writer.store(0, Ordering::Release);
