@@ -1,6 +1,6 @@
 //! ArchTM's allocator (§4.4, §4.5, §5.4) through the public API: size classes under churn of
-//! mixed sizes, a full pool whose recycled blocks of one class serve another, and the
-//! defragmentation policy of the background thread.
+//! mixed sizes, a full pool whose recycled blocks of one class serve another, frees in a full
+//! pool (the tombstone reserve), and the defragmentation policy of the background thread.
 
 mod common;
 use common::eventually;
@@ -127,6 +127,66 @@ fn a_full_pool_of_one_class_serves_another_once_freed() {
     assert!(
         big * 4032 * 10 > data * 9,
         "only {big} objects of 4000 bytes in {data} bytes"
+    );
+    ptm.check_invariants().unwrap();
+}
+
+/// A pool full of 64-byte blocks still frees: each free's tombstone takes one of the thread's
+/// reserved blocks (`TOMB_RESERVE`), and once collection has recycled the freed blocks the
+/// frees and allocations go on; nothing leaks.
+#[test]
+fn a_pool_full_of_64_byte_blocks_still_frees() {
+    let mut c = PtmConfig::temporary().size(12 << 20).inline_background();
+    c.checkpoint_every = 0;
+    let ptm = Ptm::<Root>::create(c).unwrap();
+    let mut live = Vec::new();
+    // One object a transaction at the end: an aborted batch would hand its blocks back.
+    for batch in [64, 1] {
+        loop {
+            match ptm.run(|tx| {
+                (0..batch)
+                    .map(|i| tx.alloc(&(i as u64)))
+                    .collect::<Result<Vec<_>, _>>()
+            }) {
+                Ok(hs) => live.extend(hs),
+                Err(PtmError::PoolFull { .. }) => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+    assert!(live.len() > 50_000, "{} objects", live.len());
+    match ptm.run(|tx| tx.alloc(&7u64)) {
+        Err(PtmError::PoolFull { .. }) => {}
+        r => panic!("the pool is full, yet an allocation gave {r:?}"),
+    }
+    // One free more than the reserve holds, in one transaction: a clear error, nothing lost.
+    let reserve = pmtx::ptm::archtm::alloc::TOMB_RESERVE;
+    match ptm.run(|tx| live[..=reserve].iter().try_for_each(|&h| tx.free(h))) {
+        Err(PtmError::PoolFull { detail, .. }) => {
+            assert!(detail.contains("reserved for the tombstones"), "{detail}")
+        }
+        r => panic!("{} frees in a full pool gave {r:?}", reserve + 1),
+    }
+    ptm.check_invariants().unwrap();
+    // As many frees in one transaction as the reserve holds.
+    let batch: Vec<_> = live.drain(..reserve).collect();
+    ptm.run(|tx| batch.iter().try_for_each(|&h| tx.free(h)))
+        .unwrap();
+    ptm.check_invariants().unwrap();
+    // Then frees one at a time, well past the reserve: each finds a recycled block.
+    for h in live.drain(..1000) {
+        ptm.run(|tx| tx.free(h)).unwrap();
+    }
+    ptm.check_invariants().unwrap();
+    let again: Vec<_> = (0..500)
+        .map(|i| ptm.run(|tx| tx.alloc(&(i as u64))).unwrap())
+        .collect();
+    for (i, h) in again.iter().enumerate() {
+        assert_eq!(ptm.run(|tx| tx.read(*h)).unwrap(), i as u64);
+    }
+    assert_eq!(
+        stat(&ptm, "live_objects"),
+        (live.len() + again.len()) as u64 + 1
     );
     ptm.check_invariants().unwrap();
 }

@@ -46,6 +46,10 @@ pub const CLASS_MAX: u64 = 4096;
 pub const CLASSES: usize = (CLASS_MAX / BLOCK) as usize;
 /// Bytes of one class a slot takes at once (less if the segment is smaller; at least a block).
 pub const CLASS_TAKE: u64 = 16 << 10;
+/// 64-byte blocks each slot keeps for tombstones only, so that a thread can free objects in
+/// a full pool (a free writes a tombstone version, which needs a block until garbage
+/// collection recycles it with the freed copy).
+pub const TOMB_RESERVE: usize = 16;
 
 /// The size class of a block of `len` bytes (a multiple of 64), if it has one.
 pub fn class_of(len: u64) -> Option<usize> {
@@ -79,6 +83,9 @@ pub struct SlotLists {
     pub classes: Vec<Vec<u64>>,
     /// Free extents for blocks above [`CLASS_MAX`] (sorted, disjoint).
     pub extents: Vec<(u64, u64)>,
+    /// Up to [`TOMB_RESERVE`] 64-byte blocks only a tombstone may take, when no other block is
+    /// left (topped up from the slot's takes of 64-byte blocks).
+    pub tomb_reserve: Vec<u64>,
 }
 
 impl SlotLists {
@@ -86,7 +93,18 @@ impl SlotLists {
         SlotLists {
             classes: vec![Vec::new(); CLASSES],
             extents: Vec::new(),
+            tomb_reserve: Vec::new(),
         }
+    }
+
+    /// Moves 64-byte blocks from the class list into the tombstone reserve until it is full,
+    /// keeping `keep` blocks in the list (the highest addresses go, so the list's next
+    /// allocations stay contiguous).
+    fn top_up_tomb_reserve(&mut self, keep: usize) {
+        let list = &mut self.classes[0];
+        let n = (TOMB_RESERVE.saturating_sub(self.tomb_reserve.len()))
+            .min(list.len().saturating_sub(keep));
+        self.tomb_reserve.extend(list.drain(..n));
     }
 
     /// Every free extent the slot holds, `(offset, bytes)`: its class blocks and its extents.
@@ -95,7 +113,8 @@ impl SlotLists {
             let size = class_bytes(c);
             list.iter().map(move |&off| (off, size))
         });
-        blocks.chain(self.extents.iter().copied())
+        let tombs = self.tomb_reserve.iter().map(|&off| (off, BLOCK));
+        blocks.chain(self.extents.iter().copied()).chain(tombs)
     }
 }
 
@@ -257,9 +276,50 @@ impl Inner {
             return Ok(off);
         }
         let taken = self.take_class(slot, class)?;
-        let list = &mut lists.classes[class];
-        list.extend(taken.iter().rev());
-        Ok(list.pop().expect("a take holds at least one block"))
+        lists.classes[class].extend(taken.iter().rev());
+        // The engine's own transactions free nothing: its slot keeps no reserve (and so
+        // fills its takes, e.g. defragmentation's moves, whole).
+        if class == 0 && slot != self.internal_slot() {
+            lists.top_up_tomb_reserve(1);
+        }
+        Ok(lists.classes[class]
+            .pop()
+            .expect("a take holds at least one block"))
+    }
+
+    /// Allocates the 64-byte block of a tombstone for `slot`: an ordinary block, else (the
+    /// pool is full) one of the slot's reserve, so that freeing works in a full pool.
+    pub(crate) fn alloc_tomb(&self, slot: usize) -> Result<u64, PtmError> {
+        match self.alloc_block(slot, BLOCK) {
+            Err(PtmError::PoolFull { .. }) => self.alloc.slots[slot]
+                .lock()
+                .tomb_reserve
+                .pop()
+                .ok_or_else(|| PtmError::PoolFull {
+                    bytes: BLOCK as usize,
+                    detail: format!(
+                        "the pool is full and this thread's {TOMB_RESERVE} blocks reserved \
+                             for the tombstones of frees are in use: commit the frees, then \
+                             free more (collection recycles the freed blocks)"
+                    ),
+                }),
+            r => r,
+        }
+    }
+
+    /// Fills `slot`'s tombstone reserve (when a worker takes the slot). Best effort: in a
+    /// full pool it stays as it is.
+    pub(crate) fn fill_tomb_reserve(&self, slot: usize) {
+        let mut lists = self.alloc.slots[slot].lock();
+        if lists.tomb_reserve.len() >= TOMB_RESERVE {
+            return;
+        }
+        if lists.classes[0].len() <= TOMB_RESERVE {
+            if let Ok(taken) = self.take_class(slot, 0) {
+                lists.classes[0].extend(taken.iter().rev());
+            }
+        }
+        lists.top_up_tomb_reserve(0);
     }
 
     /// Takes up to [`CLASS_TAKE`] of size class `class` for `slot`, in address order:

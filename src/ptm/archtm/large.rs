@@ -11,6 +11,7 @@ use super::layout::{self, header, is_large, kind, large};
 use super::Inner;
 use crate::alloc::{AllocError, PageTag, PAGE_SIZE};
 use crate::ptm::PtmError;
+use std::ops::Range;
 
 /// PM extents (offset, bytes), without a heap allocation for an object within one block.
 pub(crate) type Spans = smallvec::SmallVec<[(u64, u64); 2]>;
@@ -131,15 +132,24 @@ impl Inner {
         }
     }
 
-    /// Copies the payload of the version at `from` into the version at `to` (same size).
-    pub(crate) fn copy_payload(&self, from: u64, to: u64, size: u64) {
-        let (a, b) = (
-            self.payload_spans(from, size, 0, size),
-            self.payload_spans(to, size, 0, size),
-        );
-        for ((src, n), (dst, m)) in a.into_iter().zip(b) {
-            debug_assert_eq!(n, m, "versions of one size have the same layout");
-            self.pool.copy(src, dst, n);
+    /// Copies the payload of the version at `from` into the version at `to` (same size),
+    /// except the bytes `skip` (an empty range: all of it), which the caller writes next: the
+    /// first write of a transaction fills its copy's bytes once (§4.1's copy-on-write puts the
+    /// old payload and the write in one new version; copying bytes that are overwritten at
+    /// once only added PM writes, on a whole-record put as many as the record).
+    pub(crate) fn copy_payload_except(&self, from: u64, to: u64, size: u64, skip: Range<u64>) {
+        for (at, len) in [(0, skip.start), (skip.end, size - skip.end)] {
+            if len == 0 {
+                continue;
+            }
+            let (a, b) = (
+                self.payload_spans(from, size, at, len),
+                self.payload_spans(to, size, at, len),
+            );
+            for ((src, n), (dst, m)) in a.into_iter().zip(b) {
+                debug_assert_eq!(n, m, "versions of one size have the same layout");
+                self.pool.copy(src, dst, n);
+            }
         }
     }
 }

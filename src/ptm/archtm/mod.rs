@@ -4,7 +4,10 @@
 //! - **Logless CoW (§4.1, Alg. 1):** the first write of an object in a transaction takes the
 //!   object's write lock, allocates a block, and copies the committed version there, with a
 //!   header annotated with the transaction's id (§4.2); later writes go to that copy. No undo or
-//!   redo log.
+//!   redo log. The copy leaves out the bytes the first write is about to store, so each byte
+//!   of a new version reaches PM once (on Optane the cache would merge the two stores before
+//!   the media; the store count, which is what `pmtx bench ptm`'s write amplification counts,
+//!   would not).
 //! - **DRAM metadata (§4.2, §4.3, §5.1):** the object lookup table (new, old, writer = lock) in
 //!   [`table`], per-slot ID lists, and all allocator metadata ([`alloc`]). PM holds only the
 //!   objects, the TxState table and the root handle ([`layout`]).
@@ -29,7 +32,9 @@
 //!   deallocation list. A freed object's transaction writes a *tombstone* version (a header
 //!   with the TOMB flag): the paper does not say how a free survives a crash when the freed
 //!   copy's header is still on PM; the tombstone is the latest version, so recovery drops the
-//!   object, and garbage collection zeroes it only after the copies it deletes.
+//!   object, and garbage collection zeroes it only after the copies it deletes. Each slot
+//!   keeps [`alloc::TOMB_RESERVE`] 64-byte blocks that only a tombstone may take, once no other
+//!   block is left, so that a full pool can still free (the paper's frees need no block).
 //! - **Allocator (§4.4, §5.4):** see [`alloc`]. Departure: 64-byte size classes up to 4 KiB,
 //!   one free list per class per slot and one recycle list per class, instead of §4.4's single
 //!   free list for all sizes; a slot takes 16 KiB of a class at a time in address order, so
