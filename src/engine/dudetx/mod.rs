@@ -95,6 +95,24 @@
 //!   table's PM heap pages are freed; recovery frees pages a crash left and skips the table's
 //!   log records (`heap.rs`).
 //!
+//! # Cost structure, and what two cores allow
+//!
+//! The paper measures DUDETx against volatile TinySTM with persist and reproduce on cores of
+//! their own (§6.1, a many-core server): there *perform* is the only work on the workers' cores,
+//! hence 7.4–24.6 % below volatile (§6.2). On a 2-core machine every byte persisted and
+//! reproduced, every wake-up and every context switch of the two background threads is taken
+//! from a worker: the ratio to volatile is at most *perform* / (*perform* + persist +
+//! reproduce), and with two workers nothing is left over. `perf` of the a7091a6 binary (YCSB-A,
+//! 1 M records, θ 0, after the load) showed, besides *perform*: in sync mode the persist
+//! thread switching in after every commit (15 % of all samples) and the worker's futex
+//! wake-ups (10 %), LZ4 on incompressible logs (4 % of each worker; 9 % in async mode),
+//! reproduce (13–16 %: heap writes of whole 1,000-byte rows, decoding copies) and allocations
+//! per commit. What remains after this change: *perform* on the shadow plus one redo log per
+//! writing transaction (for YCSB a 121-byte field write instead of a 1,017-byte row), the
+//! commit lock, the persist step under the state lock (combination, CRC, one copy to the ring),
+//! the heap write in reproduce. Sync mode adds one persist step per commit (a group is what
+//! arrives while the previous step runs), so two sync committers alternate as leaders.
+//!
 //! # The persistent-object API
 //!
 //! [`ptm`] runs `pmtx::ptm` on the same pipeline: a word-based STM (§4.1) on a DRAM shadow of
