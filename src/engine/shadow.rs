@@ -1,8 +1,9 @@
-//! Engines whose tables live in a DRAM shadow and whose durability is a redo log of row
-//! after-images (DUDETx §3.1 *perform*, the MMDB baseline): the shadow is the `volatile` engine
-//! (Falcon with durability off) on an in-memory pool, and [`ShadowWorker`] runs each transaction
-//! through the shadow's own worker (its concurrency control decides conflicts), keeps the write
-//! set as after-images, and at commit hands the encoded redo log (`dudetx::log`) to the engine.
+//! Engines whose tables live in a DRAM shadow and whose durability is a redo log (DUDETx §3.1
+//! *perform*, the MMDB baseline): the shadow is the `volatile` engine (Falcon with durability
+//! off) on an in-memory pool, and [`ShadowWorker`] runs each transaction through the shadow's own
+//! worker (its concurrency control decides conflicts), keeps the write set as redo ops (whole
+//! rows, or for DUDETx the bytes an update wrote), and at commit hands the encoded redo log
+//! (`dudetx::log`) to the engine.
 
 use crate::alloc::PAGE_SIZE;
 use crate::catalog::{Catalog, CatalogStore, Schema, TableId};
@@ -22,6 +23,20 @@ pub(crate) trait ShadowHost: Send + Sync {
     fn commit_logged(&self, inner: &mut dyn EngineWorker, log: Vec<u8>) -> Result<u64, TxError>;
     /// The id a transaction that wrote nothing reports: the last one committed.
     fn last_committed(&self) -> u64;
+    /// Whether the engine's log takes field writes (`dudetx::log::encode_field_write`): an
+    /// update then logs the bytes it wrote, not the row's after-image, and needs no read of
+    /// the row. Otherwise (MMDB) every write is a whole row.
+    fn logs_field_writes(&self) -> bool {
+        false
+    }
+}
+
+/// What a transaction wrote to one key, for its redo log.
+enum Pending {
+    /// The whole row after the writes (`None`: deleted).
+    Row(Option<Vec<u8>>),
+    /// Field writes to an existing row, in order: (offset, bytes).
+    Fields(Vec<(usize, Vec<u8>)>),
 }
 
 /// A fresh DRAM shadow for a PM pool of `pm_bytes`: the volatile engine on an in-memory pool,
@@ -169,13 +184,11 @@ pub(crate) struct ShadowWorker<H: ShadowHost> {
     engine: Arc<H>,
     /// The shadow engine's worker: *perform* (§3.1) runs there.
     inner: Box<dyn EngineWorker>,
-    /// The transaction's writes: (table, key) → after-image (`None`: deleted), and their order.
-    writes: HashMap<(TableId, u64), Option<Vec<u8>>>,
+    /// The transaction's writes by (table, key), and their order.
+    writes: HashMap<(TableId, u64), Pending>,
     order: Vec<(TableId, u64)>,
     /// Scratch for a row before an update.
     row: Vec<u8>,
-    /// The thread-local volatile redo log (DUDETx §3.2), reused across transactions.
-    log: Vec<u8>,
 }
 
 impl<H: ShadowHost> ShadowWorker<H> {
@@ -186,12 +199,11 @@ impl<H: ShadowHost> ShadowWorker<H> {
             writes: HashMap::new(),
             order: Vec::new(),
             row: Vec::new(),
-            log: Vec::new(),
         }
     }
 
-    fn note(&mut self, table: TableId, key: u64, row: Option<Vec<u8>>) {
-        if self.writes.insert((table, key), row).is_none() {
+    fn note(&mut self, table: TableId, key: u64, write: Pending) {
+        if self.writes.insert((table, key), write).is_none() {
             self.order.push((table, key));
         }
     }
@@ -218,34 +230,56 @@ impl<H: ShadowHost + 'static> EngineWorker for ShadowWorker<H> {
         key: u64,
         writes: &[FieldWrite<'_>],
     ) -> Result<(), TxError> {
+        match self.writes.get_mut(&(table, key)) {
+            // A row this transaction inserted (or, whole-row logs, wrote before): its image.
+            Some(Pending::Row(Some(row))) => {
+                self.inner.update(table, key, writes)?;
+                for w in writes {
+                    row[w.offset..w.offset + w.bytes.len()].copy_from_slice(w.bytes);
+                }
+                return Ok(());
+            }
+            Some(Pending::Fields(fields)) => {
+                self.inner.update(table, key, writes)?;
+                fields.extend(writes.iter().map(|w| (w.offset, w.bytes.to_vec())));
+                return Ok(());
+            }
+            _ => {}
+        }
+        if self.engine.logs_field_writes() && !self.writes.contains_key(&(table, key)) {
+            // Only the bytes written (§3.2 logs the words a transaction writes): no read of the
+            // row, and a tenth of a row's bytes to persist and reproduce for YCSB's updates.
+            self.inner.update(table, key, writes)?;
+            let fields = writes
+                .iter()
+                .map(|w| (w.offset, w.bytes.to_vec()))
+                .collect();
+            self.note(table, key, Pending::Fields(fields));
+            return Ok(());
+        }
         // The after-image: the row as this transaction sees it (read through the shadow's
         // protocol, so the read is validated like any other), with the writes applied.
-        let mut row = match self.writes.get(&(table, key)) {
-            Some(Some(r)) => r.clone(),
-            _ => {
-                let len = self.engine.row_len(table)?;
-                self.row.resize(len, 0);
-                self.inner.read(table, key, &mut self.row)?;
-                self.row.clone()
-            }
-        };
+        let len = self.engine.row_len(table)?;
+        self.row.resize(len, 0);
+        self.inner.read(table, key, &mut self.row)?;
+        let mut row = self.row.clone();
         self.inner.update(table, key, writes)?;
         for w in writes {
             row[w.offset..w.offset + w.bytes.len()].copy_from_slice(w.bytes);
         }
-        self.note(table, key, Some(row));
+        self.note(table, key, Pending::Row(Some(row)));
         Ok(())
     }
 
     fn insert(&mut self, table: TableId, key: u64, row: &[u8]) -> Result<(), TxError> {
         self.inner.insert(table, key, row)?;
-        self.note(table, key, Some(row.to_vec()));
+        self.note(table, key, Pending::Row(Some(row.to_vec())));
         Ok(())
     }
 
     fn delete(&mut self, table: TableId, key: u64) -> Result<(), TxError> {
         self.inner.delete(table, key)?;
-        self.note(table, key, None);
+        self.note(table, key, Pending::Row(None));
         Ok(())
     }
 
@@ -283,14 +317,32 @@ impl<H: ShadowHost + 'static> EngineWorker for ShadowWorker<H> {
             self.inner.commit()?;
             return Ok(self.engine.last_committed());
         }
-        self.log.clear();
-        for k in &self.order {
-            let row = &self.writes[k];
-            log::encode_op(&mut self.log, k.0, k.1, row.as_deref());
+        // The thread-local volatile redo log (DUDETx §3.2) leaves with the transaction (the
+        // pipeline keeps it until it is persisted): one allocation of the exact size.
+        let bytes = self
+            .order
+            .iter()
+            .map(|k| match &self.writes[k] {
+                Pending::Row(row) => log::encoded_len(row.as_ref().map_or(0, Vec::len)),
+                Pending::Fields(fields) => fields
+                    .iter()
+                    .map(|(_, b)| log::encoded_field_write_len(b.len()))
+                    .sum(),
+            })
+            .sum();
+        let mut redo = Vec::with_capacity(bytes);
+        for &(table, key) in &self.order {
+            match &self.writes[&(table, key)] {
+                Pending::Row(row) => log::encode_op(&mut redo, table, key, row.as_deref()),
+                Pending::Fields(fields) => {
+                    for (at, bytes) in fields {
+                        log::encode_field_write(&mut redo, table, key, *at, bytes);
+                    }
+                }
+            }
         }
         self.clear();
-        let log = std::mem::take(&mut self.log);
-        self.engine.commit_logged(&mut *self.inner, log)
+        self.engine.commit_logged(&mut *self.inner, redo)
     }
 
     fn abort(&mut self) {

@@ -104,9 +104,9 @@ impl LogRing {
 /// A record as the ring holds it, built from a group's combined log.
 pub(crate) fn build_record(first: u64, last: u64, pos: u64, raw: &[u8], compress: bool) -> Vec<u8> {
     let packed = if compress { lz4_compress(raw) } else { None };
-    let (payload, flags) = match packed {
-        Some(packed) => (packed, record::LZ4),
-        None => (raw.to_vec(), 0),
+    let (payload, flags) = match &packed {
+        Some(packed) => (packed.as_slice(), record::LZ4),
+        None => (raw, 0),
     };
     let total = (record::HEADER + payload.len()).div_ceil(8) * 8;
     let mut rec = vec![0u8; total];
@@ -120,7 +120,7 @@ pub(crate) fn build_record(first: u64, last: u64, pos: u64, raw: &[u8], compress
     put(&mut rec, record::LAST, last);
     put(&mut rec, record::RAW_CRC, raw.len() as u64);
     put(&mut rec, record::POS, pos);
-    rec[record::HEADER..record::HEADER + payload.len()].copy_from_slice(&payload);
+    rec[record::HEADER..record::HEADER + payload.len()].copy_from_slice(payload);
     let crc = record_crc(&rec);
     put(
         &mut rec,
@@ -128,6 +128,16 @@ pub(crate) fn build_record(first: u64, last: u64, pos: u64, raw: &[u8], compress
         raw.len() as u64 | u64::from(crc) << 32,
     );
     rec
+}
+
+/// Whether a record [`build_record`] made holds an LZ4-compressed payload.
+pub(crate) fn is_compressed(rec: &[u8]) -> bool {
+    let word = u64::from_le_bytes(
+        rec[record::LEN..record::LEN + 8]
+            .try_into()
+            .expect("8 bytes"),
+    );
+    (word >> 32) as u32 & record::LZ4 != 0
 }
 
 /// CRC-32 of a record with its CRC half-word taken as zero.
@@ -305,6 +315,16 @@ mod tests {
             assert_eq!((back.first, back.last, back.len), (7, 9, rec.len() as u64));
             assert_eq!(back.raw, raw(3));
         }
+    }
+
+    #[test]
+    fn a_record_says_whether_its_payload_is_compressed() {
+        // raw(3) repeats one byte 100 times: LZ4 shrinks it, unless it is not asked to.
+        assert!(is_compressed(&build_record(1, 1, 0, &raw(3), true)));
+        assert!(!is_compressed(&build_record(1, 1, 0, &raw(3), false)));
+        // Bytes with no repeats do not shrink, so they are stored as they are.
+        let distinct: Vec<u8> = (0..=255u8).collect();
+        assert!(!is_compressed(&build_record(1, 1, 0, &distinct, true)));
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! (key → slot, free slots) is rebuilt from the pages at open.
 
 use super::layout::{kind, slot};
-use super::log::Op;
+use super::log::{OpRef, Write};
 use super::DudetxFault;
 use crate::alloc::{PageManager, PageTag, PAGE_SIZE};
 use crate::catalog::{Catalog, TableId};
@@ -31,12 +31,18 @@ pub(crate) struct HeapTable {
 /// The heap's DRAM directory.
 pub(crate) struct Heap {
     pub tables: Vec<HeapTable>,
+    /// Recovery's replay is running: a field write of a key with no row is skipped (a later
+    /// delete was reproduced before the crash) rather than refused as a broken log.
+    pub replaying: bool,
 }
 
 impl Heap {
     /// An empty directory for `catalog`'s tables.
     pub fn new(catalog: &Catalog) -> Heap {
-        let mut h = Heap { tables: Vec::new() };
+        let mut h = Heap {
+            tables: Vec::new(),
+            replaying: false,
+        };
         h.sync_tables(catalog);
         h
     }
@@ -162,7 +168,7 @@ impl super::pipeline::Apply for Heap {
         &mut self,
         pool: &Pool,
         pages: &PageManager,
-        op: &Op,
+        op: OpRef<'_>,
         fault: Option<DudetxFault>,
     ) -> Result<(), String> {
         let Some(t) = self.tables.get(op.table as usize) else {
@@ -176,8 +182,32 @@ impl super::pipeline::Apply for Heap {
             return Ok(());
         }
         let flush = fault != Some(DudetxFault::SkipHeapFlush);
-        match &op.row {
-            Some(row) => {
+        match op.write {
+            Write::Fields { at, bytes } => {
+                let end = at + bytes.len();
+                if end > t.row {
+                    return Err(super::log::field_out_of_row(
+                        op.table, op.key, at, end, t.row,
+                    ));
+                }
+                let Some(&slot_at) = t.index.get(&op.key) else {
+                    if self.replaying {
+                        // A delete after this write was reproduced before the crash; the
+                        // replay repeats it (see log.rs).
+                        return Ok(());
+                    }
+                    return Err(format!(
+                        "a log record writes fields of key {} in table {}, which has no row",
+                        op.key, op.table
+                    ));
+                };
+                let dst = slot_at + slot::HEADER + at as u64;
+                pool.write_bytes(dst, bytes);
+                if flush {
+                    pool.persist(dst, bytes.len() as u64);
+                }
+            }
+            Write::Put(row) => {
                 if row.len() != t.row {
                     return Err(format!(
                         "a log record writes a row of {} bytes into table {} (rows of {} bytes)",
@@ -205,7 +235,7 @@ impl super::pipeline::Apply for Heap {
                 }
                 self.tables[op.table as usize].index.insert(op.key, at);
             }
-            None => {
+            Write::Delete => {
                 let t = &mut self.tables[op.table as usize];
                 if let Some(at) = t.index.remove(&op.key) {
                     pool.write_u64(at + slot::STATE, 0);

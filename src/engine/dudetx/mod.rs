@@ -7,7 +7,7 @@
 //! | paper | code |
 //! | --- | --- |
 //! | §3.1 *perform* on a DRAM shadow with a volatile TM | the shadow: the `volatile` engine (Falcon with durability off) on a DRAM pool, run through the project's protocols; `worker.rs` |
-//! | §3.2 thread-local volatile redo log, global transaction id | `worker.rs` (after-images), `DudetxEngine::commit` (ids in commit order) |
+//! | §3.2 thread-local volatile redo log, global transaction id | `engine/shadow.rs` (redo ops: puts, field writes, deletes), `DudetxEngine::commit` (ids in commit order) |
 //! | §3.2 *persist* threads flush logs, advance the durable id | `pipeline::Core::{persist_loop, write_records}`, `pipeline::IdOrder` |
 //! | §3.1 *reproduce* applies persisted logs to the PM heap in id order, recycles the log | `pipeline::Core::{reproduce_loop, reproduce_records}`, `heap.rs` |
 //! | §5 lock-based DUDETx on the same framework | `pipeline::Sequencer`, `ptm::locks::DepOrder` |
@@ -16,8 +16,9 @@
 //! | sync/async durability | [`DurabilityMode`] |
 //!
 //! A transaction *performs* on the shadow: the shadow engine's worker buffers and validates it
-//! under the configured protocol (OCC by default). Its write set is kept as after-images (an
-//! update reads the row first). At commit the worker takes the engine's commit lock, commits on
+//! under the configured protocol (OCC by default). Its write set is kept as redo ops: a put
+//! (an inserted row's image), a field write (the bytes an update wrote, at their offset) or a
+//! delete. At commit the worker takes the engine's commit lock, commits on
 //! the shadow, takes the next transaction id and queues its redo log, in that order, so ids
 //! follow the shadow's commit order (a transaction that read another's write commits after it
 //! and gets a larger id). The *persist* step takes up to `group` queued logs, combines them
@@ -47,9 +48,12 @@
 //! - **The shadow is a whole DRAM copy of the tables**, not a page-level shadow of a PM heap with
 //!   paging (§3.4): a table engine's rows already live in a DRAM engine (the `volatile` one), so
 //!   *perform* reuses it and its protocols.
-//! - **Logs are row after-images**, not word-level (address, value) pairs: the table workloads
-//!   write rows, and whole after-images make replay idempotent, so recovery can replay from the
-//!   truncation point without knowing exactly where reproduce stopped.
+//! - **Logs are rows and field writes**, not word-level (address, value) pairs: an insert logs
+//!   its row, an update the bytes it wrote at their offset in the row (YCSB: 100 of a row's
+//!   1,000 bytes; whole after-images, as before, put ten times the bytes through persist and
+//!   reproduce and needed a read of the row). Replay from the truncation point in id order ends
+//!   in the same rows whatever reproduce had applied (`log.rs`); a field write of a key a
+//!   reproduced delete removed is skipped during recovery and refused otherwise.
 //! - **One commit lock orders ids**: TinySTM's global clock increments at commit while the write
 //!   locks are held; here the commit lock covers the shadow commit and the id, because the
 //!   shadow's protocols do not expose their commit point.
@@ -59,11 +63,19 @@
 //!   queued (up to `group`) without waiting: a sync commit cannot return before its group is
 //!   persisted, each committing thread has at most one log queued, so a wait would add to every
 //!   commit's latency and a group larger than the committing threads could never fill. In
-//!   sync mode a waiting committer leads the persist step itself and the persist thread is not
-//!   woken per commit. The reproduce thread applies records in batches (32, or what is there
-//!   after 2 ms, or at once for a drain or when the ring needs room) rather than one wake-up
-//!   per record: reproduce is off the commit path (§3.1), and per-record wake-ups, fences and
-//!   truncation words took as much CPU as the workers on a 2-core machine.
+//!   sync mode a waiting committer leads the persist step itself (a committer whose log missed
+//!   the running step spins briefly for it, then sleeps) and the persist thread serves only
+//!   drains and stops: it is never woken by a commit. The reproduce thread applies records in
+//!   batches (256, or what is there after 2 ms, or at once for a drain or when the ring needs
+//!   room) rather than one wake-up per record: reproduce is off the commit path (§3.1), and
+//!   per-record wake-ups, fences and truncation words took as much CPU as the workers on a
+//!   2-core machine.
+//! - **LZ4 with a backoff** (§3.3 compresses every group): a record LZ4 did not shrink makes
+//!   the next 1, 3, 7, ... 63 records skip the attempt, so incompressible logs (YCSB's random
+//!   fields) pay for one attempt in 64 on the persist path, while compressible ones (padded
+//!   rows, large combined groups) are compressed as before.
+//! - **No write-back of the log under eADR**: the caches are persistent there, so the record
+//!   lines' `clwb`s bought nothing (the fence stays).
 //! - **Inline steps in the crash simulator** (`background: false`): the simulator's crash points
 //!   are PM events of the threads it drives, so there the committing thread persists (sync: every
 //!   commit; async: every `group` commits) and reproduces (when more than two records wait).
@@ -82,6 +94,24 @@
 //!   drained (nothing of the table is still on its way to the heap), then the DRAM table and the
 //!   table's PM heap pages are freed; recovery frees pages a crash left and skips the table's
 //!   log records (`heap.rs`).
+//!
+//! # Cost structure, and what two cores allow
+//!
+//! The paper measures DUDETx against volatile TinySTM with persist and reproduce on cores of
+//! their own (§6.1, a many-core server): there *perform* is the only work on the workers' cores,
+//! hence 7.4–24.6 % below volatile (§6.2). On a 2-core machine every byte persisted and
+//! reproduced, every wake-up and every context switch of the two background threads is taken
+//! from a worker: the ratio to volatile is at most *perform* / (*perform* + persist +
+//! reproduce), and with two workers nothing is left over. `perf` of the a7091a6 binary (YCSB-A,
+//! 1 M records, θ 0, after the load) showed, besides *perform*: in sync mode the persist
+//! thread switching in after every commit (15 % of all samples) and the worker's futex
+//! wake-ups (10 %), LZ4 on incompressible logs (4 % of each worker; 9 % in async mode),
+//! reproduce (13–16 %: heap writes of whole 1,000-byte rows, decoding copies) and allocations
+//! per commit. What remains after this change: *perform* on the shadow plus one redo log per
+//! writing transaction (for YCSB a 121-byte field write instead of a 1,017-byte row), the
+//! commit lock, the persist step under the state lock (combination, CRC, one copy to the ring),
+//! the heap write in reproduce. Sync mode adds one persist step per commit (a group is what
+//! arrives while the previous step runs), so two sync committers alternate as leaders.
 //!
 //! # The persistent-object API
 //!
@@ -413,6 +443,11 @@ impl crate::engine::shadow::ShadowHost for DudetxEngine {
 
     fn last_committed(&self) -> u64 {
         self.core.committed.load(Ordering::Acquire)
+    }
+
+    /// Updates log the bytes they wrote (`log.rs`).
+    fn logs_field_writes(&self) -> bool {
+        true
     }
 
     /// Commits the shadow transaction of `inner` with redo log `log` (§3.2): under the commit

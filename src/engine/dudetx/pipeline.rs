@@ -16,10 +16,10 @@
 
 use super::heap::Heap;
 use super::layout::meta;
-use super::log::{self, Op};
+use super::log::{self, Op, OpRef};
 use super::{DudetxConfig, DudetxFault, DurabilityMode};
 use crate::alloc::PageManager;
-use crate::engine::wal::{build_record, LogRing};
+use crate::engine::wal::{build_record, is_compressed, LogRing};
 use crate::pmem::Pool;
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
@@ -51,7 +51,7 @@ pub(crate) struct Written {
 /// is recycled only once its effects are durable).
 pub(crate) struct Reproduction {
     /// The records' ops, record after record, in the order they apply.
-    pub ops: Vec<Vec<Op>>,
+    pub ops: Batch,
     /// The sequencer's truncation marks (the STM: the last reproduced id; lock mode: the
     /// chains' watermarks), written and persisted once the heap writes are durable, before the
     /// head moves.
@@ -60,6 +60,16 @@ pub(crate) struct Reproduction {
     pub head: Option<u64>,
     /// The id [`Core::reproduced`] reports afterwards.
     pub last: u64,
+}
+
+/// The ops of a reproduce step's records.
+pub(crate) enum Batch {
+    /// Decoded at persist (lock mode needs each record's dependencies then).
+    Decoded(Vec<Vec<Op>>),
+    /// Still encoded: the STM and the table engine decode them in the reproduce step, outside
+    /// the state lock and off the commit path (decoding at persist put a copy of every row on
+    /// a sync commit's path, under the lock its committers queue on).
+    Encoded(Vec<Vec<u8>>),
 }
 
 /// What the perform modes' pipelines do differently (§3 vs §5), plugged into [`Core`]: how a
@@ -103,8 +113,9 @@ pub(crate) trait Sequencer: Send + 'static {
 /// applies records in id order and truncates with the last id it applied.
 #[derive(Default)]
 pub(crate) struct IdOrder {
-    /// Persisted, not yet reproduced: (last id, log position after it, ops), in id order.
-    persisted: VecDeque<(u64, u64, Vec<Op>)>,
+    /// Persisted, not yet reproduced: (last id, log position after it, encoded ops), in id
+    /// order.
+    persisted: VecDeque<(u64, u64, Vec<u8>)>,
 }
 
 impl Sequencer for IdOrder {
@@ -125,8 +136,8 @@ impl Sequencer for IdOrder {
     fn persisted(&mut self, written: Vec<Written>) -> Result<Option<u64>, String> {
         let mut last = None;
         for w in written {
-            let ops = log::decode_ops(&w.record.raw)?;
-            self.persisted.push_back((w.record.last, w.end, ops));
+            self.persisted
+                .push_back((w.record.last, w.end, w.record.raw));
             last = Some(w.record.last);
         }
         Ok(last)
@@ -146,7 +157,7 @@ impl Sequencer for IdOrder {
 
     fn take_reproducible(&mut self, meta_page: u64) -> Option<Reproduction> {
         let &(last, end, _) = self.persisted.back()?;
-        let ops = self.persisted.drain(..).map(|(_, _, ops)| ops).collect();
+        let ops = Batch::Encoded(self.persisted.drain(..).map(|(_, _, raw)| raw).collect());
         let marks = Box::new(move |pool: &Pool| {
             pool.write_u64(meta_page + meta::HEAD_SEQ, last);
             pool.persist(meta_page + meta::HEAD_SEQ, 8);
@@ -195,6 +206,46 @@ pub(crate) struct State {
     room_wanted: bool,
     /// Threads still running.
     running: usize,
+    /// When LZ4 is tried (§3.3), see [`Lz4Backoff`].
+    lz4: Lz4Backoff,
+}
+
+/// When a persist step tries LZ4 on a record (§3.3). Compression is there to save PM bytes; it
+/// costs CPU on the persist path, which a sync commit waits for. A record it did not shrink
+/// makes the next 1, 3, 7, ... up to 63 records skip the attempt (doubling with each miss in a
+/// row); a record it shrank resets that. Logs that compress (TPC-C's padded rows, combined
+/// groups) are compressed as before; incompressible ones (YCSB's random fields) pay for one
+/// attempt in 64 instead of every one.
+#[derive(Default)]
+struct Lz4Backoff {
+    /// Attempts in a row that saved nothing (at most [`LZ4_MAX_MISSES`]).
+    misses: u32,
+    /// Records still to build without an attempt.
+    skip: u32,
+}
+
+/// The misses in a row after which LZ4 is tried once per 2^this records.
+const LZ4_MAX_MISSES: u32 = 6;
+
+impl Lz4Backoff {
+    /// Whether to try LZ4 on the next record.
+    fn attempt(&mut self) -> bool {
+        if self.skip > 0 {
+            self.skip -= 1;
+            return false;
+        }
+        true
+    }
+
+    /// Notes whether an attempt shrank its record.
+    fn outcome(&mut self, shrank: bool) {
+        if shrank {
+            self.misses = 0;
+        } else {
+            self.misses = (self.misses + 1).min(LZ4_MAX_MISSES);
+            self.skip = (1 << self.misses) - 1;
+        }
+    }
 }
 
 /// A group taken off the queue for one persist step: its records, built at their ring
@@ -229,7 +280,7 @@ pub(crate) trait Apply: Send + 'static {
         &mut self,
         pool: &Pool,
         pages: &PageManager,
-        op: &Op,
+        op: OpRef<'_>,
         fault: Option<DudetxFault>,
     ) -> Result<(), String>;
 }
@@ -257,11 +308,20 @@ pub(crate) struct Core<H = Heap> {
     /// Whether `State::failed` is set (it is set once, by `fail`): every commit asks, and the
     /// answer is almost always no, which should not cost the state lock the persist step holds.
     has_failed: AtomicBool,
+    /// Persist steps ended (bumped under the state lock): what a committer spinning in
+    /// [`Core::wait_durable`] watches.
+    steps: AtomicU64,
     stats: [AtomicU64; 5],
 }
 
-/// Records the reproduce thread waits for before it applies them (see `Core::reproduce_loop`).
-const REPRODUCE_BATCH: usize = 32;
+/// Pauses a sync committer spins for the running persist step to end before it sleeps (about
+/// 5 to 20 µs, depending on the CPU's `pause`).
+const STEP_SPIN: usize = 256;
+
+/// Records the reproduce thread waits for before it applies them (see `Core::reproduce_loop`):
+/// each batch costs two wake-ups, a fence and two truncation words, so a sync run (one record
+/// per commit or so) pays them once per 256 commits rather than per 32.
+const REPRODUCE_BATCH: usize = 256;
 
 /// How long the reproduce thread waits for a whole batch before it applies a partial one.
 const REPRODUCE_IDLE: std::time::Duration = std::time::Duration::from_millis(2);
@@ -307,6 +367,7 @@ impl<H: Apply> Core<H> {
                 reproducing: false,
                 room_wanted: false,
                 running: 0,
+                lz4: Lz4Backoff::default(),
             }),
             heap: Mutex::new(heap),
             wake_persist: Condvar::new(),
@@ -314,6 +375,7 @@ impl<H: Apply> Core<H> {
             became_durable: Condvar::new(),
             durable: AtomicU64::new(durable),
             has_failed: AtomicBool::new(false),
+            steps: AtomicU64::new(0),
             committed: AtomicU64::new(durable),
             reproduced: AtomicU64::new(durable),
             stats: Default::default(),
@@ -412,8 +474,11 @@ impl<H: Apply> Core<H> {
     /// Waits (sync mode) until `id` is durable. With background threads, a waiting committer
     /// that finds logs queued and no persist step running persists the next group itself (group
     /// commit with a leader): the hand-off to the persist thread and back (two wake-ups, on a
-    /// loaded machine tens of µs) was most of a sync commit's latency; the persist thread
-    /// still takes what arrives while no committer waits.
+    /// loaded machine tens of µs) was most of a sync commit's latency, so in sync mode the
+    /// persist thread only serves drains and stops. A committer whose log missed the running
+    /// step spins for up to [`STEP_SPIN`] pauses (a step takes a few µs) for it to end before
+    /// it sleeps: with two committers the next leader would otherwise sleep and be woken by a
+    /// futex call on every commit.
     pub fn wait_durable(&self, id: u64) -> Result<(), String> {
         let mut st = self.state.lock();
         while !st.seq.is_durable(id, self.durable.load(Ordering::Acquire)) {
@@ -423,6 +488,18 @@ impl<H: Apply> Core<H> {
             if self.config.background && !st.persisting && !st.queue.is_empty() {
                 self.persist_step(&mut st);
                 continue;
+            }
+            if self.config.background && st.persisting {
+                let step = self.steps.load(Ordering::Acquire);
+                let ended = parking_lot::MutexGuard::unlocked(&mut st, || {
+                    (0..STEP_SPIN).any(|_| {
+                        std::hint::spin_loop();
+                        self.steps.load(Ordering::Acquire) != step
+                    })
+                });
+                if ended {
+                    continue;
+                }
             }
             self.became_durable.wait(&mut st);
         }
@@ -454,7 +531,11 @@ impl<H: Apply> Core<H> {
         let built: Vec<Vec<u8>> = records
             .iter()
             .map(|r| {
-                let rec = build_record(r.first, r.last, pos, &r.raw, true);
+                let attempt = st.lz4.attempt();
+                let rec = build_record(r.first, r.last, pos, &r.raw, attempt);
+                if attempt {
+                    st.lz4.outcome(is_compressed(&rec));
+                }
                 pos += rec.len() as u64;
                 rec
             })
@@ -483,10 +564,15 @@ impl<H: Apply> Core<H> {
             pool.write_u64(durable_at, last);
             pool.persist(durable_at, 8);
         }
+        // eADR: the caches are persistent, so a write-back (`clwb` of every record line) would
+        // only cost; the fence stays, ordering the record before what follows.
+        let write_back = pool.domain().needs_flush();
         for rec in records {
             self.ring.write(pool, pos, rec);
             if fault != Some(DudetxFault::SkipLogFlush) {
-                self.ring.flush(pool, pos, rec.len() as u64);
+                if write_back {
+                    self.ring.flush(pool, pos, rec.len() as u64);
+                }
                 pool.fence();
             }
             pos += rec.len() as u64;
@@ -592,8 +678,18 @@ impl<H: Apply> Core<H> {
         }
         {
             let mut heap = self.heap.lock();
-            for op in ops.iter().flatten() {
-                heap.apply(pool, &self.pages, op, self.fault())?;
+            let mut apply = |op: OpRef<'_>| heap.apply(pool, &self.pages, op, self.fault());
+            match &ops {
+                Batch::Decoded(records) => {
+                    for op in records.iter().flatten() {
+                        apply(op.borrowed())?;
+                    }
+                }
+                Batch::Encoded(records) => {
+                    for raw in records {
+                        log::for_each_op(raw, &mut apply)?;
+                    }
+                }
             }
         }
         // One fence for the batch's write-backs, before the truncation words (§3.1: a record is
@@ -686,7 +782,7 @@ impl<H: Apply> Core<H> {
             if st.failed.is_some() || (st.stop && st.queue.is_empty() && !st.persisting) {
                 break;
             }
-            if st.queue.is_empty() || st.persisting {
+            if st.queue.is_empty() || st.persisting || !self.persist_thread_serves(&st) {
                 self.wake_persist.wait(&mut st);
                 continue;
             }
@@ -733,16 +829,28 @@ impl<H: Apply> Core<H> {
             }
         }
         st.persisting = false;
+        self.steps.fetch_add(1, Ordering::Release);
         // Reproduce is woken by the first record to apply and then by every whole batch (it
         // takes a partial one after `REPRODUCE_IDLE`).
         let now = st.seq.reproducible();
         if (reproducible == 0 && now > 0) || now >= REPRODUCE_BATCH {
             self.wake_reproduce.notify_one();
         }
-        // The persist thread, if it waits for the tail, and committers waiting for the next
-        // step (`write_group` woke the ones now durable).
-        self.wake_persist.notify_all();
+        // Committers waiting for the next step (`write_group` woke the ones now durable), and
+        // the persist thread only when it has work: a drain or a stop (sync mode; in async
+        // mode the persist thread runs every step itself). Waking it after every step cost
+        // a futex wake-up and a context switch per sync commit (`perf`, 1-thread sync YCSB-A).
+        if self.config.mode == DurabilityMode::Sync && (st.draining > 0 || st.stop) {
+            self.wake_persist.notify_all();
+        }
         self.became_durable.notify_all();
+    }
+
+    /// Whether the persist thread takes the queued logs: always in async mode; in sync mode
+    /// only for a drain or a stop, since every queued log's committer waits in
+    /// [`Core::wait_durable`] and leads the step itself (group commit with a leader).
+    fn persist_thread_serves(&self, st: &State) -> bool {
+        self.config.mode == DurabilityMode::Async || st.draining > 0 || st.stop
     }
 
     /// The reproduce thread (§3.1). It applies records in batches of [`REPRODUCE_BATCH`], or
@@ -838,4 +946,37 @@ fn ring_full(bytes: u64) -> String {
         "the DUDETx log ring has no room for {bytes} more bytes of records, and the records in \
          it are not reproducible yet: format the pool with a larger log"
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The attempts a backoff makes over `records` records whose attempts all miss.
+    fn attempts_over(backoff: &mut Lz4Backoff, records: usize) -> Vec<usize> {
+        (0..records)
+            .filter(|_| {
+                let attempt = backoff.attempt();
+                if attempt {
+                    backoff.outcome(false);
+                }
+                attempt
+            })
+            .collect()
+    }
+
+    #[test]
+    fn lz4_attempts_back_off_while_they_save_nothing_and_resume_when_one_does() {
+        let mut backoff = Lz4Backoff::default();
+        // Each miss in a row doubles the gap (1 record skipped, then 3, 7, ... 63): attempts
+        // at records 0, 2, 6, 14, 30, 62, 126, then every 64th.
+        assert_eq!(
+            attempts_over(&mut backoff, 200),
+            vec![0, 2, 6, 14, 30, 62, 126, 190]
+        );
+        // A record that shrank makes the next one an attempt again.
+        while !backoff.attempt() {}
+        backoff.outcome(true);
+        assert!(backoff.attempt());
+    }
 }

@@ -38,14 +38,15 @@ pub(crate) struct Replayed {
 
 /// Replays the log (§3.5): from the truncation point, every intact record in id order up to the
 /// durable id, stopping at the first gap (a torn, stale or missing record), each op through
-/// `apply`; then truncates what was replayed, in the order the reproduce step does. Records are
-/// whole after-images (rows, or words), so replaying one the reproduce step had already applied
-/// changes nothing. Shared by the table engine and the persistent-object API.
+/// `apply`; then truncates what was replayed, in the order the reproduce step does. Whatever
+/// part of the records the reproduce step had applied, replaying them all in order ends in the
+/// same rows (or words): every byte an op writes ends as the last op left it (`log.rs`). Shared
+/// by the table engine and the persistent-object API.
 pub(crate) fn replay(
     pool: &Pool,
     ring: &LogRing,
     meta_page: u64,
-    mut apply: impl FnMut(&super::log::Op) -> Result<(), String>,
+    mut apply: impl FnMut(super::log::OpRef<'_>) -> Result<(), String>,
 ) -> Result<Replayed, DbError> {
     let r = |f: u64| pool.read_u64(meta_page + f);
     let durable = r(meta::DURABLE);
@@ -57,7 +58,7 @@ pub(crate) fn replay(
     let mut prev_last = head_seq;
     let (mut records, mut entries) = (0u64, 0u64);
     while let Some(rec) = parse_record(ring, pool, pos) {
-        let Ok(ops) = super::log::decode_ops(&rec.raw) else {
+        let Ok(ops) = super::log::ops_of(&rec.raw) else {
             break;
         };
         let continues = if records == 0 {
@@ -68,7 +69,7 @@ pub(crate) fn replay(
         if !continues || rec.last > durable || rec.last < rec.first {
             break;
         }
-        for op in &ops {
+        for &op in &ops {
             apply(op).map_err(|e| {
                 DbError::Corrupt(format!(
                     "replaying log record {}..{}: {e}",
@@ -128,9 +129,11 @@ pub(super) fn open(
     let mut heap = Heap::load(&pool, &pages, &catalog)?;
     timer.lap(&mut report, "load heap");
 
+    heap.replaying = true;
     let replayed = replay(&pool, &ring, meta_page, |op| {
         heap.apply(&pool, &pages, op, None)
     })?;
+    heap.replaying = false;
     let (durable, pos, records, entries) = (
         replayed.durable,
         replayed.pos,

@@ -17,7 +17,7 @@
 //! recovery replays the allocation ops with the data and rebuilds the free lists from the
 //! headers.
 
-use super::super::log::Op;
+use super::super::log::{OpRef, Write};
 use super::super::pipeline::Apply;
 use super::super::pipeline::Core;
 use super::super::DudetxFault;
@@ -607,11 +607,11 @@ impl Apply for ObjectApply {
         &mut self,
         pool: &Pool,
         _pages: &PageManager,
-        op: &Op,
+        op: OpRef<'_>,
         fault: Option<DudetxFault>,
     ) -> Result<(), String> {
-        let value = match op.row.as_deref() {
-            Some(b) if b.len() == 8 => u64::from_le_bytes(b.try_into().expect("8 bytes")),
+        let value = match op.write {
+            Write::Put(b) if b.len() == 8 => u64::from_le_bytes(b.try_into().expect("8 bytes")),
             _ => return Err(format!("a log op at {} is not one 8-byte word", op.key)),
         };
         let Some(f) = self.shadow.page(op.key) else {

@@ -29,7 +29,7 @@
 //! its effects are durable).
 
 use super::super::log::{decode_ops, encode_op, Op};
-use super::super::pipeline::{Record, Reproduction, Sequencer, Written};
+use super::super::pipeline::{Batch, Record, Reproduction, Sequencer, Written};
 use super::DudetxPtmFault;
 use crate::engine::dudetx::layout::meta;
 use crate::engine::wal::{parse_record, LogRing};
@@ -390,7 +390,7 @@ impl Sequencer for DepOrder {
             self.ring.pop_front();
         }
         Some(Reproduction {
-            ops: batch.into_iter().map(|(_, p)| p.ops).collect(),
+            ops: Batch::Decoded(batch.into_iter().map(|(_, p)| p.ops).collect()),
             marks,
             head,
             last,

@@ -541,7 +541,7 @@ impl DudetxPtm {
             Some(d) => {
                 let ring_order = config.dudetx.fault == Some(DudetxPtmFault::LockRingOrder);
                 let r = locks::recover(&pool, &ring, meta_page, d, ring_order, |op| {
-                    super::pipeline::Apply::apply(&mut apply, &pool, &pages, op, None)
+                    super::pipeline::Apply::apply(&mut apply, &pool, &pages, op.borrowed(), None)
                 })
                 .map_err(PtmError::Pool)?;
                 let replayed = super::recovery::Replayed {
