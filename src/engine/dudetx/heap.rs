@@ -181,6 +181,11 @@ impl super::pipeline::Apply for Heap {
             // The table was dropped after this record (ids are never reused): it is gone.
             return Ok(());
         }
+        // Write-backs only: the reproduce step fences once for its whole batch before it
+        // truncates (§3.1), and replay redoes an untruncated batch. The one fence per op kept is
+        // a new slot's, between its key and row and its LIVE state: the directory rebuilt at
+        // open must never see a LIVE slot with a stale key (it also orders every write-back
+        // before it, so an earlier delete's state is durable before a new slot of its key).
         let flush = fault != Some(DudetxFault::SkipHeapFlush);
         match op.write {
             Write::Fields { at, bytes } => {
@@ -204,7 +209,7 @@ impl super::pipeline::Apply for Heap {
                 let dst = slot_at + slot::HEADER + at as u64;
                 pool.write_bytes(dst, bytes);
                 if flush {
-                    pool.persist(dst, bytes.len() as u64);
+                    pool.flush(dst, bytes.len() as u64);
                 }
             }
             Write::Put(row) => {
@@ -219,7 +224,7 @@ impl super::pipeline::Apply for Heap {
                 if let Some(&at) = t.index.get(&op.key) {
                     pool.write_bytes(at + slot::HEADER, row);
                     if flush {
-                        pool.persist(at + slot::HEADER, row.len() as u64);
+                        pool.flush(at + slot::HEADER, row.len() as u64);
                     }
                     return Ok(());
                 }
@@ -231,7 +236,7 @@ impl super::pipeline::Apply for Heap {
                 }
                 pool.write_u64(at + slot::STATE, slot::LIVE);
                 if flush {
-                    pool.persist(at + slot::STATE, 8);
+                    pool.flush(at + slot::STATE, 8);
                 }
                 self.tables[op.table as usize].index.insert(op.key, at);
             }
@@ -240,7 +245,7 @@ impl super::pipeline::Apply for Heap {
                 if let Some(at) = t.index.remove(&op.key) {
                     pool.write_u64(at + slot::STATE, 0);
                     if flush {
-                        pool.persist(at + slot::STATE, 8);
+                        pool.flush(at + slot::STATE, 8);
                     }
                     t.free.push(at);
                 }
