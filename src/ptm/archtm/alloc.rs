@@ -228,9 +228,11 @@ impl Allocator {
         }
     }
 
-    /// Returns blocks `(offset, bytes)` to `slot`'s lists (aborted copies, already
-    /// invalidated).
-    pub fn give_back(&self, slot: usize, blocks: Vec<(u64, u64)>) {
+    /// Returns blocks `(offset, bytes)` to `slot`'s lists (aborted copies and tombstones,
+    /// already invalidated). A slot that `keeps_reserve` refills its tombstone reserve first:
+    /// an aborted transaction may have taken tombstones from it, and left in the 64-byte class
+    /// they would go to the next ordinary allocation, leaving a full pool unable to free.
+    pub fn give_back(&self, slot: usize, blocks: Vec<(u64, u64)>, keeps_reserve: bool) {
         let mut lists = self.slots[slot].lock();
         let mut extents = Vec::new();
         for (off, len) in blocks {
@@ -240,6 +242,9 @@ impl Allocator {
             }
         }
         merge_into(&mut lists.extents, extents);
+        if keeps_reserve {
+            lists.top_up_tomb_reserve(0);
+        }
     }
 
     /// Bytes in the classes' recycle lists.

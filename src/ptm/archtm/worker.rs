@@ -648,7 +648,8 @@ impl PtmWorker for ArchtmWorker {
                     eng.id_lists[self.slot].lock().push(id as u32);
                 }
             }
-            eng.alloc.give_back(self.slot, blocks);
+            eng.alloc
+                .give_back(self.slot, blocks, self.slot != eng.internal_slot());
             // After the fence above: the copies' headers are invalid on PM.
             for off in large {
                 eng.free_large(off);
