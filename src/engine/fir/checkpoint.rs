@@ -371,6 +371,8 @@ impl FirEngine {
         let mut replaced = Vec::new();
         let mut fresh: Vec<u64> = Vec::new();
         let mut old = Vec::new();
+        // Scratch for the page bytes, reused from page to page.
+        let mut page_buf = Vec::new();
         let pages: Vec<Option<CkptPage>> = if dir.pages.is_empty() {
             vec![None]
         } else {
@@ -384,7 +386,8 @@ impl FirEngine {
             }
             old.clear();
             if let Some(p) = page {
-                self.read_page(p.page, p.entries, &mut old);
+                old.resize(p.entries.min(ck::PER_PAGE) as usize, [0; 4]);
+                self.read_page_into(p.page, &mut old, &mut page_buf);
             }
             let merged = merge(&old, mine);
             match self.write_pages(generation, &merged) {
@@ -406,13 +409,6 @@ impl FirEngine {
             replaced,
             fresh,
         })
-    }
-
-    /// Reads the `n` entries of checkpoint page `page` onto the end of `out`.
-    pub(crate) fn read_page(&self, page: u64, n: u64, out: &mut Vec<Entry>) {
-        let start = out.len();
-        out.resize(start + n.min(ck::PER_PAGE) as usize, [0; 4]);
-        self.read_page_into(page, &mut out[start..], &mut Vec::new());
     }
 
     /// Reads the first `out.len()` entries of checkpoint page `page` into `out` (at most a
