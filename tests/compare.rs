@@ -67,6 +67,45 @@ fn compare_help_names_every_peer_and_how_to_build_it() {
     }
 }
 
+/// Several rounds end with one line per engine and thread count: the median throughput and the
+/// median of each ratio measured within a round, each with its range.
+#[test]
+fn repeated_rounds_end_with_medians_of_throughput_and_ratios() {
+    let o = pmtx(&[
+        "bench",
+        "ycsb",
+        "--engine",
+        "falcon",
+        "--records",
+        "200",
+        "--duration",
+        "0.1",
+        "--warmup",
+        "0",
+        "--repeat",
+        "3",
+        "--compare-volatile",
+    ]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    let medians = out
+        .split("median over 3 rounds")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no median block: {out}"));
+    let line = |engine: &str| {
+        medians
+            .lines()
+            .find(|l| l.trim_start().starts_with(engine))
+            .unwrap_or_else(|| panic!("no median line for {engine}: {medians}"))
+    };
+    let falcon = line("falcon");
+    assert!(
+        falcon.contains("tx/s [") && falcon.contains("×volatile "),
+        "{falcon}"
+    );
+    assert!(!line("volatile").contains('×'), "{medians}");
+}
+
 #[test]
 fn a_peer_not_built_is_refused_with_the_feature_to_build() {
     for (peer, built) in [
@@ -259,19 +298,23 @@ mod peers {
             "0",
             "--peers",
             &peer_list,
+            "--repeat",
+            "2",
             "--json",
             json.to_str().unwrap(),
         ]);
         let (out, err) = text(&o);
         assert!(o.status.success(), "{out}\n{err}");
+        let medians = out.split("median over 2 rounds").nth(1).unwrap_or("");
         for p in &peers {
             assert!(out.contains(&format!("×{p}")), "{out}");
+            assert!(medians.contains(&format!("×{p} ")), "{out}");
             assert!(err.contains(&format!("{p}, 2 thr: reopened")), "{err}");
         }
         let v: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
         let runs = v.as_array().unwrap();
-        assert_eq!(runs.len(), 2 * (1 + peers.len()));
+        assert_eq!(runs.len(), 2 * 2 * (1 + peers.len()));
         for r in runs {
             assert!(r["committed"].as_u64().unwrap() > 0, "{r}");
             if r["engine"] == "falcon" {

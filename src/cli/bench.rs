@@ -329,38 +329,57 @@ pub(crate) fn finish(common: &CommonArgs, reports: &mut [RunReport]) -> CliResul
         }
     }
     bench::print_table(reports, &mut std::io::stdout())?;
-    if common.repeat > 1 && common.compare_volatile {
-        outln!(
-            "\nmedian over {} rounds (each ratio measured against volatile in the same round):",
-            common.repeat
-        );
-        let mut by_engine: std::collections::BTreeMap<(usize, String), (Vec<f64>, Vec<f64>)> =
-            Default::default();
-        for r in reports.iter() {
-            let e = by_engine
-                .entry((r.result.threads, r.engine.clone()))
-                .or_default();
-            e.0.push(r.result.throughput_tps);
-            e.1.extend(r.ratio_to_volatile);
-        }
-        for ((threads, engine), (mut tps, mut ratios)) in by_engine {
-            tps.sort_by(f64::total_cmp);
-            ratios.sort_by(f64::total_cmp);
-            let mid = |v: &[f64]| v.get(v.len() / 2).copied().unwrap_or(0.0);
-            outln!(
-                "  {engine:<16} {threads} thr  {:>12.0} tx/s  ×volatile {:.3} (range {:.3}–{:.3})",
-                mid(&tps),
-                mid(&ratios),
-                ratios.first().copied().unwrap_or(0.0),
-                ratios.last().copied().unwrap_or(0.0)
-            );
-        }
+    if common.repeat > 1 {
+        print_medians(reports, common.repeat);
     }
     if let Some(path) = &common.json {
         bench::write_json(reports, path)
             .map_err(|e| format!("--json {}: cannot write: {e}", path.display()))?;
     }
     Ok(())
+}
+
+/// Per engine and thread count over the rounds: the median throughput with its range, and the
+/// median of each ratio measured within a round (to volatile, to each peer) with its range.
+fn print_medians(reports: &[RunReport], rounds: usize) {
+    #[derive(Default)]
+    struct Runs {
+        tps: Vec<f64>,
+        ratios: std::collections::BTreeMap<String, Vec<f64>>,
+    }
+    let mut by_engine: std::collections::BTreeMap<(usize, String), Runs> = Default::default();
+    for r in reports {
+        let runs = by_engine
+            .entry((r.result.threads, r.engine.clone()))
+            .or_default();
+        runs.tps.push(r.result.throughput_tps);
+        let ratios = r
+            .ratio_to_volatile
+            .filter(|_| r.engine != EngineKind::Volatile.name())
+            .map(|v| ("volatile".to_string(), v))
+            .into_iter()
+            .chain(r.ratio_to_peers.iter().map(|(p, &v)| (p.clone(), v)));
+        for (to, v) in ratios {
+            runs.ratios.entry(to).or_default().push(v);
+        }
+    }
+    outln!("\nmedian over {rounds} rounds [min–max]; each ratio is measured within a round:");
+    for ((threads, engine), mut runs) in by_engine {
+        let (tps, lo, hi) = median_and_range(&mut runs.tps);
+        let mut line = format!("  {engine:<16} {threads} thr  {tps:>12.0} tx/s [{lo:.0}–{hi:.0}]");
+        for (to, mut v) in runs.ratios {
+            let (m, lo, hi) = median_and_range(&mut v);
+            line.push_str(&format!("  ×{to} {m:.3} [{lo:.3}–{hi:.3}]"));
+        }
+        outln!("{line}");
+    }
+}
+
+/// The median (the upper one of an even count), minimum and maximum of `v` (zeros when empty).
+fn median_and_range(v: &mut [f64]) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let at = |i: usize| v.get(i).copied().unwrap_or(0.0);
+    (at(v.len() / 2), at(0), at(v.len().saturating_sub(1)))
 }
 
 fn run_bank(args: BankArgs) -> CliResult {
