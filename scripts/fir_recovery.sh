@@ -35,12 +35,31 @@
 #   each WAIT in WAITS (default "0 1 2 4 8"): the work since the checkpoint grows with WAIT while
 #   the pool and the data stay the same.
 #
-# Both experiments end with the median and range of the time until transactions can run, over
+# Experiment 3 (history): the paper's pools hold a history far larger than the data loaded
+#   (§5.3: TPC-C grows from 12 GB to 83 GB in its 100 s run), where experiment 1's kill comes 3 s
+#   into the run. Here the live set is fixed (HISTORY_RECORDS, default 1,000,000 records of
+#   1,000 B, about 1 GiB) in a pool of HISTORY_GIB GiB (default 4), and 16-op YCSB-A (2 threads,
+#   θ 0.99; half the operations are updates, which fir and zen write as new versions) is killed
+#   after each of HISTORY_RUNS seconds of run (default "3 20 60"), for each engine of
+#   HISTORY_CONFIGS (default "fir:dram zen:dram falcon:dram"): the same live keys, a longer and
+#   longer history. Each recovery line lists every fact the engine reported, which says how
+#   much of the history is still in the pool and was read: fir's "versions before CT skipped"
+#   (the binary search passes over them) plus "versions redone" are its regions' committed
+#   versions, its "checkpoint CT" counts the transactions begun before its last checkpoint;
+#   zen's "heap pages" and "NVM-tuple slots scanned" are what its scan read, "old versions
+#   queued as garbage" the versions it found superseded; falcon updates in place. What stays
+#   of the history depends on each engine's garbage collection (fir §4.5, zen's reclamation),
+#   which runs as it always does: the scenario does not tune it.
+#
+# Every experiment ends with the median and range of the time until transactions can run, over
 # every recovery of each configuration.
 #
-#   scripts/fir_recovery.sh [sizes|work|all]   (default all)
+#   scripts/fir_recovery.sh [sizes|work|history|all]   (default all: the three in turn)
 #     CONFIGS (env): ENGINE:INDEX list for experiment 1 (default "fir:dram zen:dram falcon:dram falcon:pm")
 #     SIZES (env): pool sizes in GiB for experiment 1 (default "1 2 4")
+#     RUN_S (env): seconds of run before experiment 1's kill (default 3)
+#     WORK_GIB, WAITS (env): experiment 2's pool size and kill times (see above)
+#     HISTORY_GIB, HISTORY_RECORDS, HISTORY_RUNS, HISTORY_CONFIGS (env): experiment 3's (above)
 #     ROUNDS (env): recoveries per killed pool (default 2); REPEAT (env): kills per
 #       configuration (default 1)
 #     NO_BUILD=1 (env): use target/release/pmtx as it is
@@ -54,7 +73,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
-case "$what" in sizes | work | all) ;; *) echo "usage: $0 [sizes|work|all]" >&2; exit 2 ;; esac
+case "$what" in sizes | work | history | all) ;; *) echo "usage: $0 [sizes|work|history|all]" >&2; exit 2 ;; esac
 configs=${CONFIGS:-"fir:dram zen:dram falcon:dram falcon:pm"}
 sizes=${SIZES:-"1 2 4"}
 rounds=${ROUNDS:-2}
@@ -93,28 +112,48 @@ run_and_kill() {
     rm -f "$pool.err"
 }
 
+# Several binaries recover each image: then every line and summary key names the binary.
+read -ra bins <<<"$recover_bins"
+several_bins=$((${#bins[@]} > 1))
+
+# The value of fact $2 (a "  name   value" line) in the recovery output $1.
+fact() {
+    echo "$1" | grep -E "^  $2 " | tr -s " " | rev | cut -d" " -f1 | rev || true
+}
+
 # Recovers $2 (engine $1) ROUNDS times with each binary of RECOVER_BINS (interleaved: one
 # recovery per binary per round); prints one line per recovery after the prefix $3 and records
 # "key ready_ms" under the key $4 (plus the binary's label if there are several) for the summary.
+# With $5 = facts, the line also lists every fact the recovery reported.
 recover_rounds() {
-    local e=$1 pool=$2 prefix=$3 key=$4
+    local e=$1 pool=$2 prefix=$3 key=$4 with_facts=${5:-}
+    local run bin label line_prefix line_key out ready phases extra
     for run in $(seq 1 "$rounds"); do
-      for bin in $recover_bins; do
-        label=${bin%%=*}
-        [ "$recover_bins" = "this=$pmtx" ] || { prefix_b="$prefix [$label]"; key_b="$key [$label]"; }
-        out=$("${bin#*=}" recover "$pool" --engine "$e" 2>/dev/null)
-        ready=$(echo "$out" | grep -E "^ *total" | tr -s " " | cut -d" " -f6 || true)
-        phases=$(echo "$out" \
-            | grep -E "^  (catalog|index recovery|replay|heap scan|scan regions|page table|checkpoint load|checkpoint read|index build|checkpoint headers|undo/redo scan|redo|update_map|secondary indexes)" \
-            | tr -s " " | sed 's/^ //' | paste -sd ";" - || true)
-        fact() { echo "$out" | grep -E "^  $1 " | tr -s " " | rev | cut -d" " -f1 | rev || true; }
-        extra=""
-        if [ "$e" = fir ]; then
-            extra="; redone $(fact 'versions redone'); slots read $(fact 'region slots read'); from checkpoint $(fact 'entries from the checkpoint')"
-        fi
-        echo "${prefix_b:-$prefix} run $run: ready ${ready} ms$extra; $phases"
-        if [ -n "$ready" ]; then echo "${key_b:-$key} $ready" >>"$results"; fi
-      done
+        for bin in "${bins[@]}"; do
+            label=${bin%%=*}
+            line_prefix=$prefix
+            line_key=$key
+            if [ "$several_bins" = 1 ]; then
+                line_prefix="$prefix [$label]"
+                line_key="$key [$label]"
+            fi
+            out=$("${bin#*=}" recover "$pool" --engine "$e" 2>/dev/null)
+            ready=$(echo "$out" | grep -E "^ *total" | tr -s " " | cut -d" " -f6 || true)
+            phases=$(echo "$out" \
+                | grep -E "^  (catalog|index recovery|replay|heap scan|scan regions|page table|checkpoint load|checkpoint read|index build|checkpoint headers|undo/redo scan|redo|update_map|secondary indexes)" \
+                | tr -s " " | sed 's/^ //' | paste -sd ";" - || true)
+            extra=""
+            if [ "$e" = fir ]; then
+                extra="; redone $(fact "$out" 'versions redone'); slots read $(fact "$out" 'region slots read'); from checkpoint $(fact "$out" 'entries from the checkpoint')"
+            fi
+            if [ "$with_facts" = facts ]; then
+                # Fact lines: two spaces, a name, a number (phases end in "ms", tables in "rows").
+                extra="$extra; facts: $(echo "$out" | grep -E "^  [a-zA-Z].* [0-9]+$" \
+                    | sed -E 's/^  //; s/ +([0-9]+)$/=\1/' | paste -sd "," - || true)"
+            fi
+            echo "$line_prefix run $run: ready ${ready} ms$extra; $phases"
+            if [ -n "$ready" ]; then echo "$line_key $ready" >>"$results"; fi
+        done
     done
 }
 
@@ -132,7 +171,7 @@ EOF
     : >"$results"
 }
 
-if [ "$what" != work ]; then
+if [ "$what" = sizes ] || [ "$what" = all ]; then
     echo "== experiment 1: recovery after a kill ${run_s} s after the load, by pool size"
     for round in $(seq 1 "$repeat"); do
         for gib in $sizes; do
@@ -156,7 +195,7 @@ if [ "$what" != work ]; then
     summary
 fi
 
-if [ "$what" != sizes ]; then
+if [ "$what" = work ] || [ "$what" = all ]; then
     gib=${WORK_GIB:-2}
     waits=${WAITS:-"0 1 2 4 8"}
     records=$((gib * 250000))
@@ -174,5 +213,32 @@ if [ "$what" != sizes ]; then
         done
     done
     echo "== experiment 2: time until transactions can run"
+    summary
+fi
+
+if [ "$what" = history ] || [ "$what" = all ]; then
+    gib=${HISTORY_GIB:-4}
+    records=${HISTORY_RECORDS:-1000000}
+    history_runs=${HISTORY_RUNS:-"3 20 60"}
+    history_configs=${HISTORY_CONFIGS:-"fir:dram zen:dram falcon:dram"}
+    echo "== experiment 3: recovery after a kill, by the length of the run before it (pool ${gib} GiB, $records records)"
+    for round in $(seq 1 "$repeat"); do
+        for run_for in $history_runs; do
+            for config in $history_configs; do
+                e=${config%%:*}
+                index=${config##*:}
+                cc=occ
+                [ "$e" = fir ] && cc=mvto
+                pool="$dir/pmtx-firrec-history-$e-$index.pool"
+                run_and_kill "loaded .* records" "$run_for" "$pool" --engine "$e" --cc "$cc" \
+                    --index "$index" --records "$records" --pool-size "${gib}G"
+                recover_rounds "$e" "$pool" \
+                    "round $round: $e index=$index ${run_for}s run ($marker) killed=$killed" \
+                    "$e:$index ${run_for}s run" facts
+                rm -f "$pool"
+            done
+        done
+    done
+    echo "== experiment 3: time until transactions can run"
     summary
 fi

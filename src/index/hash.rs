@@ -80,35 +80,52 @@ fn new_seed() -> u64 {
     }
 }
 
-/// Puts `entries` into `out` as (hash, key, address), ordered by the top bits of their home
-/// bucket in a table of `buckets` (a counting sort on up to 10 bits), so that a bulk build fills
-/// the table front to back: placed in the entries' own order, each one was a cache and TLB miss
-/// into a table of megabytes. Linear probing without removals finds a key whatever order the
-/// keys were placed in, so only the speed changes.
+/// An entry of a bulk build with its hash, computed once: the shard and the home bucket both
+/// come from it.
+type Hashed = (u64, u64, u64);
+
+/// A counting sort: puts `items` into `out` ordered by `group_of` (below `groups`), keeping
+/// their order within a group, and returns where each group starts in `out` (`groups + 1`
+/// offsets). `group_of` runs twice per item (count, then place), so it should be cheap: a
+/// shift of a stored hash.
+fn counting_scatter<T: Copy + Default>(
+    items: impl Iterator<Item = T> + Clone,
+    groups: usize,
+    group_of: impl Fn(&T) -> usize,
+    out: &mut Vec<T>,
+) -> Vec<usize> {
+    let mut starts = vec![0usize; groups + 1];
+    for item in items.clone() {
+        starts[group_of(&item) + 1] += 1;
+    }
+    for g in 0..groups {
+        starts[g + 1] += starts[g];
+    }
+    let mut next = starts.clone();
+    out.clear();
+    out.resize(starts[groups], T::default());
+    for item in items {
+        let g = group_of(&item);
+        out[next[g]] = item;
+        next[g] += 1;
+    }
+    starts
+}
+
+/// Puts a shard's `entries` into `out` ordered by the top bits of their home bucket in a table
+/// of `buckets` (up to 10 bits, 1,024 groups), so that a bulk build fills the table front to
+/// back: placed in the entries' own order, each one was a cache and TLB miss into a table of
+/// megabytes. Linear probing without removals finds a key whatever order the keys were placed
+/// in, so only the speed changes.
 fn in_bucket_order<'a>(
-    entries: impl Iterator<Item = &'a (u64, u64)> + Clone,
-    hash: impl Fn(u64) -> u64,
+    entries: impl Iterator<Item = &'a Hashed> + Clone,
     buckets: usize,
-    out: &mut Vec<(u64, u64, u64)>,
+    out: &mut Vec<Hashed>,
 ) {
     let bits = buckets.trailing_zeros().min(10);
     let shift = buckets.trailing_zeros() - bits;
-    let group = |h: u64| (h as usize & (buckets - 1)) >> shift;
-    let mut next = vec![0usize; (1 << bits) + 1];
-    for &(key, _) in entries.clone() {
-        next[group(hash(key)) + 1] += 1;
-    }
-    for g in 0..1 << bits {
-        next[g + 1] += next[g];
-    }
-    out.clear();
-    out.resize(next[1 << bits], (0, 0, 0));
-    for &(key, addr) in entries {
-        let h = hash(key);
-        let g = group(h);
-        out[next[g]] = (h, key, addr);
-        next[g] += 1;
-    }
+    let group = |e: &Hashed| (e.0 as usize & (buckets - 1)) >> shift;
+    counting_scatter(entries.copied(), 1 << bits, group, out);
 }
 
 /// One cache line: seqlock version, slot states and three pairs.
@@ -489,27 +506,20 @@ impl HashIndex {
             .map_or(1, usize::from)
             .min(shard_total);
         let spare_per_shard = spare.div_ceil(shard_total);
-        // Each thread splits its part of the entries by shard, then builds every `threads`-th
-        // shard from all the parts.
+        // Each thread splits its part of the entries by shard, each entry with its hash (made
+        // here and kept: the split's count and scatter hash each key, nothing after them), then
+        // builds every `threads`-th shard from all the parts.
         let part_len = entries.len().div_ceil(threads).max(1);
-        let parts: Vec<Vec<Vec<(u64, u64)>>> = std::thread::scope(|s| {
+        let parts: Vec<(Vec<Hashed>, Vec<usize>)> = std::thread::scope(|s| {
             entries
                 .chunks(part_len)
                 .map(|part| {
                     s.spawn(move || {
-                        // Counted first, so that each shard's vector is allocated once at its
-                        // size: grown by doubling, the copies and the fresh pages they fault in
-                        // cost more than hashing every key twice.
-                        let mut counts = vec![0usize; shard_total];
-                        for &(key, _) in part {
-                            counts[shard_of(hash(key))] += 1;
-                        }
-                        let mut by_shard: Vec<Vec<(u64, u64)>> =
-                            counts.iter().map(|&n| Vec::with_capacity(n)).collect();
-                        for &(key, addr) in part {
-                            by_shard[shard_of(hash(key))].push((key, addr));
-                        }
-                        by_shard
+                        let hashed = part.iter().map(|&(key, addr)| (hash(key), key, addr));
+                        let mut by_shard = Vec::new();
+                        let starts =
+                            counting_scatter(hashed, shard_total, |e| shard_of(e.0), &mut by_shard);
+                        (by_shard, starts)
                     })
                 })
                 .collect::<Vec<_>>()
@@ -526,13 +536,22 @@ impl HashIndex {
                         (t..shard_total)
                             .step_by(threads)
                             .map(|shard_index| {
-                                let mine = || parts.iter().flat_map(|p| p[shard_index].iter());
-                                let count = parts.iter().map(|p| p[shard_index].len()).sum();
+                                let mine = || {
+                                    parts.iter().flat_map(move |(by_shard, starts)| {
+                                        &by_shard[starts[shard_index]..starts[shard_index + 1]]
+                                    })
+                                };
+                                let count = parts
+                                    .iter()
+                                    .map(|(_, starts)| {
+                                        starts[shard_index + 1] - starts[shard_index]
+                                    })
+                                    .sum();
                                 let buckets =
                                     Table::buckets_for(count + with_headroom(spare_per_shard));
                                 let shard = Shard::with_buckets(buckets);
                                 let table = shard.locked_table();
-                                in_bucket_order(mine(), hash, buckets, &mut ordered);
+                                in_bucket_order(mine(), buckets, &mut ordered);
                                 for &(h, key, addr) in &ordered {
                                     if !table.place_private(h, key, addr) {
                                         return Err(IndexError::BulkDuplicateKey(key));
@@ -994,6 +1013,36 @@ mod tests {
             Some(IndexError::BulkDuplicateKey(700))
         );
         assert!(HashIndex::from_entries(&[], 0).unwrap().is_empty());
+    }
+
+    /// A bulk build large enough that every shard's table has more than 1,024 buckets, so that
+    /// its entries are ordered by the top 10 bits of their home bucket (`in_bucket_order`'s
+    /// `shift > 0`), holds exactly its entries.
+    #[test]
+    fn from_entries_of_shards_over_1024_buckets_matches_a_hashmap() {
+        let key = |i: u64| mix64(i) ^ 0x5eed;
+        let model: std::collections::HashMap<u64, u64> =
+            (0..200_000u64).map(|i| (key(i), i)).collect();
+        let entries: Vec<(u64, u64)> = model.iter().map(|(&k, &a)| (k, a)).collect();
+        let index = HashIndex::from_entries(&entries, 0).unwrap();
+        let smallest = index.shards.iter().map(|s| s.locked_table().len()).min();
+        assert!(
+            smallest > Some(1024),
+            "smallest shard table: {smallest:?} buckets"
+        );
+        assert_eq!(index.len(), model.len());
+        for (&k, &a) in &model {
+            assert_eq!(index.get(k), Some(a), "key {k}");
+        }
+        // mix64 is a bijection: these keys are none of the entries'.
+        for i in 200_000..210_000u64 {
+            assert_eq!(index.get(key(i)), None, "absent key {}", key(i));
+        }
+        let mut seen = std::collections::HashMap::new();
+        index.for_each(|k, a| {
+            assert!(seen.insert(k, a).is_none(), "key {k} visited twice");
+        });
+        assert_eq!(seen, model);
     }
 
     /// Writers insert, update and remove their own keys (growing the tables as they go) while a

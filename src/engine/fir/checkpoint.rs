@@ -125,6 +125,19 @@ struct Written {
     fresh: Vec<u64>,
 }
 
+/// What the full checkpoint's index walk learns from the version it found for a key, without a
+/// latch (`FirEngine::committed_at`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Walked {
+    /// A committed version with this txnId: the key's entry.
+    Committed(u64),
+    /// A committed deletion: the key has no entry.
+    Deleted,
+    /// Pending, latched, or rewritten meanwhile: the key is looked up again under the latch
+    /// (`FirEngine::newest_committed`, §4.3.2's walk to the last committed version).
+    LookUp,
+}
+
 /// FIR's leaf map of update-time marks (see the module documentation).
 pub(crate) struct LeafMarks {
     shards: Box<[Mutex<LeafShard>]>,
@@ -303,9 +316,10 @@ impl FirEngine {
     /// pages, the pages it replaces and the pages written.
     ///
     /// The index walk gives each key's address, and a committed version's header is read
-    /// directly (`committed_at`); only a key whose version is pending or latched takes the
-    /// lookup and latch of [`newest_committed`](Self::newest_committed). Looking every key up
-    /// again cost a second random cache miss and a latch per key.
+    /// directly (`committed_at`: a committed update or insert is written as found, a committed
+    /// deletion not at all); only a key whose version is pending or latched takes the lookup
+    /// and latch of [`newest_committed`](Self::newest_committed). Looking every key up again
+    /// cost a second random cache miss and a latch per key.
     fn write_full(&self, tables: &[Arc<TableRt>], generation: u64) -> Result<Written, DbError> {
         let total: usize = tables.iter().map(|t| t.index.len()).sum();
         let mut entries: Vec<Entry> = Vec::with_capacity(total);
@@ -316,9 +330,11 @@ impl FirEngine {
             t.index.for_each(|k, a| pairs.push((k, a)));
             pairs.sort_unstable_by_key(|p| p.0);
             for &(key, addr) in &pairs {
-                let found = self
-                    .committed_at(key, addr)
-                    .or_else(|| self.newest_committed(t, key));
+                let found = match self.committed_at(key, addr) {
+                    Walked::Committed(txn) => Some((txn, addr)),
+                    Walked::Deleted => None,
+                    Walked::LookUp => self.newest_committed(t, key),
+                };
                 if let Some((txn, addr)) = found {
                     entries.push([table as u64, key, txn, addr]);
                 }
@@ -529,17 +545,18 @@ impl FirEngine {
         };
     }
 
-    /// `(txnId, addr)` if the version at `addr`, which the index walk found for `key`, is a
-    /// committed, unlatched version of `key`; `None` sends the key to `newest_committed`.
+    /// What the version at `addr`, which the index walk found for `key`, says about the
+    /// checkpoint's entry for `key` (see [`Walked`]).
     ///
     /// A committed version's begin_ts never changes (the header is written before its state is
     /// stored with release order), so no latch is needed. If the key got a newer version after
     /// the walk read `addr`, that version's transaction ended after CT was taken, so its txnId
     /// is at least CT and recovery redoes it (the module documentation's rule).
-    fn committed_at(&self, key: u64, addr: u64) -> Option<(u64, u64)> {
+    fn committed_at(&self, key: u64, addr: u64) -> Walked {
         let h = self.header(addr);
-        if h.state.load(Ordering::Acquire) != state::COMMITTED {
-            return None;
+        let seen = h.state.load(Ordering::Acquire);
+        if seen != state::COMMITTED && seen != state::COMMITTED | state::TOMBSTONE {
+            return Walked::LookUp;
         }
         let (found, txn) = (
             h.key.load(Ordering::Relaxed),
@@ -547,7 +564,16 @@ impl FirEngine {
         );
         // A header rewritten meanwhile (a latch taken) changed its state word: checked again.
         std::sync::atomic::fence(Ordering::Acquire);
-        (found == key && h.state.load(Ordering::Relaxed) == state::COMMITTED).then_some((txn, addr))
+        if found != key || h.state.load(Ordering::Relaxed) != seen {
+            return Walked::LookUp;
+        }
+        if seen & state::TOMBSTONE != 0 {
+            // A committed deletion (its commit removes the key from the index right after):
+            // the key has no entry, as `newest_committed` would find.
+            Walked::Deleted
+        } else {
+            Walked::Committed(txn)
+        }
     }
 
     /// The newest committed version of `key` and its txnId; `None` if the key has none or it is
@@ -631,6 +657,81 @@ mod tests {
             ]
         );
         assert!(m.drain().is_empty(), "drain takes the marks");
+    }
+
+    /// Every entry of the valid checkpoint, in page order.
+    fn checkpoint_entries(eng: &FirEngine) -> Vec<Entry> {
+        let dir = eng.ckpt.lock().clone();
+        let (mut out, mut buf) = (Vec::new(), Vec::new());
+        for p in &dir.pages {
+            let mut page = vec![[0; 4]; p.entries as usize];
+            eng.read_page_into(p.page, &mut page, &mut buf);
+            out.extend(page);
+        }
+        out
+    }
+
+    /// The full checkpoint's fallback (§4.3.2): a key whose newest version is pending (an
+    /// update not committed yet) or whose header is latched is looked up again and written with
+    /// its newest committed version, and a committed deletion still in the index (between its
+    /// commit and the index removal) is left out. The checkpoint equals the index once the
+    /// update has aborted and the latch is released.
+    #[test]
+    fn a_full_checkpoint_writes_the_committed_version_of_pending_and_latched_keys() {
+        use super::super::worker::FirWorker;
+        use crate::engine::{EngineWorker, FieldWrite};
+        let (eng, t) = super::super::test_engine(1, false, |_| {});
+        let mut w = FirWorker::new(eng.clone(), 0).unwrap();
+        w.begin(false);
+        for k in 0..100u64 {
+            w.insert(t, k, &k.to_le_bytes()).unwrap();
+        }
+        w.commit().unwrap();
+        let table = eng.tables.read()[t as usize].clone();
+        let index = &table.index;
+        let (pending, latched, deleted) = (5u64, 7u64, 9u64);
+        let committed_5 = index.get(pending).unwrap();
+        w.begin(false);
+        let write = FieldWrite {
+            offset: 0,
+            bytes: &99u64.to_le_bytes(),
+        };
+        w.update(t, pending, &[write]).unwrap();
+        assert_ne!(
+            index.get(pending),
+            Some(committed_5),
+            "the index names the pending version"
+        );
+        let h7 = eng.header(index.get(latched).unwrap());
+        let h9 = eng.header(index.get(deleted).unwrap());
+        h9.state
+            .store(state::COMMITTED | state::TOMBSTONE, Ordering::Release);
+        let bits = h7.latch(&eng.pool);
+        let stats = std::thread::scope(|s| {
+            let running = s.spawn(|| eng.checkpoint_as(CheckpointMode::Full));
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            // It cannot pass key 7 without its latch.
+            assert!(
+                !running.is_finished(),
+                "the checkpoint read a latched header"
+            );
+            h7.unlatch(bits);
+            running.join().unwrap().unwrap()
+        });
+        assert_eq!(stats.kind, CheckpointKind::Full);
+        w.abort();
+        h9.state.store(state::COMMITTED, Ordering::Release);
+        assert_eq!(index.get(pending), Some(committed_5));
+        let mut want = Vec::new();
+        index.for_each(|key, addr| {
+            let h = eng.header(addr);
+            if key != deleted {
+                want.push([u64::from(t), key, h.begin.load(Ordering::Relaxed), addr]);
+            }
+        });
+        want.sort_unstable();
+        assert_eq!(want.len(), 99);
+        assert_eq!(checkpoint_entries(&eng), want);
     }
 
     proptest! {

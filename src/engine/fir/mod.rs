@@ -906,3 +906,26 @@ fn meta_layout(fields: &[(u64, u64)]) -> crate::engine::meta::MetaLayout<'_> {
         crc_at: meta::F_CRC,
     }
 }
+
+/// A FIR engine for unit tests: a 64 MiB in-memory ADR pool, `max_threads` slots, no
+/// background checkpointer, whatever `configure` changes, and a table `kv` of one u64 column
+/// (`ordered`: an ordered primary index, else a hash index).
+#[cfg(test)]
+pub(crate) fn test_engine(
+    max_threads: usize,
+    ordered: bool,
+    configure: impl FnOnce(&mut FirConfig),
+) -> (Arc<FirEngine>, TableId) {
+    let opts = crate::pmem::PoolOptions::new("fir", PersistenceDomain::Adr);
+    let pool = Arc::new(Pool::create_in_memory(64 << 20, &opts).expect("a 64 MiB pool in memory"));
+    let mut config = FirConfig::new(Protocol::Mvto);
+    config.max_threads = max_threads;
+    config.checkpoint_interval = None;
+    configure(&mut config);
+    let engine = FirEngine::create(pool, config).expect("a FIR engine");
+    let schema = Schema::new("kv", &[("v", crate::catalog::ColumnType::U64)]);
+    let table = engine
+        .create_table(if ordered { schema.ordered() } else { schema })
+        .expect("table kv");
+    (engine, table)
+}

@@ -1088,10 +1088,7 @@ impl Drop for FirWorker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::catalog::{ColumnType, Schema};
-    use crate::cc::Protocol;
     use crate::engine::Engine;
-    use crate::pmem::{PersistenceDomain, PoolOptions};
 
     /// Region blocks of worker slot `thread`.
     fn blocks_of(eng: &FirEngine, thread: usize) -> usize {
@@ -1104,6 +1101,42 @@ mod tests {
             .count()
     }
 
+    /// A live worker owns its slot between transactions (`ThreadState::owned`, its state parked
+    /// in `FirEngine::slots`): a second worker for the slot and a table drop are refused, with
+    /// an error naming the slot, before and after a transaction; once it is dropped, both
+    /// succeed.
+    #[test]
+    fn a_parked_worker_keeps_its_slot_from_a_second_worker_and_a_table_drop() {
+        let (eng, t) = super::super::test_engine(2, false, |_| {});
+        let refused = |eng: &Arc<FirEngine>| {
+            match FirWorker::new(eng.clone(), 0) {
+                Err(DbError::Config(m)) => assert!(m.contains("slot 0"), "{m}"),
+                Err(e) => panic!("a second worker for slot 0: {e}"),
+                Ok(_) => panic!("a second worker took slot 0 from a live one"),
+            }
+            match eng.drop_table(t) {
+                Err(DbError::Config(m)) => assert!(m.contains("worker slot 0 is in use"), "{m}"),
+                other => panic!("a drop with a live worker: {other:?}"),
+            }
+        };
+        let mut w = FirWorker::new(eng.clone(), 0).unwrap();
+        refused(&eng);
+        w.begin(false);
+        w.insert(t, 1, &7u64.to_le_bytes()).unwrap();
+        w.commit().unwrap();
+        refused(&eng);
+        // The refused drops left the table live.
+        w.begin(true);
+        let mut row = [0u8; 8];
+        w.read(t, 1, &mut row).unwrap();
+        w.commit().unwrap();
+        assert_eq!(u64::from_le_bytes(row), 7);
+        drop(w);
+        drop(FirWorker::new(eng.clone(), 0).unwrap());
+        eng.drop_table(t).unwrap();
+        assert!(!eng.catalog().tables[t as usize].is_live());
+    }
+
     /// §4.5 with a worker that stopped writing: slot 0 loads 640 rows (10 blocks of 64 slots)
     /// and then idles (alive between transactions, or gone); slot 1 rewrites every row, so slot
     /// 0's blocks become wholly obsolete. Only a GC round of slot 1 can collect them (slot 0
@@ -1111,17 +1144,10 @@ mod tests {
     #[test]
     fn gc_collects_the_regions_of_a_worker_that_stopped_writing() {
         for keep_alive in [true, false] {
-            let opts = PoolOptions::new("fir", PersistenceDomain::Adr);
-            let pool = Arc::new(Pool::create_in_memory(64 << 20, &opts).unwrap());
-            let mut config = super::super::FirConfig::new(Protocol::Mvto);
-            config.max_threads = 2;
-            config.block_slots = Some(64);
-            config.checkpoint_interval = None;
-            config.gc_every_commits = Some(4);
-            let eng = FirEngine::create(pool, config).unwrap();
-            let t = eng
-                .create_table(Schema::new("kv", &[("v", ColumnType::U64)]).ordered())
-                .unwrap();
+            let (eng, t) = super::super::test_engine(2, true, |config| {
+                config.block_slots = Some(64);
+                config.gc_every_commits = Some(4);
+            });
             let mut a = FirWorker::new(eng.clone(), 0).unwrap();
             for chunk in 0..10u64 {
                 a.begin(false);
