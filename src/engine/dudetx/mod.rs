@@ -109,8 +109,9 @@
 //! reproduce (13–16 %: heap writes of whole 1,000-byte rows, decoding copies) and allocations
 //! per commit. What remains after this change: *perform* on the shadow plus one redo log per
 //! writing transaction (for YCSB a 121-byte field write instead of a 1,017-byte row), the
-//! commit lock, the persist step under the state lock (combination, CRC, one copy to the ring),
-//! the heap write in reproduce. Sync mode adds one persist step per commit (a group is what
+//! commit lock, the persist step (combination, LZ4, CRC, one copy to the ring: outside the
+//! pipeline's state lock, which it takes only to take its group off the queue and to publish
+//! the records), the heap write in reproduce. Sync mode adds one persist step per commit (a group is what
 //! arrives while the previous step runs), so two sync committers alternate as leaders.
 //!
 //! # The persistent-object API

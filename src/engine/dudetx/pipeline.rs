@@ -72,14 +72,18 @@ pub(crate) enum Batch {
     Encoded(Vec<Vec<u8>>),
 }
 
+/// How a persist step makes a group of committed logs (in the order they were queued) into
+/// records, in ring order. A plain function of the group: it runs outside the state lock.
+pub(crate) type MakeRecords = fn(Vec<(u64, Vec<u8>)>) -> Result<Vec<Record>, String>;
+
 /// What the perform modes' pipelines do differently (§3 vs §5), plugged into [`Core`]: how a
 /// group of committed logs becomes records, what makes a record durable, which persisted
 /// records reproduce next and in what order, and what marks the truncation. Its methods run
 /// under the core's state lock.
 pub(crate) trait Sequencer: Send + 'static {
-    /// The records a persist step writes for `group` (committed logs, in the order they were
-    /// queued), in ring order.
-    fn records(&mut self, group: Vec<(u64, Vec<u8>)>) -> Result<Vec<Record>, String>;
+    /// How a persist step makes a group into records (called once, when the core is made;
+    /// the function runs outside the state lock, see [`Core::persist_step`]).
+    fn make_records(&self) -> MakeRecords;
 
     /// Whether a persist step publishes a durable id word on PM after its records (§3.2, a
     /// global order); without one, recovery finds what is durable again (§5.3).
@@ -118,8 +122,9 @@ pub(crate) struct IdOrder {
     persisted: VecDeque<(u64, u64, Vec<u8>)>,
 }
 
-impl Sequencer for IdOrder {
-    fn records(&mut self, group: Vec<(u64, Vec<u8>)>) -> Result<Vec<Record>, String> {
+impl IdOrder {
+    /// One record for the whole group, its logs combined (§3.3).
+    fn combined(group: Vec<(u64, Vec<u8>)>) -> Result<Vec<Record>, String> {
         let (Some(first), Some(last)) = (group.first(), group.last()) else {
             return Ok(Vec::new());
         };
@@ -127,6 +132,12 @@ impl Sequencer for IdOrder {
         let slices: Vec<&[u8]> = group.iter().map(|(_, l)| l.as_slice()).collect();
         let raw = log::combine(&slices)?;
         Ok(vec![Record { first, last, raw }])
+    }
+}
+
+impl Sequencer for IdOrder {
+    fn make_records(&self) -> MakeRecords {
+        IdOrder::combined
     }
 
     fn durable_word(&self) -> bool {
@@ -206,8 +217,6 @@ pub(crate) struct State {
     room_wanted: bool,
     /// Threads still running.
     running: usize,
-    /// When LZ4 is tried (§3.3), see [`Lz4Backoff`].
-    lz4: Lz4Backoff,
 }
 
 /// When a persist step tries LZ4 on a record (§3.3). Compression is there to save PM bytes; it
@@ -246,6 +255,15 @@ impl Lz4Backoff {
             self.skip = (1 << self.misses) - 1;
         }
     }
+}
+
+/// A group taken off the queue for one persist step, before it is made into records.
+struct Taken {
+    /// The committed logs, in the order they were queued.
+    group: Vec<(u64, Vec<u8>)>,
+    /// The ring tail, where its records go: it stays put while the step runs (`persisting`
+    /// keeps every other step off it).
+    pos: u64,
 }
 
 /// A group taken off the queue for one persist step: its records, built at their ring
@@ -295,6 +313,13 @@ pub(crate) struct Core<H = Heap> {
     pub config: DudetxConfig,
     pub state: Mutex<State>,
     pub heap: Mutex<H>,
+    /// How the sequencer makes a group into records ([`Sequencer::make_records`]).
+    make_records: MakeRecords,
+    /// When LZ4 is tried (§3.3), see [`Lz4Backoff`]. Only the step that owns the ring tail
+    /// (`State::persisting`, or the inline step under the state lock) takes it, so it is
+    /// never contended; it is not in [`State`] because that step builds its records outside
+    /// the state lock.
+    lz4: Mutex<Lz4Backoff>,
     wake_persist: Condvar,
     wake_reproduce: Condvar,
     became_durable: Condvar,
@@ -347,6 +372,7 @@ impl<H: Apply> Core<H> {
         tail: u64,
         seq: Box<dyn Sequencer>,
     ) -> Core<H> {
+        let make_records = seq.make_records();
         Core {
             pool,
             pages,
@@ -367,9 +393,10 @@ impl<H: Apply> Core<H> {
                 reproducing: false,
                 room_wanted: false,
                 running: 0,
-                lz4: Lz4Backoff::default(),
             }),
             heap: Mutex::new(heap),
+            make_records,
+            lz4: Mutex::new(Lz4Backoff::default()),
             wake_persist: Condvar::new(),
             wake_reproduce: Condvar::new(),
             became_durable: Condvar::new(),
@@ -507,9 +534,8 @@ impl<H: Apply> Core<H> {
     }
 
     /// Takes the next group off the queue (at most `group` transactions and a quarter of the
-    /// ring) and builds its records at the ring tail (ids ≥ 1; the sequencer decides how many
-    /// records a group makes).
-    fn next_group(&self, st: &mut State) -> Result<Prepared, String> {
+    /// ring), to be built at the ring tail ([`Core::build_group`]).
+    fn take_group(&self, st: &mut State) -> Taken {
         let limit = max_record_raw(self.ring.capacity());
         let mut n = 0;
         let mut bytes = 0;
@@ -526,15 +552,27 @@ impl<H: Apply> Core<H> {
         if st.queue.is_empty() {
             st.queued_since = None;
         }
-        let records = st.seq.records(group)?;
-        let mut pos = st.tail;
+        Taken {
+            group,
+            pos: st.tail,
+        }
+    }
+
+    /// Makes a taken group into records (§3.3: combined, compressed, checksummed) at their
+    /// ring positions (ids ≥ 1; the sequencer decides how many records a group makes). It needs
+    /// no state: the persist step runs it outside the state lock.
+    fn build_group(&self, taken: Taken) -> Result<Prepared, String> {
+        let Taken { group, pos: start } = taken;
+        let records = (self.make_records)(group)?;
+        let mut lz4 = self.lz4.lock();
+        let mut pos = start;
         let built: Vec<Vec<u8>> = records
             .iter()
             .map(|r| {
-                let attempt = st.lz4.attempt();
+                let attempt = lz4.attempt();
                 let rec = build_record(r.first, r.last, pos, &r.raw, attempt);
                 if attempt {
-                    st.lz4.outcome(is_compressed(&rec));
+                    lz4.outcome(is_compressed(&rec));
                 }
                 pos += rec.len() as u64;
                 rec
@@ -543,7 +581,7 @@ impl<H: Apply> Core<H> {
         Ok(Prepared {
             records,
             built,
-            bytes: pos - st.tail,
+            bytes: pos - start,
         })
     }
 
@@ -645,7 +683,8 @@ impl<H: Apply> Core<H> {
 
     /// One persist step in the calling thread.
     fn persist_inline(&self, st: &mut parking_lot::MutexGuard<'_, State>) -> Result<(), String> {
-        let group = self.next_group(st).map_err(|e| self.fail(st, e))?;
+        let taken = self.take_group(st);
+        let group = self.build_group(taken).map_err(|e| self.fail(st, e))?;
         if !self.has_room(st, group.bytes) {
             self.reproduce_inline(st)?;
             if !self.has_room(st, group.bytes) {
@@ -798,14 +837,23 @@ impl<H: Apply> Core<H> {
         self.wake_reproduce.notify_one();
     }
 
-    /// One persist step with background threads (§3.2), by the persist thread or a leading
-    /// sync committer: the next group made into records, room for them in the ring (waiting
-    /// for reproduce), the records (and durable id) written outside the lock; `persisting`
-    /// keeps a second step off the ring tail meanwhile. A failure is left in `failed`.
+    /// One persist step with background threads (§3.3), by the persist thread or a leading
+    /// sync committer: the next group taken off the queue under the lock; made into records
+    /// (combined, compressed, checksummed) outside it; room for them in the ring (waiting for
+    /// reproduce); the records (and durable id) written outside the lock; then published under
+    /// it (the tail, the sequencer's bookkeeping, the durable report). `persisting` keeps a
+    /// second step off the ring tail meanwhile, so records are written one step after another
+    /// in queue order, each at the tail its group was taken at: the prefix and gap rules
+    /// recovery relies on (§3.4–§3.5) are those of a step run wholly under the lock. A failure
+    /// is left in `failed`.
     fn persist_step(&self, st: &mut parking_lot::MutexGuard<'_, State>) {
         st.persisting = true;
         let reproducible = st.seq.reproducible();
-        let result = self.next_group(st).and_then(|group| {
+        let taken = self.take_group(st);
+        // Committers queue their logs (under this lock) while the group is built: building
+        // under it made every commit wait for the combination, LZ4 and CRC of the step before.
+        let built = parking_lot::MutexGuard::unlocked(st, || self.build_group(taken));
+        let result = built.and_then(|group| {
             while !self.has_room(st, group.bytes) && st.failed.is_none() {
                 if st.seq.reproducible() == 0 && !st.reproducing && st.tail > st.head {
                     // Nothing reproduce could apply frees room: the ring is full of records
@@ -893,13 +941,26 @@ impl<H: Apply> Core<H> {
                     self.fail(&mut st, e);
                 }
             }
-            // Both the persist thread and a leading committer may wait for ring room.
-            self.wake_persist.notify_all();
-            self.became_durable.notify_all();
+            self.wake_after_reproduce(&st);
         }
         st.running -= 1;
         self.wake_persist.notify_all();
         self.became_durable.notify_all();
+    }
+
+    /// Wakes, after a reproduce step, only those that wait on one: a persist step waiting
+    /// for ring room (the persist thread's or a leading committer's) and drains. In sync mode
+    /// the persist thread sleeps on `wake_persist` between drains, so waking it after every
+    /// batch cost a context switch for nothing, and a sync committer sleeping in
+    /// [`Core::wait_durable`] waits for a persist step, not for reproduce. (A failure wakes
+    /// everyone in `fail`.)
+    fn wake_after_reproduce(&self, st: &State) {
+        if st.room_wanted {
+            self.wake_persist.notify_all();
+        }
+        if st.draining > 0 {
+            self.became_durable.notify_all();
+        }
     }
 
     /// Starts the persist and reproduce threads.

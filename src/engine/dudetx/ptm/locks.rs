@@ -29,7 +29,7 @@
 //! its effects are durable).
 
 use super::super::log::{decode_ops, encode_op, Op};
-use super::super::pipeline::{Batch, Record, Reproduction, Sequencer, Written};
+use super::super::pipeline::{Batch, MakeRecords, Record, Reproduction, Sequencer, Written};
 use super::DudetxPtmFault;
 use crate::engine::dudetx::layout::meta;
 use crate::engine::wal::{parse_record, LogRing};
@@ -297,11 +297,9 @@ impl DepOrder {
             ring: VecDeque::new(),
         }
     }
-}
 
-impl Sequencer for DepOrder {
     /// One record per transaction, chain after chain (each chain's in its own order).
-    fn records(&mut self, mut group: Vec<(u64, Vec<u8>)>) -> Result<Vec<Record>, String> {
+    fn per_transaction(mut group: Vec<(u64, Vec<u8>)>) -> Result<Vec<Record>, String> {
         group.sort_by_key(|&(id, _)| chain_of(id));
         Ok(group
             .into_iter()
@@ -311,6 +309,12 @@ impl Sequencer for DepOrder {
                 raw,
             })
             .collect())
+    }
+}
+
+impl Sequencer for DepOrder {
+    fn make_records(&self) -> MakeRecords {
+        DepOrder::per_transaction
     }
 
     fn durable_word(&self) -> bool {
