@@ -5,7 +5,6 @@ use super::layout::{block_bytes, header, is_large, state, Header, BLOCK};
 use super::table::{dstate, Entry};
 use super::{txstate_word, ArchtmFault, Inner, MAX_OBJECT};
 use crate::ptm::{PtmError, PtmWorker};
-use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -28,8 +27,9 @@ pub(crate) struct ArchtmWorker {
     write_set: Vec<u64>,
     /// The engine's reserved slot ([`Inner::internal_slot`]), never handed to a user thread.
     internal: bool,
-    /// The slot's tombstone reserve was filled (at the worker's first transaction: a take
-    /// outside one could race a checkpoint's CHKP-diff of the lists).
+    /// The slot's tombstone reserve was topped up for this worker: frees of an earlier worker
+    /// on the slot may have used it. Done at the worker's first transaction (a take outside
+    /// one could race a checkpoint's CHKP-diff of the lists).
     tomb_reserve_filled: bool,
 }
 
@@ -92,8 +92,7 @@ impl ArchtmWorker {
             pm_begun: false,
             write_set: Vec::new(),
             internal,
-            // The engine's own transactions free nothing.
-            tomb_reserve_filled: internal,
+            tomb_reserve_filled: false,
         }
     }
 
@@ -207,20 +206,27 @@ impl ArchtmWorker {
         Ok(v)
     }
 
-    /// Alg. 1 APT_TX_WRITE: the offset of this transaction's copy of `h`, made on first use
-    /// with every payload byte but `about_to_write` (the caller's write follows at once, so
-    /// each byte of the new version is stored once; a range outside the object copies all).
+    /// Alg. 1 APT_TX_WRITE: the offset of this transaction's copy of `h`, made on first use,
+    /// for a write of `len` bytes at byte `offset`, which is checked against the object's size
+    /// here (the one bounds check of a write). The copy holds every payload byte but the
+    /// `len` at `offset`: the caller stores those at once, so each byte of the new version
+    /// reaches PM once.
     fn copy_for_write(
         &mut self,
         h: u64,
-        about_to_write: Range<u64>,
+        offset: usize,
+        len: usize,
     ) -> Result<(u64, u64), PtmError> {
         let eng = Arc::clone(&self.eng);
         let (e, id, gen, v) = live_entry(&eng, h)?;
-        if v.writer == self.txid {
-            if v.new & TOMB != 0 {
-                return Err(invalid(h, "the object is freed by this transaction"));
-            }
+        let own = v.writer == self.txid;
+        if own && v.new & TOMB != 0 {
+            return Err(invalid(h, "the object is freed by this transaction"));
+        }
+        // A generation names one life of an object, of one size: the size seen here is the
+        // locked version's too (`lock_committed` refuses another generation).
+        check_bounds(h, offset, len, v.size)?;
+        if own {
             return Ok((v.new, v.size));
         }
         let v = self.lock_committed(e, h, gen)?;
@@ -240,12 +246,7 @@ impl ArchtmWorker {
             txid: self.txid,
         };
         self.write_header(off, &hdr);
-        let skip = if about_to_write.end <= v.size {
-            about_to_write
-        } else {
-            // The write fails its bounds check: the copy must be whole all the same.
-            0..0
-        };
+        let skip = offset as u64..(offset + len) as u64;
         self.eng.copy_payload_except(v.old, off, v.size, skip);
         e.modify(|e| e.new.store(off, Ordering::Release));
         self.write_set.push(id);
@@ -403,7 +404,6 @@ impl PtmWorker for ArchtmWorker {
         self.write_set.clear();
         self.running = true;
         if !self.tomb_reserve_filled {
-            // Blocks for the tombstones of frees in a full pool (§5.4 gives a free none).
             self.tomb_reserve_filled = true;
             self.eng.fill_tomb_reserve(self.slot);
         }
@@ -424,15 +424,7 @@ impl PtmWorker for ArchtmWorker {
     }
 
     fn write(&mut self, h: u64, offset: usize, src: &[u8]) -> Result<(), PtmError> {
-        if let Ok((e, _, gen)) = self.entry(h) {
-            let v = e.view();
-            if v.gen == gen {
-                check_bounds(h, offset, src.len(), v.size)?;
-            }
-        }
-        let (off, size) =
-            self.copy_for_write(h, offset as u64..offset.saturating_add(src.len()) as u64)?;
-        check_bounds(h, offset, src.len(), size)?;
+        let (off, size) = self.copy_for_write(h, offset, src.len())?;
         let mut at = 0;
         for (pm, n) in self
             .eng
@@ -649,7 +641,7 @@ impl PtmWorker for ArchtmWorker {
                 }
             }
             eng.alloc
-                .give_back(self.slot, blocks, self.slot != eng.internal_slot());
+                .give_back(self.slot, blocks, eng.keeps_tomb_reserve(self.slot));
             // After the fence above: the copies' headers are invalid on PM.
             for off in large {
                 eng.free_large(off);
