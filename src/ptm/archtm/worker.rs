@@ -5,6 +5,7 @@ use super::layout::{block_bytes, header, is_large, state, Header, BLOCK};
 use super::table::{dstate, Entry};
 use super::{txstate_word, ArchtmFault, Inner, MAX_OBJECT};
 use crate::ptm::{PtmError, PtmWorker};
+use std::cell::Cell;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -21,7 +22,9 @@ pub(crate) struct ArchtmWorker {
     ts: u64,
     txid: u64,
     running: bool,
-    pm_begun: bool,
+    /// BEGIN is durable for this transaction (a cell, so that `pm_begin` takes `&self` while
+    /// the caller holds an entry of the engine's table: no `Arc` clone per write).
+    pm_begun: Cell<bool>,
     /// §5.1's write-set: ids of the objects this transaction locked (each once: an entry whose
     /// writer is this txid is already in it).
     write_set: Vec<u64>,
@@ -89,7 +92,7 @@ impl ArchtmWorker {
             ts: 0,
             txid: 0,
             running: false,
-            pm_begun: false,
+            pm_begun: Cell::new(false),
             write_set: Vec::new(),
             internal,
             tomb_reserve_filled: false,
@@ -159,11 +162,10 @@ impl ArchtmWorker {
 
     /// Makes BEGIN durable before the transaction's first annotated copy can reach PM (§5.3
     /// APT_TX_BEGIN; done at the first write so read-only transactions write nothing to PM).
-    fn pm_begin(&mut self) {
-        if self.pm_begun {
+    fn pm_begin(&self) {
+        if self.pm_begun.replace(true) {
             return;
         }
-        self.pm_begun = true;
         if self.eng.fault == Some(ArchtmFault::SkipBegin) {
             return;
         }
@@ -217,8 +219,7 @@ impl ArchtmWorker {
         offset: usize,
         len: usize,
     ) -> Result<(u64, u64), PtmError> {
-        let eng = Arc::clone(&self.eng);
-        let (e, id, gen, v) = live_entry(&eng, h)?;
+        let (e, id, gen, v) = live_entry(&self.eng, h)?;
         let own = v.writer == self.txid;
         if own && v.new & TOMB != 0 {
             return Err(invalid(h, "the object is freed by this transaction"));
@@ -266,8 +267,9 @@ impl ArchtmWorker {
                 std::hint::spin_loop();
             }
         }
-        let mut freed = Vec::new();
-        let mut dealloc = Vec::new();
+        // The replaced versions go straight into the slot's deallocation list (no list per
+        // commit to allocate); the collection, which takes the lists, waits the few entries.
+        let mut dealloc = self.eng.alloc.dealloc[self.slot].lock();
         for &id in &self.write_set {
             // §5.6: the entry's committed state changes, so its group goes into the next
             // checkpoint.
@@ -298,7 +300,7 @@ impl ArchtmWorker {
                     e.size.store(0, Ordering::Release);
                     e.writer.store(0, Ordering::Release);
                 });
-                freed.push(id as u32);
+                self.eng.id_lists[self.slot].lock().push(id as u32);
             } else {
                 e.vtxid.store(self.txid, Ordering::Release);
                 e.modify(|e| {
@@ -308,12 +310,8 @@ impl ArchtmWorker {
                 });
             }
         }
-        self.eng.id_lists[self.slot].lock().extend(freed);
-        let pending = {
-            let mut d = self.eng.alloc.dealloc[self.slot].lock();
-            d.extend(dealloc);
-            d.len()
-        };
+        let pending = dealloc.len();
+        drop(dealloc);
         self.end();
         if pending > self.eng.gc_threshold {
             // §5.4: the GC thread collects; without one, the committing thread does.
@@ -400,7 +398,7 @@ impl PtmWorker for ArchtmWorker {
         self.txid = self.ts << 8 | self.slot as u64;
         s.state
             .store(self.ts << 2 | dstate::BEGIN, Ordering::Release);
-        self.pm_begun = false;
+        self.pm_begun.set(false);
         self.write_set.clear();
         self.running = true;
         if !self.tomb_reserve_filled {
@@ -447,7 +445,7 @@ impl PtmWorker for ArchtmWorker {
             Some(id) => u64::from(id),
             None => self.eng.table.next_id.fetch_add(1, Ordering::AcqRel),
         };
-        let eng = Arc::clone(&self.eng);
+        let eng = &*self.eng;
         let Some(e) = eng.table.get(id) else {
             return Err(PtmError::PoolFull {
                 bytes: init.len(),
@@ -499,8 +497,8 @@ impl PtmWorker for ArchtmWorker {
         if h == self.eng.root {
             return Err(invalid(h, "the root object cannot be freed"));
         }
-        let eng = Arc::clone(&self.eng);
-        let (e, id, gen, v) = live_entry(&eng, h)?;
+        let eng = &*self.eng;
+        let (e, id, gen, v) = live_entry(eng, h)?;
         let tomb = Header {
             id: id as u32,
             gen: gen as u32,
@@ -556,7 +554,7 @@ impl PtmWorker for ArchtmWorker {
             self.end();
             return Ok(());
         }
-        let eng = Arc::clone(&self.eng);
+        let eng = &*self.eng;
         if eng.flushing && eng.fault != Some(ArchtmFault::SkipCopyFlush) {
             // archtm-copy-flush (Alg. 2 line 4)
             for &id in &self.write_set {
@@ -598,7 +596,7 @@ impl PtmWorker for ArchtmWorker {
         if !self.running {
             return;
         }
-        let eng = Arc::clone(&self.eng);
+        let eng = &*self.eng;
         if !self.write_set.is_empty() {
             let keep = eng.fault == Some(ArchtmFault::AbortKeepsCopies);
             let mut blocks = Vec::with_capacity(self.write_set.len());
