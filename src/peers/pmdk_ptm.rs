@@ -186,7 +186,9 @@ enum Guard {
 pub struct PmdkPtm<R: PObject> {
     pool: Arc<Pool>,
     live: Arc<RwLock<Live>>,
-    /// Idle workers (boxed: `run` moves one out and back per transaction).
+    /// Idle workers, boxed: `run` moves one out and back per transaction, a pointer rather
+    /// than the whole `Worker` (its maps, sets and guard).
+    #[allow(clippy::vec_box)]
     workers: Mutex<Vec<Box<Worker>>>,
     _r: PhantomData<fn() -> R>,
 }
