@@ -1,12 +1,14 @@
 //! ArchTM's allocator (§4.4, §4.5, §5.4) through the public API: size classes under churn of
 //! mixed sizes, a full pool whose recycled blocks of one class serve another, frees in a full
-//! pool (the tombstone reserve), and the defragmentation policy of the background thread.
+//! pool (the tombstone reserve: topped up for a new worker, set aside again at reopening), and
+//! the defragmentation policy of the background thread.
 
 mod common;
 use common::eventually;
 use common::ptm_model::stat;
 use pmtx::crashtest::ptm::{Lcg, Root};
-use pmtx::ptm::{PObject, PPtr, Ptm, PtmConfig, PtmError};
+use pmtx::ptm::archtm::alloc::TOMB_RESERVE;
+use pmtx::ptm::{PObject, PPtr, Ptm, PtmConfig, PtmError, PtmWorker};
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -85,26 +87,11 @@ fn a_full_pool_of_one_class_serves_another_once_freed() {
         c.checkpoint_every = 0;
         Ptm::<Root>::create(c).unwrap()
     };
-    let fill = |ptm: &Ptm<Root>, limit: usize| {
-        let mut small = Vec::new();
-        while small.len() < limit {
-            match ptm.run(|tx| {
-                (0..64)
-                    .map(|i| tx.alloc(&(i as u64)))
-                    .collect::<Result<Vec<_>, _>>()
-            }) {
-                Ok(hs) => small.extend(hs),
-                Err(PtmError::PoolFull { .. }) => break,
-                Err(e) => panic!("{e}"),
-            }
-        }
-        small
-    };
     // How many 64-byte objects fit; then a pool filled all but 2 048 of them (a free needs a
     // block for its tombstone until the collection recycles it).
-    let capacity = fill(&create(), usize::MAX).len();
+    let capacity = fill_with_small_objects(&create(), usize::MAX, 64).len();
     let ptm = create();
-    let small = fill(&ptm, capacity - 2048);
+    let small = fill_with_small_objects(&ptm, capacity - 2048, 64);
     let data = stat(&ptm, "data_pages") * (2 << 20);
     assert!(
         capacity as u64 * 64 * 10 > data * 9,
@@ -139,28 +126,11 @@ fn a_pool_full_of_64_byte_blocks_still_frees() {
     let mut c = PtmConfig::temporary().size(12 << 20).inline_background();
     c.checkpoint_every = 0;
     let ptm = Ptm::<Root>::create(c).unwrap();
-    let mut live = Vec::new();
-    // One object a transaction at the end: an aborted batch would hand its blocks back.
-    for batch in [64, 1] {
-        loop {
-            match ptm.run(|tx| {
-                (0..batch)
-                    .map(|i| tx.alloc(&(i as u64)))
-                    .collect::<Result<Vec<_>, _>>()
-            }) {
-                Ok(hs) => live.extend(hs),
-                Err(PtmError::PoolFull { .. }) => break,
-                Err(e) => panic!("{e}"),
-            }
-        }
-    }
+    let mut live = fill_to_the_brim(&ptm);
     assert!(live.len() > 50_000, "{} objects", live.len());
-    match ptm.run(|tx| tx.alloc(&7u64)) {
-        Err(PtmError::PoolFull { .. }) => {}
-        r => panic!("the pool is full, yet an allocation gave {r:?}"),
-    }
+    assert_full(&ptm, "after the fill");
     // One free more than the reserve holds, in one transaction: a clear error, nothing lost.
-    let reserve = pmtx::ptm::archtm::alloc::TOMB_RESERVE;
+    let reserve = TOMB_RESERVE;
     match ptm.run(|tx| live[..=reserve].iter().try_for_each(|&h| tx.free(h))) {
         Err(PtmError::PoolFull { detail, .. }) => {
             assert!(detail.contains("reserved for the tombstones"), "{detail}")
@@ -170,10 +140,7 @@ fn a_pool_full_of_64_byte_blocks_still_frees() {
     ptm.check_invariants().unwrap();
     // The aborted frees gave their tombstones back to the reserve, not to the allocator: the
     // pool is still full for an allocation, and the reserve still covers the frees below.
-    match ptm.run(|tx| tx.alloc(&7u64)) {
-        Err(PtmError::PoolFull { .. }) => {}
-        r => panic!("an allocation after the aborted frees gave {r:?}"),
-    }
+    assert_full(&ptm, "after the aborted frees");
     // As many frees in one transaction as the reserve holds.
     let batch: Vec<_> = live.drain(..reserve).collect();
     ptm.run(|tx| batch.iter().try_for_each(|&h| tx.free(h)))
@@ -195,6 +162,119 @@ fn a_pool_full_of_64_byte_blocks_still_frees() {
         (live.len() + again.len()) as u64 + 1
     );
     ptm.check_invariants().unwrap();
+}
+
+/// A worker's frees in a full pool use up its slot's reserve; a new worker on that slot tops
+/// the reserve up at its first transaction (from the blocks collection recycles), before the
+/// pool fills again, so it can free as many objects in one transaction as the reserve holds.
+#[test]
+fn a_new_worker_tops_up_the_reserve_its_slot_used() {
+    let mut c = PtmConfig::temporary()
+        .size(12 << 20)
+        .max_threads(2)
+        .inline_background();
+    c.checkpoint_every = 0;
+    let ptm = Ptm::<Root>::create(c).unwrap();
+    // `run`'s worker keeps one slot; the engine's workers below take the other, each in turn.
+    let mut live = fill_to_the_brim(&ptm);
+    assert_full(&ptm, "after the fill");
+    let mut first = ptm.engine().worker().unwrap();
+    let batch: Vec<_> = live.drain(..TOMB_RESERVE).collect();
+    free_in_one_transaction(&mut *first, &batch).expect("the slot's reserve covers the frees");
+    drop(first);
+    let mut second = ptm.engine().worker().unwrap();
+    second.begin();
+    second.commit().unwrap();
+    live.extend(fill_to_the_brim(&ptm));
+    assert_full(&ptm, "after the second fill");
+    let batch: Vec<_> = live.drain(..TOMB_RESERVE).collect();
+    free_in_one_transaction(&mut *second, &batch)
+        .expect("the new worker's first transaction topped the reserve up");
+    drop(second);
+    ptm.check_invariants().unwrap();
+}
+
+/// A pool filled to the brim, reopened, and filled again (recovery finds free what the slots'
+/// DRAM lists held) still frees on every slot, as many objects in one transaction as a reserve
+/// holds: the reserves are set aside again at open, before any allocation.
+#[test]
+fn a_pool_reopened_full_still_frees_on_every_slot() {
+    let dir = common::pool_dir();
+    let path = dir.path().join("full.pool");
+    let config = || {
+        let mut c = PtmConfig::temporary()
+            .size(12 << 20)
+            .path(&path)
+            .max_threads(2)
+            .inline_background();
+        c.checkpoint_every = 0;
+        c
+    };
+    let mut live = fill_to_the_brim(&Ptm::<Root>::create(config()).unwrap());
+    let ptm = Ptm::<Root>::open(config()).unwrap();
+    ptm.check_invariants().unwrap();
+    live.extend(fill_to_the_brim(&ptm));
+    assert_full(&ptm, "after the fill that follows reopening");
+    // First the slot that allocated nothing since the restart (the fill's takes of 64-byte
+    // blocks top up the other's reserve), before any committed free gives blocks back.
+    let mut other = ptm.engine().worker().unwrap();
+    let batch: Vec<_> = live.drain(..TOMB_RESERVE).collect();
+    free_in_one_transaction(&mut *other, &batch).expect("the idle slot's reserve covers them");
+    drop(other);
+    let batch: Vec<_> = live.drain(..TOMB_RESERVE).collect();
+    ptm.run(|tx| batch.iter().try_for_each(|&h| tx.free(h)))
+        .expect("the filling slot's reserve covers the frees");
+    ptm.check_invariants().unwrap();
+    // The objects kept their values (each batch's objects hold 0..64).
+    for &h in live.iter().step_by(997) {
+        assert!(ptm.run(|tx| tx.read(h)).unwrap() < 64);
+    }
+}
+
+/// Allocates 8-byte objects (64-byte blocks), `batch` in a transaction, until the pool is full
+/// or `limit` are allocated; their handles (object `i` of a batch holds `i`).
+fn fill_with_small_objects(ptm: &Ptm<Root>, limit: usize, batch: usize) -> Vec<PPtr<u64>> {
+    let mut small = Vec::new();
+    while small.len() < limit {
+        match ptm.run(|tx| {
+            (0..batch)
+                .map(|i| tx.alloc(&(i as u64)))
+                .collect::<Result<Vec<_>, _>>()
+        }) {
+            Ok(hs) => small.extend(hs),
+            Err(PtmError::PoolFull { .. }) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    small
+}
+
+/// Fills the pool with 8-byte objects until not one more fits: batches of 64, then one object
+/// a transaction (an aborted batch hands its blocks back).
+fn fill_to_the_brim(ptm: &Ptm<Root>) -> Vec<PPtr<u64>> {
+    let mut live = fill_with_small_objects(ptm, usize::MAX, 64);
+    live.extend(fill_with_small_objects(ptm, usize::MAX, 1));
+    live
+}
+
+/// Asserts that an allocation of an 8-byte object fails with `PoolFull`.
+fn assert_full(ptm: &Ptm<Root>, when: &str) {
+    match ptm.run(|tx| tx.alloc(&7u64)) {
+        Err(PtmError::PoolFull { .. }) => {}
+        r => panic!("the pool should be full {when}, yet an allocation gave {r:?}"),
+    }
+}
+
+/// Frees `handles` in one transaction on `w`: committed, or aborted on the first error.
+fn free_in_one_transaction(w: &mut dyn PtmWorker, handles: &[PPtr<u64>]) -> Result<(), PtmError> {
+    w.begin();
+    match handles.iter().try_for_each(|h| w.free(h.raw())) {
+        Ok(()) => w.commit(),
+        Err(e) => {
+            w.abort();
+            Err(e)
+        }
+    }
 }
 
 /// Frees, in one transaction, every object of `handles` but each `n`-th.

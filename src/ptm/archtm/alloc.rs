@@ -280,11 +280,12 @@ impl Inner {
         if let Some(off) = lists.classes[class].pop() {
             return Ok(off);
         }
-        let taken = self.take_class(slot, class)?;
+        let size = class_bytes(class);
+        let taken = self.take_class(slot, class, (CLASS_TAKE.min(self.segment) / size).max(1))?;
         lists.classes[class].extend(taken.iter().rev());
-        // The engine's own transactions free nothing: its slot keeps no reserve (and so
-        // fills its takes, e.g. defragmentation's moves, whole).
-        if class == 0 && slot != self.internal_slot() {
+        // A take of 64-byte blocks tops up the tombstone reserve (one block stays for this
+        // allocation).
+        if class == 0 && self.keeps_tomb_reserve(slot) {
             lists.top_up_tomb_reserve(1);
         }
         Ok(lists.classes[class]
@@ -312,26 +313,26 @@ impl Inner {
         }
     }
 
-    /// Fills `slot`'s tombstone reserve (when a worker takes the slot). Best effort: in a
-    /// full pool it stays as it is.
+    /// Fills `slot`'s tombstone reserve, if it keeps one: from its 64-byte blocks, else with a
+    /// take of just the blocks missing. Best effort: in a full pool it stays short.
     pub(crate) fn fill_tomb_reserve(&self, slot: usize) {
-        let mut lists = self.alloc.slots[slot].lock();
-        if lists.tomb_reserve.len() >= TOMB_RESERVE {
+        if !self.keeps_tomb_reserve(slot) {
             return;
         }
-        if lists.classes[0].len() <= TOMB_RESERVE {
-            if let Ok(taken) = self.take_class(slot, 0) {
-                lists.classes[0].extend(taken.iter().rev());
+        let mut lists = self.alloc.slots[slot].lock();
+        lists.top_up_tomb_reserve(0);
+        let missing = TOMB_RESERVE - lists.tomb_reserve.len();
+        if missing > 0 {
+            if let Ok(taken) = self.take_class(slot, 0, missing as u64) {
+                lists.tomb_reserve.extend(taken);
             }
         }
-        lists.top_up_tomb_reserve(0);
     }
 
-    /// Takes up to [`CLASS_TAKE`] of size class `class` for `slot`, in address order:
+    /// Takes up to `want` blocks of size class `class` for `slot`, in address order:
     /// consecutive blocks of the free list, else the lowest recycled blocks of the class.
-    fn take_class(&self, slot: usize, class: usize) -> Result<Vec<u64>, PtmError> {
+    fn take_class(&self, slot: usize, class: usize, want: u64) -> Result<Vec<u64>, PtmError> {
         let size = class_bytes(class);
-        let want = (CLASS_TAKE.min(self.segment) / size).max(1);
         loop {
             let carved = carve(&mut self.alloc.free.lock(), size, want);
             if let Some((off, n)) = carved {

@@ -32,9 +32,12 @@
 //!   deallocation list. A freed object's transaction writes a *tombstone* version (a header
 //!   with the TOMB flag): the paper does not say how a free survives a crash when the freed
 //!   copy's header is still on PM; the tombstone is the latest version, so recovery drops the
-//!   object, and garbage collection zeroes it only after the copies it deletes. Each slot
-//!   keeps [`alloc::TOMB_RESERVE`] 64-byte blocks that only a tombstone may take, once no other
-//!   block is left, so that a full pool can still free (the paper's frees need no block).
+//!   object, and garbage collection zeroes it only after the copies it deletes. Each
+//!   user slot keeps [`alloc::TOMB_RESERVE`] 64-byte blocks that only a tombstone may take,
+//!   once no other block is left, so that a full pool can still free (the paper's frees need
+//!   no block). The reserves are set aside when the pool is created and again after recovery
+//!   (which finds their blocks free), before any allocation, so a pool full before a restart
+//!   still frees after it; a worker taking over a slot tops up what earlier frees used.
 //! - **Allocator (§4.4, §5.4):** see [`alloc`]. Departure: 64-byte size classes up to 4 KiB,
 //!   one free list per class per slot and one recycle list per class, instead of §4.4's single
 //!   free list for all sizes; a slot takes 16 KiB of a class at a time in address order, so
@@ -273,6 +276,24 @@ impl Inner {
         self.max_threads
     }
 
+    /// Whether `slot` keeps a tombstone reserve ([`alloc::TOMB_RESERVE`]): every user slot.
+    /// The engine's own transactions free nothing, so its slot keeps none (and its takes of
+    /// 64-byte blocks, e.g. defragmentation's moves, serve its allocations whole).
+    pub(crate) fn keeps_tomb_reserve(&self, slot: usize) -> bool {
+        slot != self.internal_slot()
+    }
+
+    /// Sets every user slot's tombstone reserve aside, at creation and after recovery, before
+    /// any worker allocates: §4.4 gives each thread a dedicated portion of the free list, and
+    /// the reserves are that portion for frees. Recovery finds the reserves' blocks free (they
+    /// hold no object), so a pool that was full before a restart is full after it for
+    /// allocations, yet every slot can still free.
+    fn fill_tomb_reserves(&self) {
+        for slot in 0..self.max_threads {
+            self.fill_tomb_reserve(slot);
+        }
+    }
+
     /// The PM TxState word of `slot`.
     pub(crate) fn txstate_at(&self, slot: usize) -> u64 {
         self.meta + meta::TXSTATE + slot as u64 * meta::TXSTATE_STRIDE
@@ -366,6 +387,7 @@ impl ArchTm {
         Arc::get_mut(&mut eng.inner)
             .expect("no worker outlives creation")
             .root = h;
+        eng.inner.fill_tomb_reserves();
         eng.start_background(config)?;
         Ok(eng)
     }
@@ -413,6 +435,7 @@ impl ArchTm {
         let mut inner = Inner::new(pool, pages, meta_off, salt, &config, root_size);
         inner.root = root;
         recovery::recover(&mut inner)?;
+        inner.fill_tomb_reserves();
         let mut eng = ArchTm {
             background: None,
             inner: Arc::new(inner),

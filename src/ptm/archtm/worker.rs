@@ -5,7 +5,7 @@ use super::layout::{block_bytes, header, is_large, state, Header, BLOCK};
 use super::table::{dstate, Entry};
 use super::{txstate_word, ArchtmFault, Inner, MAX_OBJECT};
 use crate::ptm::{PtmError, PtmWorker};
-use std::ops::Range;
+use std::cell::Cell;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -22,14 +22,17 @@ pub(crate) struct ArchtmWorker {
     ts: u64,
     txid: u64,
     running: bool,
-    pm_begun: bool,
+    /// BEGIN is durable for this transaction (a cell, so that `pm_begin` takes `&self` while
+    /// the caller holds an entry of the engine's table: no `Arc` clone per write).
+    pm_begun: Cell<bool>,
     /// §5.1's write-set: ids of the objects this transaction locked (each once: an entry whose
     /// writer is this txid is already in it).
     write_set: Vec<u64>,
     /// The engine's reserved slot ([`Inner::internal_slot`]), never handed to a user thread.
     internal: bool,
-    /// The slot's tombstone reserve was filled (at the worker's first transaction: a take
-    /// outside one could race a checkpoint's CHKP-diff of the lists).
+    /// The slot's tombstone reserve was topped up for this worker: frees of an earlier worker
+    /// on the slot may have used it. Done at the worker's first transaction (a take outside
+    /// one could race a checkpoint's CHKP-diff of the lists).
     tomb_reserve_filled: bool,
 }
 
@@ -89,11 +92,10 @@ impl ArchtmWorker {
             ts: 0,
             txid: 0,
             running: false,
-            pm_begun: false,
+            pm_begun: Cell::new(false),
             write_set: Vec::new(),
             internal,
-            // The engine's own transactions free nothing.
-            tomb_reserve_filled: internal,
+            tomb_reserve_filled: false,
         }
     }
 
@@ -160,11 +162,10 @@ impl ArchtmWorker {
 
     /// Makes BEGIN durable before the transaction's first annotated copy can reach PM (§5.3
     /// APT_TX_BEGIN; done at the first write so read-only transactions write nothing to PM).
-    fn pm_begin(&mut self) {
-        if self.pm_begun {
+    fn pm_begin(&self) {
+        if self.pm_begun.replace(true) {
             return;
         }
-        self.pm_begun = true;
         if self.eng.fault == Some(ArchtmFault::SkipBegin) {
             return;
         }
@@ -207,20 +208,26 @@ impl ArchtmWorker {
         Ok(v)
     }
 
-    /// Alg. 1 APT_TX_WRITE: the offset of this transaction's copy of `h`, made on first use
-    /// with every payload byte but `about_to_write` (the caller's write follows at once, so
-    /// each byte of the new version is stored once; a range outside the object copies all).
+    /// Alg. 1 APT_TX_WRITE: the offset of this transaction's copy of `h`, made on first use,
+    /// for a write of `len` bytes at byte `offset`, which is checked against the object's size
+    /// here (the one bounds check of a write). The copy holds every payload byte but the
+    /// `len` at `offset`: the caller stores those at once, so each byte of the new version
+    /// reaches PM once.
     fn copy_for_write(
         &mut self,
         h: u64,
-        about_to_write: Range<u64>,
+        offset: usize,
+        len: usize,
     ) -> Result<(u64, u64), PtmError> {
-        let eng = Arc::clone(&self.eng);
-        let (e, id, gen, v) = live_entry(&eng, h)?;
-        if v.writer == self.txid {
-            if v.new & TOMB != 0 {
-                return Err(invalid(h, "the object is freed by this transaction"));
-            }
+        let (e, id, gen, v) = live_entry(&self.eng, h)?;
+        let own = v.writer == self.txid;
+        if own && v.new & TOMB != 0 {
+            return Err(invalid(h, "the object is freed by this transaction"));
+        }
+        // A generation names one life of an object, of one size: the size seen here is the
+        // locked version's too (`lock_committed` refuses another generation).
+        check_bounds(h, offset, len, v.size)?;
+        if own {
             return Ok((v.new, v.size));
         }
         let v = self.lock_committed(e, h, gen)?;
@@ -240,12 +247,7 @@ impl ArchtmWorker {
             txid: self.txid,
         };
         self.write_header(off, &hdr);
-        let skip = if about_to_write.end <= v.size {
-            about_to_write
-        } else {
-            // The write fails its bounds check: the copy must be whole all the same.
-            0..0
-        };
+        let skip = offset as u64..(offset + len) as u64;
         self.eng.copy_payload_except(v.old, off, v.size, skip);
         e.modify(|e| e.new.store(off, Ordering::Release));
         self.write_set.push(id);
@@ -265,8 +267,9 @@ impl ArchtmWorker {
                 std::hint::spin_loop();
             }
         }
-        let mut freed = Vec::new();
-        let mut dealloc = Vec::new();
+        // The replaced versions go straight into the slot's deallocation list (no list per
+        // commit to allocate); the collection, which takes the lists, waits the few entries.
+        let mut dealloc = self.eng.alloc.dealloc[self.slot].lock();
         for &id in &self.write_set {
             // §5.6: the entry's committed state changes, so its group goes into the next
             // checkpoint.
@@ -297,7 +300,7 @@ impl ArchtmWorker {
                     e.size.store(0, Ordering::Release);
                     e.writer.store(0, Ordering::Release);
                 });
-                freed.push(id as u32);
+                self.eng.id_lists[self.slot].lock().push(id as u32);
             } else {
                 e.vtxid.store(self.txid, Ordering::Release);
                 e.modify(|e| {
@@ -307,12 +310,8 @@ impl ArchtmWorker {
                 });
             }
         }
-        self.eng.id_lists[self.slot].lock().extend(freed);
-        let pending = {
-            let mut d = self.eng.alloc.dealloc[self.slot].lock();
-            d.extend(dealloc);
-            d.len()
-        };
+        let pending = dealloc.len();
+        drop(dealloc);
         self.end();
         if pending > self.eng.gc_threshold {
             // §5.4: the GC thread collects; without one, the committing thread does.
@@ -399,11 +398,10 @@ impl PtmWorker for ArchtmWorker {
         self.txid = self.ts << 8 | self.slot as u64;
         s.state
             .store(self.ts << 2 | dstate::BEGIN, Ordering::Release);
-        self.pm_begun = false;
+        self.pm_begun.set(false);
         self.write_set.clear();
         self.running = true;
         if !self.tomb_reserve_filled {
-            // Blocks for the tombstones of frees in a full pool (§5.4 gives a free none).
             self.tomb_reserve_filled = true;
             self.eng.fill_tomb_reserve(self.slot);
         }
@@ -424,15 +422,7 @@ impl PtmWorker for ArchtmWorker {
     }
 
     fn write(&mut self, h: u64, offset: usize, src: &[u8]) -> Result<(), PtmError> {
-        if let Ok((e, _, gen)) = self.entry(h) {
-            let v = e.view();
-            if v.gen == gen {
-                check_bounds(h, offset, src.len(), v.size)?;
-            }
-        }
-        let (off, size) =
-            self.copy_for_write(h, offset as u64..offset.saturating_add(src.len()) as u64)?;
-        check_bounds(h, offset, src.len(), size)?;
+        let (off, size) = self.copy_for_write(h, offset, src.len())?;
         let mut at = 0;
         for (pm, n) in self
             .eng
@@ -455,7 +445,7 @@ impl PtmWorker for ArchtmWorker {
             Some(id) => u64::from(id),
             None => self.eng.table.next_id.fetch_add(1, Ordering::AcqRel),
         };
-        let eng = Arc::clone(&self.eng);
+        let eng = &*self.eng;
         let Some(e) = eng.table.get(id) else {
             return Err(PtmError::PoolFull {
                 bytes: init.len(),
@@ -507,8 +497,8 @@ impl PtmWorker for ArchtmWorker {
         if h == self.eng.root {
             return Err(invalid(h, "the root object cannot be freed"));
         }
-        let eng = Arc::clone(&self.eng);
-        let (e, id, gen, v) = live_entry(&eng, h)?;
+        let eng = &*self.eng;
+        let (e, id, gen, v) = live_entry(eng, h)?;
         let tomb = Header {
             id: id as u32,
             gen: gen as u32,
@@ -564,7 +554,7 @@ impl PtmWorker for ArchtmWorker {
             self.end();
             return Ok(());
         }
-        let eng = Arc::clone(&self.eng);
+        let eng = &*self.eng;
         if eng.flushing && eng.fault != Some(ArchtmFault::SkipCopyFlush) {
             // archtm-copy-flush (Alg. 2 line 4)
             for &id in &self.write_set {
@@ -606,7 +596,7 @@ impl PtmWorker for ArchtmWorker {
         if !self.running {
             return;
         }
-        let eng = Arc::clone(&self.eng);
+        let eng = &*self.eng;
         if !self.write_set.is_empty() {
             let keep = eng.fault == Some(ArchtmFault::AbortKeepsCopies);
             let mut blocks = Vec::with_capacity(self.write_set.len());
@@ -649,7 +639,7 @@ impl PtmWorker for ArchtmWorker {
                 }
             }
             eng.alloc
-                .give_back(self.slot, blocks, self.slot != eng.internal_slot());
+                .give_back(self.slot, blocks, eng.keeps_tomb_reserve(self.slot));
             // After the fence above: the copies' headers are invalid on PM.
             for off in large {
                 eng.free_large(off);
