@@ -24,5 +24,13 @@ pub use result::{
 };
 pub use run::{run, BenchConfig, BenchError, DriverError, TxnDriver, TxnOutcome};
 
+/// The median (the upper one of an even count), minimum and maximum of `v`, sorted in place
+/// (zeros when empty): every summary over rounds (`pmtx bench --repeat`, the plots) uses it.
+pub(crate) fn median_and_range(v: &mut [f64]) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let at = |i: usize| v.get(i).copied().unwrap_or(0.0);
+    (at(v.len() / 2), at(0), at(v.len().saturating_sub(1)))
+}
+
 #[cfg(test)]
 mod tests;

@@ -419,8 +419,7 @@ fn series_name(run: &PlotRun, many_workloads: bool) -> String {
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
+    super::median_and_range(&mut v).0
 }
 
 fn workloads(runs: &[PlotRun]) -> Vec<&str> {

@@ -365,21 +365,14 @@ fn print_medians(reports: &[RunReport], rounds: usize) {
     }
     outln!("\nmedian over {rounds} rounds [min–max]; each ratio is measured within a round:");
     for ((threads, engine), mut runs) in by_engine {
-        let (tps, lo, hi) = median_and_range(&mut runs.tps);
+        let (tps, lo, hi) = bench::median_and_range(&mut runs.tps);
         let mut line = format!("  {engine:<16} {threads} thr  {tps:>12.0} tx/s [{lo:.0}–{hi:.0}]");
         for (to, mut v) in runs.ratios {
-            let (m, lo, hi) = median_and_range(&mut v);
+            let (m, lo, hi) = bench::median_and_range(&mut v);
             line.push_str(&format!("  ×{to} {m:.3} [{lo:.3}–{hi:.3}]"));
         }
         outln!("{line}");
     }
-}
-
-/// The median (the upper one of an even count), minimum and maximum of `v` (zeros when empty).
-fn median_and_range(v: &mut [f64]) -> (f64, f64, f64) {
-    v.sort_by(f64::total_cmp);
-    let at = |i: usize| v.get(i).copied().unwrap_or(0.0);
-    (at(v.len() / 2), at(0), at(v.len().saturating_sub(1)))
 }
 
 fn run_bank(args: BankArgs) -> CliResult {
