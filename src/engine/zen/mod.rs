@@ -6,7 +6,8 @@
 //! metadata) and **one-pass parallel recovery** (Algorithm 2).
 //!
 //! Files: `layout.rs` (NVM layout), `cache.rs` (Met-Cache, CLOCK, knapsack split), `worker.rs`
-//! (execution and commit: how Zen commits), `recovery.rs` (Algorithm 2 and the structure check).
+//! (execution in the Met-Cache, garbage collection), `commit.rs` (the commit's steps in order,
+//! Persist with Algorithm 1), `recovery.rs` (Algorithm 2 and the structure check).
 //!
 //! **Departures from the paper, and why** (also in `docs/ZEN.md`):
 //! - *Recovery regions are per thread slot.* Every NVM-tuple page belongs to one thread slot
@@ -58,6 +59,7 @@
 //!   `ts-commit` then starts instead of at 0 (`drop.rs`).
 
 mod cache;
+mod commit;
 mod drop;
 pub mod layout;
 mod recovery;

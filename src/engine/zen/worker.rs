@@ -1,20 +1,18 @@
-//! A Zen worker: one thread's transactions. This file is "how Zen commits" (§3.3.1): Perform in
-//! the Met-Cache, Persist with Algorithm 1, then Maintenance (garbage collection, §3.4).
+//! A Zen worker: one thread's transactions. This file is Perform in the Met-Cache (§3.3.1) and
+//! Maintenance (garbage collection, §3.4); `commit.rs` has the commit, Persist with Algorithm 1
+//! among its steps.
 
 use super::cache::{is_cache_ref, region_of};
 use super::layout::{kind, tuple};
-use super::txcc::{release, ReadRec, Seen, TxContext};
-use super::{
-    Garbage, TableAlloc, TableRt, ThreadState, ZenEngine, ZenFault, GARBAGE_THRESHOLD,
-    REBALANCE_EVERY,
-};
+use super::txcc::{ReadRec, Seen, TxContext};
+use super::{Garbage, TableAlloc, TableRt, ThreadState, ZenEngine, GARBAGE_THRESHOLD};
 use crate::alloc::{PageTag, PAGE_SIZE};
 use crate::catalog::TableId;
-use crate::cc::{tid_timestamp, Protocol, LOCK_BIT};
+use crate::cc::{Protocol, LOCK_BIT};
 use crate::engine::common::ScanSet;
 use crate::engine::{common, DbError, EngineWorker, FieldWrite, TxError};
 use crate::pmem::Pool;
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// How often a lookup retries when the entry it found was replaced under it.
@@ -82,9 +80,9 @@ impl WriteRec {
 }
 
 /// (table, secondary index, primary key, old secondary key, new secondary key).
-type SecondaryChange = (TableId, usize, u64, Option<u64>, Option<u64>);
+pub(super) type SecondaryChange = (TableId, usize, u64, Option<u64>, Option<u64>);
 
-struct RangeRec {
+pub(super) struct RangeRec {
     write: u32,
     offset: u32,
     len: u32,
@@ -96,14 +94,14 @@ pub(crate) struct ZenWorker {
     pub(super) proto: Protocol,
     /// The protocol's per-transaction context (§3.3.2).
     pub(super) cx: TxContext,
-    pool: Arc<Pool>,
+    pub(super) pool: Arc<Pool>,
     pub(super) thread: usize,
     pub(super) state: Option<ThreadState>,
     pub(super) tables: Vec<Arc<TableRt>>,
-    in_txn: bool,
+    pub(super) in_txn: bool,
     pub(super) read_only: bool,
     /// Met-Cache entries pinned (the active bit) by this transaction.
-    pins: Vec<(TableId, u64)>,
+    pub(super) pins: Vec<(TableId, u64)>,
     /// OCC family: versions read, for validation. 2PL: entries read-locked.
     pub(super) reads: Vec<ReadRec>,
     pub(super) writes: Vec<WriteRec>,
@@ -112,12 +110,12 @@ pub(crate) struct ZenWorker {
     /// The Met-Cache entries this transaction's reads found (pinned until it ends), so that an
     /// update or delete of a key it has read skips the index lookup.
     recent: common::RecentReads,
-    ranges: Vec<RangeRec>,
-    data: Vec<u8>,
+    pub(super) ranges: Vec<RangeRec>,
+    pub(super) data: Vec<u8>,
     /// New rows built at commit.
-    rows: Vec<u8>,
+    pub(super) rows: Vec<u8>,
     /// Secondary index changes: (table, index, key, old secondary key, new secondary key).
-    secondary: Vec<SecondaryChange>,
+    pub(super) secondary: Vec<SecondaryChange>,
     pub(super) max_seen: u64,
     pub(super) scratch: Vec<u8>,
     scan_hits: Vec<(u64, u64)>,
@@ -125,10 +123,10 @@ pub(crate) struct ZenWorker {
     /// [`ScanSet`]).
     scan_sets: Vec<ScanSet>,
     /// Write-set positions in lock or persist order, reused by every commit (no allocation).
-    commit_order: Vec<usize>,
+    pub(super) commit_order: Vec<usize>,
     /// Tuples accessed per table since the last rebalance (f_i of §3.2).
-    accesses: Vec<u64>,
-    txns: u64,
+    pub(super) accesses: Vec<u64>,
+    pub(super) txns: u64,
     /// This thread holds G-EX and the others have finished.
     exclusive_ready: bool,
 }
@@ -188,13 +186,13 @@ impl ZenWorker {
         })
     }
 
-    fn st(&mut self) -> &mut ThreadState {
+    pub(super) fn st(&mut self) -> &mut ThreadState {
         self.state
             .as_mut()
             .expect("state is present while the worker lives")
     }
 
-    fn alloc_state(st: &mut ThreadState, table: TableId) -> &mut TableAlloc {
+    pub(super) fn alloc_state(st: &mut ThreadState, table: TableId) -> &mut TableAlloc {
         if st.tables.len() <= table as usize {
             st.tables
                 .resize_with(table as usize + 1, TableAlloc::default);
@@ -225,7 +223,7 @@ impl ZenWorker {
     /// §3.3.4: a transaction that is not the long-running one aborts when G-EX is set; the
     /// long-running one waits (bounded) until every other transaction has finished.
     #[inline]
-    fn check_exclusive(&mut self) -> Result<(), TxError> {
+    pub(super) fn check_exclusive(&mut self) -> Result<(), TxError> {
         let g = self.eng.exclusive.load(Ordering::Acquire);
         if g == 0 {
             return Ok(());
@@ -461,7 +459,7 @@ impl ZenWorker {
         self.data.extend_from_slice(bytes);
     }
 
-    fn overlay(ranges: &[RangeRec], data: &[u8], write: usize, out: &mut [u8]) {
+    pub(super) fn overlay(ranges: &[RangeRec], data: &[u8], write: usize, out: &mut [u8]) {
         for r in ranges.iter().filter(|r| r.write as usize == write) {
             let (o, l, d) = (r.offset as usize, r.len as usize, r.data as usize);
             out[o..o + l].copy_from_slice(&data[d..d + l]);
@@ -477,7 +475,7 @@ impl ZenWorker {
     /// once only [`DELETE_RESERVE_SLOTS`] slots are left, and when no page is to be had, those
     /// last slots are kept for deletes (`for_delete`). Slots left in a page when the next one is
     /// taken go to the free list, so nothing is wasted.
-    fn alloc_slot(&mut self, table: TableId, for_delete: bool) -> Result<u64, TxError> {
+    pub(super) fn alloc_slot(&mut self, table: TableId, for_delete: bool) -> Result<u64, TxError> {
         let rt = &self.tables[table as usize];
         let slot = rt.slot;
         let (eng, thread) = (&self.eng, self.thread);
@@ -554,7 +552,7 @@ impl ZenWorker {
     /// garbage whose superseding commit is older than every running transaction; tombstones also
     /// wait until every thread has durably zeroed what it superseded up to the tombstone's tid.
     /// Returns the thread's new zeroing watermark, to publish after the next fence.
-    fn collect_garbage(&mut self) -> u64 {
+    pub(super) fn collect_garbage(&mut self) -> u64 {
         let eng = self.eng.clone();
         {
             let mut inbox = eng.inbox[self.thread].lock();
@@ -609,7 +607,7 @@ impl ZenWorker {
     /// Commit step 1 for the protocols that lock at commit (OCC family, H-Store): locks the
     /// updated and deleted entries in a global order (table, entry), spinning briefly on each.
     /// On `Err` the locks taken are recorded in the write set for the rollback to release.
-    fn lock_write_set(&mut self) -> Result<(), TxError> {
+    pub(super) fn lock_write_set(&mut self) -> Result<(), TxError> {
         if !self.locks_at_commit() {
             return Ok(());
         }
@@ -724,7 +722,7 @@ impl ZenWorker {
     }
 
     /// Commit step 2: [`Self::claim_new_version`] for every write.
-    fn claim_new_versions(&mut self) -> Result<(), TxError> {
+    pub(super) fn claim_new_versions(&mut self) -> Result<(), TxError> {
         (0..self.writes.len()).try_for_each(|i| self.claim_new_version(i))
     }
 
@@ -788,7 +786,7 @@ impl ZenWorker {
 
     /// Phantom validation of this transaction's scans (see `common::ScanSet`), after the write
     /// set is locked and its inserts are in the index.
-    fn validate_scans(&mut self) -> bool {
+    pub(super) fn validate_scans(&mut self) -> bool {
         let mut hits = std::mem::take(&mut self.scan_hits);
         let inserts = self.writes.iter().filter(|w| w.kind == WriteKind::Insert);
         let valid = common::scans_unchanged(
@@ -807,7 +805,7 @@ impl ZenWorker {
     /// TO and MVTO: whether every insert of this transaction is ordered after the scans of its
     /// table (`TableRt::scanned_up_to`, `common::inserts_follow_scans`); after the inserts are
     /// published.
-    fn inserts_follow_younger_scans(&self) -> bool {
+    pub(super) fn inserts_follow_younger_scans(&self) -> bool {
         !matches!(self.proto, Protocol::To | Protocol::Mvto)
             || common::inserts_follow_scans(
                 self.cx.ts,
@@ -817,7 +815,7 @@ impl ZenWorker {
             )
     }
 
-    fn end_txn(&mut self) {
+    pub(super) fn end_txn(&mut self) {
         for i in 0..self.pins.len() {
             let (table, r) = self.pins[i];
             self.tables[table as usize].cache.unpin(r);
@@ -844,7 +842,7 @@ impl ZenWorker {
     }
 
     /// Releases every lock, unpublishes inserts and frees claimed entries (abort, failed commit).
-    fn rollback(&mut self) {
+    pub(super) fn rollback(&mut self) {
         self.settle_versions(false);
         for w in &self.writes {
             self.unclaim_new_version(w);
@@ -866,90 +864,9 @@ impl ZenWorker {
         self.end_txn();
     }
 
-    fn fail(&mut self, e: TxError) -> Result<u64, TxError> {
+    pub(super) fn fail(&mut self, e: TxError) -> Result<u64, TxError> {
         self.rollback();
         Err(e)
-    }
-
-    /// Writes the new versions out of place and makes them durable with the LP bit of the last
-    /// one as the commit mark (Algorithm 1).
-    ///
-    /// Departure (equivalent ordering): Algorithm 1 stores each tuple and `clwb`s its lines; here
-    /// the lines it flushes before its `sfence` (every line of every tuple but the header line of
-    /// the last one) are written with non-temporal stores ([`Pool::write_bytes_nt`]) and not
-    /// flushed. A streaming store reaches the persistence domain at the next `sfence` exactly like
-    /// a store + `clwb`, so the one `sfence` of line 10 still orders all of them before the LP
-    /// store, which stays an ordinary store + `clwb` of the header line (lines 11–12). New
-    /// versions go to cold slots and are not read back by this thread, so streaming them skips
-    /// the read-for-ownership of every line. The `sfence` also orders the streaming stores before
-    /// the lock releases that publish the versions to other threads.
-    fn persist(&mut self, tid: u64, order: &[usize]) {
-        let pool = &self.pool;
-        let fault = self.eng.config.fault;
-        let flush_tuples = fault != Some(ZenFault::SkipTupleFlush);
-        let last = order.len() - 1;
-        let mut last_word = 0;
-        for (n, &i) in order.iter().enumerate() {
-            let w = &self.writes[i];
-            let t = &self.tables[w.table as usize];
-            let mut word = tid & tuple::CTS_MASK;
-            let row: &[u8] = if w.kind == WriteKind::Delete {
-                word |= tuple::DELETED;
-                &[]
-            } else {
-                &self.rows[w.row_at..w.row_at + t.row]
-            };
-            if !flush_tuples {
-                // The fault: Algorithm 1 without its flushes (ordinary stores, no clwb).
-                if !row.is_empty() {
-                    pool.write_bytes(w.slot + tuple::HEADER, row);
-                }
-                pool.write_u64(w.slot + tuple::KEY, w.key);
-                if n < last {
-                    pool.write_u64(w.slot + tuple::WORD, word);
-                } else {
-                    last_word = word | tuple::LP;
-                }
-                continue;
-            }
-            if n < last {
-                // Lines 2–5: the whole tuple, header (LP = 0) and row, streamed.
-                let mut header = [0u8; tuple::HEADER as usize];
-                header[..8].copy_from_slice(&word.to_ne_bytes());
-                header[8..].copy_from_slice(&w.key.to_ne_bytes());
-                pool.write_bytes_nt(w.slot, &header);
-                pool.write_bytes_nt(w.slot + tuple::HEADER, row);
-            } else {
-                last_word = word | tuple::LP;
-                // Lines 7–9: every line of the last tuple but the one holding its header is
-                // streamed; the header line (tuple id, the row's first bytes) gets ordinary
-                // stores, flushed with the LP store after the fence.
-                let after_header = (w.slot | 63) + 1;
-                let in_header_line =
-                    ((after_header - w.slot - tuple::HEADER) as usize).min(row.len());
-                if in_header_line > 0 {
-                    pool.write_bytes(w.slot + tuple::HEADER, &row[..in_header_line]);
-                }
-                pool.write_bytes_nt(
-                    w.slot + tuple::HEADER + in_header_line as u64,
-                    &row[in_header_line..],
-                );
-                pool.write_u64(w.slot + tuple::KEY, w.key);
-            }
-        }
-        if fault != Some(ZenFault::SkipFence) {
-            pool.fence(); // line 10: one sfence for all the streaming stores
-        }
-        let last_slot = self.writes[order[last]].slot;
-        // Line 11: LP = 1. An ordered store: under eADR program order is persistence order, so
-        // the compiler must not move it above the last tuple's ordinary stores (its header line)
-        // made before the fence; the streaming stores are ordered by the fence itself.
-        pool.write_u64_ordered(last_slot + tuple::WORD, last_word);
-        pool.flush(last_slot, tuple::HEADER); // line 12: clwb the header, no trailing fence
-        if self.eng.flushing && fault != Some(ZenFault::SkipCommitFence) {
-            // Departure: under ADR the commit is acknowledged only once LP is durable.
-            pool.fence();
-        }
     }
 }
 
@@ -1196,243 +1113,7 @@ impl EngineWorker for ZenWorker {
     }
 
     fn commit(&mut self) -> Result<u64, TxError> {
-        if !self.in_txn {
-            return Ok(0);
-        }
-        if let Err(e) = self.check_exclusive() {
-            return self.fail(e);
-        }
-        let thread = self.thread;
-        // 1. Protocols that lock at commit (OCC family, H-Store): lock the write set.
-        if let Err(e) = self.lock_write_set() {
-            return self.fail(e);
-        }
-        // 2. Claim this region's entries for new versions: inserts (published to the index,
-        // locked, so readers wait until they are durable) and copies of other regions' entries
-        // (§3.2: a thread writes only in its own region).
-        if let Err(e) = self.claim_new_versions() {
-            return self.fail(e);
-        }
-        // The write set is locked; reads are validated next. Without a full fence between the
-        // two, the lock stores may still be in a store buffer while the validation loads run
-        // (write skew; found by the loom model of tests/cc_model.rs for Falcon).
-        fence(Ordering::SeqCst);
-        let mut order = std::mem::take(&mut self.commit_order);
-        order.clear();
-        order.extend(
-            (0..self.writes.len()).filter(|&i| self.writes[i].kind != WriteKind::Cancelled),
-        );
-        // 3. The commit tid (for the MV protocols after retiring the old images, so a snapshot
-        // reader that finds no retired image knows the tid is above its snapshot), then read
-        // validation at that tid (OCC family, TicToc).
-        if let Err(e) = self.order_after_deletes() {
-            return self.fail(e);
-        }
-        let last = self.st().last_tid;
-        let tid = if !order.is_empty() || self.proto == Protocol::Tictoc {
-            if !order.is_empty() {
-                self.retire_versions();
-            }
-            let tid = self.commit_tid(last);
-            self.settle_versions_pending(tid);
-            tid
-        } else {
-            0
-        };
-        if !self.validate_reads(tid)
-            || !self.validate_scans()
-            || !self.inserts_follow_younger_scans()
-        {
-            return self.fail(TxError::Conflict);
-        }
-        if order.is_empty() {
-            self.commit_order = order;
-            self.rollback();
-            return Ok(self.st().last_tid);
-        }
-        // 4. NVM-tuple slots (all before any write, so a failure leaves nothing behind). On a
-        // full pool, reclaimable garbage (versions superseded by deletes and updates) is
-        // collected first, so deleted room is reused at once.
-        for (n, &i) in order.iter().enumerate() {
-            let (table, for_delete) = (
-                self.writes[i].table,
-                self.writes[i].kind == WriteKind::Delete,
-            );
-            let mut slot = self.alloc_slot(table, for_delete);
-            if matches!(slot, Err(TxError::PmFull(_))) {
-                self.collect_garbage();
-                slot = self.alloc_slot(table, for_delete);
-            }
-            match slot {
-                Ok(s) => self.writes[i].slot = s,
-                Err(e) => {
-                    for &j in &order[..n] {
-                        let (table, s) = (self.writes[j].table, self.writes[j].slot);
-                        let st = self.state.as_mut().expect("state present");
-                        Self::alloc_state(st, table).free.push(s);
-                    }
-                    return self.fail(e);
-                }
-            }
-        }
-        // 5. The commit tid is final; the new rows (the entry is locked, so its row is the latest).
-        self.st().last_tid = tid;
-        let mut old = std::mem::take(&mut self.scratch);
-        for &i in &order {
-            let (table, key, kind, eref) = (
-                self.writes[i].table,
-                self.writes[i].key,
-                self.writes[i].kind,
-                self.writes[i].eref,
-            );
-            let t = &self.tables[table as usize];
-            let at = self.rows.len();
-            self.writes[i].row_at = at;
-            self.rows.resize(at + t.row, 0);
-            let indexed = !t.secondary.is_empty();
-            if indexed && kind != WriteKind::Insert {
-                old.resize(t.row, 0);
-                t.cache.entry(eref).copy_row(&mut old);
-            }
-            if kind != WriteKind::Delete {
-                if kind == WriteKind::Update && !self.writes[i].whole_row {
-                    t.cache.entry(eref).copy_row(&mut self.rows[at..at + t.row]);
-                }
-                Self::overlay(&self.ranges, &self.data, i, &mut self.rows[at..at + t.row]);
-            }
-            for si in 0..t.secondary.len() {
-                // Only tables with secondary indexes copied the old row.
-                let before = (kind != WriteKind::Insert).then(|| t.secondary_key(si, &old));
-                let after = (kind != WriteKind::Delete)
-                    .then(|| t.secondary_key(si, &self.rows[at..at + t.row]));
-                if before != after {
-                    self.secondary.push((table, si, key, before, after));
-                }
-            }
-        }
-        self.scratch = old;
-        // 6. Maintenance before Persist, so Algorithm 1's fence also orders the zeroing stores.
-        let watermark = self.collect_garbage();
-        // 7. Persist (Algorithm 1).
-        self.persist(tid, &order);
-        // This commit's own superseded versions (tid) are not zeroed yet either.
-        self.eng.gc_done[thread].store(watermark.min(tid), Ordering::Release);
-        self.eng.region_commit[thread].store(tid, Ordering::Release);
-        // 8. Install the new versions in the Met-Cache and the index, release the locks.
-        fence(Ordering::Release);
-        let proto = self.proto;
-        let reuse = tid_timestamp(tid).max(self.eng.clock.now());
-        let lp_write = order[order.len() - 1];
-        for &i in &order {
-            let w = &self.writes[i];
-            // Persist put the LP bit on the last tuple only.
-            let lp = i == lp_write;
-            let t = &self.tables[w.table as usize];
-            let st = self.state.as_mut().expect("state present");
-            let row = &self.rows[w.row_at..w.row_at + t.row];
-            let garbage = |slot, header| Garbage {
-                table: w.table,
-                slot,
-                tid,
-                reuse,
-                header,
-            };
-            match w.kind {
-                WriteKind::Update if w.target == 0 => {
-                    let e = t.cache.entry(w.eref);
-                    let old_nvm = e.nvm().load(Ordering::Relaxed);
-                    let old_header = e.header_word();
-                    e.store_row(row);
-                    e.nvm().store(w.slot, Ordering::Relaxed);
-                    e.set_lp(lp);
-                    e.cts().store(tid, Ordering::Release);
-                    release(proto, e.cc(), Some(tid));
-                    st.garbage.push_back(garbage(old_nvm, old_header));
-                }
-                WriteKind::Update => {
-                    let (e, copy) = (t.cache.entry(w.eref), t.cache.entry(w.target));
-                    copy.store_row(row);
-                    copy.key().store(w.key, Ordering::Relaxed);
-                    copy.nvm().store(w.slot, Ordering::Relaxed);
-                    copy.cts().store(tid, Ordering::Relaxed);
-                    copy.set_lp(lp);
-                    copy.cc().store(proto.idle_word(tid), Ordering::Relaxed);
-                    t.cache.publish(w.target, 1);
-                    self.pins.push((w.table, w.target));
-                    let swapped = t.index.replace_if(w.key, w.eref, w.target);
-                    debug_assert!(swapped, "a locked current entry is the index's value");
-                    // The old version's header before the entry is stamped below.
-                    let (old_nvm, old_header) = (e.nvm().load(Ordering::Relaxed), e.header_word());
-                    // Superseded, then stamped: validation by Tx-CTS fails on the old entry.
-                    t.cache.supersede(w.eref);
-                    e.cts().store(tid, Ordering::Release);
-                    release(proto, e.cc(), Some(tid));
-                    st.garbage.push_back(garbage(old_nvm, old_header));
-                }
-                WriteKind::Insert => {
-                    let e = t.cache.entry(w.target);
-                    e.store_row(row);
-                    e.nvm().store(w.slot, Ordering::Relaxed);
-                    e.set_lp(lp);
-                    e.cts().store(tid, Ordering::Release);
-                    release(proto, e.cc(), Some(tid));
-                }
-                WriteKind::Delete => {
-                    let e = t.cache.entry(w.eref);
-                    let (old_nvm, old_header) = (e.nvm().load(Ordering::Relaxed), e.header_word());
-                    // Before the key leaves the index: an insert that finds it absent then sees
-                    // this tid (`order_after_deletes`).
-                    t.deleted_up_to.fetch_max(tid, Ordering::SeqCst);
-                    t.index.remove_if(w.key, w.eref);
-                    t.cache.supersede(w.eref);
-                    e.cts().store(tid, Ordering::Release);
-                    release(proto, e.cc(), Some(tid));
-                    st.garbage.push_back(garbage(old_nvm, old_header));
-                    let lp_bit = if lp { tuple::LP } else { 0 };
-                    let tomb_header = (tid & tuple::CTS_MASK) | tuple::DELETED | lp_bit;
-                    st.tombs.push_back(garbage(w.slot, tomb_header));
-                }
-                WriteKind::Cancelled => {}
-            }
-        }
-        for &(table, si, key, before, after) in &self.secondary {
-            let sec = &self.tables[table as usize].secondary[si];
-            if let Some(b) = before {
-                sec.remove(b, key);
-            }
-            if let Some(a) = after {
-                sec.insert(a, key);
-            }
-        }
-        // Cancelled records may still hold a lock (a failed 2PL upgrade kept for release).
-        for w in &self.writes {
-            if w.kind == WriteKind::Cancelled && w.locked && w.eref != 0 {
-                self.release_word(w.table, w.eref, None);
-            }
-        }
-        if self.holds_read_locks() {
-            for rd in &self.reads {
-                self.release_read(rd.table, rd.eref);
-            }
-        }
-        self.settle_versions(true);
-        self.eng.last_commit.note(self.thread, tid);
-        self.end_txn();
-        self.txns += 1;
-        let st = self.st();
-        st.commits += 1;
-        if st.commits % REBALANCE_EVERY == 0 {
-            for (t, n) in self.tables.iter().zip(self.accesses.iter_mut()) {
-                t.accesses.fetch_add(std::mem::take(n), Ordering::Relaxed);
-            }
-            self.eng
-                .txns
-                .fetch_add(std::mem::take(&mut self.txns), Ordering::Relaxed);
-            self.eng.rebalance();
-        }
-        self.reclaim_versions();
-        self.commit_order = order;
-        Ok(tid)
+        self.commit_steps()
     }
 
     fn resolve_miss(&mut self, error: TxError) -> TxError {
