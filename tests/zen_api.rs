@@ -778,3 +778,62 @@ fn blind_overwrites_through_a_tiny_cache_never_show_an_unloaded_row() {
         assert_eq!(db.check_structure().unwrap(), vec![OVERWRITE_ROWS]);
     }
 }
+
+/// Under OCC and Silo a read of an uncached row reads its NVM-tuple in place, without loading it
+/// into the Met-Cache (most of the time): a commit must still fail validation when another
+/// worker wrote that row after the read, whether the writer overwrote it blindly (an entry
+/// claimed locked at commit) or read it first (an entry loaded by `locate`).
+#[test]
+fn a_read_of_an_uncached_row_fails_validation_after_another_worker_writes_it() {
+    for protocol in [Protocol::Occ, Protocol::Silo] {
+        for writer_reads_first in [false, true] {
+            let db = Db::create(config(protocol, PersistenceDomain::Adr)).unwrap();
+            let t = overwrite_table(&db);
+            let (mut w1, mut w2) = (db.worker().unwrap(), db.worker().unwrap());
+            // Keys 1 and 2 were inserted first: the later inserts evicted them from the cache.
+            let (read, written) = (1, 2);
+            let mut attempts = 0;
+            let mut seen = 0;
+            w1.run(|tx| {
+                attempts += 1;
+                let mut row = [0u8; 64];
+                // Declared read-only: the uncached row is read in place.
+                tx.prefetch_read_only(t, &[read]);
+                tx.read_into(t, read, &mut row)?;
+                seen = value_of(&row);
+                if attempts == 1 {
+                    w2.run(|tx2| {
+                        if writer_reads_first {
+                            let mut old = [0u8; 64];
+                            tx2.read_into(t, read, &mut old)?;
+                        }
+                        tx2.update_bytes(
+                            t,
+                            read,
+                            &[pmtx::engine::FieldWrite {
+                                offset: 0,
+                                bytes: &row_of(9_000),
+                            }],
+                        )
+                    })
+                    .unwrap();
+                }
+                tx.update_bytes(
+                    t,
+                    written,
+                    &[pmtx::engine::FieldWrite {
+                        offset: 0,
+                        bytes: &row_of(seen + 1),
+                    }],
+                )
+            })
+            .unwrap();
+            let case = format!("{protocol}, writer reads first: {writer_reads_first}");
+            assert_eq!(attempts, 2, "{case}: the stale read must fail validation");
+            assert_eq!(seen, 9_000, "{case}");
+            let mut row = [0u8; 64];
+            db.run(|tx| tx.read_into(t, written, &mut row)).unwrap();
+            assert_eq!(value_of(&row), 9_001, "{case}");
+        }
+    }
+}

@@ -1851,6 +1851,15 @@ impl<'w> Tx<'w> {
         }
     }
 
+    /// Like [`prefetch`](Tx::prefetch), for rows this transaction will read and not write (a
+    /// New-Order's items, a YCSB batch's reads): the engine may read them without caching them.
+    /// Only a hint: writing such a row afterwards is still correct, only slower on some engines.
+    pub fn prefetch_read_only(&mut self, table: TableId, keys: &[u64]) {
+        if let Ok(c) = self.live() {
+            c.inner.prefetch_read_only(table, keys);
+        }
+    }
+
     /// Whether a row with `key` exists.
     pub fn exists(&mut self, table: TableId, key: u64) -> Result<bool, TxError> {
         match self.get_ref(table, key) {

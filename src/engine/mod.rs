@@ -500,6 +500,13 @@ pub trait EngineWorker: Send {
     fn prefetch_for_overwrite(&mut self, table: TableId, keys: &[u64]) {
         self.prefetch(table, keys);
     }
+    /// Like [`prefetch`](EngineWorker::prefetch), for rows the transaction will read and not
+    /// write: an engine that can serve such a read without caching the row (Zen reads an
+    /// uncached row in place) may do so. Only a hint: a transaction that writes such a row
+    /// after all is still correct. The default prefetches as for a read.
+    fn prefetch_read_only(&mut self, table: TableId, keys: &[u64]) {
+        self.prefetch(table, keys);
+    }
     /// Visits rows with keys `>= from` (or `<= from` when `reverse`) in key order, at most `limit`,
     /// until `f` returns false. Needs an ordered primary index.
     fn scan(

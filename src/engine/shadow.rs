@@ -291,6 +291,10 @@ impl<H: ShadowHost + 'static> EngineWorker for ShadowWorker<H> {
         self.inner.prefetch_for_overwrite(table, keys);
     }
 
+    fn prefetch_read_only(&mut self, table: TableId, keys: &[u64]) {
+        self.inner.prefetch_read_only(table, keys);
+    }
+
     fn scan(
         &mut self,
         table: TableId,

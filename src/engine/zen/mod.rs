@@ -42,6 +42,13 @@
 //!   before unlocking). Readers of these protocols wait on a locked entry, so none sees the
 //!   unloaded row; the 1 KB rows of YCSB's blind updates are no longer read from NVM and copied
 //!   twice for nothing (issue 13).
+//! - *Reads of uncached rows are admitted one in eight (§3.3.1).* Under OCC or Silo, a read of a
+//!   row not in the Met-Cache that the transaction will not write (a read-only transaction, or a
+//!   key declared with `prefetch_read_only`) reads its NVM-tuple in place (`read_uncached`); every eighth such
+//!   read loads the row into the cache, so rows read often are still cached. Validation
+//!   requires the key to still lead to that version, through the index or an unlocked entry
+//!   loaded from it (issue 13: uniform reads over a table larger than the cache paid a CLOCK
+//!   claim, an eviction and two 1 KB copies per read).
 //! - *Long-running transactions (§3.3.4).* Detected when a region has to grow past its budget
 //!   because every entry is pinned, or a garbage queue passes a threshold; the transaction with
 //!   the largest footprint gets G-EX, the others abort (retryably) at their next operation and

@@ -24,6 +24,8 @@
 //! its word is released: validation by write timestamp (TicToc, snapshot reads) fails on it, and
 //! readers re-locate the tuple.
 
+use super::cache::is_cache_ref;
+use super::layout::tuple;
 use super::worker::{WriteKind, ZenWorker};
 use crate::catalog::TableId;
 use crate::cc::{
@@ -60,11 +62,14 @@ pub(super) fn release(proto: Protocol, word: &AtomicU64, tid: Option<u64>) {
 #[derive(Clone, Copy, Debug)]
 pub(super) struct ReadRec {
     pub table: TableId,
-    /// The Met-Cache entry read.
+    /// The Met-Cache entry read, or (OCC and Silo, [`ZenWorker::read_uncached`]) the
+    /// NVM-tuple read in place: `is_cache_ref` tells which.
     pub eref: u64,
-    /// OCC family: the version word read; TicToc: the `wts` (Tx-CTS) read; 2PL: 0 (a read lock).
+    /// OCC family: the version word read; TicToc: the `wts` (Tx-CTS) read; 2PL: 0 (a read lock);
+    /// an NVM-tuple read in place: its header word.
     pub token: u64,
-    /// TicToc: the `rts` seen with it.
+    /// TicToc: the `rts` seen with it; an NVM-tuple read in place: the key (its validation
+    /// looks the key up again).
     pub rts: u64,
 }
 
@@ -609,6 +614,9 @@ impl ZenWorker {
     pub(super) fn validate_reads(&self, tid: u64) -> bool {
         match self.proto {
             Protocol::Occ | Protocol::Silo | Protocol::Mvocc => self.reads.iter().all(|rd| {
+                if !is_cache_ref(rd.eref) {
+                    return self.uncached_read_still_current(rd);
+                }
                 let mine = self.write_locked_by_me(rd.table, rd.eref);
                 occ::validate(self.word(rd.table, rd.eref), rd.token, mine)
             }),
@@ -627,6 +635,30 @@ impl ZenWorker {
                 )
             }),
             _ => true,
+        }
+    }
+
+    /// Validation of an NVM-tuple read in place ([`ZenWorker::read_uncached`]): the key still
+    /// leads to that version, either directly (the index still holds the NVM-tuple) or through
+    /// a Met-Cache entry loaded from it since, unchanged and not locked by another transaction.
+    /// A writer of the key always goes through an entry: `locate` or a blind overwrite's
+    /// `claim_for_overwrite` puts a locked entry in the index before it installs anything, and
+    /// a commit changes the entry's NVM-tuple and Tx-CTS.
+    fn uncached_read_still_current(&self, rd: &ReadRec) -> bool {
+        let (key, nvm) = (rd.rts, rd.eref);
+        let t = &self.tables[rd.table as usize];
+        match t.index.get(key) {
+            Some(v) if v == nvm => self.pool.read_u64(nvm + tuple::WORD) == rd.token,
+            Some(r) if is_cache_ref(r) => {
+                let e = t.cache.entry(r);
+                let unlocked = e.cc().load(Ordering::Acquire) & LOCK_BIT == 0
+                    || self.write_locked_by_me(rd.table, r);
+                unlocked
+                    && e.nvm().load(Ordering::Acquire) == nvm
+                    && e.cts().load(Ordering::Acquire) == tuple::cts(rd.token)
+                    && e.is_current(key)
+            }
+            _ => false,
         }
     }
 

@@ -12,11 +12,16 @@ use crate::cc::{Protocol, LOCK_BIT};
 use crate::engine::common::ScanSet;
 use crate::engine::{common, DbError, EngineWorker, FieldWrite, TxError};
 use crate::pmem::Pool;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
 /// How often a lookup retries when the entry it found was replaced under it.
 const LOCATE_ATTEMPTS: u32 = 64;
+/// One in this many reads of an uncached row loads it into the Met-Cache; the others read the
+/// NVM-tuple in place ([`ZenWorker::read_uncached`]). A row read often is cached after a few
+/// reads; a row read once (a uniform key over a table larger than the cache) costs no CLOCK
+/// claim, eviction or copy.
+const ADMIT_EVERY: u64 = 8;
 /// How long a long-running transaction waits for the others to abort before going on.
 const EXCLUSIVE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// Garbage entries examined per commit (§3.4: "we limit the number of items to scan in the
@@ -126,6 +131,11 @@ pub(crate) struct ZenWorker {
     pub(super) commit_order: Vec<usize>,
     /// Tuples accessed per table since the last rebalance (f_i of §3.2).
     pub(super) accesses: Vec<u64>,
+    /// Reads of uncached rows so far: every [`ADMIT_EVERY`]th is admitted to the Met-Cache.
+    uncached_reads: u64,
+    /// Keys this transaction declared it reads and does not write
+    /// ([`EngineWorker::prefetch_read_only`]): their uncached rows may be read in place.
+    read_only_keys: Vec<(TableId, u64)>,
     pub(super) txns: u64,
     /// This thread holds G-EX and the others have finished.
     exclusive_ready: bool,
@@ -163,6 +173,8 @@ impl ZenWorker {
             thread,
             state: Some(state),
             accesses: vec![0; tables.len()],
+            uncached_reads: 0,
+            read_only_keys: Vec::new(),
             tables,
             in_txn: false,
             read_only: false,
@@ -388,6 +400,9 @@ impl ZenWorker {
 
     /// Reads the row of `key` that the protocol lets this transaction see.
     fn cc_read(&mut self, table: TableId, key: u64, out: &mut [u8]) -> Result<(), TxError> {
+        if self.read_uncached(table, key, out) {
+            return Ok(());
+        }
         for _ in 0..LOCATE_ATTEMPTS {
             let r = match self.locate(table, key) {
                 Ok(r) => r,
@@ -424,6 +439,55 @@ impl ZenWorker {
             }
         }
         Err(TxError::Conflict)
+    }
+
+    /// OCC and Silo: reads the row of `key` from its NVM-tuple in place when it is not in the
+    /// Met-Cache (except every [`ADMIT_EVERY`]th such read, which loads it), and records the
+    /// tuple's header word for validation (`uncached_read_still_current`). Only in a read-only
+    /// transaction or for a key declared read-only ([`EngineWorker::prefetch_read_only`]): a row
+    /// read in place and then updated is read from NVM a second time by the update's `locate`
+    /// (TPC-C at 1 thread ran at 0.89x when every uncached read went in place). False when the
+    /// row is cached, absent or changing, not declared, or the read is to be admitted: then
+    /// `locate` runs.
+    ///
+    /// Departure from §3.3.1, which loads every accessed tuple into the Met-Cache: on a table
+    /// much larger than the cache, read uniformly, nearly every read claimed an entry by the
+    /// CLOCK, evicted its row (an index update) and copied the 1 KB row twice, for a row not
+    /// read again. A version read this way is as safe as a cached one: a writer must first put
+    /// a locked entry for the key in the index, which validation sees.
+    fn read_uncached(&mut self, table: TableId, key: u64, out: &mut [u8]) -> bool {
+        if !matches!(self.proto, Protocol::Occ | Protocol::Silo)
+            || !(self.read_only || self.read_only_keys.contains(&(table, key)))
+        {
+            return false;
+        }
+        let t = &self.tables[table as usize];
+        let Some(v) = t.index.get(key).filter(|&v| !is_cache_ref(v)) else {
+            return false;
+        };
+        self.uncached_reads += 1;
+        if self.uncached_reads % ADMIT_EVERY == 0 {
+            return false;
+        }
+        let word = self.pool.read_u64(v + tuple::WORD);
+        let cts = tuple::cts(word);
+        if cts == 0 || word & tuple::DELETED != 0 || self.pool.read_u64(v + tuple::KEY) != key {
+            return false;
+        }
+        self.pool.read_bytes(v + tuple::HEADER, out);
+        fence(Ordering::Acquire);
+        if self.pool.read_u64(v + tuple::WORD) != word {
+            return false;
+        }
+        self.accesses[table as usize] += 1;
+        self.reads.push(ReadRec {
+            table,
+            eref: v,
+            token: word,
+            rts: key,
+        });
+        self.max_seen = self.max_seen.max(cts);
+        true
     }
 
     /// Locks an entry for writing during execution (2PL, TO), upgrading a read lock.
@@ -832,6 +896,7 @@ impl ZenWorker {
         self.data.clear();
         self.rows.clear();
         self.secondary.clear();
+        self.read_only_keys.clear();
         self.in_txn = false;
         self.eng.active[self.thread].store(u64::MAX, Ordering::Release);
         self.eng.footprint[self.thread].store(0, Ordering::Relaxed);
@@ -928,6 +993,15 @@ impl EngineWorker for ZenWorker {
     /// As [`prefetch`](Self::prefetch), but an uncached row that a blind overwrite will replace
     /// ([`ZenWorker::overwrites_blindly`]) is never read: only its NVM-tuple's header line is
     /// loaded.
+    /// As [`prefetch`](Self::prefetch), and (OCC, Silo) the keys' uncached rows may then be
+    /// read in place ([`ZenWorker::read_uncached`]).
+    fn prefetch_read_only(&mut self, table: TableId, keys: &[u64]) {
+        self.prefetch(table, keys);
+        if matches!(self.proto, Protocol::Occ | Protocol::Silo) && !self.read_only {
+            self.read_only_keys.extend(keys.iter().map(|&k| (table, k)));
+        }
+    }
+
     fn prefetch_for_overwrite(&mut self, table: TableId, keys: &[u64]) {
         if self.ensure_table(table).is_err() {
             return;

@@ -252,8 +252,9 @@ pub fn new_order(
         .iter()
         .map(|l| keys::stock(l.supply_w, l.item))
         .collect();
-    tx.prefetch(t.customer, &[keys::customer(w, d, input.c)]);
-    tx.prefetch(t.item, &items);
+    // New-Order reads its customer and items and writes neither.
+    tx.prefetch_read_only(t.customer, &[keys::customer(w, d, input.c)]);
+    tx.prefetch_read_only(t.item, &items);
     tx.prefetch(t.stock, &stocks);
     let w_tax = tx.get(t.warehouse, keys::warehouse(w))?.i64(warehouse::TAX);
     let dist = tx.get(t.district, keys::district(w, d))?;

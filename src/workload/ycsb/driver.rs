@@ -124,9 +124,12 @@ pub struct YcsbDriver<'db> {
     field: Vec<u8>,
     /// A whole record of `field` copies, for whole-record updates.
     whole: Vec<u8>,
-    /// The keys the current transaction reads (reads and read-modify-writes), prefetched
+    /// The keys the current transaction reads and then writes (read-modify-writes), prefetched
     /// together.
     keys: Vec<u64>,
+    /// The keys it only reads, prefetched together as read-only
+    /// ([`crate::db::Tx::prefetch_read_only`]).
+    read_keys: Vec<u64>,
     /// The keys it overwrites blindly, prefetched together for an overwrite.
     overwrite_keys: Vec<u64>,
     version: u64,
@@ -169,6 +172,7 @@ impl<'db> YcsbDriver<'db> {
             field: vec![0u8; workload.field_len],
             whole: Vec::with_capacity(row_len),
             keys: Vec::new(),
+            read_keys: Vec::new(),
             overwrite_keys: Vec::new(),
             version: 0,
             field_len: workload.field_len,
@@ -196,18 +200,25 @@ impl<'db> YcsbDriver<'db> {
         let row = &mut self.row;
         let field = &mut self.field;
         let whole = &mut self.whole;
-        let (keys, overwrite_keys) = (&mut self.keys, &mut self.overwrite_keys);
+        let (keys, read_keys, overwrite_keys) = (
+            &mut self.keys,
+            &mut self.read_keys,
+            &mut self.overwrite_keys,
+        );
         keys.clear();
+        read_keys.clear();
         overwrite_keys.clear();
         for op in ops {
             match *op {
-                Op::Read { key } | Op::ReadModifyWrite { key, .. } => keys.push(key),
+                Op::Read { key } => read_keys.push(key),
+                Op::ReadModifyWrite { key, .. } => keys.push(key),
                 Op::Update { key, .. } => overwrite_keys.push(key),
                 Op::Insert { .. } | Op::Scan { .. } => {}
             }
         }
         if let Some(texts) = &mut self.texts {
             let outcome = self.worker.run_counted(read_only, |tx| {
+                tx.prefetch_read_only(table, read_keys);
                 tx.prefetch(table, keys);
                 tx.prefetch_for_overwrite(table, overwrite_keys);
                 ops.iter()
@@ -218,6 +229,7 @@ impl<'db> YcsbDriver<'db> {
         }
         let outcome = self.worker.run_counted(read_only, |tx| {
             // The transaction's keys are known up front: overlap their misses.
+            tx.prefetch_read_only(table, read_keys);
             tx.prefetch(table, keys);
             tx.prefetch_for_overwrite(table, overwrite_keys);
             for op in ops {
