@@ -161,6 +161,11 @@ struct DirRead {
     generation: u64,
     ct: u64,
     entries: u64,
+    /// 1 if it is an incremental checkpoint, 0 if full.
+    incremental: u64,
+    /// When it was published (ms since the Unix epoch; 0: unknown) and how long it took (µs).
+    published_ms: u64,
+    took_us: u64,
     /// Its pages, in key order.
     listed: Vec<u64>,
 }
@@ -175,6 +180,9 @@ fn read_directory(engine: &FirEngine, checkpoint_pages: &[u64]) -> Result<DirRea
         generation,
         ct: 0,
         entries: 0,
+        incremental: 0,
+        published_ms: 0,
+        took_us: 0,
         listed: Vec::new(),
     };
     if generation != 0 {
@@ -182,6 +190,8 @@ fn read_directory(engine: &FirEngine, checkpoint_pages: &[u64]) -> Result<DirRea
         let r = |f: u64| pool.read_u64(at + f);
         let (slot_gen, count) = (r(ck::DIR_GEN), r(ck::DIR_PAGES));
         (dir.ct, dir.entries) = (r(ck::DIR_CT), r(ck::DIR_ENTRIES));
+        (dir.incremental, dir.published_ms, dir.took_us) =
+            (r(ck::DIR_KIND), r(ck::DIR_PUBLISHED_MS), r(ck::DIR_TOOK_US));
         if slot_gen != generation || count > ck::MAX_PAGES || dir.ct >= TID_LIMIT {
             return Err(corrupt(format!(
                 "the meta page names index checkpoint {generation}, but its directory holds generation {slot_gen}, {count} pages, CT {}",
@@ -444,6 +454,7 @@ fn load_checkpoint(
 /// clock in `engine`.
 pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError> {
     let started = Instant::now();
+    let started_unix_ms = super::checkpoint::unix_ms();
     let mut report = RecoveryReport::default();
     let mut phase = PhaseClock::start();
     let pool = engine.pool.clone();
@@ -547,6 +558,10 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
     checkpoint_pages.sort_unstable();
     let dir = read_directory(engine, &checkpoint_pages)?;
     let ct = dir.ct;
+    // How old the checkpoint is and what it was, for the report (issue 14: does the checkpointer
+    // keep up with a long run?). The age counts from the wall clock at the start of recovery.
+    let age_ms = (dir.published_ms != 0).then(|| started_unix_ms.saturating_sub(dir.published_ms));
+    let (ckpt_incremental, ckpt_took_us) = (dir.incremental, dir.took_us);
 
     // Undo/redo (§4.4.1): the regions from CT on, spread over the available cores.
     let workers = cores.min(region_list.len().max(1));
@@ -575,6 +590,11 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
     let undone: u64 = scans.iter().map(|s| s.undone).sum();
     let skipped: u64 = scans.iter().map(|s| s.skipped).sum();
     let slots_read: u64 = scans.iter().map(|s| s.slots_read).sum();
+    // The work since the checkpoint (§4.4.1's m), in bytes of tuple_content.
+    let bytes_since_ct: u64 = scans
+        .iter()
+        .map(|s| s.versions.len() as u64 * tables[s.table as usize].slot)
+        .sum();
     phase.lap(&mut report, "undo/redo scan");
 
     // The update_map (§4.5's input), rebuilt without a pass over the versions: every used slot
@@ -695,9 +715,8 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
         *slot.lock() = Some(st);
     }
     engine.clock.store(max_txn, Ordering::SeqCst);
-    engine
-        .last_commit
-        .store(lctt.iter().copied().max().unwrap_or(0), Ordering::Release);
+    let last_committed = lctt.iter().copied().max().unwrap_or(0);
+    engine.last_commit.store(last_committed, Ordering::Release);
     report.rows = rows;
     report.committed_in_log = redone;
     report.discarded_in_log = undone;
@@ -705,12 +724,17 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
         ("regions".into(), region_list.len() as u64),
         ("checkpoint generation".into(), generation),
         ("checkpoint CT".into(), ct),
+        ("last committed txnId".into(), last_committed),
+        ("txnIds since CT".into(), last_committed.saturating_sub(ct)),
+        ("checkpoint incremental".into(), ckpt_incremental),
+        ("checkpoint took (us)".into(), ckpt_took_us),
         ("checkpoint pages".into(), checkpoint_page_count),
         ("recovery threads".into(), cores as u64),
         ("entries from the checkpoint".into(), from_checkpoint),
         ("versions before CT skipped".into(), skipped),
         ("region slots read".into(), slots_read),
         ("versions redone (txnId >= CT)".into(), redone),
+        ("bytes written since CT".into(), bytes_since_ct),
         ("uncommitted versions undone".into(), undone),
         ("obsolete versions".into(), obsolete),
         ("tombstones".into(), tombstones),
@@ -721,6 +745,11 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
             skipped_dropped,
         ),
     ];
+    if let Some(age) = age_ms {
+        report
+            .facts
+            .push(("checkpoint age at recovery (ms)".into(), age));
+    }
     report.total_ms = started.elapsed().as_secs_f64() * 1e3;
     Ok(report)
 }
