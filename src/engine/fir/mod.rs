@@ -17,7 +17,7 @@
 //! | §4.3.1 Algorithm 2: MarkNode, GetIncrement, FlushChpt, MergeAndPersist | `checkpoint::LeafMarks::mark`, `FirEngine::{get_increment, merge_and_write}` |
 //! | §4.3.3 time cost model (eqs. 1–4) | `cost.rs` |
 //! | §4.4.1 undo/redo: committed = txnId ≤ LCTT of the region's thread, from CT on | `recovery.rs` (binary search per region) |
-//! | §4.4.2 index rebuild from the checkpoint, bottom up, in parallel | `recovery::load_checkpoint` (one thread per core over the pages), `PrimaryIndex::from_sorted` (bulk build), `recovery::redo_part` (one thread per core, keys split) |
+//! | §4.4.2 index rebuild from the checkpoint, bottom up, in parallel | `recovery::load_checkpoint` (one thread per core over the pages), `PrimaryIndex::from_sorted_by` (bulk build), `recovery::install_headers` (one thread per core, blocks split), `recovery::redo_part` (one thread per core, keys split) |
 //! | §4.5 GC: gc_array, redistribution, checkpoint, free | `worker::FirWorker::collect_garbage`, `gc.rs` (free record) |
 //!
 //! A transaction runs on one worker thread, which is bound to one region of every table (its
@@ -113,9 +113,11 @@
 //!   O(m + log n). What stays proportional to the data rather than to m: loading the checkpoint
 //!   (every live key, as in the paper) and making a tile per block (its DRAM headers). The tiles
 //!   are made in parallel, and the checkpoint's headers are written block by block (a counting
-//!   sort; in key order they scattered over the tiles). Each table's primary index is built from
-//!   the checkpoint's sorted entries at once, not key by key (§4.4.2's bottom-up build):
-//!   `PrimaryIndex::from_sorted` builds an ordered index leaves first, then each inner level,
+//!   sort; in key order they scattered over the tiles), each thread over its own range of blocks
+//!   (split by key range, both threads wrote into every tile and its cache lines moved between
+//!   the cores). Each table's primary index is built from
+//!   the checkpoint's sorted entries at once, where they were read, not key by key (§4.4.2's
+//!   bottom-up build): `PrimaryIndex::from_sorted_by` builds an ordered index leaves first, then each inner level,
 //!   and a hash index (which the paper does not have: pmtx's tables may choose one) shard by
 //!   shard in parallel, each shard's table sized for its own entries plus the versions redo may
 //!   insert and filled with no lock or seqlock bump per key, in home-bucket order (front to back,

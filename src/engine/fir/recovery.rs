@@ -308,13 +308,18 @@ fn read_pages(
     Ok(read)
 }
 
-/// Writes the headers of checked checkpoint entries (one thread's share) into the tiles, block
-/// by block: a checkpoint is in key order, which scatters its versions over the blocks (written
-/// in that order, nearly every header write missed the cache and the TLB). The entries are
-/// bucketed by block with a counting sort, O(n) (sorting them by address, n log n, was about
-/// 40 % of this step's samples in a profile at 1 GiB).
-fn install_headers(engine: &FirEngine, entries: &[Entry]) -> Result<Vec<()>, DbError> {
-    let blocks = engine.tiles.len();
+/// A share of the checkpoint's entries bucketed by block: `starts[b]..starts[b + 1]` of
+/// `entries` are block `b`'s, as (slot offset, key, txnId).
+struct ByBlock {
+    starts: Vec<usize>,
+    entries: Vec<(u64, u64, u64)>,
+}
+
+/// Buckets a share of the checked checkpoint entries by block, with a counting sort, O(n): a
+/// checkpoint is in key order, which scatters its versions over the blocks (written in that
+/// order, nearly every header write missed the cache and the TLB; sorting them by address,
+/// n log n, was about 40 % of this step's samples in a profile at 1 GiB).
+fn bucket_by_block(entries: &[Entry], blocks: usize) -> ByBlock {
     let mut starts = vec![0usize; blocks + 1];
     for e in entries {
         starts[storage::block_of(e[3]) as usize + 1] += 1;
@@ -329,17 +334,65 @@ fn install_headers(engine: &FirEngine, entries: &[Entry]) -> Result<Vec<()>, DbE
         by_block[next[b]] = (storage::offset_of(addr), key, txn);
         next[b] += 1;
     }
-    for (b, range) in starts.windows(2).enumerate() {
-        if range[0] == range[1] {
-            continue;
-        }
-        let tile = engine.tile_of(storage::logical(0, b as u64, 0));
-        for &(offset, key, txn) in &by_block[range[0]..range[1]] {
-            install_header(&tile.headers[offset as usize], key, txn);
-            tile.mark_live(offset);
+    ByBlock {
+        starts,
+        entries: by_block,
+    }
+}
+
+/// Writes the headers of the checked checkpoint entries into the tiles over `workers` threads:
+/// each thread buckets its share of the entries by block ([`bucket_by_block`]), then installs
+/// every share's entries of its own range of blocks (ranges of about equal entry counts). So a
+/// tile is written by one thread only: split by key range instead, both threads wrote into
+/// every tile, and the cache lines of its headers and update_map words (a `fetch_and` per
+/// entry) moved between the cores.
+fn install_headers(engine: &FirEngine, entries: &[Entry], workers: usize) -> Result<(), DbError> {
+    let blocks = engine.tiles.len();
+    let workers = workers.max(1);
+    let share = entries.len().div_ceil(workers).max(1);
+    let shares: Vec<ByBlock> = std::thread::scope(|s| {
+        let handles: Vec<_> = entries
+            .chunks(share)
+            .map(|part| s.spawn(move || Ok::<_, DbError>(vec![bucket_by_block(part, blocks)])))
+            .collect();
+        crate::engine::common::join_parts(handles)
+    })?;
+    // Block ranges of about `share` entries each, from the entries before each block.
+    let before = |b: usize| shares.iter().map(|p| p.starts[b]).sum::<usize>();
+    let mut bounds = vec![0usize];
+    for b in 1..blocks {
+        if before(b) >= share * bounds.len() {
+            bounds.push(b);
         }
     }
-    Ok(Vec::new())
+    bounds.push(blocks);
+    let shares = &shares;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = bounds
+            .windows(2)
+            .map(|range| {
+                let range = range[0]..range[1];
+                s.spawn(move || {
+                    for b in range {
+                        for part in shares {
+                            let mine = &part.entries[part.starts[b]..part.starts[b + 1]];
+                            if mine.is_empty() {
+                                continue;
+                            }
+                            let tile = engine.tile_of(storage::logical(0, b as u64, 0));
+                            for &(offset, key, txn) in mine {
+                                install_header(&tile.headers[offset as usize], key, txn);
+                                tile.mark_live(offset);
+                            }
+                        }
+                    }
+                    Ok::<_, DbError>(Vec::<()>::new())
+                })
+            })
+            .collect();
+        crate::engine::common::join_parts(handles)
+    })?;
+    Ok(())
 }
 
 /// Builds each table's primary index from its checkpoint entries at once (§4.4.2's bottom-up
@@ -353,7 +406,6 @@ fn build_indexes(
     generation: u64,
 ) -> Result<Vec<Arc<TableRt>>, DbError> {
     let mut rest = entries;
-    let mut pairs = Vec::new();
     let mut built = Vec::with_capacity(tables.len());
     for (table, t) in tables.iter().enumerate() {
         // A linear search: a damaged checkpoint need not be partitioned by table.
@@ -363,13 +415,14 @@ fn build_indexes(
             .unwrap_or(rest.len());
         let (this, after) = rest.split_at(mine);
         rest = after;
-        pairs.clear();
-        pairs.extend(this.iter().map(|e| (e[1], e[3])));
-        let index =
-            PrimaryIndex::from_sorted(t.schema.primary_index, &pairs, extra[table] as usize)
-                .map_err(|e| {
-                    corrupt(format!("index checkpoint {generation}, table {table}: {e}"))
-                })?;
+        let key_addr = |e: &Entry| (e[1], e[3]);
+        let index = PrimaryIndex::from_sorted_by(
+            t.schema.primary_index,
+            this,
+            key_addr,
+            extra[table] as usize,
+        )
+        .map_err(|e| corrupt(format!("index checkpoint {generation}, table {table}: {e}")))?;
         built.push(Arc::new(TableRt::with_index(t.schema.clone(), index)));
     }
     if let Some(e) = rest.first() {
@@ -433,15 +486,7 @@ fn load_checkpoint(
     *tables = build_indexes(tables, &entries, extra, generation)?;
     *engine.tables.get_mut() = tables.clone();
     phase.lap(report, "index build");
-    let per_worker = entries.len().div_ceil(workers.max(1)).max(1);
-    std::thread::scope(|s| {
-        let eng: &FirEngine = engine;
-        let handles: Vec<_> = entries
-            .chunks(per_worker)
-            .map(|share| s.spawn(move || install_headers(eng, share)))
-            .collect();
-        crate::engine::common::join_parts(handles)
-    })?;
+    install_headers(engine, &entries, workers)?;
     Ok(CkptDir {
         generation,
         ct: dir.ct,
