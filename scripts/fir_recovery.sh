@@ -29,11 +29,19 @@
 #   `pmtx recover` (the first is the recovery of the killed pool, the others recover its image
 #   again); each line gives the time until transactions can run, its phases and, for FIR, the
 #   versions redone (the work since the checkpoint) and the slots of PM the scan read.
-# Experiment 2 (work since the checkpoint): one pool (WORK_GIB GiB, default 2, 250,000 records
-#   per GiB); FIR's background checkpointer is off and the bench takes one checkpoint right after
-#   the load (--checkpoint-after-load), then runs YCSB-A until the kill WAIT seconds later, for
-#   each WAIT in WAITS (default "0 1 2 4 8"): the work since the checkpoint grows with WAIT while
-#   the pool and the data stay the same.
+# Experiment 2 (work since the checkpoint, the issue's "fixed pool, varying the work since the
+#   checkpoint"): one pool size (WORK_GIB GiB, default 4, 250,000 records per GiB); FIR's
+#   background checkpointer is off and the bench takes one checkpoint right after the load
+#   (--checkpoint-after-load), then runs YCSB-A until the kill WAIT seconds later, for each WAIT
+#   in WAITS (default "0 1 2 4 8"): the work since the checkpoint grows with WAIT while the pool
+#   and the data stay the same. Each line and the summary give the bytes of tuple_content
+#   written since the CT of the checkpoint recovery loaded (recovery's "bytes written since CT":
+#   the x axis; a GC round may take a checkpoint of its own during the run, and then that one
+#   is loaded) next to the time until transactions can run.
+#
+# Every FIR line also gives the age of the checkpoint recovery loaded (wall clock at the start
+#   of recovery minus when the checkpoint was published; the kill comes just before), which
+#   says whether the checkpointer kept up with the run.
 #
 # Experiment 3 (history): the paper's pools hold a history far larger than the data loaded
 #   (§5.3: TPC-C grows from 12 GB to 83 GB in its 100 s run), where experiment 1's kill comes 3 s
@@ -127,7 +135,7 @@ fact() {
 # With $5 = facts, the line also lists every fact the recovery reported.
 recover_rounds() {
     local e=$1 pool=$2 prefix=$3 key=$4 with_facts=${5:-}
-    local run bin label line_prefix line_key out ready phases extra
+    local run bin label line_prefix line_key out ready phases extra bytes
     for run in $(seq 1 "$rounds"); do
         for bin in "${bins[@]}"; do
             label=${bin%%=*}
@@ -143,8 +151,10 @@ recover_rounds() {
                 | grep -E "^  (catalog|index recovery|replay|heap scan|scan regions|page table|checkpoint load|checkpoint read|index build|checkpoint headers|undo/redo scan|redo|update_map|secondary indexes)" \
                 | tr -s " " | sed 's/^ //' | paste -sd ";" - || true)
             extra=""
+            bytes=""
             if [ "$e" = fir ]; then
-                extra="; redone $(fact "$out" 'versions redone'); slots read $(fact "$out" 'region slots read'); from checkpoint $(fact "$out" 'entries from the checkpoint')"
+                bytes=$(fact "$out" 'bytes written since CT')
+                extra="; redone $(fact "$out" 'versions redone'); bytes since CT ${bytes:-?}; checkpoint age $(fact "$out" 'checkpoint age at recovery \(ms\)') ms; slots read $(fact "$out" 'region slots read'); from checkpoint $(fact "$out" 'entries from the checkpoint')"
             fi
             if [ "$with_facts" = facts ]; then
                 # Fact lines: two spaces, a name, a number (phases end in "ms", tables in "rows").
@@ -152,21 +162,26 @@ recover_rounds() {
                     | sed -E 's/^  //; s/ +([0-9]+)$/=\1/' | paste -sd "," - || true)"
             fi
             echo "$line_prefix run $run: ready ${ready} ms$extra; $phases"
-            if [ -n "$ready" ]; then echo "$line_key $ready" >>"$results"; fi
+            if [ -n "$ready" ]; then echo "$line_key|$ready|$bytes" >>"$results"; fi
         done
     done
 }
 
-# Median and range of every recovery recorded under each key, in the order the keys came.
+# Median and range of every recovery recorded under each key, in the order the keys came, and
+# for FIR the median of the bytes of tuple_content written since the checkpoint it loaded.
 summary() {
     python3 - "$results" <<'EOF'
 import statistics, sys
 runs = {}
 for line in open(sys.argv[1]):
-    key, ms = line.rsplit(" ", 1)
-    runs.setdefault(key, []).append(float(ms))
-for key, ms in runs.items():
-    print(f"  {key:<40} median {statistics.median(ms):9.1f} ms  range {min(ms):.1f}-{max(ms):.1f}  ({len(ms)} recoveries)")
+    key, ms, written = line.rstrip("\n").split("|")
+    ms_list, bytes_list = runs.setdefault(key, ([], []))
+    ms_list.append(float(ms))
+    if written:
+        bytes_list.append(float(written))
+for key, (ms, written) in runs.items():
+    since = f"  bytes since CT {statistics.median(written) / 2**20:8.1f} MiB" if written else ""
+    print(f"  {key:<40} median {statistics.median(ms):9.1f} ms  range {min(ms):.1f}-{max(ms):.1f}  ({len(ms)} recoveries){since}")
 EOF
     : >"$results"
 }
@@ -196,7 +211,7 @@ if [ "$what" = sizes ] || [ "$what" = all ]; then
 fi
 
 if [ "$what" = work ] || [ "$what" = all ]; then
-    gib=${WORK_GIB:-2}
+    gib=${WORK_GIB:-4}
     waits=${WAITS:-"0 1 2 4 8"}
     records=$((gib * 250000))
     echo "== experiment 2: FIR recovery after a kill, by the work since the checkpoint (pool ${gib} GiB, $records records)"

@@ -245,6 +245,20 @@ fn recovery_redoes_only_what_was_written_after_the_checkpoint() {
     assert_eq!(fact(&db, "entries from the checkpoint"), 1000);
     assert_eq!(fact(&db, "versions redone (txnId >= CT)"), 12);
     assert_eq!(fact(&db, "versions before CT skipped"), 6000);
+    // The work since the checkpoint in bytes (the x axis of scripts/fir_recovery.sh `work`), the
+    // three transactions after it, and how old the checkpoint was (this test takes seconds).
+    let row = Schema::new("kv", &[("v", ColumnType::U64)]).row_size();
+    assert_eq!(
+        fact(&db, "bytes written since CT"),
+        12 * pmtx::engine::fir::layout::tuple::slot_size(row)
+    );
+    assert!((2..=3).contains(&fact(&db, "txnIds since CT")));
+    assert_eq!(
+        fact(&db, "last committed txnId"),
+        fact(&db, "checkpoint CT") + fact(&db, "txnIds since CT")
+    );
+    assert!(fact(&db, "checkpoint age at recovery (ms)") < 600_000);
+    assert_eq!(fact(&db, "checkpoint incremental"), 0);
     // What the undo/redo scan read of PM (a counter, not a timer): the binary search's probes
     // (at most 17 per region: a block holds at most 65,536 slots, and these regions have one)
     // plus the 12 versions and the first empty slot after them, not the 6,000 before CT.

@@ -491,6 +491,18 @@ impl HashIndex {
     /// one into a shared index cost a lock and a cache miss into a table of the whole index's
     /// size per entry. An error names a key given twice.
     pub fn from_entries(entries: &[(u64, u64)], spare: usize) -> Result<Self, IndexError> {
+        Self::from_entries_by(entries, |&pair| pair, spare)
+    }
+
+    /// [`from_entries`](Self::from_entries) over records of any type, `key_addr` giving each
+    /// one's key and address: FIR's recovery builds from its checkpoint's entries where they
+    /// were read, without a copy of the pairs (16 MiB of fresh memory per million keys).
+    pub fn from_entries_by<T: Sync>(
+        entries: &[T],
+        key_addr: impl Fn(&T) -> (u64, u64) + Sync,
+        spare: usize,
+    ) -> Result<Self, IndexError> {
+        let key_addr = &key_addr;
         let shard_total = shard_count();
         // The index without its shards yet: its `hash` and `shard_of` place every entry where
         // lookups will look for it.
@@ -515,7 +527,10 @@ impl HashIndex {
                 .chunks(part_len)
                 .map(|part| {
                     s.spawn(move || {
-                        let hashed = part.iter().map(|&(key, addr)| (hash(key), key, addr));
+                        let hashed = part.iter().map(|e| {
+                            let (key, addr) = key_addr(e);
+                            (hash(key), key, addr)
+                        });
                         let mut by_shard = Vec::new();
                         let starts =
                             counting_scatter(hashed, shard_total, |e| shard_of(e.0), &mut by_shard);

@@ -96,13 +96,27 @@ impl PrimaryIndex {
         entries: &[(u64, u64)],
         spare: usize,
     ) -> Result<Self, IndexError> {
-        if let Some(w) = entries.windows(2).find(|w| w[0].0 >= w[1].0) {
-            return Err(IndexError::BulkKeyOrder(w[1].0));
+        Self::from_sorted_by(kind, entries, |&pair| pair, spare)
+    }
+
+    /// [`from_sorted`](Self::from_sorted) over records of any type, `key_addr` giving each
+    /// one's key and address (FIR's recovery builds from its checkpoint's entries in place).
+    pub fn from_sorted_by<T: Sync>(
+        kind: PrimaryIndexKind,
+        entries: &[T],
+        key_addr: impl Fn(&T) -> (u64, u64) + Sync,
+        spare: usize,
+    ) -> Result<Self, IndexError> {
+        let key = |e: &T| key_addr(e).0;
+        if let Some(w) = entries.windows(2).find(|w| key(&w[0]) >= key(&w[1])) {
+            return Err(IndexError::BulkKeyOrder(key(&w[1])));
         }
         Ok(match kind {
-            PrimaryIndexKind::Hash => Self::Hash(HashIndex::from_entries(entries, spare)?),
+            PrimaryIndexKind::Hash => {
+                Self::Hash(HashIndex::from_entries_by(entries, &key_addr, spare)?)
+            }
             PrimaryIndexKind::Ordered => {
-                Self::Ordered(OrderedIndex::from_sorted(entries.iter().copied())?)
+                Self::Ordered(OrderedIndex::from_sorted(entries.iter().map(&key_addr))?)
             }
         })
     }

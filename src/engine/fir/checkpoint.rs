@@ -304,7 +304,7 @@ impl FirEngine {
             gini_simpson: cost::skew_gini_simpson(leaves.iter().map(|l| l.1.writes)),
             ms: 0.0,
         };
-        self.publish(generation, ct, kind, pages, replaced);
+        self.publish(generation, (ct, kind, started), pages, replaced);
         self.checkpoints.fetch_add(1, Ordering::Relaxed);
         Ok(CheckpointStats {
             ms: started.elapsed().as_secs_f64() * 1e3,
@@ -490,13 +490,13 @@ impl FirEngine {
         self.dir_base + (generation % 2) * ck::DIR_SLOT_BYTES
     }
 
-    /// Makes the new checkpoint valid: pages durable, then its directory, then the generation
-    /// word; then frees the pages it replaced.
+    /// Makes the new checkpoint valid: pages durable, then its directory (with when it was
+    /// published and how long it took since `started`, which recovery reports), then the
+    /// generation word; then frees the pages it replaced.
     fn publish(
         &self,
         generation: u64,
-        ct: u64,
-        kind: CheckpointKind,
+        (ct, kind, started): (u64, CheckpointKind, Instant),
         pages: Vec<CkptPage>,
         replaced: Vec<u64>,
     ) {
@@ -515,8 +515,17 @@ impl FirEngine {
         }
         let entries: u64 = pages.iter().map(|p| p.entries).sum();
         let kind_word = u64::from(kind == CheckpointKind::Incremental);
+        let took_us = started.elapsed().as_micros() as u64;
         let mut buf = Vec::with_capacity((ck::DIR_FIRST + 8 * pages.len() as u64) as usize);
-        for word in [generation, ct, entries, pages.len() as u64, kind_word] {
+        for word in [
+            generation,
+            ct,
+            entries,
+            pages.len() as u64,
+            kind_word,
+            unix_ms(),
+            took_us,
+        ] {
             buf.extend_from_slice(&word.to_le_bytes());
         }
         buf.resize(ck::DIR_FIRST as usize, 0);
@@ -608,6 +617,14 @@ impl FirEngine {
     pub fn checkpoints_taken(&self) -> u64 {
         self.checkpoints.load(Ordering::Relaxed)
     }
+}
+
+/// The wall-clock time in ms since the Unix epoch (0 if the clock is before it): a checkpoint's
+/// directory records when it was published, so that recovery can say how old it was.
+pub(crate) fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 #[cfg(test)]

@@ -45,7 +45,8 @@ pub mod kind {
 /// directory slot (two in the meta page, at DIR_AT + (generation % 2) * DIR_SLOT_BYTES):
 ///   0 generation   8 CT: every transaction with a smaller txnId had ended when the checkpoint
 ///   read the index   16 entries in the whole checkpoint   24 pages   32 kind (0 full,
-///   1 incremental)   64.. the pages' indices, in key order
+///   1 incremental)   40 wall-clock time it was published (ms since the Unix epoch)
+///   48 µs it took   64.. the pages' indices, in key order
 /// ```
 ///
 /// An incremental checkpoint (Algorithm 2's MergeAndPersist) rewrites only the pages whose key
@@ -72,6 +73,11 @@ pub mod checkpoint {
     pub const DIR_PAGES: u64 = 24;
     /// Directory: kind field (0 full, 1 incremental).
     pub const DIR_KIND: u64 = 32;
+    /// Directory: when the checkpoint was published, in ms since the Unix epoch (0 in a pool a
+    /// build before it wrote: unknown). Recovery reports the checkpoint's age from it.
+    pub const DIR_PUBLISHED_MS: u64 = 40;
+    /// Directory: how long the checkpoint took, in µs (0: unknown, as above).
+    pub const DIR_TOOK_US: u64 = 48;
     /// Directory: where the page indices start.
     pub const DIR_FIRST: u64 = 64;
     /// Bytes per directory slot.

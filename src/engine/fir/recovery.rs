@@ -161,6 +161,11 @@ struct DirRead {
     generation: u64,
     ct: u64,
     entries: u64,
+    /// 1 if it is an incremental checkpoint, 0 if full.
+    incremental: u64,
+    /// When it was published (ms since the Unix epoch; 0: unknown) and how long it took (µs).
+    published_ms: u64,
+    took_us: u64,
     /// Its pages, in key order.
     listed: Vec<u64>,
 }
@@ -175,6 +180,9 @@ fn read_directory(engine: &FirEngine, checkpoint_pages: &[u64]) -> Result<DirRea
         generation,
         ct: 0,
         entries: 0,
+        incremental: 0,
+        published_ms: 0,
+        took_us: 0,
         listed: Vec::new(),
     };
     if generation != 0 {
@@ -182,6 +190,8 @@ fn read_directory(engine: &FirEngine, checkpoint_pages: &[u64]) -> Result<DirRea
         let r = |f: u64| pool.read_u64(at + f);
         let (slot_gen, count) = (r(ck::DIR_GEN), r(ck::DIR_PAGES));
         (dir.ct, dir.entries) = (r(ck::DIR_CT), r(ck::DIR_ENTRIES));
+        (dir.incremental, dir.published_ms, dir.took_us) =
+            (r(ck::DIR_KIND), r(ck::DIR_PUBLISHED_MS), r(ck::DIR_TOOK_US));
         if slot_gen != generation || count > ck::MAX_PAGES || dir.ct >= TID_LIMIT {
             return Err(corrupt(format!(
                 "the meta page names index checkpoint {generation}, but its directory holds generation {slot_gen}, {count} pages, CT {}",
@@ -298,13 +308,18 @@ fn read_pages(
     Ok(read)
 }
 
-/// Writes the headers of checked checkpoint entries (one thread's share) into the tiles, block
-/// by block: a checkpoint is in key order, which scatters its versions over the blocks (written
-/// in that order, nearly every header write missed the cache and the TLB). The entries are
-/// bucketed by block with a counting sort, O(n) (sorting them by address, n log n, was about
-/// 40 % of this step's samples in a profile at 1 GiB).
-fn install_headers(engine: &FirEngine, entries: &[Entry]) -> Result<Vec<()>, DbError> {
-    let blocks = engine.tiles.len();
+/// A share of the checkpoint's entries bucketed by block: `starts[b]..starts[b + 1]` of
+/// `entries` are block `b`'s, as (slot offset, key, txnId).
+struct ByBlock {
+    starts: Vec<usize>,
+    entries: Vec<(u64, u64, u64)>,
+}
+
+/// Buckets a share of the checked checkpoint entries by block, with a counting sort, O(n): a
+/// checkpoint is in key order, which scatters its versions over the blocks (written in that
+/// order, nearly every header write missed the cache and the TLB; sorting them by address,
+/// n log n, was about 40 % of this step's samples in a profile at 1 GiB).
+fn bucket_by_block(entries: &[Entry], blocks: usize) -> ByBlock {
     let mut starts = vec![0usize; blocks + 1];
     for e in entries {
         starts[storage::block_of(e[3]) as usize + 1] += 1;
@@ -319,17 +334,65 @@ fn install_headers(engine: &FirEngine, entries: &[Entry]) -> Result<Vec<()>, DbE
         by_block[next[b]] = (storage::offset_of(addr), key, txn);
         next[b] += 1;
     }
-    for (b, range) in starts.windows(2).enumerate() {
-        if range[0] == range[1] {
-            continue;
-        }
-        let tile = engine.tile_of(storage::logical(0, b as u64, 0));
-        for &(offset, key, txn) in &by_block[range[0]..range[1]] {
-            install_header(&tile.headers[offset as usize], key, txn);
-            tile.mark_live(offset);
+    ByBlock {
+        starts,
+        entries: by_block,
+    }
+}
+
+/// Writes the headers of the checked checkpoint entries into the tiles over `workers` threads:
+/// each thread buckets its share of the entries by block ([`bucket_by_block`]), then installs
+/// every share's entries of its own range of blocks (ranges of about equal entry counts). So a
+/// tile is written by one thread only: split by key range instead, both threads wrote into
+/// every tile, and the cache lines of its headers and update_map words (a `fetch_and` per
+/// entry) moved between the cores.
+fn install_headers(engine: &FirEngine, entries: &[Entry], workers: usize) -> Result<(), DbError> {
+    let blocks = engine.tiles.len();
+    let workers = workers.max(1);
+    let share = entries.len().div_ceil(workers).max(1);
+    let shares: Vec<ByBlock> = std::thread::scope(|s| {
+        let handles: Vec<_> = entries
+            .chunks(share)
+            .map(|part| s.spawn(move || Ok::<_, DbError>(vec![bucket_by_block(part, blocks)])))
+            .collect();
+        crate::engine::common::join_parts(handles)
+    })?;
+    // Block ranges of about `share` entries each, from the entries before each block.
+    let before = |b: usize| shares.iter().map(|p| p.starts[b]).sum::<usize>();
+    let mut bounds = vec![0usize];
+    for b in 1..blocks {
+        if before(b) >= share * bounds.len() {
+            bounds.push(b);
         }
     }
-    Ok(Vec::new())
+    bounds.push(blocks);
+    let shares = &shares;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = bounds
+            .windows(2)
+            .map(|range| {
+                let range = range[0]..range[1];
+                s.spawn(move || {
+                    for b in range {
+                        for part in shares {
+                            let mine = &part.entries[part.starts[b]..part.starts[b + 1]];
+                            if mine.is_empty() {
+                                continue;
+                            }
+                            let tile = engine.tile_of(storage::logical(0, b as u64, 0));
+                            for &(offset, key, txn) in mine {
+                                install_header(&tile.headers[offset as usize], key, txn);
+                                tile.mark_live(offset);
+                            }
+                        }
+                    }
+                    Ok::<_, DbError>(Vec::<()>::new())
+                })
+            })
+            .collect();
+        crate::engine::common::join_parts(handles)
+    })?;
+    Ok(())
 }
 
 /// Builds each table's primary index from its checkpoint entries at once (§4.4.2's bottom-up
@@ -343,7 +406,6 @@ fn build_indexes(
     generation: u64,
 ) -> Result<Vec<Arc<TableRt>>, DbError> {
     let mut rest = entries;
-    let mut pairs = Vec::new();
     let mut built = Vec::with_capacity(tables.len());
     for (table, t) in tables.iter().enumerate() {
         // A linear search: a damaged checkpoint need not be partitioned by table.
@@ -353,13 +415,14 @@ fn build_indexes(
             .unwrap_or(rest.len());
         let (this, after) = rest.split_at(mine);
         rest = after;
-        pairs.clear();
-        pairs.extend(this.iter().map(|e| (e[1], e[3])));
-        let index =
-            PrimaryIndex::from_sorted(t.schema.primary_index, &pairs, extra[table] as usize)
-                .map_err(|e| {
-                    corrupt(format!("index checkpoint {generation}, table {table}: {e}"))
-                })?;
+        let key_addr = |e: &Entry| (e[1], e[3]);
+        let index = PrimaryIndex::from_sorted_by(
+            t.schema.primary_index,
+            this,
+            key_addr,
+            extra[table] as usize,
+        )
+        .map_err(|e| corrupt(format!("index checkpoint {generation}, table {table}: {e}")))?;
         built.push(Arc::new(TableRt::with_index(t.schema.clone(), index)));
     }
     if let Some(e) = rest.first() {
@@ -423,15 +486,7 @@ fn load_checkpoint(
     *tables = build_indexes(tables, &entries, extra, generation)?;
     *engine.tables.get_mut() = tables.clone();
     phase.lap(report, "index build");
-    let per_worker = entries.len().div_ceil(workers.max(1)).max(1);
-    std::thread::scope(|s| {
-        let eng: &FirEngine = engine;
-        let handles: Vec<_> = entries
-            .chunks(per_worker)
-            .map(|share| s.spawn(move || install_headers(eng, share)))
-            .collect();
-        crate::engine::common::join_parts(handles)
-    })?;
+    install_headers(engine, &entries, workers)?;
     Ok(CkptDir {
         generation,
         ct: dir.ct,
@@ -444,6 +499,7 @@ fn load_checkpoint(
 /// clock in `engine`.
 pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError> {
     let started = Instant::now();
+    let started_unix_ms = super::checkpoint::unix_ms();
     let mut report = RecoveryReport::default();
     let mut phase = PhaseClock::start();
     let pool = engine.pool.clone();
@@ -547,6 +603,10 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
     checkpoint_pages.sort_unstable();
     let dir = read_directory(engine, &checkpoint_pages)?;
     let ct = dir.ct;
+    // How old the checkpoint is and what it was, for the report (issue 14: does the checkpointer
+    // keep up with a long run?). The age counts from the wall clock at the start of recovery.
+    let age_ms = (dir.published_ms != 0).then(|| started_unix_ms.saturating_sub(dir.published_ms));
+    let (ckpt_incremental, ckpt_took_us) = (dir.incremental, dir.took_us);
 
     // Undo/redo (§4.4.1): the regions from CT on, spread over the available cores.
     let workers = cores.min(region_list.len().max(1));
@@ -575,6 +635,11 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
     let undone: u64 = scans.iter().map(|s| s.undone).sum();
     let skipped: u64 = scans.iter().map(|s| s.skipped).sum();
     let slots_read: u64 = scans.iter().map(|s| s.slots_read).sum();
+    // The work since the checkpoint (§4.4.1's m), in bytes of tuple_content.
+    let bytes_since_ct: u64 = scans
+        .iter()
+        .map(|s| s.versions.len() as u64 * tables[s.table as usize].slot)
+        .sum();
     phase.lap(&mut report, "undo/redo scan");
 
     // The update_map (§4.5's input), rebuilt without a pass over the versions: every used slot
@@ -695,9 +760,8 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
         *slot.lock() = Some(st);
     }
     engine.clock.store(max_txn, Ordering::SeqCst);
-    engine
-        .last_commit
-        .store(lctt.iter().copied().max().unwrap_or(0), Ordering::Release);
+    let last_committed = lctt.iter().copied().max().unwrap_or(0);
+    engine.last_commit.store(last_committed, Ordering::Release);
     report.rows = rows;
     report.committed_in_log = redone;
     report.discarded_in_log = undone;
@@ -705,12 +769,17 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
         ("regions".into(), region_list.len() as u64),
         ("checkpoint generation".into(), generation),
         ("checkpoint CT".into(), ct),
+        ("last committed txnId".into(), last_committed),
+        ("txnIds since CT".into(), last_committed.saturating_sub(ct)),
+        ("checkpoint incremental".into(), ckpt_incremental),
+        ("checkpoint took (us)".into(), ckpt_took_us),
         ("checkpoint pages".into(), checkpoint_page_count),
         ("recovery threads".into(), cores as u64),
         ("entries from the checkpoint".into(), from_checkpoint),
         ("versions before CT skipped".into(), skipped),
         ("region slots read".into(), slots_read),
         ("versions redone (txnId >= CT)".into(), redone),
+        ("bytes written since CT".into(), bytes_since_ct),
         ("uncommitted versions undone".into(), undone),
         ("obsolete versions".into(), obsolete),
         ("tombstones".into(), tombstones),
@@ -721,6 +790,11 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
             skipped_dropped,
         ),
     ];
+    if let Some(age) = age_ms {
+        report
+            .facts
+            .push(("checkpoint age at recovery (ms)".into(), age));
+    }
     report.total_ms = started.elapsed().as_secs_f64() * 1e3;
     Ok(report)
 }
