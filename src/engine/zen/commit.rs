@@ -154,12 +154,7 @@ impl ZenWorker {
     fn build_new_rows(&mut self, order: &[usize]) {
         let mut old = std::mem::take(&mut self.scratch);
         for &i in order {
-            let (table, key, kind, eref) = (
-                self.writes[i].table,
-                self.writes[i].key,
-                self.writes[i].kind,
-                self.writes[i].eref,
-            );
+            let (table, key, kind, eref) = self.writes[i].identity();
             let t = &self.tables[table as usize];
             let at = self.rows.len();
             self.writes[i].row_at = at;

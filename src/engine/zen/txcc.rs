@@ -755,12 +755,7 @@ impl ZenWorker {
         };
         let mut row = std::mem::take(&mut self.scratch);
         for i in 0..self.writes.len() {
-            let (table, key, kind, eref) = (
-                self.writes[i].table,
-                self.writes[i].key,
-                self.writes[i].kind,
-                self.writes[i].eref,
-            );
+            let (table, key, kind, eref) = self.writes[i].identity();
             let t = &self.tables[table as usize];
             let version = match kind {
                 WriteKind::Update | WriteKind::Delete => {

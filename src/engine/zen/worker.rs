@@ -82,6 +82,11 @@ impl WriteRec {
             row_unloaded: false,
         }
     }
+
+    /// The write's table, key, kind and Met-Cache entry.
+    pub(super) fn identity(&self) -> (TableId, u64, WriteKind, u64) {
+        (self.table, self.key, self.kind, self.eref)
+    }
 }
 
 /// (table, secondary index, primary key, old secondary key, new secondary key).
