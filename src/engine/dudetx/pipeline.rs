@@ -524,7 +524,11 @@ impl<H: Apply> Core<H> {
                         self.steps.load(Ordering::Acquire) != step
                     })
                 });
-                if ended {
+                // Checked again under the lock: a step that ended between the last spin and
+                // the re-lock has already notified, and waiting now would sleep with this
+                // committer's log still queued and no one left to persist it (a hang seen once
+                // in CI, stop 38: `dudetx_api::concurrent_transfers_...`).
+                if ended || self.steps.load(Ordering::Acquire) != step {
                     continue;
                 }
             }
