@@ -650,6 +650,24 @@ fn row_of(value: u64) -> [u8; 64] {
     row
 }
 
+/// Replaces the whole row of `key` with `row_of(value)` (a blind overwrite).
+fn overwrite(
+    tx: &mut pmtx::db::Tx<'_>,
+    t: pmtx::catalog::TableId,
+    key: u64,
+    value: u64,
+) -> Result<(), pmtx::engine::TxError> {
+    let row = row_of(value);
+    tx.update_bytes(
+        t,
+        key,
+        &[pmtx::engine::FieldWrite {
+            offset: 0,
+            bytes: &row,
+        }],
+    )
+}
+
 fn value_of(row: &[u8]) -> u64 {
     let first = u64::from_le_bytes(row[..8].try_into().unwrap());
     for w in row.chunks_exact(8) {
@@ -684,27 +702,10 @@ fn a_failed_blind_overwrite_leaves_the_old_row() {
             }
             let mut row = [0u8; 64];
             tx.read_into(t, hot, &mut row)?;
-            tx.update_bytes(
-                t,
-                blind,
-                &[pmtx::engine::FieldWrite {
-                    offset: 0,
-                    bytes: &row_of(7_000),
-                }],
-            )?;
+            overwrite(tx, t, blind, 7_000)?;
             if attempts == 1 {
                 // Another worker changes the row this transaction read: its validation fails.
-                w2.run(|tx2| {
-                    tx2.update_bytes(
-                        t,
-                        hot,
-                        &[pmtx::engine::FieldWrite {
-                            offset: 0,
-                            bytes: &row_of(9_000),
-                        }],
-                    )
-                })
-                .unwrap();
+                w2.run(|tx2| overwrite(tx2, t, hot, 9_000)).unwrap();
             }
             Ok(())
         })
@@ -752,14 +753,7 @@ fn blind_overwrites_through_a_tiny_cache_never_show_an_unloaded_row() {
                                     );
                                 } else {
                                     let value = 1_000_000 * thread + i * OPS + op;
-                                    tx.update_bytes(
-                                        t,
-                                        key,
-                                        &[pmtx::engine::FieldWrite {
-                                            offset: 0,
-                                            bytes: &row_of(value),
-                                        }],
-                                    )?;
+                                    overwrite(tx, t, key, value)?;
                                 }
                             }
                             Ok(())
@@ -807,25 +801,11 @@ fn a_read_of_an_uncached_row_fails_validation_after_another_worker_writes_it() {
                             let mut old = [0u8; 64];
                             tx2.read_into(t, read, &mut old)?;
                         }
-                        tx2.update_bytes(
-                            t,
-                            read,
-                            &[pmtx::engine::FieldWrite {
-                                offset: 0,
-                                bytes: &row_of(9_000),
-                            }],
-                        )
+                        overwrite(tx2, t, read, 9_000)
                     })
                     .unwrap();
                 }
-                tx.update_bytes(
-                    t,
-                    written,
-                    &[pmtx::engine::FieldWrite {
-                        offset: 0,
-                        bytes: &row_of(seen + 1),
-                    }],
-                )
+                overwrite(tx, t, written, seen + 1)
             })
             .unwrap();
             let case = format!("{protocol}, writer reads first: {writer_reads_first}");
