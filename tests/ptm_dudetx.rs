@@ -213,7 +213,7 @@ proptest::proptest! {
             let mut c = small().domain(domain);
             c.crash_sim = Some(CrashTrigger::Never);
             c.dudetx.group = group;
-            // §3.4 paging: a one-frame shadow (the root's and the objects' pages evict each
+            // §3.6 paging: a one-frame shadow (the root's and the objects' pages evict each
             // other) must give the same results as a full one.
             c.dudetx.shadow_frames = usize::from(tiny_shadow);
             if asynchronous {
@@ -314,7 +314,7 @@ fn two_threads_of_transfers_keep_the_total_in_sync_and_async_modes() {
     }
 }
 
-/// §3.4 shadow paging: a crash before every other PM event with a one-frame shadow (pages
+/// §3.6 shadow paging: a crash before every other PM event with a one-frame shadow (pages
 /// evicted and reloaded all the time, loads waiting for reproduce), sync and async, ADR and
 /// eADR.
 #[test]
@@ -332,7 +332,7 @@ fn every_crash_point_recovers_with_a_one_frame_shadow() {
     }
 }
 
-/// §3.4: the same workload with shadows of 1, 2 and every frame (4 KiB shadow pages, and
+/// §3.6: the same workload with shadows of 1, 2 and every frame (4 KiB shadow pages, and
 /// whole 2 MiB heap pages) ends in the same state; the small shadows evict, reload and (async)
 /// wait for reproduce before reloading a touched page; an object spanning shadow pages reads
 /// and writes across their boundaries.

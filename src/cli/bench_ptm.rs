@@ -77,10 +77,10 @@ pub struct Args {
     /// DUDETx: perform mode (stm, locks, locks-two-round; §4.1, §5).
     #[arg(long, default_value = "stm")]
     pub dudetx_perform: crate::engine::dudetx::ptm::PerformMode,
-    /// DUDETx: the shadow size in % of its shadow pages (§3.4 paging; 100: no paging).
+    /// DUDETx: the shadow size in % of its shadow pages (§3.6 paging; 100: no paging).
     #[arg(long, default_value_t = 100)]
     pub dudetx_shadow_pct: usize,
-    /// DUDETx: the shadow page size in bytes (§3.4; a power of two, 4096 to 2 MiB).
+    /// DUDETx: the shadow page size in bytes (§3.6; a power of two, 4096 to 2 MiB).
     #[arg(long, default_value_t = crate::engine::dudetx::ptm::heap::DEFAULT_SHADOW_PAGE)]
     pub dudetx_shadow_page: usize,
 }

@@ -280,7 +280,7 @@ pub struct PtmCrashConfig {
     /// DUDETx: sync or async commits (async: a crash must keep exactly the transactions up to
     /// the recovered durable id, which is at least the one reported before the crash).
     pub dudetx_mode: DurabilityMode,
-    /// DUDETx: shadow frames (§3.4 paging; 0: every page).
+    /// DUDETx: shadow frames (§3.6 paging; 0: every page).
     pub dudetx_shadow_frames: usize,
     /// DUDETx: the perform mode. With the lock-based one (§5) the workload's transactions take
     /// turns on two workers (two chains, see [`Runner`]), and async crashes are checked against

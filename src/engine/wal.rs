@@ -1,4 +1,4 @@
-//! A redo log on PM shared by the engines that keep one (DUDETx §3.2, MMDB): a ring of 2 MiB
+//! A redo log on PM shared by the engines that keep one (DUDETx §3.3, MMDB): a ring of 2 MiB
 //! pages addressed by a logical position that only grows, holding CRC'd records.
 //!
 //! ```text

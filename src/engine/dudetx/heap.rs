@@ -160,7 +160,7 @@ impl Heap {
 }
 
 impl super::pipeline::Apply for Heap {
-    /// Applies one op (§3.1 reproduce): a put writes key and row, makes them durable, and only
+    /// Applies one op (§3.4 reproduce): a put writes key and row, makes them durable, and only
     /// then marks a new slot live; an update rewrites the row in place (a torn row is redone from
     /// the log, which is truncated only after the heap writes are durable); a delete clears the
     /// state word.
@@ -182,7 +182,7 @@ impl super::pipeline::Apply for Heap {
             return Ok(());
         }
         // Write-backs only: the reproduce step fences once for its whole batch before it
-        // truncates (§3.1), and replay redoes an untruncated batch. The one fence per op kept is
+        // truncates (§3.4), and replay redoes an untruncated batch. The one fence per op kept is
         // a new slot's, between its key and row and its LIVE state: the directory rebuilt at
         // open must never see a LIVE slot with a stale key (it also orders every write-back
         // before it, so an earlier delete's state is durable before a new slot of its key).

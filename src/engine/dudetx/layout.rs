@@ -1,12 +1,12 @@
 //! DUDETx's persistent layout: the meta page (parameters, catalog, the durable id and the
-//! truncation point), the log area (a ring of pages holding persisted redo records, §3.2) and the
-//! PM heap (the tables' rows as the reproduce thread leaves them, §3.1).
+//! truncation point), the log area (a ring of pages holding persisted redo records, §3.3) and the
+//! PM heap (the tables' rows as the reproduce thread leaves them, §3.4).
 //!
 //! ```text
 //! meta page (kind META, the pool root):
 //!   0 magic "PMTXDUD1"   8 version   16 max_row_bytes   24 catalog slot bytes   32 log pages
 //!   40 CRC-32 of bytes 0..4096        4096.. catalog slots A and B
-//!   1 MiB       DURABLE: the largest transaction id whose redo record is persisted (§3.2)
+//!   1 MiB       DURABLE: the largest transaction id whose redo record is persisted (§3.3)
 //!   1 MiB + 64  HEAD_SEQ: the last transaction id the reproduce thread applied and truncated
 //!   1 MiB + 128 HEAD_POS: the log position (a byte count that only grows) of the first record
 //!               not yet truncated

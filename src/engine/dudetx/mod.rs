@@ -8,8 +8,8 @@
 //! | --- | --- |
 //! | §3.1 *perform* on a DRAM shadow with a volatile TM | the shadow: the `volatile` engine (Falcon with durability off) on a DRAM pool, run through the project's protocols; `worker.rs` |
 //! | §3.2 thread-local volatile redo log, global transaction id | `engine/shadow.rs` (redo ops: puts, field writes, deletes), `DudetxEngine::commit` (ids in commit order) |
-//! | §3.2 *persist* threads flush logs, advance the durable id | `pipeline::Core::{persist_loop, write_records}`, `pipeline::IdOrder` |
-//! | §3.1 *reproduce* applies persisted logs to the PM heap in id order, recycles the log | `pipeline::Core::{reproduce_loop, reproduce_records}`, `heap.rs` |
+//! | §3.3 *persist* threads flush logs, advance the durable id | `pipeline::Core::{persist_loop, write_records}`, `pipeline::IdOrder` |
+//! | §3.4 *reproduce* applies persisted logs to the PM heap in id order, recycles the log | `pipeline::Core::{reproduce_loop, reproduce_records}`, `heap.rs` |
 //! | §5 lock-based DUDETx on the same framework | `pipeline::Sequencer`, `ptm::locks::DepOrder` |
 //! | §3.3 log combination and LZ4 compression, group size | `log.rs`, `DudetxConfig::group` |
 //! | §3.5 recovery: replay persisted, un-reproduced logs, rebuild the shadow | `recovery.rs` |
@@ -46,7 +46,7 @@
 //! # Departures from the paper, and why
 //!
 //! - **The shadow is a whole DRAM copy of the tables**, not a page-level shadow of a PM heap with
-//!   paging (§3.4): a table engine's rows already live in a DRAM engine (the `volatile` one), so
+//!   paging (§3.6): a table engine's rows already live in a DRAM engine (the `volatile` one), so
 //!   *perform* reuses it and its protocols.
 //! - **Logs are rows and field writes**, not word-level (address, value) pairs: an insert logs
 //!   its row, an update the bytes it wrote at their offset in the row (YCSB: 100 of a row's
@@ -57,7 +57,7 @@
 //! - **One commit lock orders ids**: TinySTM's global clock increments at commit while the write
 //!   locks are held; here the commit lock covers the shadow commit and the id, because the
 //!   shadow's protocols do not expose their commit point.
-//! - **One persist thread and one reproduce thread** (§3.2 allows several persist threads). In
+//! - **One persist thread and one reproduce thread** (§3.3 allows several persist threads). In
 //!   async mode the persist thread waits for a full group (§3.3), at most
 //!   [`DudetxConfig::group_delay_us`] from the oldest queued log; in sync mode it takes what is
 //!   queued (up to `group`) without waiting: a sync commit cannot return before its group is
@@ -85,9 +85,9 @@
 //!   refused) and the lock-based mode (§5, `ptm/locks.rs`): per-chain ids, dependency graph
 //!   from lock hand-offs, one/two-round detection. The table engine keeps global ids: its
 //!   shadow engines do not expose their lock hand-offs.
-//! - **Shadow paging** (§3.4) is the object API's (`ptm/heap.rs`); the table shadow is whole.
+//! - **Shadow paging** (§3.6) is the object API's (`ptm/heap.rs`); the table shadow is whole.
 //! - **The table heap's allocator is the heap directory** (DRAM, rebuilt from slot state words at
-//!   open) rather than §3.6's allocation logs: a slot becomes live only through a reproduced put,
+//!   open) rather than §3.5's allocation logs: a slot becomes live only through a reproduced put,
 //!   so the logs already say everything an allocation log would. The persistent-object API's
 //!   heap ([`ptm`]) does log `pmalloc`/`pfree` (allocation-log ops in the redo record).
 //! - **Dropping a table** (issue 21; not in the paper): under the commit lock the pipeline is

@@ -1,4 +1,4 @@
-//! The decoupled back end (§3.1–§3.2): committed transactions' redo logs wait in a queue in
+//! The decoupled back end (§3.1, §3.3–§3.4): committed transactions' redo logs wait in a queue in
 //! commit (id) order; the *persist* step combines a group of them (§3.3), writes one record to
 //! the PM log ring, makes it durable and then advances the durable id; the *reproduce* step
 //! applies persisted records to the PM heap in id order, makes that durable, and truncates the
@@ -47,7 +47,7 @@ pub(crate) struct Written {
     pub end: u64,
 }
 
-/// What one reproduce step applies and how it truncates the log afterwards (§3.1: a record
+/// What one reproduce step applies and how it truncates the log afterwards (§3.4: a record
 /// is recycled only once its effects are durable).
 pub(crate) struct Reproduction {
     /// The records' ops, record after record, in the order they apply.
@@ -85,7 +85,7 @@ pub(crate) trait Sequencer: Send + 'static {
     /// the function runs outside the state lock, see [`Core::persist_step`]).
     fn make_records(&self) -> MakeRecords;
 
-    /// Whether a persist step publishes a durable id word on PM after its records (§3.2, a
+    /// Whether a persist step publishes a durable id word on PM after its records (§3.3, a
     /// global order); without one, recovery finds what is durable again (§5.3).
     fn durable_word(&self) -> bool;
 
@@ -323,7 +323,7 @@ pub(crate) struct Core<H = Heap> {
     wake_persist: Condvar,
     wake_reproduce: Condvar,
     became_durable: Condvar,
-    /// The last id reported durable (the STM: the durable id of §3.2, as persisted; lock
+    /// The last id reported durable (the STM: the durable id of §3.3, as persisted; lock
     /// mode: the last transaction detection found reproducible, any chain).
     pub durable: AtomicU64,
     /// The last id assigned to a commit.
@@ -594,7 +594,7 @@ impl<H: Apply> Core<H> {
         st.tail + bytes - st.head <= self.ring.capacity()
     }
 
-    /// The persist step's PM writes for `records` built from `pos` on (§3.2): each record,
+    /// The persist step's PM writes for `records` built from `pos` on (§3.3): each record,
     /// its write-back and fence (each before the next, so that the intact records a crash
     /// leaves are a prefix), then, when the sequencer has one, the durable id and its
     /// write-back and fence.
@@ -699,7 +699,7 @@ impl<H: Apply> Core<H> {
             .map_err(|e| self.fail(st, e))
     }
 
-    /// The reproduce step's PM writes (§3.1): apply the records' ops to the heap (durably),
+    /// The reproduce step's PM writes (§3.4): apply the records' ops to the heap (durably),
     /// then truncate the log: the sequencer's marks, then the head position.
     fn reproduce_records(&self, r: Reproduction) -> Result<(), String> {
         let pool = &*self.pool;
@@ -735,7 +735,7 @@ impl<H: Apply> Core<H> {
                 }
             }
         }
-        // One fence for the batch's write-backs, before the truncation words (§3.1: a record is
+        // One fence for the batch's write-backs, before the truncation words (§3.4: a record is
         // recycled only once its effects are durable).
         if self.fault() != Some(DudetxFault::SkipHeapFlush) {
             pool.fence();
@@ -818,7 +818,7 @@ impl<H: Apply> Core<H> {
         }
     }
 
-    /// The persist thread (§3.2).
+    /// The persist thread (§3.3).
     fn persist_loop(&self) {
         let mut st = self.state.lock();
         loop {
@@ -905,7 +905,7 @@ impl<H: Apply> Core<H> {
         self.config.mode == DurabilityMode::Async || st.draining > 0 || st.stop
     }
 
-    /// The reproduce thread (§3.1). It applies records in batches of [`REPRODUCE_BATCH`], or
+    /// The reproduce thread (§3.4). It applies records in batches of [`REPRODUCE_BATCH`], or
     /// what there is after [`REPRODUCE_IDLE`], or at once when a drain, a stop or a persist
     /// step waiting for ring room needs it: reproduce is off every commit's path, and waking
     /// for each record (a wake-up, a fence and two truncation words per record) took about

@@ -26,7 +26,7 @@ pub(super) fn log_ring(
 
 /// What [`replay`] did.
 pub(crate) struct Replayed {
-    /// The durable id (§3.2).
+    /// The durable id (§3.3).
     pub durable: u64,
     /// The log position after the last replayed record (the new truncation point).
     pub pos: u64,

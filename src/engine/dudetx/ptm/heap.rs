@@ -10,7 +10,7 @@
 //! handle: gen << 48 | the pool offset of the object's first byte
 //! ```
 //!
-//! A slot's header changes only through the allocation log (§3.6): `pmalloc` and `pfree` write
+//! A slot's header changes only through the allocation log (§3.5): `pmalloc` and `pfree` write
 //! the header in the transaction's shadow write set, and commit logs it as an op of the
 //! [`ALLOC_LOG`] space (the data words go to [`WORD_LOG`]). Both travel in the transaction's
 //! redo record, so the persisted allocation state is exactly the one the persisted log says:
@@ -36,7 +36,7 @@ pub const CLASSES: usize = 18;
 pub const MAX_OBJECT: usize = PAGE_SIZE as usize - 8;
 /// The log "table" of data words (key: the word's pool offset, row: its 8 bytes).
 pub const WORD_LOG: u32 = 0xFFFF_FF00;
-/// The log "table" of the allocation log (§3.6; key: a slot header's pool offset, row: the
+/// The log "table" of the allocation log (§3.5; key: a slot header's pool offset, row: the
 /// header word).
 pub const ALLOC_LOG: u32 = 0xFFFF_FF01;
 
@@ -94,7 +94,7 @@ impl Header {
     }
 }
 
-/// The default shadow page (frame) size: the paper's 4 KiB (§3.4).
+/// The default shadow page (frame) size: the paper's 4 KiB (§3.6).
 pub const DEFAULT_SHADOW_PAGE: usize = 4096;
 
 /// Checks a shadow page size: a power of two from 4 KiB to a heap page (2 MiB).
@@ -108,7 +108,7 @@ pub fn check_shadow_page(bytes: usize) -> Result<(), String> {
     Ok(())
 }
 
-/// One shadow page's DRAM frame (§3.1: the shadow memory transactions perform on; §3.4: a
+/// One shadow page's DRAM frame (§3.1: the shadow memory transactions perform on; §3.6: a
 /// shadow page is a 4 KiB piece of a heap page by default).
 pub struct Frame {
     /// The heap page's size class.
@@ -148,7 +148,7 @@ impl Frame {
     }
 }
 
-/// A shadow page (§3.4 paging): its frame when resident, its touching id (the last
+/// A shadow page (§3.6 paging): its frame when resident, its touching id (the last
 /// transaction that wrote it), and when it was last used (for eviction).
 pub struct PageSlot {
     /// The heap page's size class.
@@ -158,7 +158,7 @@ pub struct PageSlot {
     /// The shadow page's pool offset.
     pub base: u64,
     frame: RwLock<Option<Arc<Frame>>>,
-    /// The touching id (§3.4): the id of the last transaction that wrote the page.
+    /// The touching id (§3.6): the id of the last transaction that wrote the page.
     touch: AtomicU64,
     used: AtomicU64,
 }
@@ -170,7 +170,7 @@ pub struct PagingStats {
     pub resident: u64,
     /// Pages loaded from PM after the first load.
     pub loads: u64,
-    /// Frames evicted (discarded, §3.4: never written back).
+    /// Frames evicted (discarded, §3.6: never written back).
     pub evictions: u64,
     /// Loads that waited for reproduce (the touching id was newer than the reproduced id).
     pub waits: u64,
@@ -208,7 +208,7 @@ const EVICTION_SAMPLE: usize = 32;
 /// The shadow memory: shadow pages (4 KiB pieces of the heap pages by default) by pool offset,
 /// each resident as a frame or paged out, and the free slots of each class.
 ///
-/// Paging (§3.4, software-based as §3.6.2): at most `capacity` frames are resident (0: every
+/// Paging (§3.6, software-based as §3.6.2): at most `capacity` frames are resident (0: every
 /// page). A page is loaded on touch; when the shadow is full the least recently used of a
 /// sample of resident frames that no transaction holds (the frame's `Arc` is the slot's only
 /// one: §3.6.2's reference count) is discarded without write-back, since its committed writes
@@ -327,7 +327,7 @@ impl Shadow {
         self.page_in(&slot)
     }
 
-    /// Records that transaction `id` wrote the page holding `addr` (its touching id, §3.4);
+    /// Records that transaction `id` wrote the page holding `addr` (its touching id, §3.6);
     /// called while the writer holds the frame, so it cannot be evicted before.
     pub fn touch(&self, addr: u64, id: u64) {
         if self.paging {
@@ -595,7 +595,7 @@ impl Shadow {
     }
 }
 
-/// The reproduce step's applier (§3.1) for the object heap: a word op writes the word of a heap
+/// The reproduce step's applier (§3.4) for the object heap: a word op writes the word of a heap
 /// page, an allocation-log op a slot's header (checked to be one).
 pub struct ObjectApply {
     /// The heap pages (their frames), to check that an op writes a heap page.

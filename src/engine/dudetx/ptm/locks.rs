@@ -25,7 +25,7 @@
 //!
 //! The reproduced watermarks are double-buffered: a crash while the new slot is written leaves
 //! the old one current, so recovery never skips a record it needs, nor replays a reproduced
-//! one after a newer write of the same word was truncated (§3.1: a record is recycled only once
+//! one after a newer write of the same word was truncated (§3.4: a record is recycled only once
 //! its effects are durable).
 
 use super::super::log::{decode_ops, encode_op, Op};
@@ -238,7 +238,7 @@ struct Persisted {
 }
 
 /// The lock-based mode's order on the pipeline core ([`Sequencer`], §5): a group's
-/// transactions are persisted one record each, chain after chain (§3.2's per-thread persist:
+/// transactions are persisted one record each, chain after chain (§3.3's per-thread persist:
 /// no global order in the ring); once persisted, detection (§5.3) finds the reproducible ones
 /// and reports them durable; reproduce applies them in a dependency-respecting order, then
 /// writes the chains' reproduced watermarks (double-buffered) before the head moves past the

@@ -1,10 +1,10 @@
 //! DUDETx behind the persistent-object API (`pmtx::ptm`, `PtmEngineKind::Dudetx`; §3, §3.6):
 //! transactions *perform* on a DRAM shadow of the object heap (4 KiB shadow pages of the PM heap
 //! pages by default, `heap.rs`) under a word-based STM (`worker.rs`, §4.1), producing a thread-local volatile
-//! redo log of (word, value) ops and allocation-log ops (§3.6); the *persist* step combines a
+//! redo log of (word, value) ops and allocation-log ops (§3.5); the *persist* step combines a
 //! group of logs (each word's last value), compresses it with LZ4 and persists it in the log
-//! ring, then the durable id (§3.2, §3.3); the *reproduce* step writes the words into the PM
-//! heap pages and truncates the log (§3.1). The log ring, the records, the persist and
+//! ring, then the durable id (§3.3); the *reproduce* step writes the words into the PM
+//! heap pages and truncates the log (§3.4). The log ring, the records, the persist and
 //! reproduce steps and the replay are the table engine's (`pipeline.rs`, `recovery::replay`,
 //! `wal.rs`), applied here to words rather than rows.
 //!
@@ -17,12 +17,12 @@
 //! which ids are durable, [`PtmEngine::committed_id`] which id the last commit took).
 //!
 //! Departures from the paper, and why:
-//! - **Shadow paging** (§3.4, §3.6.2; `heap.rs`): shadow pages of 4 KiB by default as the
-//!   paper's (`DudetxPtmOptions::shadow_page_bytes`, up to whole 2 MiB heap pages), touching
-//!   ids; eviction is an *approximate* LRU (the least recently used of a sample of 32 resident
-//!   frames, the sample moving round the resident list) rather than an exact one, since sorting
-//!   every frame per eviction costs O(n log n) with 4 KiB pages; STM mode only (the lock mode's
-//!   ids are per chain, so it keeps every page).
+//! - **Shadow paging** (§3.6, software-based as §3.6.2; `heap.rs`): shadow pages of 4 KiB by
+//!   default as the paper's (`DudetxPtmOptions::shadow_page_bytes`, up to whole 2 MiB heap
+//!   pages), touching ids; eviction is an *approximate* LRU (the least recently used of a
+//!   sample of 32 resident frames, the sample moving round the resident list) rather than an
+//!   exact one, since sorting every frame per eviction costs O(n log n) with 4 KiB pages; STM
+//!   mode only (the lock mode's ids are per chain, so it keeps every page).
 //! - **The lock-based mode** (§5, `locks.rs`): locks are taken automatically per word stripe
 //!   (strict 2PL; no user-level `txLock`), and its records are not combined across
 //!   transactions (a combined record would need a group closed under dependencies and one
@@ -32,13 +32,13 @@
 //!   besides its own three; §5.3's "background thread" that detects is the persist step
 //!   (detection runs when records become persistent), not a thread of its own.
 //! - **The allocation log rides in the transaction's redo record** instead of a separate
-//!   per-thread log (§3.6): one record, one CRC, so the allocation state a crash leaves is
+//!   per-thread log (§3.5): one record, one CRC, so the allocation state a crash leaves is
 //!   exactly the one the persisted records say, with no second ordering step to get wrong.
 //! - **Write-back STM with a commit lock**: TinySTM's write-through mode would need undo in the
 //!   shadow; buffered writes and one commit lock (which also orders the ids with the log queue,
 //!   as the table engine's) keep abort trivial.
 //! - **Size-class slab allocator** (slots of 16 B to 2 MiB, a 2 MiB page per class at least):
-//!   §3.6 leaves the allocation algorithm open.
+//!   §3.5 leaves the allocation algorithm open.
 
 pub mod heap;
 pub mod locks;
@@ -63,7 +63,7 @@ use std::sync::Arc;
 pub enum DudetxPtmFault {
     /// One of the table engine's pipeline faults (log persist, durable id, reproduce).
     Pipeline(DudetxFault),
-    /// `pmalloc`/`pfree` are not written to the allocation log (§3.6): the shadow allocates,
+    /// `pmalloc`/`pfree` are not written to the allocation log (§3.5): the shadow allocates,
     /// PM never learns of it.
     SkipAllocLog,
     /// Lock mode (§5.2): a record is persisted without its dependency list, so reproduce and
@@ -207,10 +207,10 @@ pub struct DudetxPtmOptions {
     pub background: bool,
     /// The perform mode.
     pub perform: PerformMode,
-    /// Shadow paging (§3.4): the bytes of a shadow page (a frame): a power of two from 4 KiB
+    /// Shadow paging (§3.6): the bytes of a shadow page (a frame): a power of two from 4 KiB
     /// (the default, the paper's) to a 2 MiB heap page.
     pub shadow_page_bytes: usize,
-    /// Shadow paging (§3.4): frames the DRAM shadow holds at most (0: every shadow page, no
+    /// Shadow paging (§3.6): frames the DRAM shadow holds at most (0: every shadow page, no
     /// paging). Not with the lock-based mode.
     pub shadow_frames: usize,
     /// Shadow paging by size: the shadow holds at most this percentage of the shadow pages
@@ -470,7 +470,7 @@ impl DudetxPtm {
         Self::recover(pool, config)
     }
 
-    /// Recovery (§3.5, §3.6): replay the persisted, un-reproduced records up to the first gap
+    /// Recovery (§3.5): replay the persisted, un-reproduced records up to the first gap
     /// (words and allocation log alike) onto the PM heap, then load the shadow from it and
     /// rebuild the free lists from the slot headers.
     fn recover(pool: Pool, config: &PtmConfig) -> Result<DudetxPtm, PtmError> {

@@ -293,7 +293,7 @@ impl StmWorker {
     }
 
     fn clear(&mut self) {
-        // A cached frame would pin its page in the shadow (§3.4 paging).
+        // A cached frame would pin its page in the shadow (§3.6 paging).
         self.frame = None;
         self.reads.clear();
         self.writes.clear();
@@ -302,7 +302,7 @@ impl StmWorker {
     }
 
     /// Writes the write set into the shadow frames as transaction `id` (touching the pages,
-    /// §3.4); returns the change in live objects.
+    /// §3.6); returns the change in live objects.
     fn write_shadow(&self, frames: &std::collections::HashMap<u64, Arc<Frame>>, id: u64) -> i64 {
         let mut live_delta = 0i64;
         for (&addr, &(value, header)) in &self.writes {
@@ -330,7 +330,7 @@ impl StmWorker {
         Ok(frames)
     }
 
-    /// The redo log (§3.2): data words and the allocation log (§3.6).
+    /// The redo log (§3.2): data words and the allocation log (§3.5).
     fn redo_log(&self) -> Result<Vec<u8>, PtmError> {
         let mut log = Vec::with_capacity(self.writes.len() * 25);
         for (&addr, &(value, header)) in &self.writes {
@@ -420,7 +420,7 @@ impl PtmWorker for StmWorker {
         let mut i = 0usize;
         while i < dst.len() {
             let addr = (at + i as u64) & !7;
-            // An object may span shadow pages (§3.4: 4 KiB by default).
+            // An object may span shadow pages (§3.6: 4 KiB by default).
             if !f.contains(addr) {
                 f = self.frame_of(addr).ok_or_else(unloadable)?;
             }
@@ -439,7 +439,7 @@ impl PtmWorker for StmWorker {
         self.write_bytes(o.at + offset as u64, src, h)
     }
 
-    /// `pmalloc` (§3.6): a free slot from the DRAM free lists; its header (a new generation)
+    /// `pmalloc` (§3.5): a free slot from the DRAM free lists; its header (a new generation)
     /// and bytes go into the write set, the header as an allocation-log op.
     fn alloc(&mut self, init: &[u8]) -> Result<u64, PtmError> {
         if init.len() > MAX_OBJECT {
@@ -480,7 +480,7 @@ impl PtmWorker for StmWorker {
         Ok(h)
     }
 
-    /// `pfree` (§3.6): the header, marked free, into the write set; the slot returns to the
+    /// `pfree` (§3.5): the header, marked free, into the write set; the slot returns to the
     /// free list when the transaction commits.
     fn free(&mut self, h: u64) -> Result<(), PtmError> {
         if h == self.inner.root {
@@ -515,7 +515,7 @@ impl PtmWorker for StmWorker {
             return Err(PtmError::Pool(why));
         }
         let log = self.redo_log()?;
-        // The written pages' frames, loaded (§3.4 paging) and pinned before the commit lock.
+        // The written pages' frames, loaded (§3.6 paging) and pinned before the commit lock.
         let frames = self.written_frames()?;
         let id = {
             let _order = inner.commit_lock.lock();
