@@ -38,8 +38,21 @@ pub mod record {
 
 /// Compresses a payload with LZ4; `None` when that would not make it smaller.
 pub fn lz4_compress(raw: &[u8]) -> Option<Vec<u8>> {
-    let packed = lz4_flex::block::compress(raw);
-    (packed.len() < raw.len()).then_some(packed)
+    let mut packed = Vec::new();
+    let len = lz4_compress_into(raw, &mut packed)?;
+    packed.truncate(len);
+    Some(packed)
+}
+
+/// [`lz4_compress`] into `packed` (grown as needed, reused across calls so that a persist step
+/// allocates nothing): the compressed length, `None` when that would not be smaller.
+fn lz4_compress_into(raw: &[u8], packed: &mut Vec<u8>) -> Option<usize> {
+    let bound = lz4_flex::block::get_maximum_output_size(raw.len());
+    if packed.len() < bound {
+        packed.resize(bound, 0);
+    }
+    let len = lz4_flex::block::compress_into(raw, packed).ok()?;
+    (len < raw.len()).then_some(len)
 }
 
 /// Decompresses what [`lz4_compress`] made, whose raw length is `raw_len`.
@@ -59,22 +72,26 @@ impl LogRing {
         self.pages.len() as u64 * PAGE_SIZE
     }
 
-    /// The pieces `[pos, pos + len)` occupies: (pool offset, offset in the range, length).
-    fn pieces(&self, pos: u64, len: u64) -> Vec<(u64, usize, u64)> {
-        let mut out = Vec::new();
+    /// The pieces `[pos, pos + len)` occupies: (pool offset, offset in the range, length). An
+    /// iterator, not a Vec: it runs on every record a sync commit waits for.
+    fn pieces(&self, pos: u64, len: u64) -> impl Iterator<Item = (u64, usize, u64)> + '_ {
+        let capacity = self.capacity();
         let mut done = 0;
-        while done < len {
-            let at = (pos + done) % self.capacity();
+        std::iter::from_fn(move || {
+            if done >= len {
+                return None;
+            }
+            let at = (pos + done) % capacity;
             let in_page = at % PAGE_SIZE;
             let n = (PAGE_SIZE - in_page).min(len - done);
-            out.push((
+            let piece = (
                 self.pages[(at / PAGE_SIZE) as usize] + in_page,
                 done as usize,
                 n,
-            ));
+            );
             done += n;
-        }
-        out
+            Some(piece)
+        })
     }
 
     /// Writes `bytes` at logical position `pos`.
@@ -103,31 +120,50 @@ impl LogRing {
 
 /// A record as the ring holds it, built from a group's combined log.
 pub(crate) fn build_record(first: u64, last: u64, pos: u64, raw: &[u8], compress: bool) -> Vec<u8> {
-    let packed = if compress { lz4_compress(raw) } else { None };
-    let (payload, flags) = match &packed {
-        Some(packed) => (packed.as_slice(), record::LZ4),
+    let mut rec = Vec::new();
+    build_record_into(&mut rec, &mut Vec::new(), [first, last, pos], raw, compress);
+    rec
+}
+
+/// [`build_record`] of ids `first..=last` at log position `pos` into `rec` (its old bytes replaced),
+/// with `packed` as LZ4's scratch: both are reused across records, so that building one
+/// allocates nothing once they have grown (it is on a sync commit's path).
+pub(crate) fn build_record_into(
+    rec: &mut Vec<u8>,
+    packed: &mut Vec<u8>,
+    [first, last, pos]: [u64; 3],
+    raw: &[u8],
+    compress: bool,
+) {
+    let packed_len = if compress {
+        lz4_compress_into(raw, packed)
+    } else {
+        None
+    };
+    let (payload, flags) = match packed_len {
+        Some(len) => (&packed[..len], record::LZ4),
         None => (raw, 0),
     };
     let total = (record::HEADER + payload.len()).div_ceil(8) * 8;
-    let mut rec = vec![0u8; total];
+    rec.clear();
+    rec.resize(total, 0);
     let put = |rec: &mut [u8], at: usize, v: u64| rec[at..at + 8].copy_from_slice(&v.to_le_bytes());
     put(
-        &mut rec,
+        rec,
         record::LEN,
         payload.len() as u64 | u64::from(flags) << 32,
     );
-    put(&mut rec, record::FIRST, first);
-    put(&mut rec, record::LAST, last);
-    put(&mut rec, record::RAW_CRC, raw.len() as u64);
-    put(&mut rec, record::POS, pos);
+    put(rec, record::FIRST, first);
+    put(rec, record::LAST, last);
+    put(rec, record::RAW_CRC, raw.len() as u64);
+    put(rec, record::POS, pos);
     rec[record::HEADER..record::HEADER + payload.len()].copy_from_slice(payload);
-    let crc = record_crc(&rec);
+    let crc = record_crc(rec);
     put(
-        &mut rec,
+        rec,
         record::RAW_CRC,
         raw.len() as u64 | u64::from(crc) << 32,
     );
-    rec
 }
 
 /// Whether a record [`build_record`] made holds an LZ4-compressed payload.

@@ -66,10 +66,23 @@
 //!   sync mode a waiting committer leads the persist step itself (a committer whose log missed
 //!   the running step spins briefly for it, then sleeps) and the persist thread serves only
 //!   drains and stops: it is never woken by a commit. The reproduce thread applies records in
-//!   batches (256, or what is there after 2 ms, or at once for a drain or when the ring needs
-//!   room) rather than one wake-up per record: reproduce is off the commit path (§3.1), and
-//!   per-record wake-ups, fences and truncation words took as much CPU as the workers on a
+//!   batches (1,024, or what is there after 5 ms, or at once for a drain or when the ring needs
+//!   room) rather than one wake-up per record: reproduce is off the commit path (§3.1, §3.4),
+//!   and per-record wake-ups, fences and truncation words took as much CPU as the workers on a
 //!   2-core machine.
+//! - **A persist step that needs ring room reproduces itself** (§3.4 reproduces in the
+//!   background only): when the ring is full and no reproduce step runs, the step (a sync
+//!   committer's or the persist thread's) applies the reproducible records and truncates,
+//!   instead of waking the reproduce thread and sleeping until it is done. On two cores that
+//!   hand-off cost two context switches while a commit waited, and with it a sync commit
+//!   needs neither background thread to become durable (test
+//!   `sync_commits_become_durable_in_order_without_the_persist_and_reproduce_threads`). One
+//!   reproduce step runs at a time (a flag), so the truncation marks still advance in order.
+//! - **No allocation per commit**: a worker's redo log buffer goes to the queue and the
+//!   worker gets a spare one back; the persist step keeps its group, combination and record
+//!   buffers from one step to the next; reproduce returns the records' buffers to the spares.
+//!   The paper's thread-local circular log buffers (§3.2) do the same job; `perf` had put
+//!   malloc and free at 3-4 % of a sync commit.
 //! - **LZ4 with a backoff** (§3.3 compresses every group): a record LZ4 did not shrink makes
 //!   the next 1, 3, 7, ... 63 records skip the attempt, so incompressible logs (YCSB's random
 //!   fields) pay for one attempt in 64 on the persist path, while compressible ones (padded
@@ -349,6 +362,24 @@ fn meta_layout(fields: &[(u64, u64)]) -> crate::engine::meta::MetaLayout<'_> {
     }
 }
 
+/// Formats `pool`'s meta page and log ring (of `config.log_pages` pages) for `config`.
+fn format_pool(
+    pool: &Pool,
+    config: &DudetxConfig,
+) -> Result<(crate::alloc::PageManager, u64, crate::engine::wal::LogRing), DbError> {
+    let (pages, meta_page) = crate::engine::meta::format(
+        pool,
+        &meta_layout(&[
+            (meta::F_VERSION, meta::VERSION),
+            (meta::F_MAX_ROW, config.max_row_bytes as u64),
+            (meta::F_CATALOG_SLOT, meta::CATALOG_SLOT_BYTES),
+            (meta::F_LOG_PAGES, config.log_pages as u64),
+        ]),
+    )?;
+    let ring = recovery::log_ring(pool, &pages, config.log_pages, true)?;
+    Ok((pages, meta_page, ring))
+}
+
 /// A fresh DRAM shadow (§3.1), with one worker slot more than the engine's for loading and
 /// checking.
 fn make_shadow(config: &DudetxConfig, pm_bytes: u64) -> Result<Arc<dyn Engine>, DbError> {
@@ -370,16 +401,7 @@ impl DudetxEngine {
         crate::engine::common::require_durable_domain(EngineKind::Dudetx, pool.domain())?;
         config.log_pages =
             crate::engine::wal::ring_size(&pool, config.log_pages, DEFAULT_LOG_PAGES);
-        let (pages, meta_page) = crate::engine::meta::format(
-            &pool,
-            &meta_layout(&[
-                (meta::F_VERSION, meta::VERSION),
-                (meta::F_MAX_ROW, config.max_row_bytes as u64),
-                (meta::F_CATALOG_SLOT, meta::CATALOG_SLOT_BYTES),
-                (meta::F_LOG_PAGES, config.log_pages as u64),
-            ]),
-        )?;
-        let ring = recovery::log_ring(&pool, &pages, config.log_pages, true)?;
+        let (pages, meta_page, ring) = format_pool(&pool, &config)?;
         let catalog = Catalog::default();
         let heap = heap::Heap::new(&catalog);
         let shadow = make_shadow(&config, pool.len())?;
@@ -452,9 +474,13 @@ impl crate::engine::shadow::ShadowHost for DudetxEngine {
     }
 
     /// Commits the shadow transaction of `inner` with redo log `log` (§3.2): under the commit
-    /// lock the shadow commit, the next id and the log's place in the queue; then, in sync mode,
-    /// the wait until the id is durable.
-    fn commit_logged(&self, inner: &mut dyn EngineWorker, log: Vec<u8>) -> Result<u64, TxError> {
+    /// lock the shadow commit, the next id and the log's place in the queue (`log` gets a
+    /// spare buffer in exchange); then, in sync mode, the wait until the id is durable.
+    fn commit_logged(
+        &self,
+        inner: &mut dyn EngineWorker,
+        log: &mut Vec<u8>,
+    ) -> Result<u64, TxError> {
         if let Some(why) = self.core.failed() {
             inner.abort();
             return Err(TxError::PmFull(why));
@@ -474,7 +500,10 @@ impl crate::engine::shadow::ShadowHost for DudetxEngine {
             inner.commit()?;
             let id = self.core.committed.load(Ordering::Relaxed) + 1;
             self.core.committed.store(id, Ordering::Release);
-            self.core.enqueue(id, log).map_err(TxError::PmFull)?;
+            *log = self
+                .core
+                .enqueue(id, std::mem::take(log))
+                .map_err(TxError::PmFull)?;
             id
         };
         if self.core.config.mode == DurabilityMode::Sync {
@@ -584,5 +613,106 @@ impl Engine for DudetxEngine {
                 Ok(())
             },
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::ColumnType;
+    use crate::pmem::PoolOptions;
+    use std::time::Duration;
+
+    /// A sync-mode pipeline with background steps (`background: true`) whose persist and
+    /// reproduce threads are never started, over a fresh ADR pool with a one-page (2 MiB) log
+    /// ring and one table of `row`-byte rows.
+    fn pipeline_without_threads(row: usize) -> (Arc<Core>, TableId) {
+        let pool = Pool::create_in_memory(
+            64 << 20,
+            &PoolOptions::new(EngineKind::Dudetx.layout(), PersistenceDomain::Adr),
+        )
+        .unwrap();
+        let mut config = DudetxConfig::new(Protocol::Occ);
+        config.log_pages = 1;
+        let (pages, meta_page, ring) = format_pool(&pool, &config).unwrap();
+        let mut catalog = Catalog::default();
+        let table = catalog
+            .add(
+                Schema::new("rows", &[("v", ColumnType::Bytes(row as u32))]),
+                config.max_row_bytes,
+            )
+            .unwrap();
+        let heap = heap::Heap::new(&catalog);
+        let order = Box::new(pipeline::IdOrder::default());
+        let core = Core::new(
+            Arc::new(pool),
+            pages,
+            meta_page,
+            ring,
+            config,
+            heap,
+            0,
+            0,
+            order,
+        );
+        (Arc::new(core), table)
+    }
+
+    /// Transaction `id`'s row.
+    fn row_of(id: u64, len: usize) -> Vec<u8> {
+        (0..len).map(|i| (id as usize * 31 + i) as u8).collect()
+    }
+
+    /// Sync commits lead their own persist step (`Core::wait_durable`) and, when the ring is
+    /// full, reproduce to make room (`Core::persist_step`): with neither background thread
+    /// running, six rings' worth of sync commits each return with their own id durable, and
+    /// the heap holds what the reproduced prefix of ids wrote, in id order. Without either
+    /// helping path a commit would wait for a thread that never comes (the test allows 60 s).
+    #[test]
+    fn sync_commits_become_durable_in_order_without_the_persist_and_reproduce_threads() {
+        const ROW: usize = 1000;
+        const KEYS: u64 = 50;
+        // ~1,060 ring bytes per commit: about six 2 MiB rings.
+        const COMMITS: u64 = 12_000;
+        let (core, table) = pipeline_without_threads(ROW);
+        let (done, finished) = std::sync::mpsc::channel();
+        let committer = {
+            let core = core.clone();
+            std::thread::spawn(move || {
+                let result = (1..=COMMITS).try_for_each(|id| {
+                    let mut redo = Vec::new();
+                    log::encode_op(&mut redo, table, id % KEYS, Some(&row_of(id, ROW)));
+                    core.enqueue(id, redo)?;
+                    core.wait_durable(id)?;
+                    let durable = core.durable.load(Ordering::Acquire);
+                    if durable != id {
+                        return Err(format!("commit {id} returned with durable id {durable}"));
+                    }
+                    Ok::<(), String>(())
+                });
+                let _ = done.send(result);
+            })
+        };
+        let result = finished.recv_timeout(Duration::from_secs(60)).expect(
+            "sync commits stalled with no persist or reproduce thread: nobody persisted or \
+             reproduced for them",
+        );
+        result.unwrap();
+        committer.join().unwrap();
+        let reproduced = core.reproduced.load(Ordering::Acquire);
+        assert!(
+            reproduced > 0,
+            "the ring filled, so a commit must have reproduced to make room"
+        );
+        let rows = core.heap.lock().rows(&core.pool, table);
+        assert_eq!(rows.len() as u64, KEYS.min(reproduced));
+        for (key, row) in rows {
+            // The last reproduced id that wrote this key.
+            let last = (1..=reproduced).rev().find(|id| id % KEYS == key).unwrap();
+            assert!(
+                row == row_of(last, ROW),
+                "key {key}: not the row of id {last}"
+            );
+        }
     }
 }

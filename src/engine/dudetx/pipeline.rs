@@ -19,12 +19,26 @@ use super::layout::meta;
 use super::log::{self, Op, OpRef};
 use super::{DudetxConfig, DudetxFault, DurabilityMode};
 use crate::alloc::PageManager;
-use crate::engine::wal::{build_record, is_compressed, LogRing};
+use crate::engine::wal::{build_record_into, is_compressed, LogRing};
 use crate::pmem::Pool;
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+
+/// A committed transaction's redo log, queued for a persist step.
+pub(crate) struct Queued {
+    /// Its id.
+    pub id: u64,
+    /// The encoded ops.
+    pub log: Vec<u8>,
+}
+
+impl AsRef<[u8]> for Queued {
+    fn as_ref(&self) -> &[u8] {
+        &self.log
+    }
+}
 
 /// A record a persist step writes: the ids it covers and its payload (encoded ops, before
 /// compression).
@@ -35,6 +49,9 @@ pub(crate) struct Record {
     pub last: u64,
     /// The encoded ops.
     pub raw: Vec<u8>,
+    /// The ops decoded while the record is made, outside the state lock (lock mode, which
+    /// needs each record's dependencies when it is persisted); empty for the STM's records.
+    pub decoded: Vec<Op>,
 }
 
 /// A record written to the ring: where, and where the next one starts.
@@ -72,9 +89,10 @@ pub(crate) enum Batch {
     Encoded(Vec<Vec<u8>>),
 }
 
-/// How a persist step makes a group of committed logs (in the order they were queued) into
-/// records, in ring order. A plain function of the group: it runs outside the state lock.
-pub(crate) type MakeRecords = fn(Vec<(u64, Vec<u8>)>) -> Result<Vec<Record>, String>;
+/// How a persist step makes a group of committed logs ([`Persister::group`], in the order they
+/// were queued) into records, in ring order, appended to [`Persister::records`]. A plain
+/// function of the persister: it runs outside the state lock.
+pub(crate) type MakeRecords = fn(&mut Persister) -> Result<(), String>;
 
 /// What the perform modes' pipelines do differently (§3 vs §5), plugged into [`Core`]: how a
 /// group of committed logs becomes records, what makes a record durable, which persisted
@@ -89,9 +107,9 @@ pub(crate) trait Sequencer: Send + 'static {
     /// global order); without one, recovery finds what is durable again (§5.3).
     fn durable_word(&self) -> bool;
 
-    /// Bookkeeping once `written` are durable; returns the id to report durable, if any
-    /// became so.
-    fn persisted(&mut self, written: Vec<Written>) -> Result<Option<u64>, String>;
+    /// Bookkeeping once `written` are durable (it takes them all); returns the id to report
+    /// durable, if any became so.
+    fn persisted(&mut self, written: &mut Vec<Written>) -> Result<Option<u64>, String>;
 
     /// The durable-report fault without a durable word: reports `records` durable before they
     /// are written; returns the id to report.
@@ -123,15 +141,23 @@ pub(crate) struct IdOrder {
 }
 
 impl IdOrder {
-    /// One record for the whole group, its logs combined (§3.3).
-    fn combined(group: Vec<(u64, Vec<u8>)>) -> Result<Vec<Record>, String> {
-        let (Some(first), Some(last)) = (group.first(), group.last()) else {
-            return Ok(Vec::new());
+    /// One record for the whole group, its logs combined (§3.3) into the persister's spare
+    /// buffer.
+    fn combined(p: &mut Persister) -> Result<(), String> {
+        let (Some(first), Some(last)) = (p.group.first(), p.group.last()) else {
+            return Ok(());
         };
-        let (first, last) = (first.0, last.0);
-        let slices: Vec<&[u8]> = group.iter().map(|(_, l)| l.as_slice()).collect();
-        let raw = log::combine(&slices)?;
-        Ok(vec![Record { first, last, raw }])
+        let (first, last) = (first.id, last.id);
+        let mut raw = std::mem::take(&mut p.raw);
+        raw.clear();
+        p.combiner.combine_into(&p.group, &mut raw)?;
+        p.records.push(Record {
+            first,
+            last,
+            raw,
+            decoded: Vec::new(),
+        });
+        Ok(())
     }
 }
 
@@ -144,9 +170,9 @@ impl Sequencer for IdOrder {
         true
     }
 
-    fn persisted(&mut self, written: Vec<Written>) -> Result<Option<u64>, String> {
+    fn persisted(&mut self, written: &mut Vec<Written>) -> Result<Option<u64>, String> {
         let mut last = None;
-        for w in written {
+        for w in written.drain(..) {
             self.persisted
                 .push_back((w.record.last, w.end, w.record.raw));
             last = Some(w.record.last);
@@ -188,12 +214,20 @@ impl Sequencer for IdOrder {
 
 /// The pipeline's shared state (under [`Core::state`]).
 pub(crate) struct State {
-    /// Committed, not yet persisted: (id, encoded redo log), in the order they were queued
-    /// (the STM: id order; lock mode: every transaction after those it depends on).
-    queue: VecDeque<(u64, Vec<u8>)>,
+    /// Committed, not yet persisted, in the order they were queued (the STM: id order; lock
+    /// mode: every transaction after those it depends on).
+    queue: VecDeque<Queued>,
+    /// Emptied log buffers for committers and persist steps to reuse (at most
+    /// [`SPARE_BUFFERS`]): logs and combined records pass from the workers through persist
+    /// and reproduce, and come back here instead of being freed and allocated again.
+    spare: Vec<Vec<u8>>,
+    /// The persist step's buffers: taken by the step that runs (`persisting`), back home
+    /// between steps.
+    persister: Option<Box<Persister>>,
     /// The bytes of the logs in `queue`.
     queued_bytes: usize,
-    /// When the oldest log in `queue` was queued (the group-fill wait is bounded from it).
+    /// When the oldest log in `queue` was queued (the group-fill wait is bounded from it; async
+    /// mode only).
     queued_since: Option<std::time::Instant>,
     /// Callers waiting in [`Core::drain`]: the persist thread does not wait for a group to fill
     /// while one does.
@@ -257,21 +291,68 @@ impl Lz4Backoff {
     }
 }
 
-/// A group taken off the queue for one persist step, before it is made into records.
-struct Taken {
-    /// The committed logs, in the order they were queued.
-    group: Vec<(u64, Vec<u8>)>,
-    /// The ring tail, where its records go: it stays put while the step runs (`persisting`
-    /// keeps every other step off it).
-    pos: u64,
+/// What a persist step works with, kept from one step to the next so that a step allocates
+/// nothing once the buffers have grown (`perf`, 2-thread sync YCSB-A: malloc and free were 3-4 %
+/// of the commit path). One step at a time owns it (`State::persisting`).
+#[derive(Default)]
+pub(crate) struct Persister {
+    /// The group taken off the queue, in queue order.
+    pub group: Vec<Queued>,
+    /// The group's records, as the sequencer made them.
+    pub records: Vec<Record>,
+    /// Log combination's buffers (§3.3).
+    pub combiner: log::Combiner,
+    /// A spare buffer for the next combined record (from `State::spare`).
+    pub raw: Vec<u8>,
+    /// The records as the ring holds them: `built[i]` is `records[i]`'s.
+    built: Vec<Vec<u8>>,
+    /// LZ4's output.
+    packed: Vec<u8>,
+    /// When LZ4 is tried (§3.3).
+    lz4: Lz4Backoff,
+    /// Records written, on their way to the sequencer.
+    written: Vec<Written>,
 }
 
-/// A group taken off the queue for one persist step: its records, built at their ring
-/// positions.
-struct Prepared {
-    records: Vec<Record>,
-    built: Vec<Vec<u8>>,
-    bytes: u64,
+impl Persister {
+    /// Forgets what a step left (a failed step leaves its group and records behind).
+    fn clear(&mut self) {
+        self.group.clear();
+        self.records.clear();
+        self.written.clear();
+    }
+}
+
+/// Spare log buffers kept at most ([`State::spare`]): about what a reproduce batch hands back,
+/// which the commits until the next batch take again.
+const SPARE_BUFFERS: usize = REPRODUCE_BATCH;
+
+/// The largest buffer kept for reuse: a transaction with a large log should not leave its
+/// buffer behind for good (the spare ones hold at most 16 MiB).
+const SPARE_MAX_BYTES: usize = 16 << 10;
+
+/// The most ring bytes the records of `group` can take, whatever the sequencer makes of it:
+/// combination and LZ4 only ever shrink a log (LZ4 is kept only when smaller), and each record
+/// adds a header and at most 7 bytes of padding.
+fn group_bound(group: &[Queued]) -> u64 {
+    group
+        .iter()
+        .map(|q| (q.log.len() + crate::engine::wal::record::HEADER + 7) as u64)
+        .sum()
+}
+
+/// Returns emptied `buffers` to the spare ones (those too large, or beyond the cap, are freed).
+fn recycle(st: &mut State, buffers: impl Iterator<Item = Vec<u8>>) {
+    for mut b in buffers {
+        if st.spare.len() >= SPARE_BUFFERS {
+            return;
+        }
+        if b.capacity() == 0 || b.capacity() > SPARE_MAX_BYTES {
+            continue;
+        }
+        b.clear();
+        st.spare.push(b);
+    }
 }
 
 /// What log combination and compression did (§3.3, §6.3).
@@ -301,7 +382,16 @@ pub(crate) trait Apply: Send + 'static {
         op: OpRef<'_>,
         fault: Option<DudetxFault>,
     ) -> Result<(), String>;
+
+    /// Prefetches what applying `op` will touch (a hint: it changes nothing, and `op` may
+    /// still wait behind ops not applied yet).
+    fn prefetch(&self, _pool: &Pool, _op: OpRef<'_>) {}
 }
+
+/// How many ops ahead of the one it applies reproduce prefetches ([`Apply::prefetch`]): a
+/// table op misses twice (the heap directory, the row), and with the later ops' misses under
+/// way these overlap instead of following one another.
+const PREFETCH_AHEAD: usize = 8;
 
 /// The engine's persistent side, shared with the background threads; `H` is what reproduce
 /// applies records to.
@@ -315,11 +405,6 @@ pub(crate) struct Core<H = Heap> {
     pub heap: Mutex<H>,
     /// How the sequencer makes a group into records ([`Sequencer::make_records`]).
     make_records: MakeRecords,
-    /// When LZ4 is tried (§3.3), see [`Lz4Backoff`]. Only the step that owns the ring tail
-    /// (`State::persisting`, or the inline step under the state lock) takes it, so it is
-    /// never contended; it is not in [`State`] because that step builds its records outside
-    /// the state lock.
-    lz4: Mutex<Lz4Backoff>,
     wake_persist: Condvar,
     wake_reproduce: Condvar,
     became_durable: Condvar,
@@ -344,12 +429,17 @@ pub(crate) struct Core<H = Heap> {
 const STEP_SPIN: usize = 256;
 
 /// Records the reproduce thread waits for before it applies them (see `Core::reproduce_loop`):
-/// each batch costs two wake-ups, a fence and two truncation words, so a sync run (one record
-/// per commit or so) pays them once per 256 commits rather than per 32.
-const REPRODUCE_BATCH: usize = 256;
+/// each batch costs two wake-ups (on two cores, a worker switched out), a fence and two
+/// truncation words, so a sync run (one record per commit or so) pays them once per 1,024
+/// commits. The ring holds far more (16 MiB by default; YCSB-A's records are ~170 bytes), and
+/// whoever needs the records applied sooner (a drain, ring room) does not wait for a batch.
+const REPRODUCE_BATCH: usize = 1024;
 
 /// How long the reproduce thread waits for a whole batch before it applies a partial one.
-const REPRODUCE_IDLE: std::time::Duration = std::time::Duration::from_millis(2);
+const REPRODUCE_IDLE: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// The invariant behind taking [`State::persister`]: only the step that runs holds it.
+const PERSISTER_HOME: &str = "the persist step's buffers are home while no persist step runs";
 
 /// The largest combined log a record may carry: a quarter of the ring, so that a record always
 /// fits once the records before it are truncated.
@@ -381,6 +471,8 @@ impl<H: Apply> Core<H> {
             config,
             state: Mutex::new(State {
                 queue: VecDeque::new(),
+                spare: Vec::new(),
+                persister: Some(Box::default()),
                 queued_bytes: 0,
                 queued_since: None,
                 draining: 0,
@@ -396,7 +488,6 @@ impl<H: Apply> Core<H> {
             }),
             heap: Mutex::new(heap),
             make_records,
-            lz4: Mutex::new(Lz4Backoff::default()),
             wake_persist: Condvar::new(),
             wake_reproduce: Condvar::new(),
             became_durable: Condvar::new(),
@@ -436,14 +527,18 @@ impl<H: Apply> Core<H> {
     /// Hands a committed transaction's redo log to the pipeline (called in the order the
     /// sequencer needs: the STM under the commit lock, so ids enter the queue in order; lock
     /// mode while the transaction holds its locks, so it follows everything it depends on);
-    /// inline mode persists and reproduces here.
-    pub fn enqueue(&self, id: u64, log: Vec<u8>) -> Result<(), String> {
+    /// inline mode persists and reproduces here. Returns an empty buffer for the caller's next
+    /// log (a spare one when there is one: see [`State::spare`]).
+    pub fn enqueue(&self, id: u64, log: Vec<u8>) -> Result<Vec<u8>, String> {
         let mut st = self.state.lock();
         self.stats[0].fetch_add(1, Ordering::Relaxed);
         self.stats[2].fetch_add(log.len() as u64, Ordering::Relaxed);
         st.queued_bytes += log.len();
-        st.queue.push_back((id, log));
-        if st.queued_since.is_none() {
+        st.queue.push_back(Queued { id, log });
+        let spare = st.spare.pop().unwrap_or_default();
+        // Only async mode waits for a group to fill (`fill_group`); a clock read is ~40 ns in
+        // this VM, on every sync commit.
+        if st.queued_since.is_none() && self.config.mode == DurabilityMode::Async {
             st.queued_since = Some(std::time::Instant::now());
         }
         if self.config.background {
@@ -456,7 +551,7 @@ impl<H: Apply> Core<H> {
             if wake {
                 self.wake_persist.notify_all();
             }
-            return Ok(());
+            return Ok(spare);
         }
         let due = self.config.mode == DurabilityMode::Sync || st.queue.len() >= self.config.group;
         if due {
@@ -468,7 +563,7 @@ impl<H: Apply> Core<H> {
                 self.reproduce_inline(&mut st)?;
             }
         }
-        Ok(())
+        Ok(spare)
     }
 
     /// Whether the queue holds a whole group: `group` logs, or a record's worth of bytes.
@@ -538,55 +633,52 @@ impl<H: Apply> Core<H> {
     }
 
     /// Takes the next group off the queue (at most `group` transactions and a quarter of the
-    /// ring), to be built at the ring tail ([`Core::build_group`]).
-    fn take_group(&self, st: &mut State) -> Taken {
+    /// ring) into `p`, to be built at the ring tail, which it returns ([`Core::build_group`]):
+    /// the tail stays put while the step runs (`persisting` keeps every other step off it).
+    fn take_group(&self, st: &mut State, p: &mut Persister) -> u64 {
         let limit = max_record_raw(self.ring.capacity());
         let mut n = 0;
         let mut bytes = 0;
         while n < st.queue.len() && n < self.config.group {
-            let len = st.queue[n].1.len();
+            let len = st.queue[n].log.len();
             if n > 0 && bytes + len > limit {
                 break;
             }
             bytes += len;
             n += 1;
         }
-        let group: Vec<(u64, Vec<u8>)> = st.queue.drain(..n).collect();
+        p.group.extend(st.queue.drain(..n));
         st.queued_bytes -= bytes;
         if st.queue.is_empty() {
             st.queued_since = None;
         }
-        Taken {
-            group,
-            pos: st.tail,
+        if p.raw.capacity() == 0 {
+            p.raw = st.spare.pop().unwrap_or_default();
         }
+        st.tail
     }
 
-    /// Makes a taken group into records (§3.3: combined, compressed, checksummed) at their
-    /// ring positions (ids ≥ 1; the sequencer decides how many records a group makes). It needs
-    /// no state: the persist step runs it outside the state lock.
-    fn build_group(&self, taken: Taken) -> Result<Prepared, String> {
-        let Taken { group, pos: start } = taken;
-        let records = (self.make_records)(group)?;
-        let mut lz4 = self.lz4.lock();
+    /// Makes the group in `p` into records (§3.3: combined, compressed, checksummed) at their
+    /// ring positions from `start` on (ids ≥ 1; the sequencer decides how many records a group
+    /// makes); returns their bytes. It needs no state: the persist step runs it outside the
+    /// state lock.
+    fn build_group(&self, p: &mut Persister, start: u64) -> Result<u64, String> {
+        p.records.clear();
+        (self.make_records)(p)?;
+        let n = p.records.len();
+        if p.built.len() < n {
+            p.built.resize_with(n, Vec::new);
+        }
         let mut pos = start;
-        let built: Vec<Vec<u8>> = records
-            .iter()
-            .map(|r| {
-                let attempt = lz4.attempt();
-                let rec = build_record(r.first, r.last, pos, &r.raw, attempt);
-                if attempt {
-                    lz4.outcome(is_compressed(&rec));
-                }
-                pos += rec.len() as u64;
-                rec
-            })
-            .collect();
-        Ok(Prepared {
-            records,
-            built,
-            bytes: pos - start,
-        })
+        for (r, rec) in p.records.iter().zip(&mut p.built) {
+            let attempt = p.lz4.attempt();
+            build_record_into(rec, &mut p.packed, [r.first, r.last, pos], &r.raw, attempt);
+            if attempt {
+                p.lz4.outcome(is_compressed(rec));
+            }
+            pos += rec.len() as u64;
+        }
+        Ok(pos - start)
     }
 
     /// Whether the ring has room for `bytes` more.
@@ -625,41 +717,45 @@ impl<H: Apply> Core<H> {
         }
     }
 
-    /// Writes a prepared group (the lock released around the PM writes when `unlocked`) and
-    /// does the bookkeeping after it: stats, the tail, the sequencer's, the durable report.
+    /// Writes the group built in `p` at the tail (the lock released around the PM writes when
+    /// `unlocked`), then publishes it ([`Core::publish_group`]).
     fn write_group(
         &self,
         st: &mut parking_lot::MutexGuard<'_, State>,
-        group: Prepared,
+        p: &mut Persister,
         unlocked: bool,
     ) -> Result<(), String> {
         let durable_word = if st.seq.durable_word() {
-            group.records.last().map(|r| r.last)
+            p.records.last().map(|r| r.last)
         } else {
             None
         };
         if self.fault() == Some(DudetxFault::DurableIdFirst) && durable_word.is_none() {
             // The fault without a durable word: report before the records are written.
-            if let Some(id) = st.seq.report_early(&group.records) {
+            if let Some(id) = st.seq.report_early(&p.records) {
                 self.durable.store(id, Ordering::Release);
             }
         }
         let pos = st.tail;
+        let built = &p.built[..p.records.len()];
         if unlocked {
-            parking_lot::MutexGuard::unlocked(st, || {
-                self.write_records(pos, &group.built, durable_word)
-            });
+            parking_lot::MutexGuard::unlocked(st, || self.write_records(pos, built, durable_word));
         } else {
-            self.write_records(pos, &group.built, durable_word);
+            self.write_records(pos, built, durable_word);
         }
-        self.stats[1].fetch_add(group.records.len() as u64, Ordering::Relaxed);
-        let mut written = Vec::with_capacity(group.records.len());
+        self.publish_group(st, p, pos)
+    }
+
+    /// The bookkeeping after the group built in `p` is written at `pos`: stats, the tail, the
+    /// group's log buffers back to the spare ones, the sequencer's, the durable report.
+    fn publish_group(&self, st: &mut State, p: &mut Persister, pos: u64) -> Result<(), String> {
+        self.stats[1].fetch_add(p.records.len() as u64, Ordering::Relaxed);
         let mut at = pos;
-        for (record, rec) in group.records.into_iter().zip(&group.built) {
+        for (record, rec) in p.records.drain(..).zip(&p.built) {
             self.stats[3].fetch_add(record.raw.len() as u64, Ordering::Relaxed);
             self.stats[4].fetch_add(rec.len() as u64, Ordering::Relaxed);
             let end = at + rec.len() as u64;
-            written.push(Written {
+            p.written.push(Written {
                 record,
                 pos: at,
                 end,
@@ -667,7 +763,8 @@ impl<H: Apply> Core<H> {
             at = end;
         }
         st.tail = at;
-        let reported = st.seq.persisted(written)?;
+        recycle(st, p.group.drain(..).map(|q| q.log));
+        let reported = st.seq.persisted(&mut p.written)?;
         if let Some(id) = reported {
             self.durable.store(id, Ordering::Release);
         }
@@ -687,21 +784,30 @@ impl<H: Apply> Core<H> {
 
     /// One persist step in the calling thread.
     fn persist_inline(&self, st: &mut parking_lot::MutexGuard<'_, State>) -> Result<(), String> {
-        let taken = self.take_group(st);
-        let group = self.build_group(taken).map_err(|e| self.fail(st, e))?;
-        if !self.has_room(st, group.bytes) {
-            self.reproduce_inline(st)?;
-            if !self.has_room(st, group.bytes) {
-                return Err(self.fail(st, ring_full(group.bytes)));
+        let mut p = st.persister.take().expect(PERSISTER_HOME);
+        let pos = self.take_group(st, &mut p);
+        let result = (|| {
+            let bytes = self
+                .build_group(&mut p, pos)
+                .map_err(|e| self.fail(st, e))?;
+            if !self.has_room(st, bytes) {
+                self.reproduce_inline(st)?;
+                if !self.has_room(st, bytes) {
+                    return Err(self.fail(st, ring_full(bytes)));
+                }
             }
-        }
-        self.write_group(st, group, false)
-            .map_err(|e| self.fail(st, e))
+            self.write_group(st, &mut p, false)
+                .map_err(|e| self.fail(st, e))
+        })();
+        p.clear();
+        st.persister = Some(p);
+        result
     }
 
     /// The reproduce step's PM writes (§3.4): apply the records' ops to the heap (durably),
-    /// then truncate the log: the sequencer's marks, then the head position.
-    fn reproduce_records(&self, r: Reproduction) -> Result<(), String> {
+    /// then truncate the log: the sequencer's marks, then the head position. Returns the
+    /// records' encoded buffers, for reuse.
+    fn reproduce_records(&self, r: Reproduction) -> Result<Vec<Vec<u8>>, String> {
         let pool = &*self.pool;
         let Reproduction {
             ops, marks, head, ..
@@ -719,22 +825,39 @@ impl<H: Apply> Core<H> {
         if self.fault() == Some(DudetxFault::TruncateFirst) {
             truncate();
         }
-        {
+        let buffers = {
             let mut heap = self.heap.lock();
-            let mut apply = |op: OpRef<'_>| heap.apply(pool, &self.pages, op, self.fault());
-            match &ops {
+            let fault = self.fault();
+            match ops {
                 Batch::Decoded(records) => {
                     for op in records.iter().flatten() {
-                        apply(op.borrowed())?;
+                        heap.apply(pool, &self.pages, op.borrowed(), fault)?;
                     }
+                    Vec::new()
                 }
                 Batch::Encoded(records) => {
-                    for raw in records {
-                        log::for_each_op(raw, &mut apply)?;
+                    // Software pipelining: each op is applied once the op `PREFETCH_AHEAD`
+                    // places after it is prefetched, in the same order as without.
+                    let mut window = VecDeque::with_capacity(PREFETCH_AHEAD + 1);
+                    for raw in &records {
+                        log::for_each_op(raw, |op| {
+                            heap.prefetch(pool, op);
+                            window.push_back(op);
+                            if window.len() <= PREFETCH_AHEAD {
+                                return Ok(());
+                            }
+                            let next = window.pop_front().expect("a full window");
+                            heap.apply(pool, &self.pages, next, fault)
+                        })?;
                     }
+                    while let Some(op) = window.pop_front() {
+                        heap.apply(pool, &self.pages, op, fault)?;
+                    }
+                    drop(window);
+                    records
                 }
             }
-        }
+        };
         // One fence for the batch's write-backs, before the truncation words (§3.4: a record is
         // recycled only once its effects are durable).
         if self.fault() != Some(DudetxFault::SkipHeapFlush) {
@@ -743,20 +866,47 @@ impl<H: Apply> Core<H> {
         if self.fault() != Some(DudetxFault::TruncateFirst) {
             truncate();
         }
-        Ok(())
+        Ok(buffers)
     }
 
-    /// Reproduces every reproducible record in the calling thread.
+    /// Reproduces every reproducible record in the calling thread, under the state lock.
     fn reproduce_inline(&self, st: &mut State) -> Result<(), String> {
         let Some(r) = st.seq.take_reproducible(self.meta_page) else {
             return Ok(());
         };
         let (head, last) = (r.head, r.last);
-        if let Err(e) = self.reproduce_records(r) {
-            return Err(self.fail(st, e));
+        match self.reproduce_records(r) {
+            Ok(buffers) => recycle(st, buffers.into_iter()),
+            Err(e) => return Err(self.fail(st, e)),
         }
         self.after_reproduce(st, head, last);
         Ok(())
+    }
+
+    /// One reproduce step with background threads, by the reproduce thread or by a persist
+    /// step that needs ring room (see [`Core::persist_step`]): every reproducible record,
+    /// applied outside the state lock, then the bookkeeping and wake-ups. The caller has
+    /// checked that no other reproduce step runs: `reproducing` keeps steps (and so the
+    /// truncation marks) one after another. Returns false when there was nothing to reproduce.
+    fn reproduce_step(&self, st: &mut parking_lot::MutexGuard<'_, State>) -> bool {
+        let Some(r) = st.seq.take_reproducible(self.meta_page) else {
+            return false;
+        };
+        let (head, last) = (r.head, r.last);
+        st.reproducing = true;
+        let result = parking_lot::MutexGuard::unlocked(st, || self.reproduce_records(r));
+        st.reproducing = false;
+        match result {
+            Ok(buffers) => {
+                self.after_reproduce(st, head, last);
+                recycle(st, buffers.into_iter());
+            }
+            Err(e) => {
+                self.fail(st, e);
+            }
+        }
+        self.wake_after_reproduce(st);
+        true
     }
 
     fn after_reproduce(&self, st: &mut State, head: Option<u64>, last: u64) {
@@ -843,36 +993,64 @@ impl<H: Apply> Core<H> {
 
     /// One persist step with background threads (§3.3), by the persist thread or a leading
     /// sync committer: the next group taken off the queue under the lock; made into records
-    /// (combined, compressed, checksummed) outside it; room for them in the ring (waiting for
-    /// reproduce); the records (and durable id) written outside the lock; then published under
-    /// it (the tail, the sequencer's bookkeeping, the durable report). `persisting` keeps a
-    /// second step off the ring tail meanwhile, so records are written one step after another
-    /// in queue order, each at the tail its group was taken at: the prefix and gap rules
-    /// recovery relies on (§3.4–§3.5) are those of a step run wholly under the lock. A failure
-    /// is left in `failed`.
+    /// (combined, compressed, checksummed) outside it; room for them in the ring; the records
+    /// (and durable id) written outside the lock; then published under it (the tail, the
+    /// sequencer's bookkeeping, the durable report). `persisting` keeps a second step off the
+    /// ring tail meanwhile, so records are written one step after another in queue order, each
+    /// at the tail its group was taken at: the prefix and gap rules recovery relies on
+    /// (§3.4–§3.5) are those of a step run wholly under the lock. A failure is left in
+    /// `failed`.
+    ///
+    /// Ring room: when no reproduce step runs, the step reproduces what is reproducible itself
+    /// (a departure: §3.4 reproduces in the background only) rather than wake the reproduce
+    /// thread and sleep until it is done. On two cores that hand-off is two context switches
+    /// with the committer's log waiting, and the reproduce thread need not be running at all
+    /// for a sync commit to become durable.
     fn persist_step(&self, st: &mut parking_lot::MutexGuard<'_, State>) {
         st.persisting = true;
+        let mut p = st.persister.take().expect(PERSISTER_HOME);
         let reproducible = st.seq.reproducible();
-        let taken = self.take_group(st);
+        let pos = self.take_group(st, &mut p);
+        // When the ring has room for the most the group's records can take, they are written
+        // right after they are built, in the same stretch outside the lock: the tail is this
+        // step's and the head only moves forward, so the room stays. That saves a round trip
+        // through the state lock per step, which the committers contend for. (The
+        // durable-report fault of a sequencer without a durable word reports under the lock.)
+        let durable_word = st.seq.durable_word();
+        let write_at_once = self.has_room(st, group_bound(&p.group))
+            && (durable_word || self.fault() != Some(DudetxFault::DurableIdFirst));
         // Committers queue their logs (under this lock) while the group is built: building
         // under it made every commit wait for the combination, LZ4 and CRC of the step before.
-        let built = parking_lot::MutexGuard::unlocked(st, || self.build_group(taken));
-        let result = built.and_then(|group| {
-            while !self.has_room(st, group.bytes) && st.failed.is_none() {
-                if st.seq.reproducible() == 0 && !st.reproducing && st.tail > st.head {
+        let built = parking_lot::MutexGuard::unlocked(st, || -> Result<u64, String> {
+            let bytes = self.build_group(&mut p, pos)?;
+            if write_at_once {
+                let last = p.records.last().map(|r| r.last);
+                let records = &p.built[..p.records.len()];
+                self.write_records(pos, records, last.filter(|_| durable_word));
+            }
+            Ok(bytes)
+        });
+        let result = built.and_then(|bytes| {
+            if write_at_once {
+                return self.publish_group(st, &mut p, pos);
+            }
+            while !self.has_room(st, bytes) && st.failed.is_none() {
+                if st.reproducing {
+                    st.room_wanted = true;
+                    self.wake_persist.wait(st);
+                    continue;
+                }
+                if !self.reproduce_step(st) {
                     // Nothing reproduce could apply frees room: the ring is full of records
                     // that are not reproducible yet.
                     st.room_wanted = false;
-                    return Err(ring_full(group.bytes));
+                    return Err(ring_full(bytes));
                 }
-                st.room_wanted = true;
-                self.wake_reproduce.notify_one();
-                self.wake_persist.wait(st);
             }
             st.room_wanted = false;
             match &st.failed {
                 Some(why) => Err(why.clone()),
-                None => self.write_group(st, group, true),
+                None => self.write_group(st, &mut p, true),
             }
         });
         if let Err(e) = result {
@@ -880,6 +1058,8 @@ impl<H: Apply> Core<H> {
                 self.fail(st, e);
             }
         }
+        p.clear();
+        st.persister = Some(p);
         st.persisting = false;
         self.steps.fetch_add(1, Ordering::Release);
         // Reproduce is woken by the first record to apply and then by every whole batch (it
@@ -919,7 +1099,8 @@ impl<H: Apply> Core<H> {
             }
             let pending = st.seq.reproducible();
             let urgent = st.stop || st.draining > 0 || st.room_wanted;
-            if pending > 0 && pending < REPRODUCE_BATCH && !urgent && !idle {
+            // A persist step that needed ring room may be reproducing (`Core::persist_step`).
+            if st.reproducing || (pending > 0 && pending < REPRODUCE_BATCH && !urgent && !idle) {
                 idle = self
                     .wake_reproduce
                     .wait_for(&mut st, REPRODUCE_IDLE)
@@ -927,25 +1108,13 @@ impl<H: Apply> Core<H> {
                 continue;
             }
             idle = false;
-            let Some(r) = st.seq.take_reproducible(self.meta_page) else {
+            if !self.reproduce_step(&mut st) {
                 // The persist thread has finished: nothing more will come.
                 if st.stop && st.running == 1 {
                     break;
                 }
                 self.wake_reproduce.wait(&mut st);
-                continue;
-            };
-            let (head, last) = (r.head, r.last);
-            st.reproducing = true;
-            let result = parking_lot::MutexGuard::unlocked(&mut st, || self.reproduce_records(r));
-            st.reproducing = false;
-            match result {
-                Ok(()) => self.after_reproduce(&mut st, head, last),
-                Err(e) => {
-                    self.fail(&mut st, e);
-                }
             }
-            self.wake_after_reproduce(&st);
         }
         st.running -= 1;
         self.wake_persist.notify_all();

@@ -408,7 +408,12 @@ impl ShadowHost for MmdbEngine {
 
     /// Under the commit lock: the DRAM commit, the next id and the redo's place in the queue;
     /// then the wait until the id's record is durable (group commit).
-    fn commit_logged(&self, inner: &mut dyn EngineWorker, log: Vec<u8>) -> Result<u64, TxError> {
+    fn commit_logged(
+        &self,
+        inner: &mut dyn EngineWorker,
+        log: &mut Vec<u8>,
+    ) -> Result<u64, TxError> {
+        let log = std::mem::take(log);
         let core = &self.core;
         if let Some(why) = core.state.lock().failed.clone() {
             inner.abort();

@@ -29,7 +29,9 @@
 //! its effects are durable).
 
 use super::super::log::{decode_ops, encode_op, Op};
-use super::super::pipeline::{Batch, MakeRecords, Record, Reproduction, Sequencer, Written};
+use super::super::pipeline::{
+    Batch, MakeRecords, Persister, Record, Reproduction, Sequencer, Written,
+};
 use super::DudetxPtmFault;
 use crate::engine::dudetx::layout::meta;
 use crate::engine::wal::{parse_record, LogRing};
@@ -298,17 +300,20 @@ impl DepOrder {
         }
     }
 
-    /// One record per transaction, chain after chain (each chain's in its own order).
-    fn per_transaction(mut group: Vec<(u64, Vec<u8>)>) -> Result<Vec<Record>, String> {
-        group.sort_by_key(|&(id, _)| chain_of(id));
-        Ok(group
-            .into_iter()
-            .map(|(id, raw)| Record {
-                first: id,
-                last: id,
-                raw,
-            })
-            .collect())
+    /// One record per transaction, chain after chain (each chain's in its own order), its ops
+    /// decoded here, outside the state lock ([`Sequencer::persisted`] runs under it).
+    fn per_transaction(p: &mut Persister) -> Result<(), String> {
+        p.group.sort_by_key(|q| chain_of(q.id));
+        for q in p.group.drain(..) {
+            let decoded = decode_ops(&q.log)?;
+            p.records.push(Record {
+                first: q.id,
+                last: q.id,
+                raw: q.log,
+                decoded,
+            });
+        }
+        Ok(())
     }
 }
 
@@ -323,10 +328,10 @@ impl Sequencer for DepOrder {
 
     /// Adds the records to the graph and detects (§5.3): the reproducible ones become durable
     /// and ready, in the order found.
-    fn persisted(&mut self, written: Vec<Written>) -> Result<Option<u64>, String> {
-        for w in written {
+    fn persisted(&mut self, written: &mut Vec<Written>) -> Result<Option<u64>, String> {
+        for w in written.drain(..) {
             let id = w.record.first;
-            let (deps, ops) = decode_ops(&w.record.raw).and_then(split_deps)?;
+            let (deps, ops) = split_deps(w.record.decoded)?;
             self.ring.push_back((id, w.end));
             self.persisted.insert(
                 id,
