@@ -7,6 +7,7 @@ use super::log::{OpRef, Write};
 use super::DudetxFault;
 use crate::alloc::{PageManager, PageTag, PAGE_SIZE};
 use crate::catalog::{Catalog, TableId};
+use crate::engine::common::BuildWriteKeyHasher;
 use crate::engine::DbError;
 use crate::pmem::Pool;
 use std::collections::HashMap;
@@ -18,8 +19,10 @@ pub(crate) struct HeapTable {
     row: usize,
     /// Slot bytes.
     slot: u64,
-    /// Key → slot offset of its live row.
-    pub index: HashMap<u64, u64>,
+    /// Key → slot offset of its live row. Hashed with `mix64`, not SipHash: reproduce looks a
+    /// key up per op, and the keys are the engine's own (`perf`: SipHash was a visible part of
+    /// the reproduce thread).
+    pub index: HashMap<u64, u64, BuildWriteKeyHasher>,
     /// Free slots.
     free: Vec<u64>,
     /// Heap pages (offsets).
@@ -186,7 +189,9 @@ impl super::pipeline::Apply for Heap {
         // a new slot's, between its key and row and its LIVE state: the directory rebuilt at
         // open must never see a LIVE slot with a stale key (it also orders every write-back
         // before it, so an earlier delete's state is durable before a new slot of its key).
-        let flush = fault != Some(DudetxFault::SkipHeapFlush);
+        // Under eADR the caches are persistent: a write-back would buy nothing and evict the
+        // line (as the persist step skips the log's), so only the fences stay.
+        let flush = fault != Some(DudetxFault::SkipHeapFlush) && pool.domain().needs_flush();
         match op.write {
             Write::Fields { at, bytes } => {
                 let end = at + bytes.len();
@@ -231,7 +236,8 @@ impl super::pipeline::Apply for Heap {
                 let at = self.take_slot(pool, pages, op.table)?;
                 pool.write_u64(at + slot::KEY, op.key);
                 pool.write_bytes(at + slot::HEADER, row);
-                if flush {
+                if fault != Some(DudetxFault::SkipHeapFlush) {
+                    // Under eADR a compiler fence only: x86 keeps the stores in order.
                     pool.persist(at, slot::HEADER + row.len() as u64);
                 }
                 pool.write_u64(at + slot::STATE, slot::LIVE);
@@ -252,5 +258,26 @@ impl super::pipeline::Apply for Heap {
             }
         }
         Ok(())
+    }
+
+    /// Prefetches the bytes `op` will write in an existing row (a new row's slot is not
+    /// known until it is taken).
+    fn prefetch(&self, pool: &Pool, op: OpRef<'_>) {
+        let Some(t) = self.tables.get(op.table as usize) else {
+            return;
+        };
+        let Some(&slot_at) = t.index.get(&op.key) else {
+            return;
+        };
+        match op.write {
+            Write::Fields { at, bytes } if at + bytes.len() <= t.row => {
+                pool.prefetch(slot_at + slot::HEADER + at as u64, bytes.len() as u64)
+            }
+            Write::Put(row) if row.len() == t.row => {
+                pool.prefetch(slot_at + slot::HEADER, row.len() as u64)
+            }
+            Write::Delete => pool.prefetch(slot_at + slot::STATE, 8),
+            _ => {}
+        }
     }
 }
