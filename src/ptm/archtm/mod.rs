@@ -520,6 +520,16 @@ impl Inner {
             if v.writer != 0 || v.new != 0 {
                 return Err(format!("object {id} is still locked or has a new version"));
             }
+            // The current word names the committed version exactly (a read takes it from there).
+            if e.current() != table::current_word(v.gen, v.old) {
+                return Err(format!(
+                    "object {id}'s current word {:#x} does not name its committed version \
+                     (generation {}, offset {})",
+                    e.current(),
+                    v.gen,
+                    v.old
+                ));
+            }
             if v.gen == 0 {
                 if v.old != 0 {
                     return Err(format!("free id {id} has a version"));

@@ -295,6 +295,7 @@ pub(super) fn recover(inner: &mut Inner) -> Result<(), PtmError> {
         e.gen.store(u64::from(h.gen), Ordering::Relaxed);
         e.size.store(h.size, Ordering::Relaxed);
         e.vtxid.store(h.txid, Ordering::Relaxed);
+        e.publish();
         next_id = next_id.max(u64::from(id) + 1);
     }
     inner.table.next_id.store(next_id, Ordering::Release);

@@ -2,7 +2,7 @@
 
 use super::alloc::Dealloc;
 use super::layout::{block_bytes, header, is_large, state, Header, BLOCK};
-use super::table::{dstate, Entry};
+use super::table::{current_offset, dstate, EntryRef, EntryView};
 use super::{txstate_word, ArchtmFault, Inner, MAX_OBJECT};
 use crate::ptm::{PtmError, PtmWorker};
 use std::cell::Cell;
@@ -36,7 +36,7 @@ pub(crate) struct ArchtmWorker {
     tomb_reserve_filled: bool,
 }
 
-fn entry(eng: &Inner, h: u64) -> Result<(&Entry, u64, u64), PtmError> {
+fn entry(eng: &Inner, h: u64) -> Result<(EntryRef<'_>, u64, u64), PtmError> {
     let (id, gen) = (h & 0xffff_ffff, h >> 32);
     if gen == 0 {
         return Err(invalid(h, "the null handle (or not a handle)"));
@@ -52,7 +52,7 @@ fn entry(eng: &Inner, h: u64) -> Result<(&Entry, u64, u64), PtmError> {
 fn live_entry(
     eng: &Inner,
     h: u64,
-) -> Result<(&Entry, u64, u64, super::table::EntryView), PtmError> {
+) -> Result<(EntryRef<'_>, u64, u64, EntryView), PtmError> {
     let (e, id, gen) = entry(eng, h)?;
     let v = e.view();
     if v.gen != gen {
@@ -107,14 +107,17 @@ impl ArchtmWorker {
         self.eng.pool.unwind_if_crashed();
     }
 
-    fn entry(&self, h: u64) -> Result<(&Entry, u64, u64), PtmError> {
-        entry(&self.eng, h)
-    }
-
     /// Alg. 1 APT_TX_READ: the offset and size of the version of `h` this transaction sees
     /// (lock-free). `Err` if it sees none.
     fn resolve(&self, h: u64) -> Result<(u64, u64), PtmError> {
-        let (e, _, gen) = self.entry(h)?;
+        let (e, _, gen) = entry(&self.eng, h)?;
+        // Line 9 (`obj.new == NULL`: the committed version) from the id's current word, which
+        // is set only while no transaction holds the object; the size from the version's
+        // header, in the cache line the read loads next anyway (`table` says why).
+        if let Some(off) = current_offset(e.current(), gen) {
+            let size = self.eng.pool.read_u64(off + header::SIZE_FLAGS) & 0xffff_ffff;
+            return Ok((off, size));
+        }
         loop {
             let v = e.view();
             if v.gen != gen {
@@ -187,10 +190,10 @@ impl ArchtmWorker {
     /// that the object is still the committed one the handle names.
     fn lock_committed(
         &self,
-        e: &Entry,
+        e: &EntryRef<'_>,
         h: u64,
         gen: u64,
-    ) -> Result<super::table::EntryView, PtmError> {
+    ) -> Result<EntryView, PtmError> {
         if !e.lock(self.txid) {
             return Err(PtmError::Conflict {
                 handle: h,
@@ -199,7 +202,7 @@ impl ArchtmWorker {
         }
         let v = e.view();
         if v.gen != gen || v.old == 0 {
-            e.writer.store(0, Ordering::Release);
+            e.unlock();
             return Err(invalid(
                 h,
                 "no live object with this handle (freed, or never allocated)",
@@ -230,12 +233,12 @@ impl ArchtmWorker {
         if own {
             return Ok((v.new, v.size));
         }
-        let v = self.lock_committed(e, h, gen)?;
+        let v = self.lock_committed(&e, h, gen)?;
         self.pm_begin();
         let off = match self.eng.alloc_version(self.slot, v.size) {
             Ok(off) => off,
             Err(err) => {
-                e.writer.store(0, Ordering::Release);
+                e.unlock();
                 return Err(err);
             }
         };
@@ -298,16 +301,16 @@ impl ArchtmWorker {
                     e.new.store(0, Ordering::Release);
                     e.gen.store(0, Ordering::Release);
                     e.size.store(0, Ordering::Release);
-                    e.writer.store(0, Ordering::Release);
                 });
+                e.unlock();
                 self.eng.id_lists[self.slot].lock().push(id as u32);
             } else {
                 e.vtxid.store(self.txid, Ordering::Release);
                 e.modify(|e| {
                     e.old.store(v.new, Ordering::Release);
                     e.new.store(0, Ordering::Release);
-                    e.writer.store(0, Ordering::Release);
                 });
+                e.unlock();
             }
         }
         let pending = dealloc.len();
@@ -360,10 +363,8 @@ impl ArchtmWorker {
                 continue;
             };
             if e.writer.load(Ordering::Acquire) == self.txid {
-                e.modify(|e| {
-                    e.new.store(0, Ordering::Release);
-                    e.writer.store(0, Ordering::Release);
-                });
+                e.modify(|e| e.new.store(0, Ordering::Release));
+                e.unlock();
             }
         }
         let s = &self.eng.slots[self.slot];
@@ -462,7 +463,7 @@ impl PtmWorker for ArchtmWorker {
         let off = match self.eng.alloc_version(self.slot, size) {
             Ok(off) => off,
             Err(err) => {
-                e.writer.store(0, Ordering::Release);
+                e.unlock();
                 self.eng.id_lists[self.slot].lock().push(id as u32);
                 return Err(err);
             }
@@ -529,12 +530,12 @@ impl PtmWorker for ArchtmWorker {
             e.modify(|e| e.new.store(off | TOMB | TOMB_OWN_BLOCK, Ordering::Release));
             return Ok(());
         }
-        self.lock_committed(e, h, gen)?;
+        self.lock_committed(&e, h, gen)?;
         self.pm_begin();
         let off = match self.eng.alloc_tomb(self.slot) {
             Ok(off) => off,
             Err(err) => {
-                e.writer.store(0, Ordering::Release);
+                e.unlock();
                 return Err(err);
             }
         };
@@ -632,8 +633,8 @@ impl PtmWorker for ArchtmWorker {
                         e.gen.store(0, Ordering::Release);
                         e.size.store(0, Ordering::Release);
                     }
-                    e.writer.store(0, Ordering::Release);
                 });
+                e.unlock();
                 if fresh {
                     eng.id_lists[self.slot].lock().push(id as u32);
                 }
@@ -754,5 +755,63 @@ mod tests {
         );
         drop(w);
         ptm.check_invariants().unwrap();
+    }
+
+    /// The current word (a read's one-load path, `table`) is cleared when a writer locks the
+    /// object: a transaction that begins after the writer's commit, while the writer's
+    /// post-commit still waits for an older reader (so the entry still holds both versions),
+    /// reads the new version; the older reader keeps reading the old one (§5.3's snapshot).
+    #[test]
+    fn a_reader_that_begins_after_a_commit_reads_it_while_post_commit_waits() {
+        use crate::ptm::archtm::{table::dstate, ArchTm};
+        use crate::ptm::PtmEngine;
+        use std::sync::atomic::Ordering;
+        let config = PtmConfig::temporary()
+            .size(16 << 20)
+            .max_threads(3)
+            .inline_background();
+        let eng = ArchTm::create(&config, &[0; 8]).unwrap();
+        let (mut old_reader, mut writer, mut new_reader) = (
+            eng.worker().unwrap(),
+            eng.worker().unwrap(),
+            eng.worker().unwrap(),
+        );
+        writer.begin();
+        let h = writer.alloc(&pattern(1)).unwrap();
+        writer.commit().unwrap();
+        let mut before = vec![0u8; SIZE];
+        let mut after = vec![0u8; SIZE];
+        let mut late = vec![0u8; SIZE];
+        old_reader.begin();
+        old_reader.read(h, 0, &mut before).unwrap();
+        std::thread::scope(|s| {
+            let w = s.spawn(move || {
+                writer.begin();
+                writer.write(h, 0, &pattern(2)).unwrap();
+                writer.commit().unwrap();
+            });
+            // The writer has committed; its post-commit waits for `old_reader`.
+            let committed = || {
+                (eng.inner.slots.iter())
+                    .any(|s| s.state.load(Ordering::Acquire) & 3 == dstate::COMMITTED)
+            };
+            while !committed() {
+                std::thread::yield_now();
+            }
+            new_reader.begin();
+            let r = new_reader.read(h, 0, &mut after);
+            new_reader.commit().unwrap();
+            // Results checked after the writer is released (a failed assertion here would
+            // leave its post-commit waiting forever).
+            old_reader.read(h, 0, &mut late).unwrap();
+            old_reader.commit().unwrap();
+            w.join().unwrap();
+            r.unwrap();
+        });
+        assert_eq!(before, pattern(1));
+        assert_eq!(after, pattern(2), "a snapshot taken after the commit");
+        assert_eq!(late, pattern(1), "the older snapshot, during the post-commit wait");
+        drop((old_reader, new_reader));
+        eng.check_invariants().unwrap();
     }
 }
