@@ -10,10 +10,19 @@
 //!   would not).
 //! - **DRAM metadata (§4.2, §4.3, §5.1):** the object lookup table (new, old, writer = lock) in
 //!   [`table`], per-slot ID lists, and all allocator metadata ([`alloc`]). PM holds only the
-//!   objects, the TxState table and the root handle ([`layout`]).
-//! - **TxState (§5.1):** per thread slot, `txid << 2 | state` in one 8-byte word. BEGIN is made
-//!   durable before the transaction's first copy can reach PM; COMMITTED after all its copies
-//!   are durable. Recovery discards every copy whose txid is in a BEGIN slot.
+//!   objects, the TxState table and the root handle ([`layout`]). Departure (§4.3 has one
+//!   array of entries): beside the entries, a dense array of *current words* (the committed
+//!   version's offset and generation, 8 bytes an id, cleared while a writer holds the
+//!   object), so a read of an object nobody writes (Alg. 1 line 9) costs one load from an
+//!   array an eighth of the entries' size, which the cache keeps where the entries missed.
+//! - **TxState (§5.1):** per thread slot, `txid << 2 | COMMITTED` in one 8-byte word, stored
+//!   and made durable after all the transaction's copies are. Departure: no durable BEGIN
+//!   (§5.3 APT_TX_BEGIN stores and fences it before the first copy). A slot's txids only grow
+//!   (the clock is monotonic and restarts above every txid on PM), and an aborted
+//!   transaction's copies are durably invalid before the slot commits again, so a copy is
+//!   committed exactly when its txid is at most the txid its slot's word names; recovery
+//!   discards the others (a running transaction's, whose txid is above). That saves a write
+//!   transaction one flush and one fence of the three that §5 has it pay.
 //! - **Timestamps:** a global atomic counter in place of rdtscp + ORDO (§5.1): it is monotonic
 //!   and gap-free on any machine; its single cache line costs little at the 1–2 threads this
 //!   machine runs. A txid is `timestamp << 8 | slot` (DESIGN.md); recovery restarts the clock
@@ -118,9 +127,6 @@ pub const MAX_OBJECT: u64 = layout::MAX_LARGE;
 /// step (the fault-injection point) it removes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub enum ArchtmFault {
-    /// `archtm-begin-persist`: BEGIN is not stored, so a crash reads the copies of a running
-    /// transaction as committed (breaks ADR and eADR).
-    SkipBegin,
     /// `archtm-copy-flush`: commit does not flush the new copies (ADR).
     SkipCopyFlush,
     /// `archtm-copy-fence`: no fence between the copies' flushes and the COMMITTED store (ADR).
@@ -148,8 +154,7 @@ pub enum ArchtmFault {
 
 impl ArchtmFault {
     /// Every fault.
-    pub const ALL: [ArchtmFault; 10] = [
-        ArchtmFault::SkipBegin,
+    pub const ALL: [ArchtmFault; 9] = [
         ArchtmFault::SkipCopyFlush,
         ArchtmFault::SkipCopyFence,
         ArchtmFault::SkipCommitPersist,
@@ -164,7 +169,6 @@ impl ArchtmFault {
     /// The fault-injection name.
     pub fn name(self) -> &'static str {
         match self {
-            ArchtmFault::SkipBegin => "archtm-begin-persist",
             ArchtmFault::SkipCopyFlush => "archtm-copy-flush",
             ArchtmFault::SkipCopyFence => "archtm-copy-fence",
             ArchtmFault::SkipCommitPersist => "archtm-commit-persist",
@@ -180,7 +184,6 @@ impl ArchtmFault {
     /// What the fault breaks.
     pub fn describe(self) -> &'static str {
         match self {
-            ArchtmFault::SkipBegin => "BEGIN is not stored before the transaction's copies",
             ArchtmFault::SkipCopyFlush => "commit does not flush the new copies (ADR)",
             ArchtmFault::SkipCopyFence => {
                 "no fence between the copies' flushes and COMMITTED (ADR)"
@@ -208,8 +211,7 @@ impl ArchtmFault {
     pub fn adr_only(self) -> bool {
         !matches!(
             self,
-            ArchtmFault::SkipBegin
-                | ArchtmFault::AbortKeepsCopies
+            ArchtmFault::AbortKeepsCopies
                 | ArchtmFault::ChkpSkipListDiff
                 | ArchtmFault::GcKeepsChkpEntry
         )
@@ -765,8 +767,9 @@ pub(crate) fn txstate_split(w: u64) -> (u64, u64) {
 mod tests {
     use super::*;
 
-    /// Layout version 3 (chunked CHKP-diff, the reserved slot): a pool of an older layout is
-    /// refused with both versions named, not misread.
+    /// Layout version 4 (TxState names the last committed txid; no BEGIN): a pool of an
+    /// older layout is refused with both versions named, not misread (version 3's recovery
+    /// would take a running transaction's copies for committed ones).
     #[test]
     fn a_pool_of_an_older_layout_is_refused_with_the_versions_named() {
         let config = PtmConfig::temporary().size(16 << 20).inline_background();
@@ -777,11 +780,11 @@ mod tests {
         assert_eq!(image[at..at + 8], meta::VERSION.to_le_bytes());
         let ok = ArchTm::open_image(&image, &config);
         assert!(ok.is_ok(), "the image itself opens");
-        image[at..at + 8].copy_from_slice(&2u64.to_le_bytes());
+        image[at..at + 8].copy_from_slice(&3u64.to_le_bytes());
         let err = ArchTm::open_image(&image, &config).err().expect("refused");
         let msg = err.to_string();
         assert!(
-            msg.contains("layout version 2") && msg.contains("reads 3"),
+            msg.contains("layout version 3") && msg.contains("reads 4"),
             "{msg}"
         );
     }

@@ -5,7 +5,6 @@ use super::layout::{block_bytes, header, is_large, state, Header, BLOCK};
 use super::table::{current_offset, dstate, EntryRef, EntryView};
 use super::{txstate_word, ArchtmFault, Inner, MAX_OBJECT};
 use crate::ptm::{PtmError, PtmWorker};
-use std::cell::Cell;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -22,9 +21,6 @@ pub(crate) struct ArchtmWorker {
     ts: u64,
     txid: u64,
     running: bool,
-    /// BEGIN is durable for this transaction (a cell, so that `pm_begin` takes `&self` while
-    /// the caller holds an entry of the engine's table: no `Arc` clone per write).
-    pm_begun: Cell<bool>,
     /// §5.1's write-set: ids of the objects this transaction locked (each once: an entry whose
     /// writer is this txid is already in it).
     write_set: Vec<u64>,
@@ -92,7 +88,6 @@ impl ArchtmWorker {
             ts: 0,
             txid: 0,
             running: false,
-            pm_begun: Cell::new(false),
             write_set: Vec::new(),
             internal,
             tomb_reserve_filled: false,
@@ -163,23 +158,6 @@ impl ArchtmWorker {
         }
     }
 
-    /// Makes BEGIN durable before the transaction's first annotated copy can reach PM (§5.3
-    /// APT_TX_BEGIN; done at the first write so read-only transactions write nothing to PM).
-    fn pm_begin(&self) {
-        if self.pm_begun.replace(true) {
-            return;
-        }
-        if self.eng.fault == Some(ArchtmFault::SkipBegin) {
-            return;
-        }
-        let at = self.eng.txstate_at(self.slot);
-        self.eng
-            .pool
-            .write_u64_ordered(at, txstate_word(self.txid, state::BEGIN));
-        // archtm-begin-persist
-        self.eng.persist(at, 8);
-    }
-
     fn write_header(&self, off: u64, h: &Header) {
         self.eng
             .pool
@@ -234,7 +212,6 @@ impl ArchtmWorker {
             return Ok((v.new, v.size));
         }
         let v = self.lock_committed(&e, h, gen)?;
-        self.pm_begin();
         let off = match self.eng.alloc_version(self.slot, v.size) {
             Ok(off) => off,
             Err(err) => {
@@ -399,7 +376,6 @@ impl PtmWorker for ArchtmWorker {
         self.txid = self.ts << 8 | self.slot as u64;
         s.state
             .store(self.ts << 2 | dstate::BEGIN, Ordering::Release);
-        self.pm_begun.set(false);
         self.write_set.clear();
         self.running = true;
         if !self.tomb_reserve_filled {
@@ -459,7 +435,6 @@ impl PtmWorker for ArchtmWorker {
                 retries: 0,
             });
         }
-        self.pm_begin();
         let off = match self.eng.alloc_version(self.slot, size) {
             Ok(off) => off,
             Err(err) => {
@@ -531,7 +506,6 @@ impl PtmWorker for ArchtmWorker {
             return Ok(());
         }
         self.lock_committed(&e, h, gen)?;
-        self.pm_begin();
         let off = match self.eng.alloc_tomb(self.slot) {
             Ok(off) => off,
             Err(err) => {
@@ -577,6 +551,9 @@ impl PtmWorker for ArchtmWorker {
         s.state
             .store(self.ts << 2 | dstate::COMMITTING, Ordering::SeqCst);
         let cid = eng.clock.fetch_add(1, Ordering::SeqCst);
+        // The slot's TxState now names this txid: every copy of the slot annotated with it or
+        // an earlier one is committed (recovery's rule; `mod.rs`, "TxState"). The transaction
+        // wrote nothing to PM before its first copy (no durable BEGIN).
         let at = eng.txstate_at(self.slot);
         eng.pool.write_u64(at + 8, cid);
         eng.pool
@@ -620,8 +597,8 @@ impl PtmWorker for ArchtmWorker {
                 }
             }
             if !keep {
-                // archtm-abort-invalidate: the copies are invalid on PM before the slot's
-                // TxState can name another transaction.
+                // archtm-abort-invalidate: the copies are invalid on PM before a later commit
+                // of this slot can name a txid above theirs (which would make them committed).
                 eng.pool.fence();
             }
             for &id in &self.write_set {
@@ -704,8 +681,8 @@ mod tests {
     }
 
     /// §4.1's copy on first write stores each byte of the new version once: a transaction
-    /// writing an object (whole, or in part) stores BEGIN (8 bytes), the copy's header (32) and
-    /// payload (200), and the commit id and COMMITTED (16), whatever it overwrites; the bytes
+    /// writing an object (whole, or in part) stores the copy's header (32) and payload (200),
+    /// and the commit id and COMMITTED (16), whatever it overwrites (no BEGIN); the bytes
     /// around a partial write keep the committed values, and a write out of bounds fails
     /// without leaving a hole in the copy.
     #[test]
@@ -722,7 +699,7 @@ mod tests {
         w.begin();
         w.write(h, 0, &pattern(1)).unwrap();
         w.commit().unwrap();
-        let version = 8 + 32 + SIZE as u64 + 16;
+        let version = 32 + SIZE as u64 + 16;
         let whole = pm_bytes(|| {
             w.begin();
             w.write(h, 0, &pattern(2)).unwrap();
