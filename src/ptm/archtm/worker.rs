@@ -304,11 +304,14 @@ impl ArchtmWorker {
         self.eng.maybe_checkpoint();
     }
 
+    /// Ends the transaction in DRAM. Release stores: a committer waiting for this slot's
+    /// `active`, or a checkpoint for its `busy`, needs only to see them eventually, with what
+    /// came before (a SeqCst store would be a locked instruction per transaction).
     fn end(&mut self) {
         let s = &self.eng.slots[self.slot];
         s.state.store(self.ts << 2 | dstate::END, Ordering::Release);
-        s.active.store(u64::MAX, Ordering::SeqCst);
-        s.busy.store(0, Ordering::SeqCst);
+        s.active.store(u64::MAX, Ordering::Release);
+        s.busy.store(0, Ordering::Release);
         self.write_set.clear();
         self.running = false;
     }
@@ -369,10 +372,13 @@ impl PtmWorker for ArchtmWorker {
         self.enter();
         let s = &self.eng.slots[self.slot];
         // 0 first: a committer scanning for older transactions waits for one that is taking
-        // its timestamp (it may get one below the commit id).
-        s.active.store(0, Ordering::SeqCst);
+        // its timestamp (it may get one below the commit id). Release is enough for both
+        // stores: a committer whose commit id is above our timestamp took it with a
+        // read-modify-write of the clock after ours, so it sees our 0 (ours releases it) or a
+        // later value; one whose commit id is below need not wait for us.
+        s.active.store(0, Ordering::Release);
         self.ts = self.eng.clock.fetch_add(1, Ordering::SeqCst);
-        s.active.store(self.ts, Ordering::SeqCst);
+        s.active.store(self.ts, Ordering::Release);
         self.txid = self.ts << 8 | self.slot as u64;
         s.state
             .store(self.ts << 2 | dstate::BEGIN, Ordering::Release);
@@ -548,8 +554,10 @@ impl PtmWorker for ArchtmWorker {
             eng.pool.fence();
         }
         let s = &eng.slots[self.slot];
+        // Release: a reader whose timestamp is at least `cid` took it from the clock after
+        // the read-modify-write below, so it sees COMMITTING (or later).
         s.state
-            .store(self.ts << 2 | dstate::COMMITTING, Ordering::SeqCst);
+            .store(self.ts << 2 | dstate::COMMITTING, Ordering::Release);
         let cid = eng.clock.fetch_add(1, Ordering::SeqCst);
         // The slot's TxState now names this txid: every copy of the slot annotated with it or
         // an earlier one is committed (recovery's rule; `mod.rs`, "TxState"). The transaction
@@ -564,8 +572,8 @@ impl PtmWorker for ArchtmWorker {
         }
         s.cid.store(cid, Ordering::Release);
         s.state
-            .store(self.ts << 2 | dstate::COMMITTED, Ordering::SeqCst);
-        s.active.store(u64::MAX, Ordering::SeqCst);
+            .store(self.ts << 2 | dstate::COMMITTED, Ordering::Release);
+        s.active.store(u64::MAX, Ordering::Release);
         self.post_commit(cid);
         Ok(())
     }
