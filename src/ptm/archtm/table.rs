@@ -76,11 +76,16 @@ impl Entry {
         }
     }
 
-    /// Changes fields (`f`) inside a seqlock bracket. Only the lock holder calls it.
+    /// Changes fields (`f`) inside a seqlock bracket. Only the lock holder calls it, so the
+    /// sequence is bumped with plain stores (a locked read-modify-write each would cost more
+    /// than the rest of a small transaction's bookkeeping): odd, a release fence, the fields,
+    /// then even with Release; `view`'s acquire fence pairs with them.
     pub fn modify(&self, f: impl FnOnce(&Entry)) {
-        self.seq.fetch_add(1, Ordering::AcqRel);
+        let s = self.seq.load(Ordering::Relaxed);
+        self.seq.store(s + 1, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Release);
         f(self);
-        self.seq.fetch_add(1, Ordering::Release);
+        self.seq.store(s + 2, Ordering::Release);
     }
 }
 
