@@ -479,7 +479,9 @@ impl Inner {
             return;
         }
         let n = c.commits.fetch_add(1, Ordering::Relaxed) + 1;
-        let filling = c.diff.lock().len >= DIFF_CAP * 3 / 4;
+        // The diff's fill, every 64 commits (its lock per commit cost more than the check is
+        // worth): the last quarter of the array is far more than 64 commits' takes.
+        let filling = n % 64 == 0 && c.diff.lock().len >= DIFF_CAP * 3 / 4;
         if n >= c.every || filling {
             // An error (no page for the copy) leaves the previous checkpoint valid.
             let _ = self.checkpoint(Some(Duration::from_millis(20)));
