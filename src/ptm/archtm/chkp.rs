@@ -333,6 +333,9 @@ impl Inner {
     }
 
     fn checkpoint_quiesced(&self) -> Result<(), PtmError> {
+        // Commits awaiting retirement first: their new versions are the committed state the
+        // copy records (nothing executes, so none waits).
+        self.retire_all();
         let _gc = self.alloc.gc.lock();
         // Nothing runs: after this collection every valid header on PM is a live version.
         self.gc_locked();

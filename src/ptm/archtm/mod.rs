@@ -34,11 +34,14 @@
 //!   its commit id, and a reader that sees that waits for the decision; without it a reader that
 //!   began just after the commit id was taken could read the old version that post-commit is
 //!   about to free.
-//! - **Post-commit (Alg. 2):** waits until no transaction that began before the commit id is
-//!   still *executing* (the paper waits for "ongoing" ones; a transaction already in its own
-//!   post-commit reads nothing more, and waiting for it could deadlock two committers), then
-//!   turns the new versions into the old ones and hands the replaced versions to the slot's
-//!   deallocation list. A freed object's transaction writes a *tombstone* version (a header
+//! - **Post-commit (Alg. 2):** once no transaction that began before the commit id is still
+//!   *executing* (the paper waits for "ongoing" ones; a transaction already in its own
+//!   post-commit reads nothing more, and waiting for it could deadlock two committers), turns
+//!   the new versions into the old ones and hands the replaced versions to the slot's
+//!   deallocation list. Departure (`retire.rs`): a user slot's commit does not wait for that;
+//!   it queues the commit, whose entries carry their commit id for readers meanwhile, and the
+//!   slot retires it at a later begin (with two threads the wait was the other thread's
+//!   remaining execution, at every commit). A freed object's transaction writes a *tombstone* version (a header
 //!   with the TOMB flag): the paper does not say how a free survives a crash when the freed
 //!   copy's header is still on PM; the tombstone is the latest version, so recovery drops the
 //!   object, and garbage collection zeroes it only after the copies it deletes. Each
@@ -105,6 +108,7 @@ pub mod defrag;
 mod large;
 pub mod layout;
 mod recovery;
+mod retire;
 pub mod table;
 mod worker;
 
@@ -242,6 +246,8 @@ pub(crate) struct Inner {
     pub(crate) slots: Vec<SlotState>,
     pub(crate) free_slots: Mutex<Vec<usize>>,
     pub(crate) id_lists: Vec<Mutex<Vec<u32>>>,
+    /// Per slot, its commits awaiting retirement (`retire`).
+    pub(crate) retirements: Vec<retire::Retirements>,
     pub(crate) alloc: alloc::Allocator,
     /// The global timestamp (§5.1).
     pub(crate) clock: AtomicU64,
@@ -486,6 +492,7 @@ impl Inner {
             slots: (0..all).map(|_| SlotState::default()).collect(),
             free_slots: Mutex::new((0..n).rev().collect()),
             id_lists: (0..all).map(|_| Mutex::new(Vec::new())).collect(),
+            retirements: (0..all).map(|_| retire::Retirements::default()).collect(),
             alloc: alloc::Allocator::new(all),
             clock: AtomicU64::new(1),
             flushing: domain.needs_flush(),
@@ -513,6 +520,8 @@ impl Inner {
     /// while no transaction runs; it waits for a background collection or defragmentation
     /// pass to finish.
     pub(crate) fn check_invariants(&self) -> Result<(), String> {
+        // Commits awaiting retirement are committed: retire them first (nothing executes).
+        self.retire_all();
         let _d = self.defrag_lock.lock();
         let _g = self.alloc.gc.lock();
         let mut extents: Vec<(u64, u64, String)> = Vec::new();

@@ -18,7 +18,7 @@ const CHUNK: usize = 4096;
 /// One lookup-table entry (§5.1: new, old, writer and its lock). `writer` is the txid of the
 /// transaction holding the write lock (0: unlocked), so the lock and the writer are one word.
 /// The other fields change only under the lock and inside a `seq` bracket (a seqlock), so a
-/// lock-free reader sees them consistent. Aligned to a cache line: the seven words would
+/// lock-free reader sees them consistent. Aligned to a cache line: the eight words would
 /// otherwise straddle two lines in most entries, and a read of an object would miss twice.
 #[derive(Default)]
 #[repr(align(64))]
@@ -36,6 +36,9 @@ pub struct Entry {
     pub size: AtomicU64,
     /// The txid that wrote the committed version (`old`): what the checkpoint records (§5.6).
     pub vtxid: AtomicU64,
+    /// The writer's commit id once it committed and until its retirement (`retire`): a
+    /// reader takes `new` iff this is at most its start (0: not committed).
+    pub ccid: AtomicU64,
 }
 
 /// A consistent snapshot of an entry's fields.
@@ -51,6 +54,8 @@ pub struct EntryView {
     pub gen: u64,
     /// Payload bytes.
     pub size: u64,
+    /// The writer's commit id (0: not committed).
+    pub ccid: u64,
 }
 
 impl Entry {
@@ -68,6 +73,7 @@ impl Entry {
                 writer: self.writer.load(Ordering::Acquire),
                 gen: self.gen.load(Ordering::Acquire),
                 size: self.size.load(Ordering::Acquire),
+                ccid: self.ccid.load(Ordering::Acquire),
             };
             std::sync::atomic::fence(Ordering::Acquire);
             if self.seq.load(Ordering::Relaxed) == s1 {

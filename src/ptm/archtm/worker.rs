@@ -1,6 +1,6 @@
 //! ArchTM's transaction operations (§5.3, Algorithms 1 and 2) for one thread slot.
 
-use super::alloc::Dealloc;
+use super::retire::{tomb_len, TOMB, TOMB_OWN_BLOCK};
 use super::layout::{block_bytes, header, is_large, state, Header, BLOCK};
 use super::table::{current_offset, dstate, EntryRef, EntryView};
 use super::{txstate_word, ArchtmFault, Inner, MAX_OBJECT};
@@ -8,11 +8,6 @@ use crate::ptm::{PtmError, PtmWorker};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// Low bits of `Entry::new` (offsets are 64-byte aligned): the new version is a tombstone
-/// (the transaction frees the object) ...
-const TOMB: u64 = 1;
-/// ... in a block of its own (64 bytes), rather than written over the transaction's own copy.
-const TOMB_OWN_BLOCK: u64 = 2;
 
 /// One thread slot's transactions.
 pub(crate) struct ArchtmWorker {
@@ -125,6 +120,14 @@ impl ArchtmWorker {
                 v.old
             } else if v.writer == self.txid {
                 v.new
+            } else if v.ccid != 0 {
+                // Committed, not yet retired (`retire`): Alg. 1 line 13 with the commit id
+                // the entry carries.
+                if v.ccid <= self.ts {
+                    v.new
+                } else {
+                    v.old
+                }
             } else {
                 let ws = &self.eng.slots[(v.writer & 0xff) as usize];
                 let st = ws.state.load(Ordering::Acquire);
@@ -173,10 +176,20 @@ impl ArchtmWorker {
         gen: u64,
     ) -> Result<EntryView, PtmError> {
         if !e.lock(self.txid) {
-            return Err(PtmError::Conflict {
-                handle: h,
-                retries: 0,
-            });
+            // Held by one of this slot's own commits awaiting retirement: retire it (waiting
+            // for the older transactions, which cannot be waiting for us: their start is below
+            // that commit id, ours above), then lock.
+            let holder = e.writer.load(Ordering::Acquire);
+            let own = holder != 0 && (holder & 0xff) as usize == self.slot;
+            if !(own && {
+                self.eng.retire(self.slot, true);
+                e.lock(self.txid)
+            }) {
+                return Err(PtmError::Conflict {
+                    handle: h,
+                    retries: 0,
+                });
+            }
         }
         let v = e.view();
         if v.gen != gen || v.old == 0 {
@@ -234,64 +247,12 @@ impl ArchtmWorker {
         Ok((off, v.size))
     }
 
-    /// Alg. 2 APT_TX_POST_COMMIT.
+    /// Alg. 2 APT_TX_POST_COMMIT: queues the commit for retirement (`retire`) and retires
+    /// what is ready; the engine's own transactions wait for theirs.
     fn post_commit(&mut self, cid: u64) {
-        // Wait until no transaction that began before `cid` still executes: none can then
-        // read the versions replaced below.
-        for (i, s) in self.eng.slots.iter().enumerate() {
-            if i == self.slot {
-                continue;
-            }
-            while s.active.load(Ordering::SeqCst) < cid {
-                self.stop_if_crashed();
-                std::hint::spin_loop();
-            }
-        }
-        // The replaced versions go straight into the slot's deallocation list (no list per
-        // commit to allocate); the collection, which takes the lists, waits the few entries.
-        let mut dealloc = self.eng.alloc.dealloc[self.slot].lock();
-        for &id in &self.write_set {
-            // §5.6: the entry's committed state changes, so its group goes into the next
-            // checkpoint.
-            self.eng.chkp.mark(id);
-            let e = self.eng.table.get(id).expect("a locked id");
-            let v = e.view();
-            if v.old != 0 {
-                dealloc.push(Dealloc {
-                    off: v.old,
-                    len: block_bytes(v.size),
-                    tomb: false,
-                    large: is_large(v.size),
-                    object: (id, v.gen),
-                });
-            }
-            if v.new & TOMB != 0 {
-                dealloc.push(Dealloc {
-                    off: v.new & !(BLOCK - 1),
-                    len: tomb_len(v.new, v.size),
-                    tomb: true,
-                    large: false,
-                    object: (id, v.gen),
-                });
-                e.modify(|e| {
-                    e.old.store(0, Ordering::Release);
-                    e.new.store(0, Ordering::Release);
-                    e.gen.store(0, Ordering::Release);
-                    e.size.store(0, Ordering::Release);
-                });
-                e.unlock();
-                self.eng.id_lists[self.slot].lock().push(id as u32);
-            } else {
-                e.vtxid.store(self.txid, Ordering::Release);
-                e.modify(|e| {
-                    e.old.store(v.new, Ordering::Release);
-                    e.new.store(0, Ordering::Release);
-                });
-                e.unlock();
-            }
-        }
-        let pending = dealloc.len();
-        drop(dealloc);
+        let ids = std::mem::replace(&mut self.write_set, self.eng.retirements[self.slot].spare());
+        self.eng.queue_retirement(self.slot, cid, self.txid, ids);
+        let pending = self.eng.retire(self.slot, self.internal);
         self.end();
         if pending > self.eng.gc_threshold {
             // §5.4: the GC thread collects; without one, the committing thread does.
@@ -304,9 +265,6 @@ impl ArchtmWorker {
         self.eng.maybe_checkpoint();
     }
 
-    /// Ends the transaction in DRAM. Release stores: a committer waiting for this slot's
-    /// `active`, or a checkpoint for its `busy`, needs only to see them eventually, with what
-    /// came before (a SeqCst store would be a locked instruction per transaction).
     fn end(&mut self) {
         let s = &self.eng.slots[self.slot];
         s.state.store(self.ts << 2 | dstate::END, Ordering::Release);
@@ -355,21 +313,14 @@ impl ArchtmWorker {
     }
 }
 
-/// Bytes of the block of a tombstone `new` (tagged offset) of an object of `size` bytes.
-fn tomb_len(new: u64, size: u64) -> u64 {
-    if new & TOMB_OWN_BLOCK != 0 {
-        BLOCK
-    } else {
-        block_bytes(size)
-    }
-}
-
 impl PtmWorker for ArchtmWorker {
     fn begin(&mut self) {
         if self.running {
             self.abort();
         }
         self.enter();
+        // Earlier commits whose older transactions have all finished since (`retire`).
+        self.eng.retire(self.slot, false);
         let s = &self.eng.slots[self.slot];
         // 0 first: a committer scanning for older transactions waits for one that is taking
         // its timestamp (it may get one below the commit id). Release is enough for both
@@ -570,6 +521,12 @@ impl PtmWorker for ArchtmWorker {
             // archtm-commit-persist (Alg. 2 lines 7-8): durable before commit returns.
             eng.persist(at, 16);
         }
+        // The entries carry the commit id until their retirement, which may come after this
+        // slot's next transaction has reused its state (`retire`).
+        for &id in &self.write_set {
+            let e = eng.table.get(id).expect("a locked id");
+            e.modify(|e| e.ccid.store(cid, Ordering::Release));
+        }
         s.cid.store(cid, Ordering::Release);
         s.state
             .store(self.ts << 2 | dstate::COMMITTED, Ordering::Release);
@@ -655,6 +612,10 @@ impl Drop for ArchtmWorker {
             self.abort();
         } else if self.running {
             self.release_after_crash();
+        }
+        if !crashed {
+            // No commit of this slot stays locked once its worker is gone.
+            self.eng.retire(self.slot, true);
         }
         if !self.internal {
             self.eng.free_slots.lock().push(self.slot);
@@ -742,13 +703,15 @@ mod tests {
         ptm.check_invariants().unwrap();
     }
 
-    /// The current word (a read's one-load path, `table`) is cleared when a writer locks the
-    /// object: a transaction that begins after the writer's commit, while the writer's
-    /// post-commit still waits for an older reader (so the entry still holds both versions),
-    /// reads the new version; the older reader keeps reading the old one (§5.3's snapshot).
+    /// A commit made while an older transaction still reads returns at once and is retired
+    /// later (`retire`); meanwhile a transaction that begins after it reads the new version
+    /// (the current word, a read's one-load path, was cleared when the writer locked the
+    /// object, and the entry carries the commit id), the older one still the old version
+    /// (§5.3's snapshot), and the object stays locked; the older reader's end lets the
+    /// writer's slot retire it at its next begin.
     #[test]
-    fn a_reader_that_begins_after_a_commit_reads_it_while_post_commit_waits() {
-        use crate::ptm::archtm::{table::dstate, ArchTm};
+    fn a_commit_during_an_older_read_is_retired_after_it_and_read_by_newer_snapshots() {
+        use crate::ptm::archtm::ArchTm;
         use crate::ptm::PtmEngine;
         use std::sync::atomic::Ordering;
         let config = PtmConfig::temporary()
@@ -764,39 +727,42 @@ mod tests {
         writer.begin();
         let h = writer.alloc(&pattern(1)).unwrap();
         writer.commit().unwrap();
-        let mut before = vec![0u8; SIZE];
-        let mut after = vec![0u8; SIZE];
-        let mut late = vec![0u8; SIZE];
+        let mut v = vec![0u8; SIZE];
         old_reader.begin();
-        old_reader.read(h, 0, &mut before).unwrap();
-        std::thread::scope(|s| {
-            let w = s.spawn(move || {
-                writer.begin();
-                writer.write(h, 0, &pattern(2)).unwrap();
-                writer.commit().unwrap();
-            });
-            // The writer has committed; its post-commit waits for `old_reader`.
-            let committed = || {
-                (eng.inner.slots.iter())
-                    .any(|s| s.state.load(Ordering::Acquire) & 3 == dstate::COMMITTED)
-            };
-            while !committed() {
-                std::thread::yield_now();
-            }
-            new_reader.begin();
-            let r = new_reader.read(h, 0, &mut after);
-            new_reader.commit().unwrap();
-            // Results checked after the writer is released (a failed assertion here would
-            // leave its post-commit waiting forever).
-            old_reader.read(h, 0, &mut late).unwrap();
-            old_reader.commit().unwrap();
-            w.join().unwrap();
-            r.unwrap();
-        });
-        assert_eq!(before, pattern(1));
-        assert_eq!(after, pattern(2), "a snapshot taken after the commit");
-        assert_eq!(late, pattern(1), "the older snapshot, during the post-commit wait");
-        drop((old_reader, new_reader));
+        old_reader.read(h, 0, &mut v).unwrap();
+        assert_eq!(v, pattern(1));
+        writer.begin();
+        writer.write(h, 0, &pattern(2)).unwrap();
+        writer.commit().unwrap();
+        let entry = eng.inner.table.get(h & 0xffff_ffff).unwrap();
+        assert!(
+            entry.writer.load(Ordering::Acquire) != 0 && entry.view().ccid != 0,
+            "the commit awaits retirement, its object locked"
+        );
+        new_reader.begin();
+        new_reader.read(h, 0, &mut v).unwrap();
+        assert_eq!(v, pattern(2), "a snapshot taken after the commit");
+        match new_reader.write(h, 0, &pattern(3)) {
+            Err(PtmError::Conflict { .. }) => {}
+            r => panic!("a write of an object awaiting retirement: {r:?}"),
+        }
+        new_reader.abort();
+        old_reader.read(h, 0, &mut v).unwrap();
+        assert_eq!(v, pattern(1), "the older snapshot");
+        old_reader.commit().unwrap();
+        // The writer's next begin retires the commit.
+        writer.begin();
+        writer.commit().unwrap();
+        assert_eq!(entry.writer.load(Ordering::Acquire), 0, "retired and unlocked");
+        assert_eq!(entry.view().ccid, 0);
+        new_reader.begin();
+        new_reader.write(h, 0, &pattern(3)).unwrap();
+        new_reader.commit().unwrap();
+        new_reader.begin();
+        new_reader.read(h, 0, &mut v).unwrap();
+        new_reader.commit().unwrap();
+        assert_eq!(v, pattern(3));
+        drop((old_reader, writer, new_reader));
         eng.check_invariants().unwrap();
     }
 }
