@@ -20,7 +20,7 @@ use super::layout::{block_bytes, is_large, BLOCK};
 use super::Inner;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Low bits of `Entry::new` (offsets are 64-byte aligned): the new version is a tombstone
 /// (the transaction frees the object) ...
@@ -44,33 +44,38 @@ struct Committed {
     ids: Vec<u64>,
 }
 
-/// One slot's queue of commits to retire, oldest first, and emptied write-set vectors for
-/// the slot's next transactions (no allocation per commit).
+/// One slot's commits to retire, oldest first.
 #[derive(Default)]
 pub(crate) struct Retirements {
-    queue: Mutex<(VecDeque<Committed>, Vec<Vec<u64>>)>,
+    queue: Mutex<Queue>,
+    /// Commits in the queue (read without the lock by `begin`'s check).
+    queued: AtomicUsize,
 }
 
-impl Retirements {
-    /// An empty vector for a write-set (one a retirement emptied, if any).
-    pub(crate) fn spare(&self) -> Vec<u64> {
-        self.queue.lock().1.pop().unwrap_or_default()
-    }
-
-    /// Whether the slot has commits to retire.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.queue.lock().0.is_empty()
-    }
+#[derive(Default)]
+struct Queue {
+    commits: VecDeque<Committed>,
+    /// Emptied write-set vectors, for the slot's next transactions (no allocation per commit).
+    spare: Vec<Vec<u64>>,
 }
 
 impl Inner {
-    /// Queues `slot`'s commit `txid` with commit id `cid` of the objects `ids` for retirement.
-    pub(crate) fn queue_retirement(&self, slot: usize, cid: u64, txid: u64, ids: Vec<u64>) {
-        self.retirements[slot]
-            .queue
-            .lock()
-            .0
-            .push_back(Committed { cid, txid, ids });
+    /// Post-commit of `slot`'s transaction `txid` with commit id `cid`: queues its write set
+    /// (replaced by an empty vector) for retirement, then retires what is ready (with `wait`,
+    /// everything: see [`Inner::retire`]).
+    pub(crate) fn post_commit(
+        &self,
+        slot: usize,
+        cid: u64,
+        txid: u64,
+        write_set: &mut Vec<u64>,
+        wait: bool,
+    ) {
+        let r = &self.retirements[slot];
+        let mut q = r.queue.lock();
+        let ids = std::mem::replace(write_set, q.spare.pop().unwrap_or_default());
+        q.commits.push_back(Committed { cid, txid, ids });
+        self.retire_locked(slot, r, &mut q, wait);
     }
 
     /// Whether no transaction of a slot other than `slot` that began before `cid` still
@@ -93,21 +98,27 @@ impl Inner {
     }
 
     /// Retires `slot`'s queued commits in order, each once no older transaction executes;
-    /// with `wait`, all of them (waiting), else as many as are ready. Returns the slot's
-    /// deallocation list's length (for the collection trigger).
-    pub(crate) fn retire(&self, slot: usize, wait: bool) -> usize {
+    /// with `wait`, all of them (waiting), else as many as are ready.
+    pub(crate) fn retire(&self, slot: usize, wait: bool) {
         let r = &self.retirements[slot];
-        let mut q = r.queue.lock();
-        while let Some(c) = q.0.front() {
+        if r.queued.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        self.retire_locked(slot, r, &mut r.queue.lock(), wait);
+    }
+
+    fn retire_locked(&self, slot: usize, r: &Retirements, q: &mut Queue, wait: bool) {
+        while let Some(c) = q.commits.front() {
             if !self.older_done(slot, c.cid, wait) {
                 break;
             }
-            let mut c = q.0.pop_front().expect("the front");
+            let mut c = q.commits.pop_front().expect("the front");
             self.retire_one(slot, c.txid, &c.ids);
             c.ids.clear();
-            q.1.push(c.ids);
+            q.spare.push(c.ids);
         }
-        self.alloc.dealloc[slot].lock().len()
+        // Changed only under the lock: a store, not a locked read-modify-write.
+        r.queued.store(q.commits.len(), Ordering::Relaxed);
     }
 
     /// Retires every slot's queue: no transaction may be executing (a checkpoint's

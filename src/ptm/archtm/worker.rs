@@ -250,9 +250,14 @@ impl ArchtmWorker {
     /// Alg. 2 APT_TX_POST_COMMIT: queues the commit for retirement (`retire`) and retires
     /// what is ready; the engine's own transactions wait for theirs.
     fn post_commit(&mut self, cid: u64) {
-        let ids = std::mem::replace(&mut self.write_set, self.eng.retirements[self.slot].spare());
-        self.eng.queue_retirement(self.slot, cid, self.txid, ids);
-        let pending = self.eng.retire(self.slot, self.internal);
+        self.eng.post_commit(
+            self.slot,
+            cid,
+            self.txid,
+            &mut self.write_set,
+            self.internal,
+        );
+        let pending = self.eng.alloc.dealloc[self.slot].lock().len();
         self.end();
         if pending > self.eng.gc_threshold {
             // §5.4: the GC thread collects; without one, the committing thread does.
