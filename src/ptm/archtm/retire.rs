@@ -98,13 +98,18 @@ impl Inner {
     }
 
     /// Retires `slot`'s queued commits in order, each once no older transaction executes;
-    /// with `wait`, all of them (waiting), else as many as are ready.
+    /// with `wait`, all of them (waiting), else as many as are ready, and nothing if another
+    /// thread holds the queue (it may be waiting for the caller's transaction to end).
     pub(crate) fn retire(&self, slot: usize, wait: bool) {
         let r = &self.retirements[slot];
         if r.queued.load(Ordering::Relaxed) == 0 {
             return;
         }
-        self.retire_locked(slot, r, &mut r.queue.lock(), wait);
+        if wait {
+            self.retire_locked(slot, r, &mut r.queue.lock(), true);
+        } else if let Some(mut q) = r.queue.try_lock() {
+            self.retire_locked(slot, r, &mut q, false);
+        }
     }
 
     fn retire_locked(&self, slot: usize, r: &Retirements, q: &mut Queue, wait: bool) {

@@ -167,6 +167,27 @@ impl ArchtmWorker {
             .write_bytes(off, &h.encode(off, self.eng.salt));
     }
 
+    /// When a commit awaiting retirement (`retire`) holds `e`: retires it and takes the lock
+    /// (true), if it can. This slot's own commit is retired waiting for the transactions
+    /// older than it, which cannot be waiting for us (their start is below its commit id,
+    /// ours above); another slot's only if ready (a commit nobody retires would otherwise
+    /// keep the object locked once its thread stops running transactions).
+    fn retire_holder(&self, e: &EntryRef<'_>) -> bool {
+        let holder = e.writer.load(Ordering::Acquire);
+        let slot = (holder & 0xff) as usize;
+        if holder == 0 || slot >= self.eng.slots.len() {
+            return false;
+        }
+        if slot == self.slot {
+            self.eng.retire(slot, true);
+        } else if e.ccid.load(Ordering::Acquire) != 0 {
+            self.eng.retire(slot, false);
+        } else {
+            return false;
+        }
+        e.lock(self.txid)
+    }
+
     /// Takes `e`'s write lock (Alg. 1 line 23; no-wait: a held lock is a conflict) and checks
     /// that the object is still the committed one the handle names.
     fn lock_committed(
@@ -175,21 +196,11 @@ impl ArchtmWorker {
         h: u64,
         gen: u64,
     ) -> Result<EntryView, PtmError> {
-        if !e.lock(self.txid) {
-            // Held by one of this slot's own commits awaiting retirement: retire it (waiting
-            // for the older transactions, which cannot be waiting for us: their start is below
-            // that commit id, ours above), then lock.
-            let holder = e.writer.load(Ordering::Acquire);
-            let own = holder != 0 && (holder & 0xff) as usize == self.slot;
-            if !(own && {
-                self.eng.retire(self.slot, true);
-                e.lock(self.txid)
-            }) {
-                return Err(PtmError::Conflict {
-                    handle: h,
-                    retries: 0,
-                });
-            }
+        if !e.lock(self.txid) && !self.retire_holder(e) {
+            return Err(PtmError::Conflict {
+                handle: h,
+                retries: 0,
+            });
         }
         let v = e.view();
         if v.gen != gen || v.old == 0 {
