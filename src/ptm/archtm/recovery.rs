@@ -1,6 +1,7 @@
 //! ArchTM's recovery (§5.5): no log to replay. The TxState table names each slot's last
-//! committed transaction, so a copy whose txid is above its slot's was not committed; a scan of the user data area finds every annotated version; per object
-//! the version with the largest committed txid wins; everything else is garbage. With a
+//! committed transaction, so a copy whose txid is above its slot's was not committed; a scan
+//! of the user data area finds every annotated version; per object the version with the
+//! largest committed txid wins; everything else is garbage. With a
 //! checkpoint (§5.6) the scan starts from its copy of the lookup table and covers only the
 //! segments its CHKP-diff recorded.
 
