@@ -36,6 +36,7 @@ use super::layout::{self, kind, meta};
 use super::{ArchtmFault, Inner};
 use crate::alloc::{PageTag, PAGE_SIZE};
 use crate::ptm::PtmError;
+use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 use std::collections::{BTreeSet, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -68,7 +69,9 @@ pub struct Chkp {
     pub pending: AtomicBool,
     serial: Mutex<()>,
     /// Commits since the last checkpoint (the automatic trigger).
-    pub commits: AtomicU64,
+    /// Every commit of every thread adds to it: a cache line of its own, away from
+    /// `pending`, which every begin reads.
+    pub commits: CachePadded<AtomicU64>,
     /// Checkpoint after this many commits (0: only when asked).
     pub every: u64,
     /// Checkpoints taken.
@@ -113,7 +116,7 @@ impl Chkp {
             prev: (0..words).map(|_| AtomicU64::new(u64::MAX)).collect(),
             pending: AtomicBool::new(false),
             serial: Mutex::new(()),
-            commits: AtomicU64::new(0),
+            commits: CachePadded::new(AtomicU64::new(0)),
             every,
             taken: AtomicU64::new(0),
         }

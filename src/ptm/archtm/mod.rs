@@ -117,6 +117,7 @@ use crate::engine::meta::{self as meta_page, MetaLayout};
 use crate::pmem::{Pool, PoolOptions};
 use crate::ptm::{PtmConfig, PtmEngine, PtmError, PtmWorker};
 use layout::meta;
+use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -249,8 +250,9 @@ pub(crate) struct Inner {
     /// Per slot, its commits awaiting retirement (`retire`).
     pub(crate) retirements: Vec<retire::Retirements>,
     pub(crate) alloc: alloc::Allocator,
-    /// The global timestamp (§5.1).
-    pub(crate) clock: AtomicU64,
+    /// The global timestamp (§5.1), on a cache line of its own: every begin and commit
+    /// writes it, and the fields beside it are read by every operation of every thread.
+    pub(crate) clock: CachePadded<AtomicU64>,
     /// ADR: flush before fence. eADR: fences only.
     pub(crate) flushing: bool,
     pub(crate) fault: Option<ArchtmFault>,
@@ -494,7 +496,7 @@ impl Inner {
             id_lists: (0..all).map(|_| Mutex::new(Vec::new())).collect(),
             retirements: (0..all).map(|_| retire::Retirements::default()).collect(),
             alloc: alloc::Allocator::new(all),
-            clock: AtomicU64::new(1),
+            clock: CachePadded::new(AtomicU64::new(1)),
             flushing: domain.needs_flush(),
             fault: config.archtm_fault,
             gc_threshold: config.gc_threshold,

@@ -236,7 +236,11 @@ pub mod dstate {
     pub const COMMITTED: u64 = 3;
 }
 
-/// The DRAM mirror of one slot's TxState plus what post-commit waits on.
+/// The DRAM mirror of one slot's TxState plus what post-commit waits on. Its thread writes
+/// it at every begin and end, so each slot has cache lines of its own (128 bytes: the
+/// adjacent-line prefetcher pairs lines); two slots in one line made the two threads'
+/// transactions invalidate each other's line at every step.
+#[repr(align(128))]
 pub struct SlotState {
     /// `ts << 2 | dstate`.
     pub state: AtomicU64,
