@@ -44,8 +44,10 @@ struct Committed {
     ids: Vec<u64>,
 }
 
-/// One slot's commits to retire, oldest first.
+/// One slot's commits to retire, oldest first (on cache lines of its own: its thread takes
+/// the lock at every commit).
 #[derive(Default)]
+#[repr(align(128))]
 pub(crate) struct Retirements {
     queue: Mutex<Queue>,
     /// Commits in the queue (read without the lock by `begin`'s check).
