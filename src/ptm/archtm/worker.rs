@@ -9,6 +9,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 
+/// The largest new version (header and payload) that a first write builds in DRAM and
+/// streams to PM ([`Pool::write_bytes_nt`](crate::pmem::Pool::write_bytes_nt)): every
+/// object of the micro-benchmarks (a hash node's 64 bytes, a B+-tree node's 232 or 288).
+const STREAM_MAX: usize = 512;
+
 /// One thread slot's transactions.
 pub(crate) struct ArchtmWorker {
     eng: Arc<Inner>,
@@ -213,17 +218,19 @@ impl ArchtmWorker {
         Ok(v)
     }
 
-    /// Alg. 1 APT_TX_WRITE: the offset of this transaction's copy of `h`, made on first use,
-    /// for a write of `len` bytes at byte `offset`, which is checked against the object's size
-    /// here (the one bounds check of a write). The copy holds every payload byte but the
-    /// `len` at `offset`: the caller stores those at once, so each byte of the new version
-    /// reaches PM once.
+    /// Alg. 1 APT_TX_WRITE for a write of `src` at byte `offset` (checked against the
+    /// object's size here: the one bounds check of a write): the offset and size of this
+    /// transaction's copy of `h`, made on first use, and whether `src` is in it already. Each
+    /// byte of the new version reaches PM once: a copy up to [`STREAM_MAX`] bytes is built in
+    /// DRAM with `src` in place and streamed to PM; a larger one holds every payload byte but
+    /// those of `src`, which the caller stores next.
     fn copy_for_write(
         &mut self,
         h: u64,
         offset: usize,
-        len: usize,
-    ) -> Result<(u64, u64), PtmError> {
+        src: &[u8],
+    ) -> Result<(u64, u64, bool), PtmError> {
+        let len = src.len();
         let (e, id, gen, v) = live_entry(&self.eng, h)?;
         let own = v.writer == self.txid;
         if own && v.new & TOMB != 0 {
@@ -233,7 +240,7 @@ impl ArchtmWorker {
         // locked version's too (`lock_committed` refuses another generation).
         check_bounds(h, offset, len, v.size)?;
         if own {
-            return Ok((v.new, v.size));
+            return Ok((v.new, v.size, false));
         }
         let v = self.lock_committed(&e, h, gen)?;
         let off = match self.eng.alloc_version(self.slot, v.size) {
@@ -250,12 +257,28 @@ impl ArchtmWorker {
             tomb: false,
             txid: self.txid,
         };
-        self.write_header(off, &hdr);
-        let skip = offset as u64..(offset + len) as u64;
-        self.eng.copy_payload_except(v.old, off, v.size, skip);
+        let bytes = (header::BYTES + v.size) as usize;
+        let streamed = bytes <= STREAM_MAX;
+        if streamed {
+            // The block is cold (recycled or fresh) and nobody reads the copy before commit:
+            // streaming stores skip reading its lines first, and need no flush (durable at
+            // the commit's fence, like a store and its flush; Zen and Falcon stream their new
+            // versions too).
+            let mut buf = [0u8; STREAM_MAX];
+            let b = &mut buf[..bytes];
+            b[..header::BYTES as usize].copy_from_slice(&hdr.encode(off, self.eng.salt));
+            let payload = &mut b[header::BYTES as usize..];
+            self.eng.pool.read_bytes(v.old + header::BYTES, payload);
+            payload[offset..offset + len].copy_from_slice(src);
+            self.eng.pool.write_bytes_nt(off, b);
+        } else {
+            self.write_header(off, &hdr);
+            let skip = offset as u64..(offset + len) as u64;
+            self.eng.copy_payload_except(v.old, off, v.size, skip);
+        }
         e.modify(|e| e.new.store(off, Ordering::Release));
         self.write_set.push(id);
-        Ok((off, v.size))
+        Ok((off, v.size, streamed))
     }
 
     /// Alg. 2 APT_TX_POST_COMMIT: queues the commit for retirement (`retire`) and retires
@@ -372,7 +395,10 @@ impl PtmWorker for ArchtmWorker {
     }
 
     fn write(&mut self, h: u64, offset: usize, src: &[u8]) -> Result<(), PtmError> {
-        let (off, size) = self.copy_for_write(h, offset, src.len())?;
+        let (off, size, written) = self.copy_for_write(h, offset, src)?;
+        if written {
+            return Ok(());
+        }
         let mut at = 0;
         for (pm, n) in self
             .eng
