@@ -780,6 +780,52 @@ pub(crate) fn txstate_split(w: u64) -> (u64, u64) {
 mod tests {
     use super::*;
 
+    /// No BEGIN is stored (`TxState` above): a running transaction's copy that reached PM
+    /// (here flushed and fenced by hand) carries a txid above its slot's last committed one,
+    /// so recovery discards it and keeps the committed version; the slot's next commit then
+    /// makes its own copies the committed ones.
+    #[test]
+    fn a_durable_copy_of_an_unfinished_transaction_is_discarded_by_recovery() {
+        let mut config = PtmConfig::temporary().size(16 << 20).inline_background();
+        config.crash_sim = Some(crate::pmem::CrashTrigger::Never);
+        let eng = ArchTm::create(&config, &[0; 8]).unwrap();
+        let mut w = eng.worker().unwrap();
+        w.begin();
+        let h = w.alloc(&[1; 40]).unwrap();
+        w.commit().unwrap();
+        w.begin();
+        w.write(h, 0, &[2; 40]).unwrap();
+        let pool = &eng.inner.pool;
+        pool.flush(0, pool.len());
+        pool.fence();
+        pool.crash_now();
+        let image = pool.crash_sim().unwrap().crash_state().unwrap().durable_image();
+        drop(w);
+        let read = |image: &[u8]| {
+            let eng = ArchTm::open_image(image, &config).unwrap();
+            let mut w = eng.worker().unwrap();
+            w.begin();
+            let mut v = [0u8; 40];
+            w.read(h, 0, &mut v).unwrap();
+            w.commit().unwrap();
+            drop(w);
+            eng.check_invariants().unwrap();
+            v
+        };
+        assert_eq!(read(&image.bytes), [1; 40], "the unfinished write is discarded");
+        // The same pool after the slot's next commit: that txid covers the copy.
+        let eng = ArchTm::open_image(&image.bytes, &config).unwrap();
+        let mut w = eng.worker().unwrap();
+        w.begin();
+        w.write(h, 0, &[3; 40]).unwrap();
+        w.commit().unwrap();
+        drop(w);
+        let pool = &eng.inner.pool;
+        pool.crash_now();
+        let image = pool.crash_sim().unwrap().crash_state().unwrap().durable_image();
+        assert_eq!(read(&image.bytes), [3; 40], "an acknowledged commit survives");
+    }
+
     /// Layout version 4 (TxState names the last committed txid; no BEGIN): a pool of an
     /// older layout is refused with both versions named, not misread (version 3's recovery
     /// would take a running transaction's copies for committed ones).
