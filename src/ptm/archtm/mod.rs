@@ -782,8 +782,8 @@ mod tests {
 
     /// No BEGIN is stored (`TxState` above): a running transaction's copy that reached PM
     /// (here flushed and fenced by hand) carries a txid above its slot's last committed one,
-    /// so recovery discards it and keeps the committed version; the slot's next commit then
-    /// makes its own copies the committed ones.
+    /// so recovery discards it and keeps the committed version; after recovery the slot
+    /// commits again (its txids restart above the discarded one) and that commit survives.
     #[test]
     fn a_durable_copy_of_an_unfinished_transaction_is_discarded_by_recovery() {
         let mut config = PtmConfig::temporary().size(16 << 20).inline_background();
@@ -813,7 +813,6 @@ mod tests {
             v
         };
         assert_eq!(read(&image.bytes), [1; 40], "the unfinished write is discarded");
-        // The same pool after the slot's next commit: that txid covers the copy.
         let eng = ArchTm::open_image(&image.bytes, &config).unwrap();
         let mut w = eng.worker().unwrap();
         w.begin();
