@@ -118,8 +118,8 @@ use crate::alloc::{PageManager, PAGE_SIZE};
 use crate::engine::meta::{self as meta_page, MetaLayout};
 use crate::pmem::{Pool, PoolOptions};
 use crate::ptm::{PtmConfig, PtmEngine, PtmError, PtmWorker};
-use layout::meta;
 use crossbeam_utils::CachePadded;
+use layout::meta;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -799,7 +799,12 @@ mod tests {
         pool.flush(0, pool.len());
         pool.fence();
         pool.crash_now();
-        let image = pool.crash_sim().unwrap().crash_state().unwrap().durable_image();
+        let image = pool
+            .crash_sim()
+            .unwrap()
+            .crash_state()
+            .unwrap()
+            .durable_image();
         drop(w);
         let read = |image: &[u8]| {
             let eng = ArchTm::open_image(image, &config).unwrap();
@@ -812,7 +817,11 @@ mod tests {
             eng.check_invariants().unwrap();
             v
         };
-        assert_eq!(read(&image.bytes), [1; 40], "the unfinished write is discarded");
+        assert_eq!(
+            read(&image.bytes),
+            [1; 40],
+            "the unfinished write is discarded"
+        );
         let eng = ArchTm::open_image(&image.bytes, &config).unwrap();
         let mut w = eng.worker().unwrap();
         w.begin();
@@ -821,8 +830,17 @@ mod tests {
         drop(w);
         let pool = &eng.inner.pool;
         pool.crash_now();
-        let image = pool.crash_sim().unwrap().crash_state().unwrap().durable_image();
-        assert_eq!(read(&image.bytes), [3; 40], "an acknowledged commit survives");
+        let image = pool
+            .crash_sim()
+            .unwrap()
+            .crash_state()
+            .unwrap()
+            .durable_image();
+        assert_eq!(
+            read(&image.bytes),
+            [3; 40],
+            "an acknowledged commit survives"
+        );
     }
 
     /// Layout version 4 (TxState names the last committed txid; no BEGIN): a pool of an

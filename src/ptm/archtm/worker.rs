@@ -1,13 +1,12 @@
 //! ArchTM's transaction operations (§5.3, Algorithms 1 and 2) for one thread slot.
 
-use super::retire::{tomb_len, TOMB, TOMB_OWN_BLOCK};
 use super::layout::{block_bytes, header, is_large, state, Header, BLOCK};
+use super::retire::{tomb_len, TOMB, TOMB_OWN_BLOCK};
 use super::table::{current_offset, dstate, EntryRef, EntryView};
 use super::{txstate_word, ArchtmFault, Inner, MAX_OBJECT};
 use crate::ptm::{PtmError, PtmWorker};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-
 
 /// The largest new version (header and payload) that a first write builds in DRAM and
 /// streams to PM ([`Pool::write_bytes_nt`](crate::pmem::Pool::write_bytes_nt)): every
@@ -45,10 +44,7 @@ fn entry(eng: &Inner, h: u64) -> Result<(EntryRef<'_>, u64, u64), PtmError> {
 }
 
 /// The entry of `h` and its fields, if the handle's generation is the live one.
-fn live_entry(
-    eng: &Inner,
-    h: u64,
-) -> Result<(EntryRef<'_>, u64, u64, EntryView), PtmError> {
+fn live_entry(eng: &Inner, h: u64) -> Result<(EntryRef<'_>, u64, u64, EntryView), PtmError> {
     let (e, id, gen) = entry(eng, h)?;
     let v = e.view();
     if v.gen != gen {
@@ -195,12 +191,7 @@ impl ArchtmWorker {
 
     /// Takes `e`'s write lock (Alg. 1 line 23; no-wait: a held lock is a conflict) and checks
     /// that the object is still the committed one the handle names.
-    fn lock_committed(
-        &self,
-        e: &EntryRef<'_>,
-        h: u64,
-        gen: u64,
-    ) -> Result<EntryView, PtmError> {
+    fn lock_committed(&self, e: &EntryRef<'_>, h: u64, gen: u64) -> Result<EntryView, PtmError> {
         if !e.lock(self.txid) && !self.retire_holder(e) {
             return Err(PtmError::Conflict {
                 handle: h,
@@ -795,7 +786,11 @@ mod tests {
         // The writer's next begin retires the commit.
         writer.begin();
         writer.commit().unwrap();
-        assert_eq!(entry.writer.load(Ordering::Acquire), 0, "retired and unlocked");
+        assert_eq!(
+            entry.writer.load(Ordering::Acquire),
+            0,
+            "retired and unlocked"
+        );
         assert_eq!(entry.view().ccid, 0);
         new_reader.begin();
         new_reader.write(h, 0, &pattern(3)).unwrap();
