@@ -7,7 +7,7 @@
 //!   redo log. The copy leaves out the bytes the first write is about to store, so each byte
 //!   of a new version reaches PM once (on Optane the cache would merge the two stores before
 //!   the media; the store count, which is what `pmtx bench ptm`'s write amplification counts,
-//!   would not). A version up to 512 bytes is built in DRAM and written with streaming stores
+//!   would not). A version of one cache line is built in DRAM and written with streaming stores
 //!   (durable at the commit's fence, like stores and their flushes): its block is cold, and
 //!   ordinary stores would first read every line of it.
 //! - **DRAM metadata (§4.2, §4.3, §5.1):** the object lookup table (new, old, writer = lock) in
