@@ -183,7 +183,7 @@ fn list_faults_names_the_ptm_engines_faults() {
     assert!(out.status.success());
     let listed = String::from_utf8_lossy(&out.stdout);
     for name in [
-        "archtm-begin-persist",
+        "archtm-copy-fence",
         "dudetx-skip-alloc-log",
         "dudetx-lock-no-deps",
         "dudetx-lock-ring-order",

@@ -574,8 +574,9 @@ impl<R: PObject> Ptm<R> {
     /// Runs `f` as a transaction, retrying conflict aborts with randomised backoff up to
     /// `max_retries`; any other error aborts and is returned. Durable when it returns `Ok`.
     ///
-    /// Do not call `run` inside a `run` closure on the same `Ptm`: the inner commit waits for
-    /// the outer transaction to finish (post-commit, ArchTM Alg. 2), which it never does.
+    /// Do not call `run` inside a `run` closure on the same `Ptm`: the inner transaction's
+    /// versions are not retired before the outer one finishes (post-commit, ArchTM Alg. 2),
+    /// so the outer one cannot write them (conflicts until `max_retries`).
     pub fn run<T>(
         &self,
         f: impl FnMut(&mut PTx<'_, R>) -> Result<T, PtmError>,

@@ -30,6 +30,7 @@ use super::layout::{self, header, BLOCK};
 use super::{ArchtmFault, Inner};
 use crate::alloc::{PageTag, PAGE_SIZE};
 use crate::ptm::PtmError;
+use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -121,9 +122,9 @@ impl SlotLists {
 /// The allocator's DRAM state.
 pub struct Allocator {
     /// Per slot: its class lists and extents.
-    pub slots: Vec<Mutex<SlotLists>>,
+    pub slots: Vec<CachePadded<Mutex<SlotLists>>>,
     /// Per slot: its deallocation list.
-    pub dealloc: Vec<Mutex<Vec<Dealloc>>>,
+    pub dealloc: Vec<CachePadded<Mutex<Vec<Dealloc>>>>,
     /// The global free list (sorted, merged): untouched space, and space no class holds.
     pub free: Mutex<Vec<(u64, u64)>>,
     /// Per size class: the global recycle list (block offsets, in address order).
@@ -216,8 +217,14 @@ impl Allocator {
     /// An empty allocator for `slots` threads.
     pub fn new(slots: usize) -> Allocator {
         Allocator {
-            slots: (0..slots).map(|_| Mutex::new(SlotLists::new())).collect(),
-            dealloc: (0..slots).map(|_| Mutex::new(Vec::new())).collect(),
+            // Each slot's locks on lines of their own: its thread takes them at every write
+            // and commit.
+            slots: (0..slots)
+                .map(|_| CachePadded::new(Mutex::new(SlotLists::new())))
+                .collect(),
+            dealloc: (0..slots)
+                .map(|_| CachePadded::new(Mutex::new(Vec::new())))
+                .collect(),
             free: Mutex::new(Vec::new()),
             recycled: (0..CLASSES).map(|_| Mutex::new(BTreeSet::new())).collect(),
             recycle: Mutex::new(Vec::new()),

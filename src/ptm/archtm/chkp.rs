@@ -36,6 +36,7 @@ use super::layout::{self, kind, meta};
 use super::{ArchtmFault, Inner};
 use crate::alloc::{PageTag, PAGE_SIZE};
 use crate::ptm::PtmError;
+use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 use std::collections::{BTreeSet, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -68,7 +69,9 @@ pub struct Chkp {
     pub pending: AtomicBool,
     serial: Mutex<()>,
     /// Commits since the last checkpoint (the automatic trigger).
-    pub commits: AtomicU64,
+    /// Every commit of every thread adds to it: a cache line of its own, away from
+    /// `pending`, which every begin reads.
+    pub commits: CachePadded<AtomicU64>,
     /// Checkpoint after this many commits (0: only when asked).
     pub every: u64,
     /// Checkpoints taken.
@@ -113,7 +116,7 @@ impl Chkp {
             prev: (0..words).map(|_| AtomicU64::new(u64::MAX)).collect(),
             pending: AtomicBool::new(false),
             serial: Mutex::new(()),
-            commits: AtomicU64::new(0),
+            commits: CachePadded::new(AtomicU64::new(0)),
             every,
             taken: AtomicU64::new(0),
         }
@@ -333,6 +336,9 @@ impl Inner {
     }
 
     fn checkpoint_quiesced(&self) -> Result<(), PtmError> {
+        // Commits awaiting retirement first: their new versions are the committed state the
+        // copy records (nothing executes, so none waits).
+        self.retire_all();
         let _gc = self.alloc.gc.lock();
         // Nothing runs: after this collection every valid header on PM is a live version.
         self.gc_locked();
@@ -479,7 +485,9 @@ impl Inner {
             return;
         }
         let n = c.commits.fetch_add(1, Ordering::Relaxed) + 1;
-        let filling = c.diff.lock().len >= DIFF_CAP * 3 / 4;
+        // The diff's fill, every 64 commits (its lock per commit cost more than the check is
+        // worth): the last quarter of the array is far more than 64 commits' takes.
+        let filling = n % 64 == 0 && c.diff.lock().len >= DIFF_CAP * 3 / 4;
         if n >= c.every || filling {
             // An error (no page for the copy) leaves the previous checkpoint valid.
             let _ = self.checkpoint(Some(Duration::from_millis(20)));

@@ -7,7 +7,8 @@
 //!   64 KiB: the root object's handle (0 until creation finished)
 //!   128 KiB: the TxState table: one 64-byte line per thread slot, then one for the engine's
 //!            reserved slot (its own transactions: defragmentation, the root's creation),
-//!            word 0 = txid << 2 | state (END, BEGIN, COMMITTED), word 1 = commit id
+//!            word 0 = txid << 2 | state: the slot's last committed txid (COMMITTED; END, 0:
+//!            none yet), word 1 = its commit id
 //!   192 KiB: CHKP (§5.6, `chkp`): the epoch (0: none), the epoch whose diff overflowed,
 //!            at +64 the ids each copy covers (copy 0, copy 1)
 //!   256 KiB: CHKP-diff: two arrays (by epoch parity) of 16 384 32-byte records
@@ -96,8 +97,9 @@ pub mod meta {
     /// The magic value.
     pub const MAGIC: u64 = u64::from_le_bytes(*b"PMTXATM1");
     /// The layout version this build writes (3: CHKP-diff of 16 384 chunk records, the
-    /// engine's reserved TxState slot).
-    pub const VERSION: u64 = 3;
+    /// engine's reserved TxState slot; 4: TxState holds the slot's last committed txid, and
+    /// no BEGIN).
+    pub const VERSION: u64 = 4;
     /// Where the (empty) catalog starts.
     pub const CATALOG_AT: u64 = 4096;
     /// Bytes per catalog slot.
@@ -134,13 +136,14 @@ pub mod header {
     pub const TOMB: u64 = 1;
 }
 
-/// TxState states (§5.1).
+/// TxState states (§5.1). Only COMMITTED is ever stored: a slot's word names its last
+/// committed txid, so every copy of the slot with that txid or an earlier one is committed
+/// and every later one is not (`super` explains why no BEGIN is needed).
 pub mod state {
-    /// No transaction, or it ended (post-commit done, or aborted and its copies invalidated).
+    /// The slot never committed (the word is 0): none of its copies is committed.
     pub const END: u64 = 0;
-    /// Running: copies annotated with its txid are uncommitted.
-    pub const BEGIN: u64 = 1;
-    /// Committed: its copies are durable.
+    /// The word's txid committed, and so did (or aborted, copies invalidated) every earlier
+    /// transaction of the slot.
     pub const COMMITTED: u64 = 2;
 }
 

@@ -7,13 +7,24 @@
 //!   redo log. The copy leaves out the bytes the first write is about to store, so each byte
 //!   of a new version reaches PM once (on Optane the cache would merge the two stores before
 //!   the media; the store count, which is what `pmtx bench ptm`'s write amplification counts,
-//!   would not).
+//!   would not). A version of one cache line is built in DRAM and written with streaming stores
+//!   (durable at the commit's fence, like stores and their flushes): its block is cold, and
+//!   ordinary stores would first read every line of it.
 //! - **DRAM metadata (§4.2, §4.3, §5.1):** the object lookup table (new, old, writer = lock) in
 //!   [`table`], per-slot ID lists, and all allocator metadata ([`alloc`]). PM holds only the
-//!   objects, the TxState table and the root handle ([`layout`]).
-//! - **TxState (§5.1):** per thread slot, `txid << 2 | state` in one 8-byte word. BEGIN is made
-//!   durable before the transaction's first copy can reach PM; COMMITTED after all its copies
-//!   are durable. Recovery discards every copy whose txid is in a BEGIN slot.
+//!   objects, the TxState table and the root handle ([`layout`]). Departure (§4.3 has one
+//!   array of entries): beside the entries, a dense array of *current words* (the committed
+//!   version's offset and generation, 8 bytes an id, cleared while a writer holds the
+//!   object), so a read of an object nobody writes (Alg. 1 line 9) costs one load from an
+//!   array an eighth of the entries' size, which the cache keeps where the entries missed.
+//! - **TxState (§5.1):** per thread slot, `txid << 2 | COMMITTED` in one 8-byte word, stored
+//!   and made durable after all the transaction's copies are. Departure: no durable BEGIN
+//!   (§5.3 APT_TX_BEGIN stores and fences it before the first copy). A slot's txids only grow
+//!   (the clock is monotonic and restarts above every txid on PM), and an aborted
+//!   transaction's copies are durably invalid before the slot commits again, so a copy is
+//!   committed exactly when its txid is at most the txid its slot's word names; recovery
+//!   discards the others (a running transaction's, whose txid is above). That saves a write
+//!   transaction one flush and one fence of the three that §5 has it pay.
 //! - **Timestamps:** a global atomic counter in place of rdtscp + ORDO (§5.1): it is monotonic
 //!   and gap-free on any machine; its single cache line costs little at the 1–2 threads this
 //!   machine runs. A txid is `timestamp << 8 | slot` (DESIGN.md); recovery restarts the clock
@@ -25,11 +36,14 @@
 //!   its commit id, and a reader that sees that waits for the decision; without it a reader that
 //!   began just after the commit id was taken could read the old version that post-commit is
 //!   about to free.
-//! - **Post-commit (Alg. 2):** waits until no transaction that began before the commit id is
-//!   still *executing* (the paper waits for "ongoing" ones; a transaction already in its own
-//!   post-commit reads nothing more, and waiting for it could deadlock two committers), then
-//!   turns the new versions into the old ones and hands the replaced versions to the slot's
-//!   deallocation list. A freed object's transaction writes a *tombstone* version (a header
+//! - **Post-commit (Alg. 2):** once no transaction that began before the commit id is still
+//!   *executing* (the paper waits for "ongoing" ones; a transaction already in its own
+//!   post-commit reads nothing more, and waiting for it could deadlock two committers), turns
+//!   the new versions into the old ones and hands the replaced versions to the slot's
+//!   deallocation list. Departure (`retire.rs`): a user slot's commit does not wait for that;
+//!   it queues the commit, whose entries carry their commit id for readers meanwhile, and the
+//!   slot retires it at a later begin (with two threads the wait was the other thread's
+//!   remaining execution, at every commit). A freed object's transaction writes a *tombstone* version (a header
 //!   with the TOMB flag): the paper does not say how a free survives a crash when the freed
 //!   copy's header is still on PM; the tombstone is the latest version, so recovery drops the
 //!   object, and garbage collection zeroes it only after the copies it deletes. Each
@@ -96,6 +110,7 @@ pub mod defrag;
 mod large;
 pub mod layout;
 mod recovery;
+mod retire;
 pub mod table;
 mod worker;
 
@@ -103,6 +118,7 @@ use crate::alloc::{PageManager, PAGE_SIZE};
 use crate::engine::meta::{self as meta_page, MetaLayout};
 use crate::pmem::{Pool, PoolOptions};
 use crate::ptm::{PtmConfig, PtmEngine, PtmError, PtmWorker};
+use crossbeam_utils::CachePadded;
 use layout::meta;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -118,9 +134,6 @@ pub const MAX_OBJECT: u64 = layout::MAX_LARGE;
 /// step (the fault-injection point) it removes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub enum ArchtmFault {
-    /// `archtm-begin-persist`: BEGIN is not stored, so a crash reads the copies of a running
-    /// transaction as committed (breaks ADR and eADR).
-    SkipBegin,
     /// `archtm-copy-flush`: commit does not flush the new copies (ADR).
     SkipCopyFlush,
     /// `archtm-copy-fence`: no fence between the copies' flushes and the COMMITTED store (ADR).
@@ -148,8 +161,7 @@ pub enum ArchtmFault {
 
 impl ArchtmFault {
     /// Every fault.
-    pub const ALL: [ArchtmFault; 10] = [
-        ArchtmFault::SkipBegin,
+    pub const ALL: [ArchtmFault; 9] = [
         ArchtmFault::SkipCopyFlush,
         ArchtmFault::SkipCopyFence,
         ArchtmFault::SkipCommitPersist,
@@ -164,7 +176,6 @@ impl ArchtmFault {
     /// The fault-injection name.
     pub fn name(self) -> &'static str {
         match self {
-            ArchtmFault::SkipBegin => "archtm-begin-persist",
             ArchtmFault::SkipCopyFlush => "archtm-copy-flush",
             ArchtmFault::SkipCopyFence => "archtm-copy-fence",
             ArchtmFault::SkipCommitPersist => "archtm-commit-persist",
@@ -180,7 +191,6 @@ impl ArchtmFault {
     /// What the fault breaks.
     pub fn describe(self) -> &'static str {
         match self {
-            ArchtmFault::SkipBegin => "BEGIN is not stored before the transaction's copies",
             ArchtmFault::SkipCopyFlush => "commit does not flush the new copies (ADR)",
             ArchtmFault::SkipCopyFence => {
                 "no fence between the copies' flushes and COMMITTED (ADR)"
@@ -208,8 +218,7 @@ impl ArchtmFault {
     pub fn adr_only(self) -> bool {
         !matches!(
             self,
-            ArchtmFault::SkipBegin
-                | ArchtmFault::AbortKeepsCopies
+            ArchtmFault::AbortKeepsCopies
                 | ArchtmFault::ChkpSkipListDiff
                 | ArchtmFault::GcKeepsChkpEntry
         )
@@ -240,9 +249,12 @@ pub(crate) struct Inner {
     pub(crate) slots: Vec<SlotState>,
     pub(crate) free_slots: Mutex<Vec<usize>>,
     pub(crate) id_lists: Vec<Mutex<Vec<u32>>>,
+    /// Per slot, its commits awaiting retirement (`retire`).
+    pub(crate) retirements: Vec<retire::Retirements>,
     pub(crate) alloc: alloc::Allocator,
-    /// The global timestamp (§5.1).
-    pub(crate) clock: AtomicU64,
+    /// The global timestamp (§5.1), on a cache line of its own: every begin and commit
+    /// writes it, and the fields beside it are read by every operation of every thread.
+    pub(crate) clock: CachePadded<AtomicU64>,
     /// ADR: flush before fence. eADR: fences only.
     pub(crate) flushing: bool,
     pub(crate) fault: Option<ArchtmFault>,
@@ -484,8 +496,9 @@ impl Inner {
             slots: (0..all).map(|_| SlotState::default()).collect(),
             free_slots: Mutex::new((0..n).rev().collect()),
             id_lists: (0..all).map(|_| Mutex::new(Vec::new())).collect(),
+            retirements: (0..all).map(|_| retire::Retirements::default()).collect(),
             alloc: alloc::Allocator::new(all),
-            clock: AtomicU64::new(1),
+            clock: CachePadded::new(AtomicU64::new(1)),
             flushing: domain.needs_flush(),
             fault: config.archtm_fault,
             gc_threshold: config.gc_threshold,
@@ -511,6 +524,8 @@ impl Inner {
     /// while no transaction runs; it waits for a background collection or defragmentation
     /// pass to finish.
     pub(crate) fn check_invariants(&self) -> Result<(), String> {
+        // Commits awaiting retirement are committed: retire them first (nothing executes).
+        self.retire_all();
         let _d = self.defrag_lock.lock();
         let _g = self.alloc.gc.lock();
         let mut extents: Vec<(u64, u64, String)> = Vec::new();
@@ -519,6 +534,16 @@ impl Inner {
             let v = e.view();
             if v.writer != 0 || v.new != 0 {
                 return Err(format!("object {id} is still locked or has a new version"));
+            }
+            // The current word names the committed version exactly (a read takes it from there).
+            if e.current() != table::current_word(v.gen, v.old) {
+                return Err(format!(
+                    "object {id}'s current word {:#x} does not name its committed version \
+                     (generation {}, offset {})",
+                    e.current(),
+                    v.gen,
+                    v.old
+                ));
             }
             if v.gen == 0 {
                 if v.old != 0 {
@@ -755,8 +780,72 @@ pub(crate) fn txstate_split(w: u64) -> (u64, u64) {
 mod tests {
     use super::*;
 
-    /// Layout version 3 (chunked CHKP-diff, the reserved slot): a pool of an older layout is
-    /// refused with both versions named, not misread.
+    /// No BEGIN is stored (`TxState` above): a running transaction's copy that reached PM
+    /// (here flushed and fenced by hand) carries a txid above its slot's last committed one,
+    /// so recovery discards it and keeps the committed version; after recovery the slot
+    /// commits again (its txids restart above the discarded one) and that commit survives.
+    #[test]
+    fn a_durable_copy_of_an_unfinished_transaction_is_discarded_by_recovery() {
+        let mut config = PtmConfig::temporary().size(16 << 20).inline_background();
+        config.crash_sim = Some(crate::pmem::CrashTrigger::Never);
+        let eng = ArchTm::create(&config, &[0; 8]).unwrap();
+        let mut w = eng.worker().unwrap();
+        w.begin();
+        let h = w.alloc(&[1; 40]).unwrap();
+        w.commit().unwrap();
+        w.begin();
+        w.write(h, 0, &[2; 40]).unwrap();
+        let pool = &eng.inner.pool;
+        pool.flush(0, pool.len());
+        pool.fence();
+        pool.crash_now();
+        let image = pool
+            .crash_sim()
+            .unwrap()
+            .crash_state()
+            .unwrap()
+            .durable_image();
+        drop(w);
+        let read = |image: &[u8]| {
+            let eng = ArchTm::open_image(image, &config).unwrap();
+            let mut w = eng.worker().unwrap();
+            w.begin();
+            let mut v = [0u8; 40];
+            w.read(h, 0, &mut v).unwrap();
+            w.commit().unwrap();
+            drop(w);
+            eng.check_invariants().unwrap();
+            v
+        };
+        assert_eq!(
+            read(&image.bytes),
+            [1; 40],
+            "the unfinished write is discarded"
+        );
+        let eng = ArchTm::open_image(&image.bytes, &config).unwrap();
+        let mut w = eng.worker().unwrap();
+        w.begin();
+        w.write(h, 0, &[3; 40]).unwrap();
+        w.commit().unwrap();
+        drop(w);
+        let pool = &eng.inner.pool;
+        pool.crash_now();
+        let image = pool
+            .crash_sim()
+            .unwrap()
+            .crash_state()
+            .unwrap()
+            .durable_image();
+        assert_eq!(
+            read(&image.bytes),
+            [3; 40],
+            "an acknowledged commit survives"
+        );
+    }
+
+    /// Layout version 4 (TxState names the last committed txid; no BEGIN): a pool of an
+    /// older layout is refused with both versions named, not misread (version 3's recovery
+    /// would take a running transaction's copies for committed ones).
     #[test]
     fn a_pool_of_an_older_layout_is_refused_with_the_versions_named() {
         let config = PtmConfig::temporary().size(16 << 20).inline_background();
@@ -767,11 +856,11 @@ mod tests {
         assert_eq!(image[at..at + 8], meta::VERSION.to_le_bytes());
         let ok = ArchTm::open_image(&image, &config);
         assert!(ok.is_ok(), "the image itself opens");
-        image[at..at + 8].copy_from_slice(&2u64.to_le_bytes());
+        image[at..at + 8].copy_from_slice(&3u64.to_le_bytes());
         let err = ArchTm::open_image(&image, &config).err().expect("refused");
         let msg = err.to_string();
         assert!(
-            msg.contains("layout version 2") && msg.contains("reads 3"),
+            msg.contains("layout version 3") && msg.contains("reads 4"),
             "{msg}"
         );
     }

@@ -1,6 +1,7 @@
-//! ArchTM's recovery (§5.5): no log to replay. The TxState table names the transactions that
-//! had not committed; a scan of the user data area finds every annotated version; per object
-//! the version with the largest committed txid wins; everything else is garbage. With a
+//! ArchTM's recovery (§5.5): no log to replay. The TxState table names each slot's last
+//! committed transaction, so a copy whose txid is above its slot's was not committed; a scan
+//! of the user data area finds every annotated version; per object the version with the
+//! largest committed txid wins; everything else is garbage. With a
 //! checkpoint (§5.6) the scan starts from its copy of the lookup table and covers only the
 //! segments its CHKP-diff recorded.
 
@@ -18,17 +19,31 @@ use std::sync::atomic::Ordering;
 /// Rebuilds `inner`'s DRAM state from PM.
 pub(super) fn recover(inner: &mut Inner) -> Result<(), PtmError> {
     let pool = &inner.pool;
-    // 1. Uncommitted transactions (§5.5 step 1).
-    let mut uncommitted = HashSet::new();
+    // 1. Which copies committed (§5.5 step 1): per slot (the user slots and the engine's
+    // reserved one), the last committed txid; a copy committed iff its txid is at most its
+    // slot's (`mod.rs`, "TxState": a slot's txids only grow, and no BEGIN is stored).
     let mut max_txid = 0;
-    // The user slots and the engine's reserved one.
+    let mut committed_upto = Vec::with_capacity(inner.internal_slot() + 1);
     for slot in 0..=inner.internal_slot() {
         let (txid, st) = txstate_split(pool.read_u64(inner.txstate_at(slot)));
-        max_txid = max_txid.max(txid);
-        if st == state::BEGIN {
-            uncommitted.insert(txid);
-        }
+        let named = match st {
+            state::COMMITTED if txid & 0xff == slot as u64 => txid,
+            state::END if txid == 0 => 0,
+            _ => {
+                return Err(damaged(format!(
+                    "thread slot {slot}'s TxState word names txid {txid:#x} in state {st} \
+                     (expected COMMITTED by this slot, or 0)"
+                )))
+            }
+        };
+        max_txid = max_txid.max(named);
+        committed_upto.push(named);
     }
+    let committed = |txid: u64| {
+        committed_upto
+            .get((txid & 0xff) as usize)
+            .is_some_and(|&upto| txid <= upto)
+    };
     // 2. The pages: data pages, and the checkpoint copies' pages (§5.6).
     let mut pages = Vec::new();
     // Large-object pages (§4.4's regular path): offset -> (index, head?).
@@ -178,7 +193,7 @@ pub(super) fn recover(inner: &mut Inner) -> Result<(), PtmError> {
     // checkpoint's, unless the scan found a later one.
     let mut latest = from_chkp.clone();
     for &(off, h) in &found {
-        if uncommitted.contains(&h.txid) {
+        if !committed(h.txid) {
             continue;
         }
         match latest.get(&h.id) {
@@ -295,6 +310,7 @@ pub(super) fn recover(inner: &mut Inner) -> Result<(), PtmError> {
         e.gen.store(u64::from(h.gen), Ordering::Relaxed);
         e.size.store(h.size, Ordering::Relaxed);
         e.vtxid.store(h.txid, Ordering::Relaxed);
+        e.publish();
         next_id = next_id.max(u64::from(id) + 1);
     }
     inner.table.next_id.store(next_id, Ordering::Release);
