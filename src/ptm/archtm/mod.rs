@@ -784,6 +784,16 @@ mod tests {
     /// (here flushed and fenced by hand) carries a txid above its slot's last committed one,
     /// so recovery discards it and keeps the committed version; after recovery the slot
     /// commits again (its txids restart above the discarded one) and that commit survives.
+    /// Crashes `pool` now and returns what survived.
+    fn crash_now(pool: &crate::pmem::Pool) -> crate::pmem::CrashImage {
+        pool.crash_now();
+        pool.crash_sim()
+            .unwrap()
+            .crash_state()
+            .unwrap()
+            .durable_image()
+    }
+
     #[test]
     fn a_durable_copy_of_an_unfinished_transaction_is_discarded_by_recovery() {
         let mut config = PtmConfig::temporary().size(16 << 20).inline_background();
@@ -798,13 +808,7 @@ mod tests {
         let pool = &eng.inner.pool;
         pool.flush(0, pool.len());
         pool.fence();
-        pool.crash_now();
-        let image = pool
-            .crash_sim()
-            .unwrap()
-            .crash_state()
-            .unwrap()
-            .durable_image();
+        let image = crash_now(pool);
         drop(w);
         let read = |image: &[u8]| {
             let eng = ArchTm::open_image(image, &config).unwrap();
@@ -829,13 +833,7 @@ mod tests {
         w.commit().unwrap();
         drop(w);
         let pool = &eng.inner.pool;
-        pool.crash_now();
-        let image = pool
-            .crash_sim()
-            .unwrap()
-            .crash_state()
-            .unwrap()
-            .durable_image();
+        let image = crash_now(pool);
         assert_eq!(
             read(&image.bytes),
             [3; 40],
