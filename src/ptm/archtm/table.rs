@@ -215,6 +215,15 @@ impl LookupTable {
         })
     }
 
+    /// The current word of `id` (see [`current_word`]), Acquire; `None` where the id's chunk
+    /// was never allocated (no object ever had the id). The read path's first load: it skips
+    /// the entry and never allocates a chunk.
+    #[inline]
+    pub fn current(&self, id: u64) -> Option<u64> {
+        let c = self.chunks.get(id as usize / CHUNK)?.get()?;
+        Some(c.current[id as usize % CHUNK].load(Ordering::Acquire))
+    }
+
     /// Entries of every id handed out so far, with their ids.
     pub fn iter(&self) -> impl Iterator<Item = (u64, EntryRef<'_>)> {
         let n = self.next_id.load(Ordering::Acquire);

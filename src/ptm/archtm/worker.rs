@@ -102,15 +102,19 @@ impl ArchtmWorker {
 
     /// Alg. 1 APT_TX_READ: the offset and size of the version of `h` this transaction sees
     /// (lock-free). `Err` if it sees none.
+    #[inline]
     fn resolve(&self, h: u64) -> Result<(u64, u64), PtmError> {
-        let (e, _, gen) = entry(&self.eng, h)?;
-        // Line 9 (`obj.new == NULL`: the committed version) from the id's current word, which
-        // is set only while no transaction holds the object; the size from the version's
-        // header, in the cache line the read loads next anyway (`table` says why).
-        if let Some(off) = current_offset(e.current(), gen) {
-            let size = self.eng.pool.read_u64(off + header::SIZE_FLAGS) & 0xffff_ffff;
-            return Ok((off, size));
+        match self.current_version(h) {
+            Some(version) => Ok(version),
+            None => self.resolve_in_entry(h),
         }
+    }
+
+    /// `resolve` from the lookup-table entry: a writer holds the object (Alg. 1 lines 10–14),
+    /// or the handle names no live object. Out of line, so the common case stays small.
+    #[inline(never)]
+    fn resolve_in_entry(&self, h: u64) -> Result<(u64, u64), PtmError> {
+        let (e, _, gen) = entry(&self.eng, h)?;
         loop {
             let v = e.view();
             if v.gen != gen {
@@ -162,6 +166,48 @@ impl ArchtmWorker {
             }
             return Ok((off, v.size));
         }
+    }
+
+    /// Alg. 1 line 9 (`obj.new == NULL`: the committed version), the common case of a read:
+    /// the offset and size of `h`'s committed version from the id's current word, which is
+    /// set only while no transaction holds the object (`table` says why); the size from the
+    /// version's header, in the cache line the read loads next anyway. `None`: the entry
+    /// decides (a writer holds the object, or the handle is not live).
+    #[inline]
+    fn current_version(&self, h: u64) -> Option<(u64, u64)> {
+        let word = self.eng.table.current(h & 0xffff_ffff)?;
+        let off = current_offset(word, h >> 32)?;
+        let size = self.eng.pool.read_u64(off + header::SIZE_FLAGS) & 0xffff_ffff;
+        Some((off, size))
+    }
+
+    /// Copies bytes `[offset, offset + dst.len())` of the payload of the version at `off` of
+    /// an object of `size` bytes (checked) into `dst`: one copy for a small object, without
+    /// building the span list (`payload_spans`) a large one needs.
+    #[inline]
+    fn read_payload(
+        &self,
+        h: u64,
+        (off, size): (u64, u64),
+        offset: usize,
+        dst: &mut [u8],
+    ) -> Result<(), PtmError> {
+        check_bounds(h, offset, dst.len(), size)?;
+        if !is_large(size) {
+            self.eng
+                .pool
+                .read_bytes(off + header::BYTES + offset as u64, dst);
+            return Ok(());
+        }
+        let mut at = 0;
+        for (pm, n) in self
+            .eng
+            .payload_spans(off, size, offset as u64, dst.len() as u64)
+        {
+            self.eng.pool.read_bytes(pm, &mut dst[at..at + n as usize]);
+            at += n as usize;
+        }
+        Ok(())
     }
 
     fn write_header(&self, off: u64, h: &Header) {
@@ -374,17 +420,8 @@ impl PtmWorker for ArchtmWorker {
     }
 
     fn read(&mut self, h: u64, offset: usize, dst: &mut [u8]) -> Result<(), PtmError> {
-        let (off, size) = self.resolve(h)?;
-        check_bounds(h, offset, dst.len(), size)?;
-        let mut at = 0;
-        for (pm, n) in self
-            .eng
-            .payload_spans(off, size, offset as u64, dst.len() as u64)
-        {
-            self.eng.pool.read_bytes(pm, &mut dst[at..at + n as usize]);
-            at += n as usize;
-        }
-        Ok(())
+        let version = self.resolve(h)?;
+        self.read_payload(h, version, offset, dst)
     }
 
     fn write(&mut self, h: u64, offset: usize, src: &[u8]) -> Result<(), PtmError> {
@@ -627,17 +664,24 @@ impl PtmWorker for ArchtmWorker {
     }
 }
 
+#[inline]
 fn check_bounds(h: u64, offset: usize, len: usize, size: u64) -> Result<(), PtmError> {
     if offset
         .checked_add(len)
         .map_or(true, |end| end as u64 > size)
     {
-        return Err(PtmError::TooLarge(format!(
-            "bytes {offset}..{} of object {h:#x}, which has {size}",
-            offset.saturating_add(len)
-        )));
+        return Err(out_of_bounds(h, offset, len, size));
     }
     Ok(())
+}
+
+/// `check_bounds`' error, out of line: every read and write checks, almost none fails.
+#[cold]
+fn out_of_bounds(h: u64, offset: usize, len: usize, size: u64) -> PtmError {
+    PtmError::TooLarge(format!(
+        "bytes {offset}..{} of object {h:#x}, which has {size}",
+        offset.saturating_add(len)
+    ))
 }
 
 impl Drop for ArchtmWorker {
