@@ -210,15 +210,14 @@ pub(crate) fn run(cmd: BenchCommand) -> CliResult {
 impl CommonArgs {
     /// The database configuration for one run of `engine` on `threads` threads.
     pub(crate) fn db_config(&self, engine: EngineKind, threads: usize, pool_size: u64) -> DbConfig {
-        let mut config =
-            DbConfig::temporary()
-                .engine(engine)
-                .protocol(self.cc)
-                .domain(self.domain)
-                .pool_size(self.pool_size.unwrap_or_else(|| {
-                    pool_size.max(crate::db::min_pool_size(engine, threads + 1))
-                }))
-                .max_threads(threads + 1);
+        let mut config = DbConfig::temporary()
+            .engine(engine)
+            .protocol(self.cc)
+            .domain(self.domain)
+            .pool_size(self.pool_size.unwrap_or_else(|| {
+                data_pool_size(engine, pool_size).max(crate::db::min_pool_size(engine, threads + 1))
+            }))
+            .max_threads(threads + 1);
         config.max_pool_size = self.max_pool_size;
         config.hot_tuples = self.hot_tuples;
         config.window_slot_bytes = self.window_slot_bytes;
@@ -734,6 +733,18 @@ pub(crate) fn parse_bytes(s: &str) -> Result<u64, String> {
         .ok()
         .and_then(|n| n.checked_mul(1u64 << shift))
         .ok_or_else(|| format!("'{s}': expected bytes, e.g. 67108864, 64M or 4G"))
+}
+
+/// The pool `engine` needs where an engine keeping its rows in PM needs `rows_in_pm` bytes (the
+/// size each bench computes from its data). MMDB keeps its rows in DRAM, but its checkpoint is a
+/// copy of every table, and two coexist while one is taken (the previous is freed only once the
+/// new one is valid): 1 M YCSB records of 1 KB filled the single-copy size at the first
+/// checkpoint.
+fn data_pool_size(engine: EngineKind, rows_in_pm: u64) -> u64 {
+    match engine {
+        EngineKind::Mmdb => rows_in_pm.saturating_mul(2),
+        _ => rows_in_pm,
+    }
 }
 
 /// A pool size computed from command-line numbers: checked arithmetic, and no larger than the
