@@ -36,6 +36,9 @@ pub(crate) struct Mapping {
     len: AtomicUsize,
     /// Bytes of address space owned from `base` (unmapped on drop).
     reserved: usize,
+    /// Nonzero after an extension failed: `[len, lost_until)` may have been unmapped by the failed
+    /// call and handed to someone else since, so it is no longer ours to unmap (or to grow into).
+    lost_until: AtomicUsize,
     /// `mmap` flags of the file mapping, reused for its extensions.
     flags: i32,
     kind: MappingKind,
@@ -77,6 +80,21 @@ impl Mapping {
             op,
             source: std::io::Error::last_os_error(),
         };
+        // The flags are settled before anything is mapped over a reservation: a file system
+        // that refuses MAP_SYNC may do so only after the kernel has unmapped the target range
+        // (ext4 and xfs without DAX check in their `mmap` method), so a refused MAP_FIXED try
+        // would leave a hole in the reservation for another thread's mmap (a malloc arena, say)
+        // to land in, and the retry would then map the pool over it.
+        let (flags, kind) = if !writable {
+            (libc::MAP_SHARED, MappingKind::ReadOnly)
+        } else if accepts_map_sync(fd, prot) {
+            (
+                libc::MAP_SHARED_VALIDATE | libc::MAP_SYNC,
+                MappingKind::DaxSync,
+            )
+        } else {
+            (libc::MAP_SHARED, MappingKind::Shared)
+        };
         // Without growth the kernel picks the address; with it, the whole range is reserved
         // first (no access, no memory committed) and the file goes over its prefix.
         let (hint, fixed) = if reserved > len_u && writable {
@@ -100,56 +118,38 @@ impl Mapping {
             (std::ptr::null_mut(), 0)
         };
         let reserved = if fixed != 0 { reserved } else { len_u };
-        let release_reservation = || {
+        // SAFETY: either a fresh mapping at an address of the kernel's choosing, or (MAP_FIXED)
+        // one over the start of the PROT_NONE reservation made above, which this function owns
+        // and nothing references; `fd` is open with the access `prot` needs and the file is at
+        // least `len` bytes long.
+        let p = unsafe { libc::mmap(hint, len_u, prot, flags | fixed, fd, 0) };
+        if p == libc::MAP_FAILED {
+            let err = io("mmap");
             if fixed != 0 {
-                // SAFETY: `hint` is the reservation made above, of `reserved` bytes, and no
-                // reference into it exists (the mapping is being abandoned).
-                unsafe { libc::munmap(hint, reserved) };
+                // Only the tail is certainly still ours: the failed call may have unmapped the
+                // head, and another thread may already have been given it. The head's address
+                // space (at most `len` bytes, on this error path only) is left alone.
+                // SAFETY: `[hint + len, hint + reserved)` is the part of the reservation made
+                // above that the failed mmap did not cover; nothing references it.
+                unsafe { libc::munmap(hint.cast::<u8>().add(len_u).cast(), reserved - len_u) };
             }
-        };
-        let mut attempts = vec![(
-            libc::MAP_SHARED,
-            if writable {
-                MappingKind::Shared
-            } else {
-                MappingKind::ReadOnly
-            },
-        )];
-        if writable {
-            attempts.insert(
-                0,
-                (
-                    libc::MAP_SHARED_VALIDATE | libc::MAP_SYNC,
-                    MappingKind::DaxSync,
-                ),
-            );
+            return Err(err);
         }
-        for (flags, kind) in attempts {
-            // SAFETY: either a fresh mapping at an address of the kernel's choosing, or
-            // (MAP_FIXED) one over the start of the PROT_NONE reservation made above, which this
-            // function owns and nothing references; `fd` is open with the access `prot` needs
-            // and the file is at least `len` bytes long. A MAP_SYNC refusal (EOPNOTSUPP) is
-            // decided before the kernel touches the range, so the reservation survives it.
-            let p = unsafe { libc::mmap(hint, len_u, prot, flags | fixed, fd, 0) };
-            if p != libc::MAP_FAILED {
-                return Ok(Mapping {
-                    base: p.cast(),
-                    len: AtomicUsize::new(len_u),
-                    reserved,
-                    flags,
-                    kind,
-                });
-            }
-        }
-        let err = io("mmap");
-        release_reservation();
-        Err(err)
+        Ok(Mapping {
+            base: p.cast(),
+            len: AtomicUsize::new(len_u),
+            reserved,
+            lost_until: AtomicUsize::new(0),
+            flags,
+            kind,
+        })
     }
 
     /// Whether [`Mapping::extend`] can map up to `len` bytes.
     pub(crate) fn can_extend_to(&self, len: u64) -> bool {
         matches!(self.kind, MappingKind::DaxSync | MappingKind::Shared)
             && len <= self.reserved as u64
+            && self.lost_until.load(Ordering::Relaxed) == 0
     }
 
     /// Maps bytes `[len(), new_len)` of `file` (already that long) right after the current
@@ -177,6 +177,9 @@ impl Mapping {
             )
         };
         if p == libc::MAP_FAILED {
+            // A failed MAP_FIXED may already have unmapped the range (see `map_file`): give it
+            // up rather than unmap, at drop, a range another thread may have been given since.
+            self.lost_until.store(new, Ordering::Relaxed);
             return Err(PoolError::Io {
                 path: path.to_path_buf(),
                 op: "mmap (growth)",
@@ -228,6 +231,7 @@ impl Mapping {
             base: p.cast(),
             len: AtomicUsize::new(len),
             reserved: len,
+            lost_until: AtomicUsize::new(0),
             flags: libc::MAP_PRIVATE,
             kind: MappingKind::Private,
         })
@@ -290,6 +294,7 @@ impl Mapping {
             base,
             len: AtomicUsize::new(len),
             reserved: len,
+            lost_until: AtomicUsize::new(0),
             flags: 0,
             kind: MappingKind::Heap,
         })
@@ -400,18 +405,62 @@ impl Drop for Mapping {
                 // SAFETY: `base` was returned by `alloc_zeroed` with this same layout.
                 unsafe { std::alloc::dealloc(self.base, layout) }
             }
-            _ => {
-                #[cfg(not(miri))]
-                // SAFETY: `base`/`reserved` describe the address space this mapping owns (its
-                // file mapping, extensions and any unused reservation), made by `mmap` and not
-                // yet unmapped; no reference into it outlives `self` (the pool's API hands out
-                // copies and atomics borrowed from the pool).
-                unsafe {
-                    libc::munmap(self.base.cast(), self.reserved);
-                }
+            #[cfg(not(miri))]
+            _ => self.unmap_owned_ranges(),
+            #[cfg(miri)]
+            _ => {}
+        }
+    }
+}
+
+impl Mapping {
+    /// Unmaps the address space a file mapping owns: `[0, len)` (the file mapping and its
+    /// extensions) and the reservation not grown into, less any range a failed extension gave
+    /// up (`lost_until`), which may belong to someone else by now.
+    #[cfg(not(miri))]
+    fn unmap_owned_ranges(&mut self) {
+        let len = *self.len.get_mut();
+        let unused_from = len.max(*self.lost_until.get_mut());
+        // SAFETY: both ranges are address space this mapping owns, made by `mmap` and not yet
+        // unmapped (see above); no reference into them outlives `self` (the pool's API hands
+        // out copies and atomics borrowed from the pool).
+        unsafe {
+            libc::munmap(self.base.cast(), len);
+            if unused_from < self.reserved {
+                libc::munmap(
+                    self.base.add(unused_from).cast(),
+                    self.reserved - unused_from,
+                );
             }
         }
     }
+}
+
+/// Whether the file accepts a `MAP_SYNC` mapping (a DAX file system): tried on its first page at
+/// an address of the kernel's choosing, never over a range the caller owns (see
+/// [`Mapping::map_file`]), and unmapped at once.
+#[cfg(not(miri))]
+fn accepts_map_sync(fd: std::os::fd::RawFd, prot: i32) -> bool {
+    const PROBE_BYTES: usize = 4096;
+    // SAFETY: a fresh shared mapping of one page at an address of the kernel's choosing; nothing
+    // reads or writes through it, and it is unmapped below. A file shorter than a page would
+    // only make an access fault, and there is none.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            PROBE_BYTES,
+            prot,
+            libc::MAP_SHARED_VALIDATE | libc::MAP_SYNC,
+            fd,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return false;
+    }
+    // SAFETY: `p` is the page mapped just above, referenced by nothing.
+    unsafe { libc::munmap(p, PROBE_BYTES) };
+    true
 }
 
 /// Asks the C allocator to keep freed large blocks for reuse instead of returning them to the
@@ -431,5 +480,89 @@ pub fn retain_freed_memory() {
                 libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
             }
         });
+    }
+}
+
+#[cfg(all(test, not(miri)))]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+
+    /// A growable mapping's reservation is never free address space while the file is mapped
+    /// over it, so memory another thread maps meanwhile (a malloc arena, a thread stack) is never
+    /// placed inside it. A file system that refuses `MAP_SYNC` only after unmapping the target
+    /// range (ext4, xfs without DAX) used to leave such a hole between a refused `MAP_FIXED` try
+    /// and the retry, which then mapped the pool over the other thread's memory, and dropping
+    /// that memory unmapped the pool's header (tests/pool_growth.rs died of SIGSEGV).
+    #[test]
+    fn no_other_mapping_lands_in_a_growable_mapping_while_it_is_set_up() {
+        const FILE_BYTES: u64 = 1 << 20;
+        const RESERVE: u64 = 16 << 20;
+        const THEIRS: usize = 64 << 10;
+        let path =
+            std::env::temp_dir().join(format!("pmtx-mapping-race-{}.pool", std::process::id()));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        file.set_len(FILE_BYTES).unwrap();
+        let (started, done) = (AtomicBool::new(false), AtomicBool::new(false));
+        let (ours, theirs) = std::thread::scope(|s| {
+            let other = s.spawn(|| {
+                let mut theirs = Vec::new();
+                while !done.load(Ordering::Relaxed) && theirs.len() < 200_000 {
+                    // SAFETY: a fresh anonymous PROT_NONE mapping at an address of the kernel's
+                    // choosing, never accessed, unmapped at the end of the test.
+                    let p = unsafe {
+                        libc::mmap(
+                            std::ptr::null_mut(),
+                            THEIRS,
+                            libc::PROT_NONE,
+                            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                            -1,
+                            0,
+                        )
+                    };
+                    assert_ne!(p, libc::MAP_FAILED);
+                    theirs.push(p as usize);
+                    started.store(true, Ordering::Release);
+                }
+                theirs
+            });
+            while !started.load(Ordering::Acquire) {
+                std::hint::spin_loop();
+            }
+            let ours: Vec<Mapping> = (0..1000)
+                .map(|_| Mapping::map_file(&file, &path, FILE_BYTES, true, RESERVE).unwrap())
+                .collect();
+            done.store(true, Ordering::Relaxed);
+            (ours, other.join().unwrap())
+        });
+        let overlaps = theirs
+            .iter()
+            .filter(|&&t| {
+                ours.iter().any(|m| {
+                    let base = m.base as usize;
+                    t < base + m.reserved && base < t + THEIRS
+                })
+            })
+            .count();
+        for &t in &theirs {
+            // SAFETY: `t` is one of the mappings made above, of THEIRS bytes, referenced by
+            // nothing.
+            unsafe { libc::munmap(t as *mut libc::c_void, THEIRS) };
+        }
+        drop(ours);
+        drop(file);
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(
+            overlaps,
+            0,
+            "{overlaps} of {} other mappings were placed inside a pool's reserved range",
+            theirs.len()
+        );
     }
 }
