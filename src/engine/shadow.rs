@@ -11,6 +11,7 @@ use crate::cc::{CcOptions, Protocol};
 use crate::engine::common::BuildWriteKeyHasher;
 use crate::engine::dudetx::log;
 use crate::engine::falcon::{FalconConfig, FalconEngine};
+use crate::engine::wal::ring_meta;
 use crate::engine::{DbError, Engine, EngineKind, EngineWorker, FieldWrite, TxError};
 use crate::pmem::{PersistenceDomain, Pool, PoolOptions};
 use std::collections::HashMap;
@@ -145,37 +146,93 @@ pub(crate) struct ShadowMeta {
     pub catalog: Catalog,
 }
 
-/// Opens a shadow engine's meta page (`layout`, `engine` naming it in errors): reads the row
-/// size limit and the log ring's pages at `f_max_row` and `f_log_pages` and hands them to
-/// `configure` (which sets and validates the engine's configuration), checks the catalog slot
-/// size at `f_catalog_slot`, and loads the catalog.
-pub(crate) fn open_meta(
-    pool: &Pool,
-    layout: &crate::engine::meta::MetaLayout<'_>,
-    engine: &str,
-    [f_max_row, f_log_pages, f_catalog_slot]: [u64; 3],
-    configure: impl FnOnce(usize, usize) -> Result<(), DbError>,
-) -> Result<ShadowMeta, DbError> {
-    let meta_page = crate::engine::meta::open(pool, layout, engine)?;
-    let pages = crate::alloc::PageManager::open(pool)?;
-    let r = |f: u64| pool.read_u64(meta_page + f);
-    let max_row_bytes = r(f_max_row) as usize;
-    configure(max_row_bytes, r(f_log_pages) as usize)
-        .map_err(|e| DbError::Corrupt(format!("the {engine} meta page: {e}")))?;
-    crate::engine::meta::check_catalog_slot(r(f_catalog_slot), layout.catalog_slot_bytes)?;
-    let catalog = CatalogStore {
-        base: meta_page + layout.catalog_at,
-        slot_bytes: layout.catalog_slot_bytes,
+/// Which engine's meta page, for an engine on a catalog and a log ring (DUDETx, MMDB): the fixed
+/// words are at [`ring_meta`]'s offsets in both; the magic, version and page kind are the
+/// engine's own.
+pub(crate) struct RingMetaPage {
+    /// The engine's name in errors.
+    pub engine: &'static str,
+    /// The page-manager tag kind of the meta page.
+    pub page_kind: u8,
+    /// The engine's magic.
+    pub magic: u64,
+    /// The engine's layout version.
+    pub version: u64,
+}
+
+impl RingMetaPage {
+    fn layout<'a>(&self, fields: &'a [(u64, u64)]) -> crate::engine::meta::MetaLayout<'a> {
+        crate::engine::meta::MetaLayout {
+            page_kind: self.page_kind,
+            magic_at: ring_meta::F_MAGIC,
+            magic: self.magic,
+            catalog_at: ring_meta::CATALOG_AT,
+            catalog_slot_bytes: ring_meta::CATALOG_SLOT_BYTES,
+            fields,
+            crc_at: ring_meta::F_CRC,
+        }
     }
-    .load(pool)?;
-    catalog.validate(max_row_bytes).map_err(|e| {
-        DbError::Corrupt(format!("the catalog does not fit the row size limit: {e}"))
-    })?;
-    Ok(ShadowMeta {
-        meta_page,
-        pages,
-        catalog,
-    })
+
+    /// Formats a fresh pool's page manager and meta page for rows of up to `max_row_bytes` and a
+    /// log ring of `log_pages` pages; returns the page manager and the meta page's offset.
+    pub fn format(
+        &self,
+        pool: &Pool,
+        max_row_bytes: usize,
+        log_pages: usize,
+    ) -> Result<(crate::alloc::PageManager, u64), DbError> {
+        crate::engine::meta::format(
+            pool,
+            &self.layout(&[
+                (ring_meta::F_VERSION, self.version),
+                (ring_meta::F_MAX_ROW, max_row_bytes as u64),
+                (ring_meta::F_CATALOG_SLOT, ring_meta::CATALOG_SLOT_BYTES),
+                (ring_meta::F_LOG_PAGES, log_pages as u64),
+            ]),
+        )
+    }
+
+    /// Where the catalog of the meta page at `meta_page` is kept.
+    pub fn catalog_store(meta_page: u64) -> CatalogStore {
+        CatalogStore {
+            base: meta_page + ring_meta::CATALOG_AT,
+            slot_bytes: ring_meta::CATALOG_SLOT_BYTES,
+        }
+    }
+
+    /// Opens the meta page of an existing pool: checks magic, version and CRC, hands the row
+    /// size limit and the log ring's pages to `configure` (which sets and validates the engine's
+    /// configuration), checks the catalog slot size, and loads the catalog.
+    pub fn open(
+        &self,
+        pool: &Pool,
+        configure: impl FnOnce(usize, usize) -> Result<(), DbError>,
+    ) -> Result<ShadowMeta, DbError> {
+        let engine = self.engine;
+        let meta_page = crate::engine::meta::open(
+            pool,
+            &self.layout(&[(ring_meta::F_VERSION, self.version)]),
+            engine,
+        )?;
+        let pages = crate::alloc::PageManager::open(pool)?;
+        let r = |f: u64| pool.read_u64(meta_page + f);
+        let max_row_bytes = r(ring_meta::F_MAX_ROW) as usize;
+        configure(max_row_bytes, r(ring_meta::F_LOG_PAGES) as usize)
+            .map_err(|e| DbError::Corrupt(format!("the {engine} meta page: {e}")))?;
+        crate::engine::meta::check_catalog_slot(
+            r(ring_meta::F_CATALOG_SLOT),
+            ring_meta::CATALOG_SLOT_BYTES,
+        )?;
+        let catalog = Self::catalog_store(meta_page).load(pool)?;
+        catalog.validate(max_row_bytes).map_err(|e| {
+            DbError::Corrupt(format!("the catalog does not fit the row size limit: {e}"))
+        })?;
+        Ok(ShadowMeta {
+            meta_page,
+            pages,
+            catalog,
+        })
+    }
 }
 
 /// One thread's executor on a DRAM shadow.

@@ -18,6 +18,28 @@ use crate::alloc::{PageManager, PageTag, PAGE_SIZE};
 use crate::engine::DbError;
 use crate::pmem::Pool;
 
+/// The fixed words of the meta page of an engine on a catalog and a log ring (DUDETx, MMDB): the
+/// same offsets in both. Each engine has its own magic, version and page kind, and its own words
+/// from 1 MiB on (its `layout::meta`, which re-exports these).
+pub mod ring_meta {
+    /// Magic field.
+    pub const F_MAGIC: u64 = 0;
+    /// Version field.
+    pub const F_VERSION: u64 = 8;
+    /// Max row bytes field.
+    pub const F_MAX_ROW: u64 = 16;
+    /// Catalog slot bytes field.
+    pub const F_CATALOG_SLOT: u64 = 24;
+    /// Log ring pages field.
+    pub const F_LOG_PAGES: u64 = 32;
+    /// CRC-32 of the first 4 KiB.
+    pub const F_CRC: u64 = 40;
+    /// Where the catalog slots start.
+    pub const CATALOG_AT: u64 = 4096;
+    /// Bytes per catalog slot.
+    pub const CATALOG_SLOT_BYTES: u64 = 256 * 1024;
+}
+
 /// Log record header fields.
 pub mod record {
     /// Stored length | flags.

@@ -145,6 +145,7 @@ pub use pipeline::LogStats;
 use crate::alloc::PAGE_SIZE;
 use crate::catalog::{Catalog, CatalogStore, Schema, TableId};
 use crate::cc::{CcOptions, Protocol, MAX_THREADS};
+use crate::engine::shadow::RingMetaPage;
 use crate::engine::{DbError, Engine, EngineKind, EngineWorker, RecoveryReport, TxError};
 use crate::pmem::{PersistenceDomain, Pool};
 use layout::{kind, meta};
@@ -349,33 +350,20 @@ pub struct DudetxEngine {
     report: Option<RecoveryReport>,
 }
 
-/// The DUDETx meta page's layout with `fields`.
-fn meta_layout(fields: &[(u64, u64)]) -> crate::engine::meta::MetaLayout<'_> {
-    crate::engine::meta::MetaLayout {
-        page_kind: kind::META,
-        magic_at: meta::F_MAGIC,
-        magic: meta::MAGIC,
-        catalog_at: meta::CATALOG_AT,
-        catalog_slot_bytes: meta::CATALOG_SLOT_BYTES,
-        fields,
-        crc_at: meta::F_CRC,
-    }
-}
+/// The DUDETx meta page.
+const META_PAGE: RingMetaPage = RingMetaPage {
+    engine: "DUDETx",
+    page_kind: kind::META,
+    magic: meta::MAGIC,
+    version: meta::VERSION,
+};
 
 /// Formats `pool`'s meta page and log ring (of `config.log_pages` pages) for `config`.
 fn format_pool(
     pool: &Pool,
     config: &DudetxConfig,
 ) -> Result<(crate::alloc::PageManager, u64, crate::engine::wal::LogRing), DbError> {
-    let (pages, meta_page) = crate::engine::meta::format(
-        pool,
-        &meta_layout(&[
-            (meta::F_VERSION, meta::VERSION),
-            (meta::F_MAX_ROW, config.max_row_bytes as u64),
-            (meta::F_CATALOG_SLOT, meta::CATALOG_SLOT_BYTES),
-            (meta::F_LOG_PAGES, config.log_pages as u64),
-        ]),
-    )?;
+    let (pages, meta_page) = META_PAGE.format(pool, config.max_row_bytes, config.log_pages)?;
     let ring = recovery::log_ring(pool, &pages, config.log_pages, true)?;
     Ok((pages, meta_page, ring))
 }
@@ -428,10 +416,7 @@ impl DudetxEngine {
             Vec::new()
         };
         Ok(Arc::new(DudetxEngine {
-            catalog_store: CatalogStore {
-                base: core.meta_page + meta::CATALOG_AT,
-                slot_bytes: meta::CATALOG_SLOT_BYTES,
-            },
+            catalog_store: RingMetaPage::catalog_store(core.meta_page),
             core,
             shadow,
             catalog: Mutex::new(catalog),

@@ -6,9 +6,10 @@
 use super::heap::Heap;
 use super::layout::{kind, meta};
 use super::pipeline::{Apply, Core};
-use super::{make_shadow, meta_layout, DudetxConfig, DudetxEngine};
+use super::{make_shadow, DudetxConfig, DudetxEngine, META_PAGE};
 use crate::alloc::PageManager;
 use crate::engine::common::PhaseClock;
+use crate::engine::shadow::RingMetaPage;
 use crate::engine::wal::{parse_record, LogRing};
 use crate::engine::{DbError, EngineKind, RecoveryReport};
 use crate::pmem::Pool;
@@ -114,17 +115,11 @@ pub(super) fn open(
         meta_page,
         pages,
         catalog,
-    } = crate::engine::shadow::open_meta(
-        &pool,
-        &meta_layout(&[(meta::F_VERSION, meta::VERSION)]),
-        "DUDETx",
-        [meta::F_MAX_ROW, meta::F_LOG_PAGES, meta::F_CATALOG_SLOT],
-        |max_row, log_pages| {
-            config.max_row_bytes = max_row;
-            config.log_pages = log_pages;
-            config.validate()
-        },
-    )?;
+    } = META_PAGE.open(&pool, |max_row, log_pages| {
+        config.max_row_bytes = max_row;
+        config.log_pages = log_pages;
+        config.validate()
+    })?;
     let ring = log_ring(&pool, &pages, config.log_pages, false)?;
     let mut heap = Heap::load(&pool, &pages, &catalog)?;
     timer.lap(&mut report, "load heap");
@@ -173,10 +168,7 @@ pub(super) fn open(
     report.facts.push(("durable_id".into(), durable));
     report.total_ms = report.phases.iter().map(|p| p.1).sum();
     // Interrupted drops are finished: `Heap::load` freed their pages, the replay skipped them.
-    let store = crate::catalog::CatalogStore {
-        base: meta_page + meta::CATALOG_AT,
-        slot_bytes: meta::CATALOG_SLOT_BYTES,
-    };
+    let store = RingMetaPage::catalog_store(meta_page);
     let catalog = store
         .store_drops_finished(&pool, &catalog)?
         .unwrap_or(catalog);

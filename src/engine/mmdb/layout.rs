@@ -34,22 +34,9 @@ pub mod meta {
     pub const MAGIC: u64 = u64::from_le_bytes(*b"PMTXMMD1");
     /// Layout version.
     pub const VERSION: u64 = 1;
-    /// Magic field.
-    pub const F_MAGIC: u64 = 0;
-    /// Version field.
-    pub const F_VERSION: u64 = 8;
-    /// Max row bytes field.
-    pub const F_MAX_ROW: u64 = 16;
-    /// Catalog slot bytes field.
-    pub const F_CATALOG_SLOT: u64 = 24;
-    /// Log ring pages field.
-    pub const F_LOG_PAGES: u64 = 32;
-    /// CRC-32 of the first 4 KiB.
-    pub const F_CRC: u64 = 40;
-    /// Where the catalog slots start.
-    pub const CATALOG_AT: u64 = 4096;
-    /// Bytes per catalog slot.
-    pub const CATALOG_SLOT_BYTES: u64 = 256 * 1024;
+    /// The fixed words (magic, version, row limit, catalog, log ring, CRC), shared with the
+    /// other engines on a log ring.
+    pub use crate::engine::wal::ring_meta::*;
     /// The valid checkpoint's generation (own cache line): the one 8-byte store that makes a
     /// checkpoint valid.
     pub const CURRENT: u64 = 1 << 20;

@@ -92,7 +92,7 @@ use crate::alloc::PAGE_SIZE;
 use crate::catalog::{Catalog, CatalogStore, Schema, TableId};
 use crate::cc::{CcOptions, Protocol, MAX_THREADS};
 use crate::engine::falcon::FalconEngine;
-use crate::engine::shadow::{ShadowHost, ShadowWorker};
+use crate::engine::shadow::{RingMetaPage, ShadowHost, ShadowWorker};
 use crate::engine::{DbError, Engine, EngineKind, EngineWorker, RecoveryReport, TxError};
 use crate::pmem::{PersistenceDomain, Pool};
 use layout::{kind, meta};
@@ -266,18 +266,13 @@ pub struct MmdbEngine {
     report: Option<RecoveryReport>,
 }
 
-/// The MMDB meta page's layout with `fields`.
-fn meta_layout(fields: &[(u64, u64)]) -> crate::engine::meta::MetaLayout<'_> {
-    crate::engine::meta::MetaLayout {
-        page_kind: kind::META,
-        magic_at: meta::F_MAGIC,
-        magic: meta::MAGIC,
-        catalog_at: meta::CATALOG_AT,
-        catalog_slot_bytes: meta::CATALOG_SLOT_BYTES,
-        fields,
-        crc_at: meta::F_CRC,
-    }
-}
+/// The MMDB meta page.
+const META_PAGE: RingMetaPage = RingMetaPage {
+    engine: "MMDB",
+    page_kind: kind::META,
+    magic: meta::MAGIC,
+    version: meta::VERSION,
+};
 
 /// Fresh DRAM tables, with one worker slot more than the engine's for loading.
 fn make_tables(config: &MmdbConfig, pm_bytes: u64) -> Result<Arc<FalconEngine>, DbError> {
@@ -304,15 +299,7 @@ impl MmdbEngine {
         }
         config.log_pages =
             crate::engine::wal::ring_size(&pool, config.log_pages, DEFAULT_LOG_PAGES);
-        let (pages, meta_page) = crate::engine::meta::format(
-            &pool,
-            &meta_layout(&[
-                (meta::F_VERSION, meta::VERSION),
-                (meta::F_MAX_ROW, config.max_row_bytes as u64),
-                (meta::F_CATALOG_SLOT, meta::CATALOG_SLOT_BYTES),
-                (meta::F_LOG_PAGES, config.log_pages as u64),
-            ]),
-        )?;
+        let (pages, meta_page) = META_PAGE.format(&pool, config.max_row_bytes, config.log_pages)?;
         let ring = crate::engine::wal::ring_pages(
             &pool,
             &pages,
@@ -356,10 +343,7 @@ impl MmdbEngine {
             Vec::new()
         };
         Ok(Arc::new(MmdbEngine {
-            catalog_store: CatalogStore {
-                base: core.meta_page + meta::CATALOG_AT,
-                slot_bytes: meta::CATALOG_SLOT_BYTES,
-            },
+            catalog_store: RingMetaPage::catalog_store(core.meta_page),
             core,
             catalog: Mutex::new(catalog),
             threads: Mutex::new(threads),

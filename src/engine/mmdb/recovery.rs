@@ -5,7 +5,7 @@
 
 use super::core::{unframe, Checkpointed, Core};
 use super::layout::{checkpoint_tag, desc, kind, meta};
-use super::{make_tables, meta_layout, MmdbConfig, MmdbEngine};
+use super::{make_tables, MmdbConfig, MmdbEngine, META_PAGE};
 use crate::alloc::{PageManager, PAGE_SIZE};
 use crate::engine::common::PhaseClock;
 use crate::engine::dudetx::log::{decode_ops, Op};
@@ -149,17 +149,11 @@ pub(super) fn open(pool: Arc<Pool>, mut config: MmdbConfig) -> Result<Arc<MmdbEn
         meta_page,
         pages,
         catalog,
-    } = crate::engine::shadow::open_meta(
-        &pool,
-        &meta_layout(&[(meta::F_VERSION, meta::VERSION)]),
-        "MMDB",
-        [meta::F_MAX_ROW, meta::F_LOG_PAGES, meta::F_CATALOG_SLOT],
-        |max_row, log_pages| {
-            config.max_row_bytes = max_row;
-            config.log_pages = log_pages;
-            config.validate()
-        },
-    )?;
+    } = META_PAGE.open(&pool, |max_row, log_pages| {
+        config.max_row_bytes = max_row;
+        config.log_pages = log_pages;
+        config.validate()
+    })?;
     let r = |f: u64| pool.read_u64(meta_page + f);
     let ring =
         crate::engine::wal::ring_pages(&pool, &pages, kind::LOG, config.log_pages, false, "MMDB")?;
