@@ -648,6 +648,26 @@ mod tests {
         (0..len).map(|i| (id as usize * 31 + i) as u8).collect()
     }
 
+    /// A persist step that unwound at a simulated crash never put its buffers back; in the
+    /// crash suite another thread of the dead process may still run a step before its own next
+    /// PM event unwinds it. That step takes fresh buffers (they carry nothing from one step to
+    /// the next) and its commit becomes durable; it used to panic ("the persist step's buffers
+    /// are home while no persist step runs", 1 crash-suite run in 3 under load).
+    #[test]
+    fn a_persist_step_after_one_that_kept_its_buffers_takes_fresh_ones() {
+        const ROW: usize = 100;
+        let (core, table) = pipeline_without_threads(ROW);
+        for id in 1..=3 {
+            core.lose_persist_buffers();
+            let mut redo = Vec::new();
+            log::encode_op(&mut redo, table, id, Some(&row_of(id, ROW)));
+            core.enqueue(id, redo).unwrap();
+            core.wait_durable(id).unwrap();
+            assert_eq!(core.durable.load(Ordering::Acquire), id);
+            assert!(core.has_persist_buffers(), "the step put its buffers back");
+        }
+    }
+
     /// Sync commits lead their own persist step (`Core::wait_durable`) and, when the ring is
     /// full, reproduce to make room (`Core::persist_step`): with neither background thread
     /// running, six rings' worth of sync commits each return with their own id durable, and

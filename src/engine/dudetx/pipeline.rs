@@ -1182,6 +1182,19 @@ fn ring_full(bytes: u64) -> String {
     )
 }
 
+/// For tests: the state a persist step leaves when it unwinds (a simulated crash) before it
+/// puts its buffers back.
+#[cfg(test)]
+impl<H: Apply> Core<H> {
+    pub(super) fn lose_persist_buffers(&self) {
+        self.state.lock().persister = None;
+    }
+
+    pub(super) fn has_persist_buffers(&self) -> bool {
+        self.state.lock().persister.is_some()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
