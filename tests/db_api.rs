@@ -105,6 +105,31 @@ fn crud_scan_and_secondary_on_every_engine_and_protocol() {
             vec![10, 8, 7],
             "{label}: 9 was deleted"
         );
+        // The borrowed-view scan sees what `scan` does, and stops when the visitor declines.
+        let mut seen = Vec::new();
+        db.run(|tx| {
+            seen.clear();
+            tx.scan_refs(t, 5, false, 10, &mut |k, row| {
+                seen.push((k, row.u64(2), row.i64(1)));
+                k < 8
+            })
+        })
+        .unwrap();
+        assert_eq!(
+            seen,
+            vec![(5, 5, 100), (6, 6, 100), (7, 7, 70), (8, 8, 130)],
+            "{label}"
+        );
+        let mut rev_refs = Vec::new();
+        db.run(|tx| {
+            rev_refs.clear();
+            tx.scan_refs(t, 10, true, 3, &mut |k, row| {
+                rev_refs.push((k, row.u64(2)));
+                true
+            })
+        })
+        .unwrap();
+        assert_eq!(rev_refs, vec![(10, 10), (8, 8), (7, 7)], "{label}");
         let mut by_owner = db
             .run(|tx| tx.lookup_secondary(t, 0, &[Value::Bytes(b"owner0")]))
             .unwrap();

@@ -210,6 +210,19 @@ fn check_against(db: &Db, t: TableId, model: &HashMap<u64, Doc>) {
         })
         .unwrap();
     assert_eq!(&scanned, model);
+    // Borrowed views of a scan carry the out-of-line values too.
+    let mut blobs = HashMap::new();
+    db.run(|tx| {
+        blobs.clear();
+        tx.scan_refs(t, 0, false, usize::MAX, &mut |k, row| {
+            blobs.insert(k, row.get_bytes("blob").unwrap().to_vec());
+            true
+        })
+    })
+    .unwrap();
+    let model_blobs: HashMap<u64, Vec<u8>> =
+        model.iter().map(|(k, d)| (*k, d.blob.clone())).collect();
+    assert_eq!(blobs, model_blobs);
     assert_eq!(
         chunk_rows(db),
         expected_chunks(model.values()),

@@ -1307,6 +1307,13 @@ impl RowLayout {
     fn row_size(&self) -> usize {
         self.bounds.last().copied().unwrap_or(0)
     }
+
+    /// Where column `i` is in a row (`i` must be a column): precomputed, where
+    /// `Schema::column_offset` sums the sizes of the columns before it.
+    #[inline]
+    fn column(&self, i: usize) -> std::ops::Range<usize> {
+        self.bounds[i]..self.bounds[i + 1]
+    }
 }
 
 /// Most row buffers a thread keeps for reuse (see [`Row`]'s `Drop`).
@@ -1620,11 +1627,12 @@ impl<'a> RowRef<'a> {
 /// value in `spans`: (offset in the stored row, start in `row`, size). Refuses a column the table
 /// lacks and a value its column cannot hold, before anything is written.
 fn encode_updates(
-    schema: &Schema,
+    layout: &RowLayout,
     values: &[(usize, Value<'_>)],
     row: &mut Vec<u8>,
     spans: &mut Vec<(usize, usize, usize)>,
 ) -> Result<(), TxError> {
+    let schema = &layout.schema;
     row.clear();
     spans.clear();
     for (col, value) in values {
@@ -1634,11 +1642,11 @@ fn encode_updates(
                 schema.name
             )));
         }
-        let size = schema.columns[*col].ty.size();
+        let column = layout.column(*col);
         let start = row.len();
-        row.resize(start + size, 0);
+        row.resize(start + column.len(), 0);
         encode_value(schema, *col, value, &mut row[start..])?;
-        spans.push((schema.column_offset(*col), start, size));
+        spans.push((column.start, start, column.len()));
     }
     Ok(())
 }
@@ -1888,21 +1896,21 @@ impl<'w> Tx<'w> {
     ) -> Result<(), TxError> {
         let WorkerCore {
             inner,
-            schemas,
             buffers: buf,
             layouts,
             ..
         } = self.live()?;
-        let schema = schema_of(schemas, table)?;
+        let layout = layout_of(layouts, table)?;
+        let schema = &layout.schema;
         // A column whose old value may have chunks needs the old row (see `varlen`).
-        if layout_of(layouts, table)?.spills
+        if layout.spills
             && values
                 .iter()
                 .any(|(c, _)| schema.columns.get(*c).is_some_and(|c| c.ty.spills()))
         {
             return self.update_varlen(table, key, values);
         }
-        encode_updates(schema, values, &mut buf.row, &mut buf.spans)?;
+        encode_updates(layout, values, &mut buf.row, &mut buf.spans)?;
         let writes = field_writes(&buf.row, &buf.spans);
         let result = inner.update(table, key, &writes);
         drop(writes);
@@ -1939,13 +1947,12 @@ impl<'w> Tx<'w> {
     ) -> Result<(), TxError> {
         let WorkerCore {
             inner,
-            schemas,
             buffers,
             layouts,
             ..
         } = self.live()?;
-        let spills = layout_of(layouts, table)?.spills;
-        let schema = schema_of(schemas, table)?;
+        let layout = layout_of(layouts, table)?;
+        let (spills, schema) = (layout.spills, &layout.schema);
         if values.len() != schema.columns.len() {
             return Err(TxError::SchemaMismatch(format!(
                 "table {} has {} columns, the insert gives {}",
@@ -1956,10 +1963,9 @@ impl<'w> Tx<'w> {
         }
         let row = &mut buffers.row;
         row.clear();
-        row.resize(schema.row_size(), 0);
+        row.resize(layout.row_size(), 0);
         for (i, v) in values.iter().enumerate() {
-            let at = schema.column_offset(i);
-            encode_value(schema, i, v, &mut row[at..at + schema.columns[i].ty.size()])?;
+            encode_value(schema, i, v, &mut row[layout.column(i)])?;
         }
         let result = inner.insert(table, key, row);
         self.settle(result)?;
@@ -2062,6 +2068,43 @@ impl<'w> Tx<'w> {
             .live_table(table)?
             .inner
             .scan(table, from, reverse, limit, f);
+        self.settle(result)
+    }
+
+    /// Visits rows with keys `>= from` (or `<= from` when `reverse`), at most `limit`, as typed
+    /// views, until `f` returns false: [`scan`](Self::scan) without copying each row into an
+    /// owned [`Row`] (the views borrow the engine's consistent copy, valid during the call).
+    pub fn scan_refs(
+        &mut self,
+        table: TableId,
+        from: u64,
+        reverse: bool,
+        limit: usize,
+        f: &mut dyn FnMut(u64, RowRef<'_>) -> bool,
+    ) -> Result<(), TxError> {
+        let c = self.live()?;
+        bytekey::check_u64_keys(&c.schemas, table)?;
+        let WorkerCore { inner, layouts, .. } = c;
+        let layout = layout_of(layouts, table)?;
+        if layout.spills {
+            // Out-of-line values are read after the scan: views of owned rows.
+            for (key, row) in self.scan_dir(table, from, reverse, limit)? {
+                if !f(key, row.as_ref()) {
+                    break;
+                }
+            }
+            return Ok(());
+        }
+        let result = inner.scan(table, from, reverse, limit, &mut |key, bytes| {
+            f(
+                key,
+                RowRef {
+                    bytes,
+                    layout,
+                    large: &[],
+                },
+            )
+        });
         self.settle(result)
     }
 

@@ -329,7 +329,7 @@ impl Tx<'_> {
         let schema = &layout.schema;
         // Everything is encoded (and refused) before anything is written.
         let (mut encoded, mut spans) = (Vec::new(), Vec::new());
-        super::encode_updates(schema, values, &mut encoded, &mut spans)?;
+        super::encode_updates(&layout, values, &mut encoded, &mut spans)?;
         let mut old = vec![0u8; layout.row_size()];
         let read = self.live()?.inner.read(table, key, &mut old);
         self.settle(read)?;

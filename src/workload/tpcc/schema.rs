@@ -198,6 +198,8 @@ pub mod item {
 
 /// STOCK column positions.
 pub mod stock {
+    /// Bytes of each S_DIST_xx column (and of OL_DIST_INFO, copied from one).
+    pub const DIST_BYTES: usize = 24;
     /// S_I_ID.
     pub const I_ID: usize = 0;
     /// S_W_ID.
@@ -318,7 +320,7 @@ pub fn schemas() -> Vec<Schema> {
         ("ol_delivery_d", U),
         ("ol_quantity", U),
         ("ol_amount", I),
-        ("ol_dist_info", b(24)),
+        ("ol_dist_info", b(stock::DIST_BYTES as u32)),
     ];
     let item = [
         ("i_id", U),
@@ -340,7 +342,7 @@ pub fn schemas() -> Vec<Schema> {
         "s_dist_10",
     ];
     let mut stock = vec![("s_i_id", U), ("s_w_id", U), ("s_quantity", I)];
-    stock.extend(dist_names.iter().map(|n| (*n, b(24))));
+    stock.extend(dist_names.iter().map(|n| (*n, b(stock::DIST_BYTES as u32))));
     stock.extend([
         ("s_ytd", U),
         ("s_order_cnt", U),

@@ -256,17 +256,22 @@ pub fn new_order(
     tx.prefetch_read_only(t.customer, &[keys::customer(w, d, input.c)]);
     tx.prefetch_read_only(t.item, &items);
     tx.prefetch(t.stock, &stocks);
-    let w_tax = tx.get(t.warehouse, keys::warehouse(w))?.i64(warehouse::TAX);
-    let dist = tx.get(t.district, keys::district(w, d))?;
-    let d_tax = dist.i64(district::TAX);
-    let o_id = dist.u64(district::NEXT_O_ID);
+    // Rows are read as borrowed views (`get_ref`), taking only the columns the profile uses:
+    // the same reads, without an owned copy per row.
+    let w_tax = tx
+        .get_ref(t.warehouse, keys::warehouse(w))?
+        .i64(warehouse::TAX);
+    let (d_tax, o_id) = {
+        let dist = tx.get_ref(t.district, keys::district(w, d))?;
+        (dist.i64(district::TAX), dist.u64(district::NEXT_O_ID))
+    };
     tx.update(
         t.district,
         keys::district(w, d),
         &[(district::NEXT_O_ID, Value::U64(o_id + 1))],
     )?;
     let discount = tx
-        .get(t.customer, keys::customer(w, d, input.c))?
+        .get_ref(t.customer, keys::customer(w, d, input.c))?
         .i64(customer::DISCOUNT);
     let all_local = input.lines.iter().all(|l| l.supply_w == w);
     // An O_ID taken by a concurrent New-Order (a stale D_NEXT_O_ID) is a conflict, not a
@@ -292,17 +297,28 @@ pub fn new_order(
     )?;
     let mut out = Vec::with_capacity(input.lines.len());
     let mut sum = 0i64;
+    let original = |b: &[u8]| b.windows(8).any(|x| x == b"ORIGINAL");
     for (n, line) in input.lines.iter().enumerate() {
-        let item = match tx.get(t.item, line.item) {
-            Ok(row) => row,
+        let (price, item_original) = match tx.get_ref(t.item, line.item) {
+            Ok(row) => (row.i64(item::PRICE), original(row.bytes_at(item::DATA))),
             // Clause 2.4.2.3: an unused item id rolls the whole transaction back.
             Err(TxError::NotFound { .. }) => return tx.abort(),
             Err(e) => return Err(e),
         };
         let skey = keys::stock(line.supply_w, line.item);
-        let s = tx.get(t.stock, skey)?;
+        let s = tx.get_ref(t.stock, skey)?;
+        let (s_quantity, s_ytd, s_order_cnt, s_remote_cnt) = (
+            s.i64(stock::QUANTITY),
+            s.u64(stock::YTD),
+            s.u64(stock::ORDER_CNT),
+            s.u64(stock::REMOTE_CNT),
+        );
+        let stock_original = original(s.bytes_at(stock::DATA));
+        let dist_info: [u8; stock::DIST_BYTES] = s
+            .bytes_at(stock::DIST_01 + d as usize - 1)
+            .try_into()
+            .expect("S_DIST_xx is a fixed-size column");
         let q = line.quantity as i64;
-        let s_quantity = s.i64(stock::QUANTITY);
         let new_quantity = if s_quantity >= q + 10 {
             s_quantity - q
         } else {
@@ -314,18 +330,17 @@ pub fn new_order(
             skey,
             &[
                 (stock::QUANTITY, Value::I64(new_quantity)),
-                (stock::YTD, Value::U64(s.u64(stock::YTD) + line.quantity)),
-                (stock::ORDER_CNT, Value::U64(s.u64(stock::ORDER_CNT) + 1)),
+                (stock::YTD, Value::U64(s_ytd + line.quantity)),
+                (stock::ORDER_CNT, Value::U64(s_order_cnt + 1)),
                 (
                     stock::REMOTE_CNT,
-                    Value::U64(s.u64(stock::REMOTE_CNT) + u64::from(remote)),
+                    Value::U64(s_remote_cnt + u64::from(remote)),
                 ),
             ],
         )?;
-        let amount = q * item.i64(item::PRICE);
+        let amount = q * price;
         sum += amount;
-        let original = |b: &[u8]| b.windows(8).any(|x| x == b"ORIGINAL");
-        let brand = if original(item.bytes_at(item::DATA)) && original(s.bytes_at(stock::DATA)) {
+        let brand = if item_original && stock_original {
             b'B'
         } else {
             b'G'
@@ -344,7 +359,7 @@ pub fn new_order(
                 Value::U64(0),
                 Value::U64(line.quantity),
                 Value::I64(amount),
-                Value::Bytes(s.bytes_at(stock::DIST_01 + d as usize - 1)),
+                Value::Bytes(&dist_info),
             ],
         )?;
         out.push((amount, new_quantity, brand));
@@ -414,23 +429,29 @@ pub struct PaymentOutput {
 /// Payment (clause 2.5.2).
 pub fn payment(tx: &mut Tx<'_>, t: &Tpcc, input: &PaymentInput) -> Result<PaymentOutput, TxError> {
     let (w, d) = (input.w, input.d);
-    let wh = tx.get(t.warehouse, keys::warehouse(w))?;
+    // H_DATA: W_NAME, four spaces, D_NAME (clause 2.5.2.2), gathered from the borrowed views of
+    // the warehouse and district rows.
+    let mut h_data = smallvec::SmallVec::<[u8; 32]>::new();
+    let w_ytd = {
+        let wh = tx.get_ref(t.warehouse, keys::warehouse(w))?;
+        h_data.extend_from_slice(trimmed(wh.bytes_at(warehouse::NAME)));
+        wh.i64(warehouse::YTD)
+    };
     tx.update(
         t.warehouse,
         keys::warehouse(w),
-        &[(
-            warehouse::YTD,
-            Value::I64(wh.i64(warehouse::YTD) + input.amount),
-        )],
+        &[(warehouse::YTD, Value::I64(w_ytd + input.amount))],
     )?;
-    let dist = tx.get(t.district, keys::district(w, d))?;
+    h_data.extend_from_slice(b"    ");
+    let d_ytd = {
+        let dist = tx.get_ref(t.district, keys::district(w, d))?;
+        h_data.extend_from_slice(trimmed(dist.bytes_at(district::NAME)));
+        dist.i64(district::YTD)
+    };
     tx.update(
         t.district,
         keys::district(w, d),
-        &[(
-            district::YTD,
-            Value::I64(dist.i64(district::YTD) + input.amount),
-        )],
+        &[(district::YTD, Value::I64(d_ytd + input.amount))],
     )?;
     let (c_id, c) = find_customer(tx, t, input.c_w, input.c_d, &input.customer)?;
     let balance = c.i64(customer::BALANCE) - input.amount;
@@ -450,7 +471,7 @@ pub fn payment(tx: &mut Tx<'_>, t: &Tpcc, input: &PaymentInput) -> Result<Paymen
         data.truncate(500);
         data
     });
-    let mut values = vec![
+    let mut values: smallvec::SmallVec<[(usize, Value<'_>); 4]> = smallvec::smallvec![
         (customer::BALANCE, Value::I64(balance)),
         (
             customer::YTD_PAYMENT,
@@ -465,9 +486,6 @@ pub fn payment(tx: &mut Tx<'_>, t: &Tpcc, input: &PaymentInput) -> Result<Paymen
         values.push((customer::DATA, Value::Bytes(data)));
     }
     tx.update(t.customer, ckey, &values)?;
-    let mut h_data = trimmed(wh.bytes_at(warehouse::NAME)).to_vec();
-    h_data.extend_from_slice(b"    ");
-    h_data.extend_from_slice(trimmed(dist.bytes_at(district::NAME)));
     tx.insert(
         t.history,
         t.next_history_key(),
@@ -617,17 +635,19 @@ pub fn delivery(
     // Three passes over the districts instead of one district after another, so that each
     // pass's misses (orders, then customers) overlap across districts: the transaction is the
     // same, only the order of its accesses differs.
-    // 1. The oldest new order of each district. A few rows, not one: a row deleted by a
-    //    concurrent Delivery is skipped by the scan.
+    // 1. The oldest new order of each district: the first row at or after the district's
+    //    lowest key, if it is in the district (a row deleted by a concurrent Delivery is
+    //    skipped by the scan). Keys ascend, so the visit stops at the first row it is shown.
     let mut oldest = [0u64; DISTRICTS as usize];
     for d in 1..=DISTRICTS {
         let district_key = keys::district(w, d);
-        oldest[(d - 1) as usize] = tx
-            .scan(t.new_order, keys::order(w, d, 0), 4)?
-            .into_iter()
-            .map(|(k, _)| k)
-            .find(|&k| keys::order_district(k) == district_key)
-            .unwrap_or(0);
+        let first = &mut oldest[(d - 1) as usize];
+        tx.scan_refs(t.new_order, keys::order(w, d, 0), false, 4, &mut |k, _| {
+            if keys::order_district(k) == district_key {
+                *first = k;
+            }
+            false
+        })?;
     }
     let pending: smallvec::SmallVec<[u64; 10]> =
         oldest.iter().copied().filter(|&k| k != 0).collect();
@@ -641,17 +661,16 @@ pub fn delivery(
             continue;
         }
         tx.delete(t.new_order, no_key)?;
-        let o = tx.get(t.order, no_key)?;
+        let (c_id, ol_cnt) = {
+            let o = tx.get_ref(t.order, no_key)?;
+            (o.u64(order::C_ID), o.u64(order::OL_CNT) as usize)
+        };
         tx.update(
             t.order,
             no_key,
             &[(order::CARRIER_ID, Value::U64(input.carrier))],
         )?;
-        *order = (
-            keys::customer(w, d, o.u64(order::C_ID)),
-            keys::order_id(no_key),
-            o.u64(order::OL_CNT) as usize,
-        );
+        *order = (keys::customer(w, d, c_id), keys::order_id(no_key), ol_cnt);
     }
     let customers: smallvec::SmallVec<[u64; 10]> =
         orders.iter().filter(|o| o.0 != 0).map(|o| o.0).collect();
@@ -664,30 +683,38 @@ pub fn delivery(
             continue;
         }
         let mut sum = 0;
-        for (k, l) in tx.scan(t.order_line, keys::order_line(w, d, o_id, 0), ol_cnt)? {
-            if k >> 4 != no_key {
-                break;
-            }
-            sum += l.i64(order_line::AMOUNT);
+        let mut lines = smallvec::SmallVec::<[u64; 15]>::new();
+        tx.scan_refs(
+            t.order_line,
+            keys::order_line(w, d, o_id, 0),
+            false,
+            ol_cnt,
+            &mut |k, l| {
+                if k >> 4 != no_key {
+                    return false;
+                }
+                sum += l.i64(order_line::AMOUNT);
+                lines.push(k);
+                true
+            },
+        )?;
+        for k in lines {
             tx.update(
                 t.order_line,
                 k,
                 &[(order_line::DELIVERY_D, Value::U64(input.date))],
             )?;
         }
-        let c = tx.get(t.customer, ckey)?;
+        let (balance, delivery_cnt) = {
+            let c = tx.get_ref(t.customer, ckey)?;
+            (c.i64(customer::BALANCE), c.u64(customer::DELIVERY_CNT))
+        };
         tx.update(
             t.customer,
             ckey,
             &[
-                (
-                    customer::BALANCE,
-                    Value::I64(c.i64(customer::BALANCE) + sum),
-                ),
-                (
-                    customer::DELIVERY_CNT,
-                    Value::U64(c.u64(customer::DELIVERY_CNT) + 1),
-                ),
+                (customer::BALANCE, Value::I64(balance + sum)),
+                (customer::DELIVERY_CNT, Value::U64(delivery_cnt + 1)),
             ],
         )?;
         delivered.push(Some(o_id));
@@ -722,12 +749,12 @@ impl StockLevelInput {
 pub fn stock_level(tx: &mut Tx<'_>, t: &Tpcc, input: &StockLevelInput) -> Result<u64, TxError> {
     let (w, d) = (input.w, input.d);
     let next = tx
-        .get(t.district, keys::district(w, d))?
+        .get_ref(t.district, keys::district(w, d))?
         .u64(district::NEXT_O_ID);
     let first = next.saturating_sub(20).max(1);
     let end = keys::order_line(w, d, next, 0);
     let mut items = Vec::with_capacity(300);
-    tx.scan_with(
+    tx.scan_refs(
         t.order_line,
         keys::order_line(w, d, first, 0),
         false,
@@ -736,8 +763,7 @@ pub fn stock_level(tx: &mut Tx<'_>, t: &Tpcc, input: &StockLevelInput) -> Result
             if k >= end {
                 return false;
             }
-            let at = order_line::I_ID * 8; // Every column before OL_I_ID is a u64.
-            items.push(u64::from_le_bytes(row[at..at + 8].try_into().expect("8")));
+            items.push(row.u64(order_line::I_ID));
             true
         },
     )?;
