@@ -309,13 +309,7 @@ impl ZenWorker {
                 // waited on its lock looks the key up again and finds the new version. The row
                 // is not copied into DRAM a second time, and the next claim reuses the entry
                 // instead of evicting a cached row.
-                let e = t.cache.entry(w.eref);
-                let (old_nvm, old_header) = (e.nvm().load(Ordering::Relaxed), e.header_word());
-                let swapped = t.index.replace_if(w.key, w.eref, w.slot);
-                debug_assert!(swapped, "a locked current entry is the index's value");
-                t.cache.supersede(w.eref);
-                e.cts().store(tid, Ordering::Release);
-                release(self.proto, e.cc(), Some(tid));
+                let (old_nvm, old_header) = self.retire_entry(t, w, w.slot, tid);
                 Installed {
                     superseded: Some(garbage(old_nvm, old_header)),
                     lock_only: Some((w.table, w.eref)),
@@ -380,7 +374,7 @@ impl ZenWorker {
         lp: bool,
         garbage: impl Fn(u64, u64) -> Garbage,
     ) -> Installed {
-        let (e, copy) = (t.cache.entry(w.eref), t.cache.entry(w.target));
+        let copy = t.cache.entry(w.target);
         copy.store_row(row);
         copy.key().store(w.key, Ordering::Relaxed);
         copy.nvm().store(w.slot, Ordering::Relaxed);
@@ -389,18 +383,27 @@ impl ZenWorker {
         copy.cc()
             .store(self.proto.idle_word(tid), Ordering::Relaxed);
         t.cache.publish(w.target, 1);
-        let swapped = t.index.replace_if(w.key, w.eref, w.target);
-        debug_assert!(swapped, "a locked current entry is the index's value");
-        // The old version's header before the entry is stamped below.
-        let (old_nvm, old_header) = (e.nvm().load(Ordering::Relaxed), e.header_word());
-        t.cache.supersede(w.eref);
-        e.cts().store(tid, Ordering::Release);
-        release(self.proto, e.cc(), Some(tid));
+        let (old_nvm, old_header) = self.retire_entry(t, w, w.target, tid);
         Installed {
             superseded: Some(garbage(old_nvm, old_header)),
             pinned: Some((w.table, w.target)),
             ..Installed::default()
         }
+    }
+
+    /// Points the index at `new` (a copy entry, or the new NVM-tuple) instead of the locked
+    /// entry of write `w`, supersedes that entry and releases its lock stamped with `tid`, so
+    /// validation by Tx-CTS fails on it. Returns the NVM-tuple and header word of the version
+    /// the entry held (read before the stamp).
+    fn retire_entry(&self, t: &TableRt, w: &WriteRec, new: u64, tid: u64) -> (u64, u64) {
+        let e = t.cache.entry(w.eref);
+        let swapped = t.index.replace_if(w.key, w.eref, new);
+        debug_assert!(swapped, "a locked current entry is the index's value");
+        let old = (e.nvm().load(Ordering::Relaxed), e.header_word());
+        t.cache.supersede(w.eref);
+        e.cts().store(tid, Ordering::Release);
+        release(self.proto, e.cc(), Some(tid));
+        old
     }
 
     /// The secondary-key changes `build_new_rows` found, applied once the versions are in.
