@@ -405,6 +405,31 @@ impl MetCache {
         Err(RegionExhausted)
     }
 
+    /// Claims `r` of `region` for filling (state EVICTING, no pins) without moving the CLOCK
+    /// hand, when it holds nothing the index points at: never published, or superseded. For the
+    /// entries a region's owner only used as write locks (`ZenWorker::claim_entry`): reusing one
+    /// evicts nobody. False when `r` is not such an entry of `region` any more (pinned, claimed
+    /// or published again since): the caller takes the CLOCK's victim instead.
+    pub fn claim_unused(&self, region: usize, r: u64) -> bool {
+        let i = (r & ENTRY_MASK) as usize;
+        if region_of(r) != region || i >= self.regions[region].len.load(Ordering::Acquire) {
+            return false;
+        }
+        let e = self.entry(r);
+        let s = e.state().load(Ordering::Acquire);
+        if s & (PINS | EVICTING) != 0 || s & (VALID | COPIED) == VALID {
+            return false;
+        }
+        if e.state()
+            .compare_exchange(s, s | EVICTING, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return false;
+        }
+        self.replace_flags(r, EVICTING, 0);
+        true
+    }
+
     fn grow(&self, region: usize) -> u64 {
         let reg = &self.regions[region];
         let i = reg.len.load(Ordering::Relaxed);
@@ -524,6 +549,44 @@ mod tests {
         let g = cache.claim(1, &mut hand, &index, &mut false).unwrap();
         assert_ne!(g, a);
         assert_ne!(g, b);
+    }
+
+    /// A blind overwrite's lock-only entry is reused without the CLOCK only while it caches
+    /// nothing and nobody holds it: never a current entry, a pinned or claimed one, or one of
+    /// another region.
+    #[test]
+    fn claim_unused_takes_only_free_or_superseded_entries_of_its_region() {
+        let index = PrimaryIndex::new(PrimaryIndexKind::Hash);
+        let cache = MetCache::new(16, 2, 2, 4);
+        cache.set_capacity(4);
+        let mut hand = 0;
+        let r = cache.claim(1, &mut hand, &index, &mut false).unwrap();
+        assert!(!cache.claim_unused(1, r), "a claimed entry is not free");
+        let e = cache.entry(r);
+        e.key().store(7, Ordering::Relaxed);
+        cache.publish(r, 1);
+        index.insert_new(7, r).unwrap();
+        assert!(!cache.claim_unused(1, r), "a pinned current entry");
+        cache.unpin(r);
+        assert!(!cache.claim_unused(1, r), "a current entry caches its row");
+        assert!(cache.pin(r, 7));
+        cache.supersede(r);
+        assert!(!cache.claim_unused(1, r), "superseded but still pinned");
+        cache.unpin(r);
+        assert!(!cache.claim_unused(0, r), "an entry of another region");
+        assert!(cache.claim_unused(1, r), "superseded and unpinned: free");
+        assert_eq!(
+            cache.entry(r).state().load(Ordering::Relaxed),
+            EVICTING,
+            "claimed, as from the CLOCK"
+        );
+        assert!(!cache.claim_unused(1, r), "claimed once only");
+        let never = CACHE_REF | 1 << REGION_SHIFT | 3;
+        assert!(
+            !cache.claim_unused(1, never),
+            "an entry the region has not allocated"
+        );
+        assert_eq!(index.get(7), Some(r), "the index is left alone");
     }
 
     /// A failed pin's add and take-back straddling a claim, a publish or a release: the

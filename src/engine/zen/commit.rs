@@ -7,7 +7,7 @@
 
 use super::layout::tuple;
 use super::txcc::release;
-use super::worker::{WriteKind, WriteRec, ZenWorker};
+use super::worker::{WriteKind, WriteRec, ZenWorker, MAX_LOCK_ENTRIES};
 use super::{Garbage, TableRt, ZenFault, REBALANCE_EVERY};
 use crate::catalog::TableId;
 use crate::cc::{tid_timestamp, Protocol};
@@ -23,6 +23,9 @@ struct Installed {
     tomb: Option<Garbage>,
     /// An entry this transaction filled (a copy into its own region) and pins until it ends.
     pinned: Option<(TableId, u64)>,
+    /// An entry used only as the write lock of a blind overwrite, now superseded: free for the
+    /// worker's next claim (`ZenWorker::lock_entries`).
+    lock_only: Option<(TableId, u64)>,
 }
 
 impl ZenWorker {
@@ -275,6 +278,12 @@ impl ZenWorker {
             if let Some(pin) = installed.pinned {
                 self.pins.push(pin);
             }
+            if let Some(entry) = installed.lock_only {
+                if self.lock_entries.len() == MAX_LOCK_ENTRIES {
+                    self.lock_entries.remove(0);
+                }
+                self.lock_entries.push(entry);
+            }
             let st = self.st();
             st.garbage.extend(installed.superseded);
             st.tombs.extend(installed.tomb);
@@ -292,6 +301,21 @@ impl ZenWorker {
             header,
         };
         match w.kind {
+            WriteKind::Update if w.target == 0 && w.row_unloaded => {
+                // A blind overwrite of an uncached row (`claim_for_overwrite`): its entry was
+                // only the write lock. Departure from §3.3.1 (write-around): the new version
+                // stays on NVM alone, where Persist wrote it, and the index points at its
+                // NVM-tuple, as for any uncached row; the entry is superseded, so a reader that
+                // waited on its lock looks the key up again and finds the new version. The row
+                // is not copied into DRAM a second time, and the next claim reuses the entry
+                // instead of evicting a cached row.
+                let (old_nvm, old_header) = self.retire_entry(t, w, w.slot, tid);
+                Installed {
+                    superseded: Some(garbage(old_nvm, old_header)),
+                    lock_only: Some((w.table, w.eref)),
+                    ..Installed::default()
+                }
+            }
             WriteKind::Update if w.target == 0 => {
                 // The entry is in this thread's region: the new version replaces its row.
                 let e = t.cache.entry(w.eref);
@@ -331,7 +355,7 @@ impl ZenWorker {
                 Installed {
                     superseded: Some(garbage(old_nvm, old_header)),
                     tomb: Some(garbage(w.slot, tomb_header)),
-                    pinned: None,
+                    ..Installed::default()
                 }
             }
             WriteKind::Cancelled => Installed::default(),
@@ -350,7 +374,7 @@ impl ZenWorker {
         lp: bool,
         garbage: impl Fn(u64, u64) -> Garbage,
     ) -> Installed {
-        let (e, copy) = (t.cache.entry(w.eref), t.cache.entry(w.target));
+        let copy = t.cache.entry(w.target);
         copy.store_row(row);
         copy.key().store(w.key, Ordering::Relaxed);
         copy.nvm().store(w.slot, Ordering::Relaxed);
@@ -359,18 +383,27 @@ impl ZenWorker {
         copy.cc()
             .store(self.proto.idle_word(tid), Ordering::Relaxed);
         t.cache.publish(w.target, 1);
-        let swapped = t.index.replace_if(w.key, w.eref, w.target);
+        let (old_nvm, old_header) = self.retire_entry(t, w, w.target, tid);
+        Installed {
+            superseded: Some(garbage(old_nvm, old_header)),
+            pinned: Some((w.table, w.target)),
+            ..Installed::default()
+        }
+    }
+
+    /// Points the index at `new` (a copy entry, or the new NVM-tuple) instead of the locked
+    /// entry of write `w`, supersedes that entry and releases its lock stamped with `tid`, so
+    /// validation by Tx-CTS fails on it. Returns the NVM-tuple and header word of the version
+    /// the entry held (read before the stamp).
+    fn retire_entry(&self, t: &TableRt, w: &WriteRec, new: u64, tid: u64) -> (u64, u64) {
+        let e = t.cache.entry(w.eref);
+        let swapped = t.index.replace_if(w.key, w.eref, new);
         debug_assert!(swapped, "a locked current entry is the index's value");
-        // The old version's header before the entry is stamped below.
-        let (old_nvm, old_header) = (e.nvm().load(Ordering::Relaxed), e.header_word());
+        let old = (e.nvm().load(Ordering::Relaxed), e.header_word());
         t.cache.supersede(w.eref);
         e.cts().store(tid, Ordering::Release);
         release(self.proto, e.cc(), Some(tid));
-        Installed {
-            superseded: Some(garbage(old_nvm, old_header)),
-            tomb: None,
-            pinned: Some((w.table, w.target)),
-        }
+        old
     }
 
     /// The secondary-key changes `build_new_rows` found, applied once the versions are in.

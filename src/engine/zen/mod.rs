@@ -42,6 +42,11 @@
 //!   before unlocking). Readers of these protocols wait on a locked entry, so none sees the
 //!   unloaded row; the 1 KB rows of YCSB's blind updates are no longer read from NVM and copied
 //!   twice for nothing (issue 13).
+//! - *Blind overwrites write around the Met-Cache (§3.3.1).* The paper installs every new
+//!   version in the cache; the entry of a blind overwrite is here only its write lock: commit
+//!   points the index at the new NVM-tuple, supersedes the entry and keeps it for this worker's
+//!   next claim (`ZenWorker::lock_entries`), so such an overwrite evicts no cached row and
+//!   copies the row once, to NVM (issue 13). Rows that are read are still cached.
 //! - *Reads of uncached rows are admitted one in eight (§3.3.1).* Under OCC or Silo, a read of a
 //!   row not in the Met-Cache that the transaction will not write (a read-only transaction, or a
 //!   key declared with `prefetch_read_only`) reads its NVM-tuple in place (`read_uncached`); every eighth such

@@ -144,7 +144,15 @@ pub(crate) struct ZenWorker {
     pub(super) txns: u64,
     /// This thread holds G-EX and the others have finished.
     exclusive_ready: bool,
+    /// Entries of this region that committed blind overwrites used only as write locks (the
+    /// new version went to NVM alone, `install_versions`): `claim_entry` takes these first, as
+    /// they cache nothing, so such an overwrite evicts no row. At most [`MAX_LOCK_ENTRIES`].
+    pub(super) lock_entries: Vec<(TableId, u64)>,
 }
+
+/// Lock-only entries a worker keeps for reuse ([`ZenWorker::lock_entries`]): more than a
+/// transaction's blind overwrites, few enough that their lines stay in the CPU cache.
+pub(super) const MAX_LOCK_ENTRIES: usize = 64;
 
 /// Slots of each table's current page an insert or update leaves, when the pool is full, for
 /// the tombstones of deletes (see [`ZenWorker::alloc_slot`]): deletes of up to this many rows per
@@ -199,6 +207,7 @@ impl ZenWorker {
             commit_order: Vec::new(),
             txns: 0,
             exclusive_ready: false,
+            lock_entries: Vec::new(),
             eng,
         })
     }
@@ -352,6 +361,14 @@ impl ZenWorker {
     /// asks for the exclusive mode when the region had to grow past its capacity.
     fn claim_entry(&mut self, table: TableId) -> Result<u64, TxError> {
         let t = &self.tables[table as usize];
+        // A lock-only entry first: it holds no row, so taking it evicts none (no CLOCK scan,
+        // no index update of a victim, whose bucket would miss in the CPU cache).
+        while let Some(at) = self.lock_entries.iter().rposition(|&(tb, _)| tb == table) {
+            let (_, r) = self.lock_entries.swap_remove(at);
+            if t.cache.claim_unused(self.thread, r) {
+                return Ok(r);
+            }
+        }
         let st = self.state.as_mut().expect("state present");
         let hand = &mut Self::alloc_state(st, table).hand;
         let mut overflowed = false;
@@ -737,8 +754,9 @@ impl ZenWorker {
 
     /// Commit step 1 for a blind overwrite (write `i`): the key's current entry, pinned, if it
     /// was cached since; otherwise a new entry of this region published locked, with the
-    /// NVM-tuple's header but not its row (readers wait on the lock; commit stores the new row,
-    /// a rollback loads the old one). Like an insert's entry in [`Self::claim_new_version`].
+    /// NVM-tuple's header but not its row (readers wait on the lock; commit points the index at
+    /// the new NVM-tuple and frees the entry, a rollback loads the old row). Like an insert's
+    /// entry in [`Self::claim_new_version`].
     fn claim_for_overwrite(&mut self, i: usize) -> Result<(), TxError> {
         let (table, key) = (self.writes[i].table, self.writes[i].key);
         for _ in 0..LOCATE_ATTEMPTS {
@@ -757,9 +775,9 @@ impl ZenWorker {
             }
             let r = self.claim_entry(table)?;
             let t = &self.tables[table as usize];
+            // No prefetch of the entry's row: commit leaves it unloaded (the new version goes to
+            // NVM alone, `install_versions`), only a rollback fills it.
             let e = t.cache.entry(r);
-            // Commit stores the new row here after Persist: start fetching its lines now.
-            e.prefetch_row();
             e.key().store(key, Ordering::Relaxed);
             e.nvm().store(v, Ordering::Relaxed);
             e.cts().store(0, Ordering::Relaxed);
