@@ -98,21 +98,8 @@ impl Mapping {
         // Without growth the kernel picks the address; with it, the whole range is reserved
         // first (no access, no memory committed) and the file goes over its prefix.
         let (hint, fixed) = if reserved > len_u && writable {
-            // SAFETY: a fresh anonymous PROT_NONE mapping at an address of the kernel's choosing;
-            // nothing can access it until parts are remapped below.
-            let r = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    reserved,
-                    libc::PROT_NONE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                    -1,
-                    0,
-                )
-            };
-            if r == libc::MAP_FAILED {
-                return Err(io("reserve address space (mmap)"));
-            }
+            let r = reserve_address_space(reserved)
+                .ok_or_else(|| io("reserve address space (mmap)"))?;
             (r, libc::MAP_FIXED)
         } else {
             (std::ptr::null_mut(), 0)
@@ -300,6 +287,27 @@ impl Mapping {
         })
     }
 
+    /// Unmaps the address space a file mapping owns: `[0, len)` (the file mapping and its
+    /// extensions) and the reservation not grown into, less any range a failed extension gave
+    /// up (`lost_until`), which may belong to someone else by now.
+    #[cfg(not(miri))]
+    fn unmap_owned_ranges(&mut self) {
+        let len = *self.len.get_mut();
+        let unused_from = len.max(*self.lost_until.get_mut());
+        // SAFETY: both ranges are address space this mapping owns, made by `mmap` and not yet
+        // unmapped (see above); no reference into them outlives `self` (the pool's API hands
+        // out copies and atomics borrowed from the pool).
+        unsafe {
+            libc::munmap(self.base.cast(), len);
+            if unused_from < self.reserved {
+                libc::munmap(
+                    self.base.add(unused_from).cast(),
+                    self.reserved - unused_from,
+                );
+            }
+        }
+    }
+
     pub(crate) fn kind(&self) -> MappingKind {
         self.kind
     }
@@ -413,34 +421,30 @@ impl Drop for Mapping {
     }
 }
 
-impl Mapping {
-    /// Unmaps the address space a file mapping owns: `[0, len)` (the file mapping and its
-    /// extensions) and the reservation not grown into, less any range a failed extension gave
-    /// up (`lost_until`), which may belong to someone else by now.
-    #[cfg(not(miri))]
-    fn unmap_owned_ranges(&mut self) {
-        let len = *self.len.get_mut();
-        let unused_from = len.max(*self.lost_until.get_mut());
-        // SAFETY: both ranges are address space this mapping owns, made by `mmap` and not yet
-        // unmapped (see above); no reference into them outlives `self` (the pool's API hands
-        // out copies and atomics borrowed from the pool).
-        unsafe {
-            libc::munmap(self.base.cast(), len);
-            if unused_from < self.reserved {
-                libc::munmap(
-                    self.base.add(unused_from).cast(),
-                    self.reserved - unused_from,
-                );
-            }
-        }
-    }
+/// Reserves `len` bytes of address space (`PROT_NONE`, no memory committed) at an address of the
+/// kernel's choosing; `None` when the kernel refuses (errno says why).
+#[cfg(not(miri))]
+fn reserve_address_space(len: usize) -> Option<*mut libc::c_void> {
+    // SAFETY: a fresh anonymous PROT_NONE mapping at an address of the kernel's choosing, which
+    // nothing references; nothing can access it until the caller maps over parts of it.
+    let r = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    (r != libc::MAP_FAILED).then_some(r)
 }
 
 /// Whether the file accepts a `MAP_SYNC` mapping (a DAX file system): tried on its first page at
 /// an address of the kernel's choosing, never over a range the caller owns (see
-/// [`Mapping::map_file`]), and unmapped at once.
+/// [`Mapping::map_file`]), and unmapped at once. Also `platform::storage_of`'s probe.
 #[cfg(not(miri))]
-fn accepts_map_sync(fd: std::os::fd::RawFd, prot: i32) -> bool {
+pub(super) fn accepts_map_sync(fd: std::os::fd::RawFd, prot: i32) -> bool {
     const PROBE_BYTES: usize = 4096;
     // SAFETY: a fresh shared mapping of one page at an address of the kernel's choosing; nothing
     // reads or writes through it, and it is unmapped below. A file shorter than a page would
@@ -514,19 +518,7 @@ mod tests {
             let other = s.spawn(|| {
                 let mut theirs = Vec::new();
                 while !done.load(Ordering::Relaxed) && theirs.len() < 200_000 {
-                    // SAFETY: a fresh anonymous PROT_NONE mapping at an address of the kernel's
-                    // choosing, never accessed, unmapped at the end of the test.
-                    let p = unsafe {
-                        libc::mmap(
-                            std::ptr::null_mut(),
-                            THEIRS,
-                            libc::PROT_NONE,
-                            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                            -1,
-                            0,
-                        )
-                    };
-                    assert_ne!(p, libc::MAP_FAILED);
+                    let p = reserve_address_space(THEIRS).expect("mmap");
                     theirs.push(p as usize);
                     started.store(true, Ordering::Release);
                 }

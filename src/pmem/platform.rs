@@ -167,7 +167,7 @@ fn is_memory_fs(_dir: &Path) -> bool {
 #[cfg(all(target_os = "linux", not(miri)))]
 fn supports_map_sync(dir: &Path) -> bool {
     use std::os::fd::AsRawFd;
-    const PROBE_BYTES: usize = 4096;
+    const PROBE_BYTES: u64 = 4096;
     let probe = dir.join(format!(".pmtx-dax-probe-{}", std::process::id()));
     let Ok(file) = std::fs::OpenOptions::new()
         .read(true)
@@ -177,27 +177,8 @@ fn supports_map_sync(dir: &Path) -> bool {
     else {
         return false;
     };
-    let sized = file.set_len(PROBE_BYTES as u64).is_ok();
-    let mut dax = false;
-    if sized {
-        // SAFETY: a fresh shared mapping of PROBE_BYTES bytes of a file at least that long; the
-        // kernel picks the address, nothing reads or writes through it, and it is unmapped below.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                PROBE_BYTES,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED_VALIDATE | libc::MAP_SYNC,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if p != libc::MAP_FAILED {
-            dax = true;
-            // SAFETY: `p` is the mapping just made, of PROBE_BYTES bytes, used by nothing else.
-            unsafe { libc::munmap(p, PROBE_BYTES) };
-        }
-    }
+    let dax = file.set_len(PROBE_BYTES).is_ok()
+        && super::mapping::accepts_map_sync(file.as_raw_fd(), libc::PROT_READ | libc::PROT_WRITE);
     drop(file);
     let _ = std::fs::remove_file(&probe);
     dax
