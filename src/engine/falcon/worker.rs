@@ -118,6 +118,14 @@ pub(crate) struct FalconWorker {
     write_lookup: common::WriteLookup,
     /// Where this transaction's reads found their keys (an update after a read skips the index).
     recent: common::RecentReads,
+    /// The index hits of this transaction's prefetches (issue 13): the read or write of a
+    /// prefetched key takes its tuple address from here instead of looking the key up again,
+    /// while the slot still holds `key` live ([`index_get`](Self::index_get)); otherwise (a
+    /// concurrent delete, an Outp update that superseded the version) the index is asked again,
+    /// so a remembered address answers only what a lookup at that moment would. Forgotten at
+    /// the transaction's end (`end_txn`), and per key when this transaction inserts or deletes
+    /// it.
+    prefetched: common::RecentReads,
     pub(super) ranges: Vec<RangeRec>,
     pub(super) data: Vec<u8>,
     payload: Vec<u8>,
@@ -197,6 +205,7 @@ impl FalconWorker {
             writes: Vec::new(),
             write_lookup: common::WriteLookup::default(),
             recent: common::RecentReads::default(),
+            prefetched: common::RecentReads::default(),
             ranges: Vec::new(),
             data: Vec::new(),
             payload: Vec::new(),
@@ -393,9 +402,8 @@ impl FalconWorker {
         }
         let mut t = match tuple {
             Some(t) => t,
-            None => self.tables[table as usize]
-                .index
-                .get(key)
+            None => self
+                .index_get(table, key)
                 .ok_or(TxError::NotFound { table, key })?,
         };
         // Outp: a version found dead may have been superseded since the index gave its address:
@@ -425,13 +433,27 @@ impl FalconWorker {
         Ok(())
     }
 
+    /// The index's address for `key`: where this transaction's prefetch found it if that slot
+    /// still holds `key` live, else a lookup.
+    fn index_get(&self, table: TableId, key: u64) -> Option<u64> {
+        if let Some(t) = self.prefetched.get(table, key) {
+            self.eng.gate(t);
+            if super::recovery::live_with_key(&self.pool, t, key) {
+                return Some(t);
+            }
+        }
+        self.tables[table as usize].index.get(key)
+    }
+
     /// The tuple of `key`: where this transaction read it, else the index's.
     fn locate(&self, table: TableId, key: u64) -> Result<u64, TxError> {
         match self.recent.get(table, key) {
             Some(t) => Ok(t),
             None => {
+                let t = self
+                    .index_get(table, key)
+                    .ok_or(TxError::NotFound { table, key })?;
                 let rt = &self.tables[table as usize];
-                let t = rt.index.get(key).ok_or(TxError::NotFound { table, key })?;
                 self.eng.gate(t);
                 // A blind update or delete takes the slot as the index gives it; a PM index may
                 // give the slot of an insert a crash interrupted (`sweep.rs`): not live with the
@@ -633,6 +655,7 @@ impl FalconWorker {
         self.writes.clear();
         self.write_lookup.clear();
         self.recent.next_txn();
+        self.prefetched.next_txn();
         self.ranges.clear();
         self.data.clear();
         self.superseded.clear();
@@ -932,6 +955,7 @@ impl EngineWorker for FalconWorker {
         for &key in keys {
             if let Some(t) = rt.index.get(key) {
                 self.pool.prefetch(t, bytes);
+                self.prefetched.note(table, key, t);
             }
         }
     }
@@ -953,6 +977,7 @@ impl EngineWorker for FalconWorker {
                 let streamed = self.will_stream(t, rt.row);
                 self.pool
                     .prefetch(t, if streamed { tuple::HEADER } else { whole });
+                self.prefetched.note(table, key, t);
             }
         }
     }
@@ -1023,6 +1048,9 @@ impl EngineWorker for FalconWorker {
         }
         self.ensure_table(table)?;
         self.partition_lock(key)?;
+        // The write set answers for the key from now on; a prefetched address must not outlive
+        // a change this transaction makes to the key.
+        self.prefetched.forget(table, key);
         if row.len() > self.eng.config.max_row_bytes {
             return Err(TxError::RowTooLarge(format!(
                 "a row of {} bytes exceeds the limit of {} bytes",
@@ -1084,6 +1112,7 @@ impl EngineWorker for FalconWorker {
         }
         self.ensure_table(table)?;
         self.partition_lock(key)?;
+        self.prefetched.forget(table, key);
         if let Some(w) = self.find_write(table, key) {
             match self.writes[w].kind {
                 WriteKind::Delete | WriteKind::Cancelled => {
@@ -1226,6 +1255,123 @@ impl Drop for FalconWorker {
         }
         if let Some(state) = self.state.take() {
             *self.eng.threads[self.thread].lock() = Some(state);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FalconWorker;
+    use crate::catalog::{ColumnType, Schema, TableId};
+    use crate::cc::Protocol;
+    use crate::engine::falcon::{FalconConfig, FalconEngine};
+    use crate::engine::{Engine, EngineKind, EngineWorker, FieldWrite, TxError};
+    use crate::index::IndexPlacement;
+    use crate::pmem::{PersistenceDomain, Pool, PoolOptions};
+    use std::sync::Arc;
+
+    /// An engine with table `t(v)` holding rows 0..4 with `v = 10 k`, and two idle workers.
+    fn setup(
+        placement: IndexPlacement,
+    ) -> (Arc<FalconEngine>, TableId, FalconWorker, FalconWorker) {
+        let opts = PoolOptions::new(EngineKind::Falcon.layout(), PersistenceDomain::Eadr);
+        let pool = Arc::new(Pool::create_in_memory(32 << 20, &opts).unwrap());
+        let mut config = FalconConfig::new(EngineKind::Falcon, Protocol::Occ);
+        config.max_threads = 2;
+        config.index_placement = placement;
+        let eng = FalconEngine::create(pool, config).unwrap();
+        let t = eng
+            .create_table(Schema::new("t", &[("v", ColumnType::U64)]))
+            .unwrap();
+        let mut a = FalconWorker::new(eng.clone(), 0).unwrap();
+        a.begin(false);
+        for k in 0..4u64 {
+            a.insert(t, k, &(10 * k).to_le_bytes()).unwrap();
+        }
+        a.commit().unwrap();
+        let b = FalconWorker::new(eng.clone(), 1).unwrap();
+        (eng, t, a, b)
+    }
+
+    fn value(w: &mut FalconWorker, t: TableId, key: u64) -> Result<u64, TxError> {
+        let mut out = [0u8; 8];
+        w.read(t, key, &mut out)?;
+        Ok(u64::from_le_bytes(out))
+    }
+
+    fn set(w: &mut FalconWorker, t: TableId, key: u64, v: u64) -> Result<(), TxError> {
+        let bytes = v.to_le_bytes();
+        w.update(
+            t,
+            key,
+            &[FieldWrite {
+                offset: 0,
+                bytes: &bytes,
+            }],
+        )
+    }
+
+    /// Issue 13's prefetch memo: a key this transaction deletes, re-inserts or updates after
+    /// prefetching it reads as its own write says, and an abort leaves nothing remembered.
+    #[test]
+    fn prefetched_addresses_yield_to_own_writes_and_to_an_abort() {
+        for placement in [IndexPlacement::Dram, IndexPlacement::Pm] {
+            let (_eng, t, mut a, _b) = setup(placement);
+            a.begin(false);
+            a.prefetch(t, &[0, 1, 2, 3]);
+            a.delete(t, 1).unwrap();
+            assert!(matches!(value(&mut a, t, 1), Err(TxError::NotFound { .. })));
+            a.insert(t, 1, &111u64.to_le_bytes()).unwrap();
+            assert_eq!(value(&mut a, t, 1), Ok(111));
+            set(&mut a, t, 2, 222).unwrap();
+            assert_eq!(value(&mut a, t, 2), Ok(222));
+            assert_eq!(value(&mut a, t, 3), Ok(30));
+            a.delete(t, 3).unwrap();
+            assert!(matches!(
+                set(&mut a, t, 3, 5),
+                Err(TxError::NotFound { .. })
+            ));
+            a.abort();
+            a.begin(false);
+            a.prefetch(t, &[1, 2, 3]);
+            assert_eq!(
+                (
+                    value(&mut a, t, 1),
+                    value(&mut a, t, 2),
+                    value(&mut a, t, 3)
+                ),
+                (Ok(10), Ok(20), Ok(30)),
+                "{placement:?}"
+            );
+            a.commit().unwrap();
+        }
+    }
+
+    /// A row another transaction deletes and re-inserts (in another slot) between this
+    /// transaction's prefetch and its read or write is found where the index now has it, as
+    /// without the prefetch: the remembered slot no longer holds the key live.
+    #[test]
+    fn a_prefetched_address_gone_stale_is_looked_up_again() {
+        for placement in [IndexPlacement::Dram, IndexPlacement::Pm] {
+            let (eng, t, mut a, mut b) = setup(placement);
+            a.begin(false);
+            a.prefetch(t, &[2, 3]);
+            for key in [2, 3] {
+                b.begin(false);
+                b.delete(t, key).unwrap();
+                b.commit().unwrap();
+                b.begin(false);
+                b.insert(t, key, &(key * 100).to_le_bytes()).unwrap();
+                b.commit().unwrap();
+            }
+            assert_eq!(value(&mut a, t, 2), Ok(200), "{placement:?}");
+            set(&mut a, t, 3, 7).unwrap();
+            a.commit().unwrap();
+            a.begin(true);
+            assert_eq!(value(&mut a, t, 3), Ok(7), "{placement:?}");
+            a.commit().unwrap();
+            drop((a, b));
+            assert_eq!(Engine::check_structure(&*eng), Ok(vec![4]), "{placement:?}");
         }
     }
 }
