@@ -182,6 +182,13 @@ impl<'a> Entry<'a> {
         }
     }
 
+    /// Asks the CPU to start loading the entry's first line: its metadata (and the row's first
+    /// words), what a lookup, lock or blind overwrite touches before it reads the row, if ever.
+    #[inline]
+    pub fn prefetch_meta(self) {
+        crate::pmem::prefetch(self.meta.as_ptr());
+    }
+
     /// The NVM header word of the cached version (LP, Tx-CTS; never DELETED: a cached version
     /// is live), as it was persisted. Read under the write lock (or by the owner of an
     /// unpublished entry), like `nvm`.

@@ -31,6 +31,25 @@ const GC_BUDGET: usize = 64;
 /// At most this much of a tuple (or Met-Cache entry) is prefetched per key: enough for the
 /// header and a 1 KB row, without flooding the line-fill buffers on larger rows.
 const PREFETCH_TUPLE_BYTES: u64 = 2048;
+/// Superseded NVM-tuples whose header line a transaction's begin starts loading
+/// ([`ZenWorker::prefetch_garbage`]): about what its commit's Maintenance zeroes (one per update
+/// of the commit before).
+const PREFETCH_GARBAGE: usize = 16;
+
+/// A key announced by a prefetch hint ([`EngineWorker::prefetch`] and its variants) whose index
+/// bucket is on its way but whose lookup has not run yet ([`ZenWorker::run_prefetches`]).
+#[derive(Clone, Copy)]
+struct PendingPrefetch {
+    table: TableId,
+    key: u64,
+    /// The key's index value once looked up (an NVM offset or a Met-Cache reference).
+    found: Option<u64>,
+    /// Bytes of the uncached NVM-tuple the transaction will read (header and row), or only its
+    /// header for a blind overwrite; a cached row's whole entry, or only its metadata line.
+    uncached_bytes: u64,
+    /// The rest of the row is read, not only the header (or entry metadata).
+    whole_row: bool,
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum WriteKind {
@@ -141,6 +160,9 @@ pub(crate) struct ZenWorker {
     /// Keys this transaction declared it reads and does not write
     /// ([`EngineWorker::prefetch_read_only`]): their uncached rows may be read in place.
     read_only_keys: Vec<(TableId, u64)>,
+    /// Hinted keys whose lookups wait for the transaction's next operation, so that the index
+    /// misses of every hint overlap ([`ZenWorker::run_prefetches`]).
+    pending_prefetches: Vec<PendingPrefetch>,
     pub(super) txns: u64,
     /// This thread holds G-EX and the others have finished.
     exclusive_ready: bool,
@@ -188,6 +210,7 @@ impl ZenWorker {
             accesses: vec![0; tables.len()],
             uncached_reads: 0,
             read_only_keys: Vec::new(),
+            pending_prefetches: Vec::new(),
             tables,
             in_txn: false,
             read_only: false,
@@ -382,20 +405,72 @@ impl ZenWorker {
         Ok(r)
     }
 
-    /// Two passes over a transaction's keys: the index buckets of all of them, then (the buckets
-    /// are on their way, so the lookups overlap) what `locate` touches next for each key, its
-    /// Met-Cache entry on a hit or the first `uncached_bytes` of its NVM-tuple on a miss. A
-    /// 16-key transaction then waits for about two rounds of misses instead of sixteen pairs.
-    fn prefetch_keys(&self, table: TableId, keys: &[u64], uncached_bytes: u64) {
+    /// The first half of a prefetch hint: starts loading the index buckets of `keys` and queues
+    /// their lookups for [`run_prefetches`](Self::run_prefetches), which the transaction's next
+    /// operation runs. A transaction that hints several groups of keys (YCSB: its reads, then its
+    /// overwrites) so waits for one round of index misses, not one per group.
+    fn queue_prefetches(&mut self, table: TableId, keys: &[u64], uncached_bytes: u64, whole: bool) {
         let rt = &self.tables[table as usize];
         for &key in keys {
             rt.index.prefetch(key);
         }
-        for &key in keys {
-            match rt.index.get(key) {
-                Some(v) if is_cache_ref(v) => rt.cache.entry(v).prefetch_row(),
-                Some(v) => self.pool.prefetch(v, uncached_bytes),
+        self.pending_prefetches
+            .extend(keys.iter().map(|&key| PendingPrefetch {
+                table,
+                key,
+                found: None,
+                uncached_bytes,
+                whole_row: whole,
+            }));
+    }
+
+    /// Runs the second half of the hints queued since the last operation, if any: called first by
+    /// every operation.
+    #[inline]
+    fn run_prefetches(&mut self) {
+        if !self.pending_prefetches.is_empty() {
+            self.issue_pending_prefetches();
+        }
+    }
+
+    /// The lookups of the queued keys (their buckets are on their way, so they overlap), then
+    /// what `locate` or the commit touches next, in two passes. First one line per key, the
+    /// Met-Cache entry's metadata or the NVM-tuple's header: each of these lines is on its own
+    /// 4 KB page, so the page walks all start before the bulk loads of the second pass, the rest
+    /// of each row the transaction reads, fill the line-fill buffers (a header prefetch stalled
+    /// as long as a 17-line one). A 16-key transaction then waits for about two rounds of misses
+    /// instead of sixteen pairs.
+    #[inline(never)]
+    fn issue_pending_prefetches(&mut self) {
+        let mut pending = std::mem::take(&mut self.pending_prefetches);
+        for p in &mut pending {
+            let rt = &self.tables[p.table as usize];
+            p.found = rt.index.get(p.key);
+            match p.found {
+                Some(v) if is_cache_ref(v) => rt.cache.entry(v).prefetch_meta(),
+                Some(v) => self.pool.prefetch(v, tuple::HEADER),
                 None => {}
+            }
+        }
+        for p in pending.iter().filter(|p| p.whole_row) {
+            let rt = &self.tables[p.table as usize];
+            match p.found {
+                Some(v) if is_cache_ref(v) => rt.cache.entry(v).prefetch_row(),
+                Some(v) => self.pool.prefetch(v, p.uncached_bytes),
+                None => {}
+            }
+        }
+        pending.clear();
+        self.pending_prefetches = pending;
+    }
+
+    /// Starts loading the header lines of the oldest superseded NVM-tuples, which the commit's
+    /// Maintenance zeroes (§3.4): their misses, each on its own page, overlap the transaction
+    /// instead of stalling the commit one after another.
+    fn prefetch_garbage(&self) {
+        if let Some(st) = &self.state {
+            for g in st.garbage.iter().take(PREFETCH_GARBAGE) {
+                self.pool.prefetch(g.slot, 8);
             }
         }
     }
@@ -920,6 +995,7 @@ impl ZenWorker {
         self.rows.clear();
         self.secondary.clear();
         self.read_only_keys.clear();
+        self.pending_prefetches.clear();
         self.in_txn = false;
         self.eng.active[self.thread].store(u64::MAX, Ordering::Release);
         self.eng.footprint[self.thread].store(0, Ordering::Relaxed);
@@ -982,11 +1058,13 @@ impl EngineWorker for ZenWorker {
         self.in_txn = true;
         self.read_only = read_only;
         self.max_seen = 0;
+        self.prefetch_garbage();
         self.eng.active[self.thread].store(self.eng.clock.now(), Ordering::Release);
         self.cc_begin();
     }
 
     fn read(&mut self, table: TableId, key: u64, out: &mut [u8]) -> Result<(), TxError> {
+        self.run_prefetches();
         self.ensure_table(table)?;
         self.check_exclusive()?;
         self.partition_lock(key)?;
@@ -1009,13 +1087,11 @@ impl EngineWorker for ZenWorker {
     fn prefetch(&mut self, table: TableId, keys: &[u64]) {
         if self.ensure_table(table).is_ok() {
             let row = self.tables[table as usize].row as u64;
-            self.prefetch_keys(table, keys, (tuple::HEADER + row).min(PREFETCH_TUPLE_BYTES));
+            let bytes = (tuple::HEADER + row).min(PREFETCH_TUPLE_BYTES);
+            self.queue_prefetches(table, keys, bytes, true);
         }
     }
 
-    /// As [`prefetch`](Self::prefetch), but an uncached row that a blind overwrite will replace
-    /// ([`ZenWorker::overwrites_blindly`]) is never read: only its NVM-tuple's header line is
-    /// loaded.
     /// As [`prefetch`](Self::prefetch), and (OCC, Silo) the keys' uncached rows may then be
     /// read in place ([`ZenWorker::read_uncached`]).
     fn prefetch_read_only(&mut self, table: TableId, keys: &[u64]) {
@@ -1025,12 +1101,15 @@ impl EngineWorker for ZenWorker {
         }
     }
 
+    /// As [`prefetch`](Self::prefetch), but a row that a blind overwrite will replace
+    /// ([`ZenWorker::overwrites_blindly`]) is never read: only its NVM-tuple's header line, or
+    /// its Met-Cache entry's metadata line, is loaded.
     fn prefetch_for_overwrite(&mut self, table: TableId, keys: &[u64]) {
         if self.ensure_table(table).is_err() {
             return;
         }
         if self.overwrites_blindly(table) {
-            self.prefetch_keys(table, keys, tuple::HEADER);
+            self.queue_prefetches(table, keys, tuple::HEADER, false);
         } else {
             self.prefetch(table, keys);
         }
@@ -1042,6 +1121,7 @@ impl EngineWorker for ZenWorker {
         key: u64,
         writes: &[FieldWrite<'_>],
     ) -> Result<(), TxError> {
+        self.run_prefetches();
         if self.read_only {
             return Err(TxError::ReadOnly);
         }
@@ -1101,6 +1181,7 @@ impl EngineWorker for ZenWorker {
     }
 
     fn insert(&mut self, table: TableId, key: u64, row: &[u8]) -> Result<(), TxError> {
+        self.run_prefetches();
         if self.read_only {
             return Err(TxError::ReadOnly);
         }
@@ -1137,6 +1218,7 @@ impl EngineWorker for ZenWorker {
     }
 
     fn delete(&mut self, table: TableId, key: u64) -> Result<(), TxError> {
+        self.run_prefetches();
         if self.read_only {
             return Err(TxError::ReadOnly);
         }
@@ -1170,6 +1252,7 @@ impl EngineWorker for ZenWorker {
         limit: usize,
         f: &mut dyn FnMut(u64, &[u8]) -> bool,
     ) -> Result<(), TxError> {
+        self.run_prefetches();
         self.ensure_table(table)?;
         let mut hits = std::mem::take(&mut self.scan_hits);
         let mut row = std::mem::take(&mut self.scratch);
@@ -1264,6 +1347,95 @@ mod tests {
     use crate::engine::zen::ZenConfig;
     use crate::engine::Engine;
     use crate::pmem::{PersistenceDomain, Pool, PoolOptions};
+
+    /// The keys of `table` whose index value is a Met-Cache reference (rows cached now).
+    fn cached_keys(eng: &ZenEngine, table: TableId, rows: u64) -> Vec<u64> {
+        let rt = eng.tables.read()[table as usize].clone();
+        (0..rows)
+            .filter(|&k| is_cache_ref(rt.index.get(k).expect("a loaded key")))
+            .collect()
+    }
+
+    /// Write-around (commit 3a49a37, `install_version`): a blind overwrite of an uncached row
+    /// leaves the new version on NVM alone, the index pointing at its NVM-tuple, and the entry
+    /// that served as its write lock is reused by the next blind overwrite, so a run of them
+    /// evicts no cached row. Copying the new row into the Met-Cache instead would show as a cache
+    /// reference for the key, and every CLOCK claim as a cached row gone.
+    #[test]
+    fn blind_overwrites_write_around_the_met_cache() {
+        const ROWS: u64 = 400;
+        for protocol in [Protocol::Occ, Protocol::Silo] {
+            let opts = PoolOptions::new("zen", PersistenceDomain::Eadr);
+            let pool = Arc::new(Pool::create_in_memory(32 << 20, &opts).unwrap());
+            let mut config = ZenConfig::new(protocol);
+            config.max_threads = 1;
+            config.cache_bytes = Some(0);
+            config.cache_min_entries = 64;
+            let eng = ZenEngine::create(pool, config).unwrap();
+            let table = eng
+                .create_table(Schema::new("rows", &[("v", ColumnType::Bytes(64))]))
+                .unwrap();
+            let mut w = ZenWorker::new(eng.clone(), 0).unwrap();
+            // Ten rows a transaction: the cache holds about 64, so the first rows are evicted.
+            for first in (0..ROWS).step_by(10) {
+                w.begin(false);
+                for k in first..first + 10 {
+                    w.insert(table, k, &[1; 64]).unwrap();
+                }
+                w.commit().unwrap();
+            }
+            let cached = cached_keys(&eng, table, ROWS);
+            assert!(
+                cached.len() < ROWS as usize / 2,
+                "{protocol}: {}",
+                cached.len()
+            );
+            let uncached: Vec<u64> = (0..ROWS).filter(|k| !cached.contains(k)).collect();
+            let rt = eng.tables.read()[table as usize].clone();
+            let mut cached_after_first = Vec::new();
+            for (n, &key) in uncached.iter().take(8).enumerate() {
+                let before = rt.index.get(key).unwrap();
+                let row = [n as u8 + 2; 64];
+                w.begin(false);
+                w.prefetch_for_overwrite(table, &[key]);
+                w.update(
+                    table,
+                    key,
+                    &[FieldWrite {
+                        offset: 0,
+                        bytes: &row,
+                    }],
+                )
+                .unwrap();
+                w.commit().unwrap();
+                let after = rt.index.get(key).unwrap();
+                assert!(
+                    !is_cache_ref(after),
+                    "{protocol}: key {key}'s new version was copied into the Met-Cache"
+                );
+                assert_ne!(
+                    after, before,
+                    "{protocol}: the index names the new NVM-tuple"
+                );
+                if n == 0 {
+                    // The first overwrite found no lock-only entry and evicted one row.
+                    cached_after_first = cached_keys(&eng, table, ROWS);
+                }
+            }
+            assert_eq!(
+                cached_keys(&eng, table, ROWS),
+                cached_after_first,
+                "{protocol}: later blind overwrites reused the lock-only entry, evicting no row"
+            );
+            for (n, &key) in uncached.iter().take(8).enumerate() {
+                let mut out = [0; 64];
+                w.begin(true);
+                w.read(table, key, &mut out).unwrap();
+                w.commit().unwrap();
+                assert_eq!(out, [n as u8 + 2; 64], "{protocol}: key {key}");
+            }
+        }
+    }
 
     /// Issue 22, item 1 (Zen TPC-C under TicToc and MVOCC failed with DuplicateKey), replayed step
     /// by step. New-Orders A and B read the same district counter. B's commit locks the counter
