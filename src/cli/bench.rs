@@ -91,6 +91,10 @@ pub struct CommonArgs {
     /// DUDETx: transactions combined into one persisted log record at most (§3.3).
     #[arg(long, default_value_t = 64)]
     pub dudetx_group: usize,
+    /// DUDETx: LZ4 on the persisted log records (§3.3): `auto` (async mode only), `always`,
+    /// `never`.
+    #[arg(long, default_value = "auto")]
+    pub dudetx_compress: crate::engine::dudetx::LogCompression,
     /// DUDETx, async mode: how long the persist thread waits at most for a group to fill (§3.3),
     /// in µs (at most 1 000 000; 0: it takes what is queued).
     #[arg(long, default_value_t = crate::engine::dudetx::DEFAULT_GROUP_DELAY_US)]
@@ -229,6 +233,7 @@ impl CommonArgs {
         config.cache_ratio = self.cache_ratio;
         config.dudetx_mode = self.dudetx_mode;
         config.dudetx_group = self.dudetx_group;
+        config.dudetx_compression = self.dudetx_compress;
         config.dudetx_group_delay_us = self.dudetx_group_delay_us;
         config.mmdb_group = self.mmdb_group;
         config.mmdb_group_wait_us = self.mmdb_group_wait_us;

@@ -71,6 +71,10 @@ pub struct Args {
     /// DUDETx: transactions combined per log record (§3.3).
     #[arg(long, default_value_t = 64)]
     pub dudetx_group: usize,
+    /// DUDETx: LZ4 on the persisted log records (§3.3): `auto` (async mode only), `always`,
+    /// `never`.
+    #[arg(long, default_value = "auto")]
+    pub dudetx_compress: crate::engine::dudetx::LogCompression,
     /// DUDETx, async mode: how long the persist thread waits at most for a group to fill, µs.
     #[arg(long, default_value_t = crate::engine::dudetx::DEFAULT_GROUP_DELAY_US)]
     pub dudetx_group_delay_us: u64,
@@ -144,6 +148,7 @@ fn create_runner<R: PObject + Default>(
         .max_threads(max_threads);
     config.dudetx.mode = args.dudetx_mode;
     config.dudetx.group = args.dudetx_group;
+    config.dudetx.compression = args.dudetx_compress;
     config.dudetx.group_delay_us = args.dudetx_group_delay_us;
     config.dudetx.perform = args.dudetx_perform;
     config.dudetx.shadow_percent = args.dudetx_shadow_pct;

@@ -131,6 +131,10 @@ pub struct DbConfig {
     pub dudetx_mode: DurabilityMode,
     /// DUDETx: transactions combined into one persisted log record at most (§3.3; default 64).
     pub dudetx_group: usize,
+    /// DUDETx: whether log records are compressed with LZ4 (§3.3; default
+    /// [`LogCompression::Auto`](crate::engine::dudetx::LogCompression::Auto): in async mode
+    /// only).
+    pub dudetx_compression: crate::engine::dudetx::LogCompression,
     /// DUDETx, async mode: how long the persist thread waits at most for a group of
     /// `dudetx_group` to fill (§3.3), in µs (default 2,000; at most 1,000,000; 0: it takes what
     /// is queued). Sync commits never wait for a group. The table engine's shadow is a whole
@@ -203,6 +207,7 @@ impl Default for DbConfig {
             background_recovery: true,
             dudetx_mode: DurabilityMode::Sync,
             dudetx_group: 64,
+            dudetx_compression: crate::engine::dudetx::LogCompression::Auto,
             dudetx_group_delay_us: crate::engine::dudetx::DEFAULT_GROUP_DELAY_US,
             dudetx_log_pages: 0,
             dudetx_background: true,
@@ -366,6 +371,7 @@ impl DbConfig {
         c.max_row_bytes = self.max_row_bytes;
         c.mode = self.dudetx_mode;
         c.group = self.dudetx_group;
+        c.compression = self.dudetx_compression;
         c.group_delay_us = self.dudetx_group_delay_us;
         c.log_pages = self.dudetx_log_pages;
         c.background = self.dudetx_background;

@@ -83,10 +83,17 @@
 //!   buffers from one step to the next; reproduce returns the records' buffers to the spares.
 //!   The paper's thread-local circular log buffers (§3.2) do the same job; `perf` had put
 //!   malloc and free at 3-4 % of a sync commit.
-//! - **LZ4 with a backoff** (§3.3 compresses every group): a record LZ4 did not shrink makes
-//!   the next 1, 3, 7, ... 63 records skip the attempt, so incompressible logs (YCSB's random
-//!   fields) pay for one attempt in 64 on the persist path, while compressible ones (padded
-//!   rows, large combined groups) are compressed as before.
+//! - **LZ4 in async mode only, by default, and with a backoff** (§3.3 compresses every group):
+//!   a sync commit waits for its record's compression, which cost more than the PM bytes it
+//!   saved (see [`LogCompression`]; `--dudetx-compress always` restores §3.3). When LZ4 is on,
+//!   a record it did not shrink makes the next 1, 3, 7, ... 63 records skip the attempt, so
+//!   incompressible logs (YCSB's random fields) pay for one attempt in 64 on the persist path,
+//!   while compressible ones (padded rows, large combined groups) are compressed.
+//! - **A group of one transaction is its log**, uncombined: combination removes a row's
+//!   earlier writes, which within one transaction the shadow's write set has mostly merged
+//!   already, and replaying a log in order is what combination preserves. In sync mode with
+//!   one or two workers most groups are single: the sort and decode of combination were 6 %
+//!   of a committer's cycles on TPC-C (`perf`, 1 thread).
 //! - **No write-back of the log under eADR**: the caches are persistent there, so the record
 //!   lines' `clwb`s bought nothing (the fence stays).
 //! - **Inline steps in the crash simulator** (`background: false`): the simulator's crash points
@@ -192,6 +199,62 @@ impl std::fmt::Display for DurabilityMode {
     }
 }
 
+/// Whether a persist step compresses its records with LZ4 (§3.3).
+///
+/// §3.3 compresses every combined group, to save PM write bandwidth: with many threads a PM
+/// device's write bandwidth is what limits the persist threads. A sync commit, though, waits for
+/// its own record's compression: on this project's 2-core machine LZ4 was 11 % of a sync
+/// committer's cycles on TPC-C (`perf`, 1 thread), which saved ~750 of 2,250 PM bytes per
+/// transaction, a write that costs far less than the compression on DRAM or one Optane DIMM at
+/// one or two threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LogCompression {
+    /// `Always` in [`DurabilityMode::Async`] (the persist thread compresses off the commit
+    /// path, whole groups), `Never` in [`DurabilityMode::Sync`] (a commit would wait for it).
+    Auto,
+    /// Every record is tried, as §3.3 does (a record LZ4 does not shrink is stored as it is,
+    /// and makes the next few skip the attempt).
+    Always,
+    /// Records are stored as combined, uncompressed.
+    Never,
+}
+
+impl LogCompression {
+    /// Whether records are compressed under `mode`.
+    pub fn compresses(self, mode: DurabilityMode) -> bool {
+        match self {
+            LogCompression::Auto => mode == DurabilityMode::Async,
+            LogCompression::Always => true,
+            LogCompression::Never => false,
+        }
+    }
+}
+
+impl std::str::FromStr for LogCompression {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(LogCompression::Auto),
+            "always" => Ok(LogCompression::Always),
+            "never" => Ok(LogCompression::Never),
+            _ => Err(format!(
+                "unknown DUDETx log compression '{s}' (expected auto, always or never)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for LogCompression {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LogCompression::Auto => "auto",
+            LogCompression::Always => "always",
+            LogCompression::Never => "never",
+        })
+    }
+}
+
 /// A deliberate bug in one ordering step, for showing that the crash harness catches it
 /// (test-only).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -265,6 +328,8 @@ pub struct DudetxConfig {
     pub mode: DurabilityMode,
     /// Transactions combined into one log record at most (§3.3; 1: no combination).
     pub group: usize,
+    /// Whether records are compressed with LZ4 (§3.3).
+    pub compression: LogCompression,
     /// Async mode, background persist thread: how long it waits at most for a group to fill
     /// (§3.3: a larger group combines more), in microseconds; 0: it takes what is queued. Sync
     /// commits never wait for a group to fill (see [`DurabilityMode::Sync`]).
@@ -289,7 +354,8 @@ pub const MAX_GROUP_DELAY_US: u64 = 1_000_000;
 pub const DEFAULT_LOG_PAGES: usize = 8;
 
 impl DudetxConfig {
-    /// Defaults: sync mode, groups of up to 64 transactions, a log ring sized from the pool
+    /// Defaults: sync mode, groups of up to 64 transactions, LZ4 by mode
+    /// ([`LogCompression::Auto`]), a log ring sized from the pool
     /// (up to 8 pages, 16 MiB),
     /// background threads, 16 threads, rows up to 4 KiB.
     pub fn new(protocol: Protocol) -> DudetxConfig {
@@ -300,6 +366,7 @@ impl DudetxConfig {
             max_row_bytes: 4096,
             mode: DurabilityMode::Sync,
             group: 64,
+            compression: LogCompression::Auto,
             group_delay_us: DEFAULT_GROUP_DELAY_US,
             log_pages: 0,
             background: true,

@@ -150,7 +150,11 @@ impl IdOrder {
         let (first, last) = (first.id, last.id);
         let mut raw = std::mem::take(&mut p.raw);
         raw.clear();
-        p.combiner.combine_into(&p.group, &mut raw)?;
+        match p.group.as_slice() {
+            // A single log replays as combined (see the module doc of `engine::dudetx`).
+            [single] => raw.extend_from_slice(&single.log),
+            group => p.combiner.combine_into(group, &mut raw)?,
+        }
         p.records.push(Record {
             first,
             last,
@@ -670,8 +674,9 @@ impl<H: Apply> Core<H> {
             p.built.resize_with(n, Vec::new);
         }
         let mut pos = start;
+        let compresses = self.config.compression.compresses(self.config.mode);
         for (r, rec) in p.records.iter().zip(&mut p.built) {
-            let attempt = p.lz4.attempt();
+            let attempt = compresses && p.lz4.attempt();
             build_record_into(rec, &mut p.packed, [r.first, r.last, pos], &r.raw, attempt);
             if attempt {
                 p.lz4.outcome(is_compressed(rec));

@@ -197,6 +197,8 @@ pub struct DudetxPtmOptions {
     pub mode: DurabilityMode,
     /// Transactions combined into one log record at most (§3.3).
     pub group: usize,
+    /// Whether log records are compressed with LZ4 (§3.3; `DudetxConfig::compression`).
+    pub compression: super::LogCompression,
     /// Async mode: how long the persist thread waits at most for a group to fill, in µs
     /// (`DudetxConfig::group_delay_us`).
     pub group_delay_us: u64,
@@ -225,6 +227,7 @@ impl Default for DudetxPtmOptions {
         DudetxPtmOptions {
             mode: DurabilityMode::Sync,
             group: 64,
+            compression: super::LogCompression::Auto,
             group_delay_us: super::DEFAULT_GROUP_DELAY_US,
             log_pages: 0,
             background: true,
@@ -371,6 +374,7 @@ fn core_config(config: &PtmConfig, log_pages: usize) -> Result<DudetxConfig, Ptm
     let mut c = DudetxConfig::new(Protocol::Occ);
     c.mode = o.mode;
     c.group = o.group;
+    c.compression = o.compression;
     c.group_delay_us = o.group_delay_us;
     c.log_pages = log_pages;
     c.background = o.background && config.crash_sim.is_none();
