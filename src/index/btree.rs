@@ -161,17 +161,6 @@ impl<const W: usize> Node<W> {
         (pos, pos < count && self.key(pos) == key)
     }
 
-    /// Starts loading every line of the node, so that the search that follows takes one miss's
-    /// latency rather than one per line it touches in turn (its version, then the keys its
-    /// halving visits, then the slot).
-    #[inline]
-    fn prefetch(&self) {
-        let start: *const u8 = (self as *const Self).cast();
-        for line in 0..std::mem::size_of::<Self>().div_ceil(64) {
-            crate::pmem::prefetch(start.wrapping_add(line * 64));
-        }
-    }
-
     /// The child of an inner node that covers `key`: the number of separators `<= key`.
     #[inline]
     fn child_index(&self, count: usize, key: [u64; W]) -> usize {
@@ -456,7 +445,6 @@ impl<const W: usize> BTree<W> {
     fn read_root(&self) -> Option<(u64, &Node<W>, u64)> {
         let id = self.root.load(Ordering::Acquire);
         let node = self.arena.get(id)?;
-        node.prefetch();
         let v = node.read_lock()?;
         (self.root.load(Ordering::Acquire) == id).then_some((id, node, v))
     }
@@ -469,7 +457,6 @@ impl<const W: usize> BTree<W> {
             return None;
         }
         let next = self.arena.get(id)?;
-        next.prefetch();
         let nv = next.read_lock()?;
         // The child was still linked from `node` after its version was read.
         node.validate(v).then_some((id, next, nv))
