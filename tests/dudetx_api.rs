@@ -6,7 +6,7 @@
 use pmtx::catalog::{ColumnType, Schema};
 use pmtx::cc::Protocol;
 use pmtx::db::{Db, DbConfig, Value};
-use pmtx::engine::dudetx::{DudetxConfig, DudetxEngine, DurabilityMode};
+use pmtx::engine::dudetx::{DudetxConfig, DudetxEngine, DurabilityMode, LogCompression};
 use pmtx::engine::{DbError, Engine, EngineKind, FieldWrite};
 use pmtx::pmem::{PersistenceDomain, Pool, PoolOptions};
 use std::sync::Arc;
@@ -28,6 +28,28 @@ fn kv() -> Schema {
         "kv",
         &[("v", ColumnType::U64), ("pad", ColumnType::Bytes(24))],
     )
+}
+
+/// An engine on a new in-memory ADR pool whose persist and reproduce steps run inline in the
+/// committing thread, so that groups fill deterministically (every `group` commits).
+fn inline_engine(
+    mode: DurabilityMode,
+    group: usize,
+    compression: LogCompression,
+) -> Arc<DudetxEngine> {
+    let mut c = DudetxConfig::new(Protocol::Occ);
+    c.mode = mode;
+    c.group = group;
+    c.compression = compression;
+    c.max_threads = 2;
+    c.log_pages = 2;
+    c.background = false;
+    let pool = Pool::create_in_memory(
+        32 << 20,
+        &PoolOptions::new("dudetx", PersistenceDomain::Adr).with_counting(false),
+    )
+    .unwrap();
+    DudetxEngine::create(Arc::new(pool), c).unwrap()
 }
 
 /// Sync mode: every commit returns with its id already durable.
@@ -170,19 +192,7 @@ fn concurrent_transfers_keep_the_total_under_several_protocols() {
 fn log_combination_persists_a_hot_row_once_per_group() {
     let mut saved = Vec::new();
     for group in [1usize, 100] {
-        let mut c = DudetxConfig::new(Protocol::Occ);
-        c.mode = DurabilityMode::Async;
-        c.group = group;
-        c.max_threads = 2;
-        c.log_pages = 2;
-        // Inline steps: groups fill deterministically (every `group` commits).
-        c.background = false;
-        let pool = Pool::create_in_memory(
-            32 << 20,
-            &PoolOptions::new("dudetx", PersistenceDomain::Adr).with_counting(false),
-        )
-        .unwrap();
-        let engine = DudetxEngine::create(Arc::new(pool), c).unwrap();
+        let engine = inline_engine(DurabilityMode::Async, group, LogCompression::Auto);
         let t = engine.create_table(kv()).unwrap();
         let mut w = engine.clone().worker(0).unwrap();
         w.begin(false);
@@ -307,7 +317,6 @@ fn the_group_delay_is_set_through_the_db_config() {
 /// far fewer bytes than it combined.
 #[test]
 fn lz4_compresses_log_records_in_async_mode_unless_configured_otherwise() {
-    use pmtx::engine::dudetx::LogCompression;
     let cases = [
         (DurabilityMode::Sync, LogCompression::Auto, false),
         (DurabilityMode::Sync, LogCompression::Always, true),
@@ -315,19 +324,7 @@ fn lz4_compresses_log_records_in_async_mode_unless_configured_otherwise() {
         (DurabilityMode::Async, LogCompression::Never, false),
     ];
     for (mode, compression, compressed) in cases {
-        let mut c = DudetxConfig::new(Protocol::Occ);
-        c.mode = mode;
-        c.compression = compression;
-        c.group = 4;
-        c.max_threads = 2;
-        c.log_pages = 2;
-        c.background = false;
-        let pool = Pool::create_in_memory(
-            32 << 20,
-            &PoolOptions::new("dudetx", PersistenceDomain::Adr).with_counting(false),
-        )
-        .unwrap();
-        let engine = DudetxEngine::create(Arc::new(pool), c).unwrap();
+        let engine = inline_engine(mode, 4, compression);
         let wide = Schema::new(
             "wide",
             &[("v", ColumnType::U64), ("pad", ColumnType::Bytes(1000))],
