@@ -131,14 +131,27 @@ impl CatalogStore {
 /// `schema`, the catalog's entry for table `id` (`None`: there is none), if the table is live;
 /// else the error saying which of "unknown" and "dropped" it is. The one place of that rule,
 /// for the catalog and for the workers' copies of its schemas.
+///
+/// Inlined, with the error built out of line: every operation of every transaction checks its
+/// table here, often several times (issue 13: 1.5 % of TPC-C as a call).
+#[inline]
 pub fn live_schema(schema: Option<&Schema>, id: TableId) -> Result<&Schema, CatalogError> {
     match schema {
-        None => Err(CatalogError::NoSuchTable(id)),
-        Some(s) if !s.is_live() => Err(CatalogError::TableDropped {
+        Some(s) if s.is_live() => Ok(s),
+        _ => Err(not_live(schema, id)),
+    }
+}
+
+/// Why [`live_schema`] refused `schema`.
+#[cold]
+#[inline(never)]
+fn not_live(schema: Option<&Schema>, id: TableId) -> CatalogError {
+    match schema {
+        None => CatalogError::NoSuchTable(id),
+        Some(s) => CatalogError::TableDropped {
             id,
             name: s.name.clone(),
-        }),
-        Some(s) => Ok(s),
+        },
     }
 }
 

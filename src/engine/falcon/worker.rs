@@ -445,6 +445,29 @@ impl FalconWorker {
         self.tables[table as usize].index.get(key)
     }
 
+    /// The prefetch hints ([`EngineWorker::prefetch`], and `overwrite` for
+    /// [`EngineWorker::prefetch_for_overwrite`]): every index bucket first, then each hit's tuple,
+    /// only its header for an overwrite whose ranges will stream, and the hit remembered for the
+    /// transaction's next use of the key ([`index_get`](Self::index_get)).
+    fn prefetch_tuples(&mut self, table: TableId, keys: &[u64], overwrite: bool) {
+        if self.ensure_table(table).is_err() {
+            return;
+        }
+        let rt = &self.tables[table as usize];
+        for &key in keys {
+            rt.index.prefetch(key);
+        }
+        let whole = (tuple::HEADER + rt.row as u64).min(PREFETCH_TUPLE_BYTES);
+        for &key in keys {
+            if let Some(t) = rt.index.get(key) {
+                let header_only = overwrite && self.will_stream(t, rt.row);
+                self.pool
+                    .prefetch(t, if header_only { tuple::HEADER } else { whole });
+                self.prefetched.note(table, key, t);
+            }
+        }
+    }
+
     /// The tuple of `key`: where this transaction read it, else the index's.
     fn locate(&self, table: TableId, key: u64) -> Result<u64, TxError> {
         match self.recent.get(table, key) {
@@ -944,42 +967,14 @@ impl EngineWorker for FalconWorker {
     /// Two passes so that the misses overlap: every index bucket first, then (their lookups now
     /// hitting the cache) every tuple (up to [`PREFETCH_TUPLE_BYTES`]).
     fn prefetch(&mut self, table: TableId, keys: &[u64]) {
-        if self.ensure_table(table).is_err() {
-            return;
-        }
-        let rt = &self.tables[table as usize];
-        for &key in keys {
-            rt.index.prefetch(key);
-        }
-        let bytes = (tuple::HEADER + rt.row as u64).min(PREFETCH_TUPLE_BYTES);
-        for &key in keys {
-            if let Some(t) = rt.index.get(key) {
-                self.pool.prefetch(t, bytes);
-                self.prefetched.note(table, key, t);
-            }
-        }
+        self.prefetch_tuples(table, keys, false);
     }
 
     /// Streamed ranges (`streams`) never read their lines, so only the index entries and the
     /// tuple headers (the lock word, `write_ts`) are loaded; otherwise as [`Self::prefetch`]
     /// (the stores of the apply read their lines first).
     fn prefetch_for_overwrite(&mut self, table: TableId, keys: &[u64]) {
-        if self.ensure_table(table).is_err() {
-            return;
-        }
-        let rt = &self.tables[table as usize];
-        for &key in keys {
-            rt.index.prefetch(key);
-        }
-        let whole = (tuple::HEADER + rt.row as u64).min(PREFETCH_TUPLE_BYTES);
-        for &key in keys {
-            if let Some(t) = rt.index.get(key) {
-                let streamed = self.will_stream(t, rt.row);
-                self.pool
-                    .prefetch(t, if streamed { tuple::HEADER } else { whole });
-                self.prefetched.note(table, key, t);
-            }
-        }
+        self.prefetch_tuples(table, keys, true);
     }
 
     fn update(
