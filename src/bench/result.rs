@@ -251,6 +251,12 @@ pub struct BenchResult {
     pub pm: PmPerTxn,
     /// The same figures per transaction kind, in the order of the configuration.
     pub per_kind: Vec<KindResult>,
+    /// CPU time (user + system) of the whole process over the measured phase per committed
+    /// transaction, in µs: the drivers and the engine's background threads. `None` where the
+    /// platform does not report CPU time or nothing committed. Steadier than throughput on a
+    /// shared or virtualised machine, since waiting for a core costs no CPU time; on 2 cores
+    /// with 2 drivers it is about 2 / throughput when nothing else runs.
+    pub cpu_us_per_txn: Option<f64>,
     /// The merged latency histogram (nanoseconds), not serialised.
     #[serde(skip)]
     pub latency_hist: Histogram<u64>,
@@ -270,6 +276,7 @@ impl Default for BenchResult {
             latency_us: LatencySummary::default(),
             pm: PmPerTxn::default(),
             per_kind: Vec::new(),
+            cpu_us_per_txn: None,
             latency_hist: new_histogram(),
         }
     }
@@ -339,8 +346,16 @@ impl BenchResult {
             latency_us: LatencySummary::from_histogram(&latency_hist),
             pm: PmPerTxn::new(pm, committed),
             per_kind,
+            cpu_us_per_txn: None,
             latency_hist,
         }
+    }
+
+    /// Records the process's CPU time over the measured phase as [`Self::cpu_us_per_txn`].
+    pub(crate) fn set_cpu_time(&mut self, cpu: Option<Duration>) {
+        self.cpu_us_per_txn = cpu
+            .filter(|_| self.committed > 0)
+            .map(|cpu| cpu.as_secs_f64() * 1e6 / self.committed as f64);
     }
 
     /// Points `(latency in µs, fraction of outcomes at or below it)` of the latency CDF, at

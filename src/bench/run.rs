@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::result::{BenchResult, ThreadStats};
-use crate::pmem::stats;
+use crate::pmem::{platform, stats};
 
 /// An error a driver returns from [`TxnDriver::run_txn`].
 pub type DriverError = Box<dyn std::error::Error + Send + Sync>;
@@ -158,7 +158,8 @@ impl Drop for StopOnPanic<'_> {
 /// PM traffic is the difference of [`crate::pmem::stats::snapshot`] taken at the start and end of
 /// the measured phase. Those counters are process-wide: they include every thread of the process
 /// (background threads of the engine, but also anything else running), so run nothing else
-/// meanwhile. Writes of transactions straddling either switch are included.
+/// meanwhile. Writes of transactions straddling either switch are included. The process's CPU
+/// time over the same phase gives [`BenchResult::cpu_us_per_txn`], process-wide too.
 ///
 /// The first error (from the factory, a driver, or a panic in a driver thread) stops all threads
 /// and is returned. A driver that never returns from `run_txn` blocks the run.
@@ -187,7 +188,7 @@ where
         error: Mutex::new(None),
     };
 
-    let (joined, measured, pm) = std::thread::scope(|scope| {
+    let (joined, window) = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..config.threads)
             .map(|thread| {
                 let shared = &shared;
@@ -199,9 +200,9 @@ where
             })
             .collect();
 
-        let (measured, pm) = coordinate(config, &shared);
+        let window = coordinate(config, &shared);
         let joined: Vec<_> = handles.into_iter().map(|h| h.join()).collect();
-        (joined, measured, pm)
+        (joined, window)
     });
 
     let mut per_thread = Vec::with_capacity(joined.len());
@@ -223,17 +224,29 @@ where
     if let Some(err) = shared.error.into_inner().or(panicked) {
         return Err(err);
     }
-    Ok(BenchResult::from_threads(
+    let mut result = BenchResult::from_threads(
         config.threads,
-        measured,
+        window.wall,
         &config.txn_kinds,
         per_thread,
-        pm,
-    ))
+        window.pm,
+    );
+    result.set_cpu_time(window.cpu);
+    Ok(result)
 }
 
-/// Switches the phases; returns the measured wall time and the PM traffic within it.
-fn coordinate(config: &BenchConfig, shared: &Shared) -> (Duration, stats::PmStats) {
+/// What the coordinator measured over the measured phase.
+#[derive(Default)]
+struct Window {
+    wall: Duration,
+    pm: stats::PmStats,
+    /// CPU time of the whole process (drivers and the engine's background threads), when the
+    /// platform reports it.
+    cpu: Option<Duration>,
+}
+
+/// Switches the phases; returns the measured wall time, PM traffic and CPU time within it.
+fn coordinate(config: &BenchConfig, shared: &Shared) -> Window {
     // Wait for every driver to be built (or for a failure).
     while shared.ready.load(Ordering::Acquire) < config.threads && shared.phase() != STOP {
         std::thread::sleep(Duration::from_micros(200));
@@ -243,7 +256,7 @@ fn coordinate(config: &BenchConfig, shared: &Shared) -> (Duration, stats::PmStat
         .compare_exchange(INIT, WARMUP, Ordering::AcqRel, Ordering::Acquire)
         .is_err()
     {
-        return (Duration::ZERO, stats::PmStats::default());
+        return Window::default();
     }
     if !sleep_unless_stopped(shared, config.warmup)
         || shared
@@ -251,15 +264,20 @@ fn coordinate(config: &BenchConfig, shared: &Shared) -> (Duration, stats::PmStat
             .compare_exchange(WARMUP, MEASURE, Ordering::AcqRel, Ordering::Acquire)
             .is_err()
     {
-        return (Duration::ZERO, stats::PmStats::default());
+        return Window::default();
     }
     let start = Instant::now();
     let pm_start = stats::snapshot();
+    let cpu_start = platform::process_cpu_time();
     sleep_unless_stopped(shared, config.duration);
     shared.stop();
-    let measured = start.elapsed();
+    let wall = start.elapsed();
+    let cpu_end = platform::process_cpu_time();
     let pm = stats::snapshot() - pm_start;
-    (measured, pm)
+    let cpu = cpu_start
+        .zip(cpu_end)
+        .map(|(start, end)| end.saturating_sub(start));
+    Window { wall, pm, cpu }
 }
 
 /// Sleeps for `total` in short steps; returns false early if the run was stopped.

@@ -62,6 +62,64 @@ fn report(engine: &str, result: BenchResult) -> RunReport {
     )
 }
 
+/// A fixed amount of CPU work: its CPU time does not depend on how busy the machine is.
+fn spin(iterations: u64) -> u64 {
+    let mut x = 0u64;
+    for _ in 0..iterations {
+        x = std::hint::black_box(x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1));
+    }
+    x
+}
+
+/// Does [`spin`]'s fixed work, then commits.
+struct SpinningDriver {
+    iterations: u64,
+}
+
+impl TxnDriver for SpinningDriver {
+    fn run_txn(&mut self) -> Result<TxnOutcome, Box<dyn std::error::Error + Send + Sync>> {
+        std::hint::black_box(spin(self.iterations));
+        Ok(TxnOutcome {
+            kind: 0,
+            committed: true,
+            aborts: 0,
+        })
+    }
+}
+
+#[test]
+fn cpu_time_per_transaction_counts_the_work_of_a_transaction() {
+    const ITERATIONS: u64 = 300_000;
+    // The work's CPU time: the quickest of several timed runs is one that kept its core.
+    let work_us = (0..20)
+        .map(|_| {
+            let start = std::time::Instant::now();
+            std::hint::black_box(spin(ITERATIONS));
+            start.elapsed().as_secs_f64() * 1e6
+        })
+        .fold(f64::INFINITY, f64::min);
+    let config = BenchConfig {
+        threads: 1,
+        ..config(0, 200)
+    };
+    let result = run(config, |_| {
+        Ok::<_, String>(Box::new(SpinningDriver {
+            iterations: ITERATIONS,
+        }) as Box<dyn TxnDriver>)
+    })
+    .unwrap();
+    let cpu_us = result
+        .cpu_us_per_txn
+        .expect("CPU time is reported on Linux");
+    // Process-wide, so other tests running meanwhile only add to it; a lost core does not take
+    // from it (a transaction's work costs the same CPU time however long it waited).
+    assert!(
+        cpu_us.is_finite() && cpu_us >= 0.3 * work_us,
+        "{cpu_us} µs of CPU per transaction whose work takes {work_us} µs"
+    );
+    assert_eq!(BenchResult::default().cpu_us_per_txn, None);
+}
+
 #[test]
 fn measures_a_fake_driver() {
     let result = run(config(50, 200), |_| fake(None)).unwrap();
@@ -120,6 +178,7 @@ fn measures_a_fake_driver() {
         "aborted",
         "throughput_tps",
         "abort_rate",
+        "cpu_us_per_txn",
         "params",
     ] {
         assert!(obj.get(key).is_some(), "missing {key}");
@@ -299,7 +358,15 @@ fn table_has_a_header_a_row_per_report_and_a_per_kind_table() {
     let text = String::from_utf8(out).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     assert!(lines[0].starts_with("engine"), "{text}");
-    for col in ["thr", "tput", "abort%", "p99 µs", "PM B/tx", "×volatile"] {
+    for col in [
+        "thr",
+        "tput",
+        "abort%",
+        "p99 µs",
+        "cpu µs/tx",
+        "PM B/tx",
+        "×volatile",
+    ] {
         assert!(lines[0].contains(col), "missing column {col}: {text}");
     }
     assert!(lines[2].starts_with("falcon") && lines[2].contains("1,234,567"));

@@ -41,6 +41,8 @@
 
 use std::sync::OnceLock;
 
+use smallvec::SmallVec;
+
 use super::sync::{fence, spin, AtomicU64, Mutex, Ordering};
 
 /// Keys per node. A node is 512 bytes: two 8-byte words, 30 keys and 31 slots. The loom model
@@ -51,6 +53,9 @@ const CAP: usize = 30;
 const CAP: usize = 4;
 /// Version bit 1: a writer holds the node.
 const LOCKED: u64 = 0b10;
+/// The entries of one leaf as [`BTree::read_leaf`] copies them out: on the stack, so that a scan
+/// allocates nothing (issue 13).
+pub(super) type LeafBatch<const W: usize> = SmallVec<[([u64; W], u64); CAP]>;
 /// Version bit 0: the node was unlinked from the tree.
 const OBSOLETE: u64 = 0b01;
 /// `meta` bit: the node is a leaf (slots hold values) rather than an inner node (slots hold child
@@ -857,7 +862,7 @@ impl<const W: usize> BTree<W> {
         &self,
         from: [u64; W],
         descending: bool,
-        out: &mut Vec<([u64; W], u64)>,
+        out: &mut LeafBatch<W>,
     ) -> Option<[u64; W]> {
         'restart: loop {
             out.clear();
@@ -913,7 +918,7 @@ impl<const W: usize> BTree<W> {
         mut f: impl FnMut([u64; W], u64) -> bool,
     ) -> usize {
         let mut visited = 0;
-        let mut batch = Vec::with_capacity(CAP);
+        let mut batch = LeafBatch::new();
         let mut next = Some(from);
         while let Some(start) = next {
             if visited >= limit {

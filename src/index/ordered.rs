@@ -553,7 +553,7 @@ mod tests {
         index.tree.check_invariants();
         let mut leaves = 0;
         let mut next = Some(0);
-        let mut batch = Vec::new();
+        let mut batch = crate::index::btree::LeafBatch::new();
         while let Some(from) = next {
             next = index.tree.read_leaf([from], false, &mut batch).map(|[k]| k);
             leaves += 1;
