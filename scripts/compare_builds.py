@@ -6,10 +6,13 @@ own target directory and the working tree's into target/release, then runs every
 chosen suites with both, interleaved (old, new, new, old, ... so that a drift of the machine hits
 both alike), for several rounds. Prints per case and engine the median throughput of each build
 with its range, the ratio new/old, the new build's ratio to volatile where the case measures it,
-and its 2-thread/1-thread scaling.
+and its 2-thread/1-thread scaling. Where both binaries report it (builds from stop 42 on), also the
+CPU time per committed transaction (the whole process: drivers and background threads) and
+old/new of it: on a shared or virtualised machine it varies far less than throughput, because
+time spent waiting for a core costs no CPU.
 
     scripts/compare_builds.py [--old REV] [--rounds 3] [--duration 3] [--suite core,protocols]
-                              [--only tpcc,16op]
+                              [--only tpcc,16op] [--old-binary PATH] [--new-binary PATH]
 
 Suites:
   core       TPC-C (2 warehouses, full mix, falcon OCC eADR and volatile, 1 and 2 threads);
@@ -99,6 +102,9 @@ def fmt_range(values):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--old", default="56d4ac6")
+    parser.add_argument("--old-binary", help="an already built old binary (no build of --old)")
+    parser.add_argument("--new-binary",
+                        help="an already built new binary (no build of the working tree)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration", type=float, default=3)
     parser.add_argument("--suite", default="core")
@@ -120,10 +126,12 @@ def main():
 
     if not chosen(args.duration):
         sys.exit(f"--only {args.only}: no case of suite(s) {args.suite} matches")
-    binaries = {"old": build(args.old), "new": build(None)}
-    print(f"old = {args.old}, new = working tree; {args.rounds} rounds of {args.duration} s, "
+    binaries = {"old": args.old_binary or build(args.old),
+                "new": args.new_binary or build(None)}
+    print(f"old = {args.old_binary or args.old}, new = {args.new_binary or 'working tree'}; {args.rounds} rounds of {args.duration} s, "
           f"interleaved; machine: {os.cpu_count()} CPUs", flush=True)
     tput = {}  # (case, engine, threads, build) -> [tx/s]
+    cpu = {}  # (case, engine, threads, build) -> [CPU µs per committed transaction]
     dram = {}  # (case, engine, build) -> [bytes per record]
     order = ["old", "new"]
     for rnd in range(args.rounds):
@@ -133,13 +141,17 @@ def main():
                 for (engine, threads), row in rows.items():
                     tput.setdefault((name, engine, threads, build_name), []).append(
                         row["throughput_tps"])
+                    if row.get("cpu_us_per_txn") is not None:
+                        cpu.setdefault((name, engine, threads, build_name), []).append(
+                            row["cpu_us_per_txn"])
                     per_record = row.get("params", {}).get("dram_bytes_per_record_after_load")
                     if per_record is not None:
                         dram.setdefault((name, engine, build_name), []).append(per_record)
             order.reverse()
         print(f"round {rnd + 1} done", file=sys.stderr, flush=True)
     print(f"{'case':<22} {'engine':<9} {'thr':>3}  {'old tx/s [range]':>26}  "
-          f"{'new tx/s [range]':>26}  {'new/old':>7}  {'new ×vol':>8}  {'new 2t/1t':>9}")
+          f"{'new tx/s [range]':>26}  {'new/old':>7}  {'new ×vol':>8}  {'new 2t/1t':>9}  "
+          f"{'old cpu µs/tx':>13}  {'new cpu µs/tx':>13}  {'cpu old/new':>11}")
     keys = sorted({(c, e, t) for (c, e, t, _) in tput},
                   key=lambda k: ([n for n, _ in cases(suites, 1)].index(k[0]), k[1], k[2]))
     for case, engine, threads in keys:
@@ -153,8 +165,14 @@ def main():
         one = tput.get((case, engine, 1, "new"))
         scaling = (f"{statistics.median(new) / statistics.median(one):.2f}"
                    if threads == 2 and one else "")
+        old_cpu = cpu.get((case, engine, threads, "old"))
+        new_cpu = cpu.get((case, engine, threads, "new"))
+        cpu_cols = [f"{statistics.median(v):.1f}" if v else "-" for v in (old_cpu, new_cpu)]
+        cpu_ratio = (f"{statistics.median(old_cpu) / statistics.median(new_cpu):.2f}"
+                     if old_cpu and new_cpu else "-")
         print(f"{case:<22} {engine:<9} {threads:>3}  {fmt_range(old):>26}  {fmt_range(new):>26}  "
-              f"{ratio:>7.2f}  {vs_vol:>8}  {scaling:>9}")
+              f"{ratio:>7.2f}  {vs_vol:>8}  {scaling:>9}  {cpu_cols[0]:>13}  {cpu_cols[1]:>13}  "
+              f"{cpu_ratio:>11}")
     for (case, engine, build_name), values in sorted(dram.items()):
         print(f"DRAM per record after load, {case}, {engine}, {build_name}: "
               f"{statistics.median(values):.1f} B")
