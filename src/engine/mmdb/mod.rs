@@ -201,13 +201,13 @@ pub struct MmdbConfig {
 }
 
 /// The most pages an automatically sized log ring takes ([`MmdbConfig::log_pages`] 0).
-pub const DEFAULT_LOG_PAGES: usize = 64;
+pub const DEFAULT_LOG_PAGES: usize = 256;
 
 impl MmdbConfig {
     /// Defaults: groups of up to 64 transactions, no extra gathering wait (a group is what
     /// queued while the previous record was written: a timed wait of a few microseconds costs
     /// tens of them in the scheduler, measured 100 µs per commit at one thread), a log ring sized
-    /// from the pool (up to 128 MiB), a checkpoint every 10 s, background threads, 16 threads,
+    /// from the pool (up to 512 MiB), a checkpoint every 10 s, background threads, 16 threads,
     /// rows up to 4 KiB. A checkpoint copies every table: with a 16 MiB ring and one a second,
     /// checkpoints were nearly all of TPC-C's cost (7.5k tx/s against 67k for falcon, 2
     /// warehouses, 1 thread); main-memory engines checkpoint every tens of seconds.
