@@ -104,6 +104,9 @@ impl ZenWorker {
         self.end_txn();
         self.count_commit();
         self.reclaim_versions();
+        if self.took_page {
+            self.adopt_idle_region();
+        }
         Ok(tid)
     }
 
