@@ -1567,12 +1567,12 @@ mod tests {
             }
         };
         update_all(&mut w, 1);
-        assert_eq!(w.thread, 1, "region 0's worker adopted the idle region 1");
         let after_first = heap_pages(&eng);
         assert!(
             after_first <= loaded + 2,
             "{after_first} heap pages: region 0 took a page for each of the {loaded} loaded"
         );
+        assert_eq!(w.thread, 1, "region 0's worker adopted the idle region 1");
         update_all(&mut w, 2);
         assert_eq!(
             heap_pages(&eng),
