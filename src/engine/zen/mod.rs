@@ -17,6 +17,16 @@
 //!   is zeroed by the thread that superseded it and then handed to the owner's free list through a
 //!   small per-thread inbox, rather than waiting for the owner to evict a copied entry (§3.3.1,
 //!   "Maintenance"): that rule alone would let a thread reuse a slot in a region it does not own.
+//! - *An idle region is adopted.* The superseded versions of a region whose worker is gone (a
+//!   loader thread, a pool reopened with fewer threads) pile up in its inbox, and the rule above
+//!   lets nobody else reuse them, so the running threads would take new pages while that space
+//!   stays stranded. A worker that had to take a new page and finds an idle region with at least
+//!   `ADOPT_FREED_SLOTS` freed slots waiting swaps its whole thread state (allocators, garbage
+//!   queues, last tid, Met-Cache region) for that region's between two transactions and carries
+//!   on as its thread (`ZenWorker::adopt_idle_region`); a new worker takes its own slot's state,
+//!   or any free one if its own was adopted. A region still has one writer at a time and keeps
+//!   its last tid, so its Tx-CTS order is still commit order, and its slots are still reused
+//!   only by its own writer.
 //! - *Deletes are tombstones* (a new version with the deleted bit). Algorithm 2 frees deleted
 //!   tuples without consulting the index, which would let an older, not yet overwritten version of
 //!   the key win after a crash; pmtx lets tombstones take part in "newest Tx-CTS wins" and drops
@@ -354,6 +364,10 @@ pub struct ZenEngine {
     /// Per region: free slots handed over by other threads (table, slot).
     pub(crate) inbox: Box<[Mutex<FreedSlots>]>,
     pub(crate) threads: Box<[Mutex<Option<ThreadState>>]>,
+    /// Serialises the hand-over of thread states between workers (a new worker's claim, and the
+    /// adoption of an idle region), so that a worker never finds every state taken while one is
+    /// only changing hands.
+    pub(crate) handover: Mutex<()>,
     pub(crate) last_commit: crate::engine::common::LastCommits,
     pub(crate) txns: AtomicU64,
     /// Workers alive: the cache budget is split over the regions of threads that process
@@ -503,6 +517,7 @@ impl ZenEngine {
             threads: (0..n)
                 .map(|_| Mutex::new(Some(ThreadState::default())))
                 .collect(),
+            handover: Mutex::new(()),
             last_commit: crate::engine::common::LastCommits::new(n),
             txns: AtomicU64::new(0),
             workers: std::sync::atomic::AtomicUsize::new(0),

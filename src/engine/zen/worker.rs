@@ -170,7 +170,17 @@ pub(crate) struct ZenWorker {
     /// new version went to NVM alone, `install_versions`): `claim_entry` takes these first, as
     /// they cache nothing, so such an overwrite evicts no row. At most [`MAX_LOCK_ENTRIES`].
     pub(super) lock_entries: Vec<(TableId, u64)>,
+    /// This commit took a new NVM page: after it, look for an idle region to adopt
+    /// ([`ZenWorker::adopt_idle_region`]).
+    pub(super) took_page: bool,
+    /// Slots the last commit took, per table ([`ZenWorker::prefetch_free_slots`]).
+    pub(super) slots_taken: Vec<(TableId, u32)>,
 }
+
+/// Freed slots an idle region must have waiting in its inbox before a worker that had to take a
+/// new page adopts it ([`ZenWorker::adopt_idle_region`]): enough to be worth the swap, few enough
+/// that little space is stranded.
+pub(super) const ADOPT_FREED_SLOTS: usize = 256;
 
 /// Lock-only entries a worker keeps for reuse ([`ZenWorker::lock_entries`]): more than a
 /// transaction's blind overwrites, few enough that their lines stay in the CPU cache.
@@ -194,10 +204,17 @@ impl ZenWorker {
         if thread >= eng.config.max_threads {
             return Err(DbError::NoWorkerSlot(eng.config.max_threads));
         }
-        let state = eng.threads[thread]
-            .lock()
-            .take()
-            .ok_or_else(|| DbError::Config(format!("worker slot {thread} is already in use")))?;
+        // The slot's own state, unless a worker adopted it (`adopt_idle_region`): then the
+        // state that worker left, or any other free one.
+        let (thread, state) = {
+            let _handover = eng.handover.lock();
+            let own = eng.threads[thread].lock().take().map(|st| (thread, st));
+            own.or_else(|| {
+                (0..eng.config.max_threads)
+                    .find_map(|r| eng.threads[r].lock().take().map(|st| (r, st)))
+            })
+            .ok_or_else(|| DbError::Config(format!("worker slot {thread} is already in use")))?
+        };
         let tables = eng.tables.read().clone();
         eng.workers.fetch_add(1, Ordering::Relaxed);
         eng.rebalance();
@@ -231,6 +248,8 @@ impl ZenWorker {
             txns: 0,
             exclusive_ready: false,
             lock_entries: Vec::new(),
+            took_page: false,
+            slots_taken: Vec::new(),
             eng,
         })
     }
@@ -475,6 +494,29 @@ impl ZenWorker {
         }
     }
 
+    /// Starts loading the first and last lines of the free slots the next commit will take
+    /// (the top of each free list, as many per table as the last commit took): Persist writes
+    /// those partial lines with ordinary stores, and a reused slot lies on a cold page of its
+    /// own, so their misses and page walks would otherwise stall the commit one tuple after
+    /// another. Slots from a fresh page are sequential and need no hint.
+    fn prefetch_free_slots(&self) {
+        let Some(st) = &self.state else {
+            return;
+        };
+        for &(table, taken) in &self.slots_taken {
+            let (Some(ta), Some(rt)) = (
+                st.tables.get(table as usize),
+                self.tables.get(table as usize),
+            ) else {
+                continue;
+            };
+            for &slot in ta.free.iter().rev().take(taken as usize) {
+                self.pool.prefetch(slot, 8);
+                self.pool.prefetch(slot + rt.slot - 8, 8);
+            }
+        }
+    }
+
     /// [`locate`](Self::locate), but first the entry this transaction's read of `key` found, if
     /// it is still the key's current entry (it stays pinned until the transaction ends).
     fn locate_again(&mut self, table: TableId, key: u64) -> Result<u64, TxError> {
@@ -652,6 +694,7 @@ impl ZenWorker {
             };
             match eng.pages.allocate(&eng.pool, tag) {
                 Ok(page) => {
+                    self.took_page = true;
                     while ta.bump + slot <= ta.end {
                         ta.free.push(ta.bump);
                         ta.bump += slot;
@@ -709,21 +752,56 @@ impl ZenWorker {
         true
     }
 
+    /// Between two transactions, after a commit that had to take a new page: if an idle region
+    /// (no worker holds its state) has at least [`ADOPT_FREED_SLOTS`] slots freed into its inbox,
+    /// this worker leaves its own state for the slot's next worker and takes that region's,
+    /// becoming its thread (module docs, "An idle region is adopted"). Without it the space of a
+    /// region whose thread is gone (a loader's) is never reused: only its owner may.
+    pub(super) fn adopt_idle_region(&mut self) {
+        self.took_page = false;
+        let eng = self.eng.clone();
+        if self.in_txn || eng.exclusive.load(Ordering::Acquire) != 0 {
+            return;
+        }
+        let _handover = eng.handover.lock();
+        let idle = (0..eng.config.max_threads)
+            .filter(|&r| r != self.thread && eng.threads[r].lock().is_some())
+            .map(|r| (eng.inbox[r].lock().len(), r))
+            .filter(|&(freed, _)| freed >= ADOPT_FREED_SLOTS)
+            .max();
+        let Some((_, region)) = idle else {
+            return;
+        };
+        let Some(adopted) = eng.threads[region].lock().take() else {
+            return;
+        };
+        let own = self.state.replace(adopted);
+        *eng.threads[self.thread].lock() = own;
+        self.thread = region;
+        // Entries of the old region's Met-Cache: `claim_entry` may take only this region's.
+        self.lock_entries.clear();
+        // Before the next commit allocates (Maintenance would take them only after).
+        self.take_inbox();
+    }
+
+    /// Moves the slots other threads freed into this region onto its free lists.
+    fn take_inbox(&mut self) {
+        let mut inbox = self.eng.inbox[self.thread].lock();
+        if !inbox.is_empty() {
+            let st = self.state.as_mut().expect("state present");
+            for (table, slot) in inbox.drain(..) {
+                Self::alloc_state(st, table).free.push(slot);
+            }
+        }
+    }
+
     /// Maintenance (§3.3.1, §3.4): takes slots other threads freed in this region, and reclaims
     /// garbage whose superseding commit is older than every running transaction; tombstones also
     /// wait until every thread has durably zeroed what it superseded up to the tombstone's tid.
     /// Returns the thread's new zeroing watermark, to publish after the next fence.
     pub(super) fn collect_garbage(&mut self) -> u64 {
         let eng = self.eng.clone();
-        {
-            let mut inbox = eng.inbox[self.thread].lock();
-            if !inbox.is_empty() {
-                let st = self.state.as_mut().expect("state present");
-                for (table, slot) in inbox.drain(..) {
-                    Self::alloc_state(st, table).free.push(slot);
-                }
-            }
-        }
+        self.take_inbox();
         let min_active = eng.oldest_active_excluding(self.thread);
         let mut deferred = std::mem::take(&mut self.st().deferred);
         deferred.retain(|&g| !self.reclaim(g));
@@ -1059,6 +1137,7 @@ impl EngineWorker for ZenWorker {
         self.read_only = read_only;
         self.max_seen = 0;
         self.prefetch_garbage();
+        self.prefetch_free_slots();
         self.eng.active[self.thread].store(self.eng.clock.now(), Ordering::Release);
         self.cc_begin();
     }
@@ -1435,6 +1514,97 @@ mod tests {
                 assert_eq!(out, [n as u8 + 2; 64], "{protocol}: key {key}");
             }
         }
+    }
+
+    /// Issue 13: rows loaded by a thread that has gone (region 1) and then updated by another
+    /// (region 0). Their superseded slots can be reused only by region 1's writer; without the
+    /// adoption region 0 took a new page for every page of them while they sat in region 1's
+    /// inbox. Region 0's worker adopts region 1 once it has to take a page, and from then on
+    /// reuses region 1's slots: a second pass over the rows takes no page at all. The data
+    /// survives a reopen (per-region commit order kept), and the slot left behind serves a new
+    /// worker.
+    #[test]
+    fn a_worker_adopts_an_idle_region_instead_of_stranding_its_free_slots() {
+        const ROWS: u64 = 8_000;
+        const ROW: usize = 1024;
+        let opts = PoolOptions::new("zen", PersistenceDomain::Eadr);
+        let pool = Arc::new(Pool::create_in_memory(96 << 20, &opts).unwrap());
+        let mut config = ZenConfig::new(Protocol::Occ);
+        config.max_threads = 2;
+        let eng = ZenEngine::create(pool.clone(), config.clone()).unwrap();
+        let table = eng
+            .create_table(Schema::new("rows", &[("v", ColumnType::Bytes(ROW as u32))]))
+            .unwrap();
+        let heap_pages = |eng: &ZenEngine| {
+            let heap = |(_, tag): &(u64, PageTag)| tag.kind == kind::HEAP;
+            let pages = eng.pages.allocated(&eng.pool).unwrap();
+            pages.iter().filter(|p| heap(p)).count()
+        };
+        {
+            let mut loader = ZenWorker::new(eng.clone(), 1).unwrap();
+            for first in (0..ROWS).step_by(50) {
+                loader.begin(false);
+                for k in first..first + 50 {
+                    loader.insert(table, k, &[0; ROW]).unwrap();
+                }
+                loader.commit().unwrap();
+            }
+        }
+        let loaded = heap_pages(&eng);
+        let mut w = ZenWorker::new(eng.clone(), 0).unwrap();
+        let update_all = |w: &mut ZenWorker, value: u8| {
+            for first in (0..ROWS).step_by(16) {
+                w.begin(false);
+                for k in first..first + 16 {
+                    let row = [value; ROW];
+                    let f = FieldWrite {
+                        offset: 0,
+                        bytes: &row,
+                    };
+                    w.update(table, k, &[f]).unwrap();
+                }
+                w.commit().unwrap();
+            }
+        };
+        update_all(&mut w, 1);
+        let after_first = heap_pages(&eng);
+        assert!(
+            after_first <= loaded + 2,
+            "{after_first} heap pages: region 0 took a page for each of the {loaded} loaded"
+        );
+        assert_eq!(w.thread, 1, "region 0's worker adopted the idle region 1");
+        update_all(&mut w, 2);
+        assert_eq!(
+            heap_pages(&eng),
+            after_first,
+            "the second pass reuses the slots the first freed"
+        );
+        // Slot 1's state is in use: a worker for slot 1 gets the state left free (region 0).
+        let mut other = ZenWorker::new(eng.clone(), 1).unwrap();
+        assert_eq!(other.thread, 0);
+        other.begin(false);
+        let f = FieldWrite {
+            offset: 0,
+            bytes: &[3; ROW],
+        };
+        other.update(table, 0, &[f]).unwrap();
+        other.commit().unwrap();
+        drop((w, other));
+        eng.check_structure().unwrap();
+
+        let mut image = vec![0; pool.len() as usize];
+        pool.read_bytes(0, &mut image);
+        let reopened =
+            ZenEngine::open(Arc::new(Pool::from_image(&image, &opts).unwrap()), config).unwrap();
+        let mut r = ZenWorker::new(reopened, 0).unwrap();
+        let mut out = [0; ROW];
+        r.begin(true);
+        for k in 0..ROWS {
+            r.read(table, k, &mut out).unwrap();
+            let expected = if k == 0 { 3 } else { 2 };
+            assert_eq!(out, [expected; ROW], "key {k} after the reopen");
+        }
+        r.commit().unwrap();
     }
 
     /// Issue 22, item 1 (Zen TPC-C under TicToc and MVOCC failed with DuplicateKey), replayed step
