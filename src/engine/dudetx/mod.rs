@@ -134,6 +134,14 @@
 //! the records), the heap write in reproduce. Sync mode adds one persist step per commit (a group is what
 //! arrives while the previous step runs), so two sync committers alternate as leaders.
 //!
+//! Reproduce is bound by memory latency: per op a lookup in the heap directory (key → slot,
+//! which §3.4's address-based logs do not need) and the row. `perf` of 7f17aae (TPC-C,
+//! 1 thread) put 60 % of the reproduce thread in the directory lookup that the row's prefetch
+//! waited for; the directory is now an open-addressing table whose entries reproduce
+//! prefetches a stage before the rows (`heap::SlotIndex`, `pipeline::LOOKUP_AHEAD`), which
+//! took the reproduce thread's CPU per transaction down by roughly a third on TPC-C and
+//! YCSB-A (1 and 2 threads; measured on a loaded 2-core VM, so only roughly).
+//!
 //! # The persistent-object API
 //!
 //! [`ptm`] runs `pmtx::ptm` on the same pipeline: a word-based STM (§4.1) on a DRAM shadow of
