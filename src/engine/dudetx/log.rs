@@ -45,31 +45,21 @@ const OP_HEADER: usize = 17;
 /// Appends `op` to `out`: table (u32), kind (u8), key (u64), row length (u32) and row bytes.
 pub fn encode_op(out: &mut Vec<u8>, table: TableId, key: u64, row: Option<&[u8]>) {
     let bytes = row.unwrap_or(&[]);
-    encode_header(
-        out,
-        table,
-        if row.is_some() { PUT } else { DELETE },
-        key,
-        bytes.len(),
-    );
+    let kind = if row.is_some() { PUT } else { DELETE };
+    out.reserve(OP_HEADER + bytes.len());
+    out.extend_from_slice(&header(table, kind, key, bytes.len()));
     out.extend_from_slice(bytes);
 }
 
 /// Appends a field write to `out`: the header (kind 3, payload length 4 + `bytes`), the offset
 /// in the row (u32), the bytes.
 pub fn encode_field_write(out: &mut Vec<u8>, table: TableId, key: u64, at: usize, bytes: &[u8]) {
-    // Every update of a transaction appends one of these on the perform path: one reservation
-    // and two copies rather than a capacity check per header field.
+    // Every update of a transaction appends one of these on the perform path: one reservation,
+    // and the header built whole rather than a capacity check per field.
     out.reserve(OP_HEADER + 4 + bytes.len());
-    let mut head = [0u8; OP_HEADER + 4];
-    head[..OP_HEADER].copy_from_slice(&header(table, FIELDS, key, 4 + bytes.len()));
-    head[OP_HEADER..].copy_from_slice(&(at as u32).to_le_bytes());
-    out.extend_from_slice(&head);
+    out.extend_from_slice(&header(table, FIELDS, key, 4 + bytes.len()));
+    out.extend_from_slice(&(at as u32).to_le_bytes());
     out.extend_from_slice(bytes);
-}
-
-fn encode_header(out: &mut Vec<u8>, table: TableId, kind: u8, key: u64, payload: usize) {
-    out.extend_from_slice(&header(table, kind, key, payload));
 }
 
 /// An op's header: table (u32), kind (u8), key (u64), payload length (u32).
