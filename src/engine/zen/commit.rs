@@ -131,7 +131,6 @@ impl ZenWorker {
     /// garbage (versions superseded by deletes and updates) is collected first, so deleted room
     /// is reused at once; if a slot still cannot be had, the slots taken are given back.
     fn allocate_slots(&mut self, order: &[usize]) -> Result<(), TxError> {
-        self.slots_taken.clear();
         for (n, &i) in order.iter().enumerate() {
             let (table, for_delete) = (
                 self.writes[i].table,
@@ -143,13 +142,7 @@ impl ZenWorker {
                 slot = self.alloc_slot(table, for_delete);
             }
             match slot {
-                Ok(s) => {
-                    self.writes[i].slot = s;
-                    match self.slots_taken.iter_mut().find(|(t, _)| *t == table) {
-                        Some((_, taken)) => *taken += 1,
-                        None => self.slots_taken.push((table, 1)),
-                    }
-                }
+                Ok(s) => self.writes[i].slot = s,
                 Err(e) => {
                     for &j in &order[..n] {
                         let (table, s) = (self.writes[j].table, self.writes[j].slot);

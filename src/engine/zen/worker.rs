@@ -173,8 +173,6 @@ pub(crate) struct ZenWorker {
     /// This commit took a new NVM page: after it, look for an idle region to adopt
     /// ([`ZenWorker::adopt_idle_region`]).
     pub(super) took_page: bool,
-    /// Slots the last commit took, per table ([`ZenWorker::prefetch_free_slots`]).
-    pub(super) slots_taken: Vec<(TableId, u32)>,
 }
 
 /// Freed slots an idle region must have waiting in its inbox before a worker that had to take a
@@ -249,7 +247,6 @@ impl ZenWorker {
             exclusive_ready: false,
             lock_entries: Vec::new(),
             took_page: false,
-            slots_taken: Vec::new(),
             eng,
         })
     }
@@ -490,29 +487,6 @@ impl ZenWorker {
         if let Some(st) = &self.state {
             for g in st.garbage.iter().take(PREFETCH_GARBAGE) {
                 self.pool.prefetch(g.slot, 8);
-            }
-        }
-    }
-
-    /// Starts loading the first and last lines of the free slots the next commit will take
-    /// (the top of each free list, as many per table as the last commit took): Persist writes
-    /// those partial lines with ordinary stores, and a reused slot lies on a cold page of its
-    /// own, so their misses and page walks would otherwise stall the commit one tuple after
-    /// another. Slots from a fresh page are sequential and need no hint.
-    fn prefetch_free_slots(&self) {
-        let Some(st) = &self.state else {
-            return;
-        };
-        for &(table, taken) in &self.slots_taken {
-            let (Some(ta), Some(rt)) = (
-                st.tables.get(table as usize),
-                self.tables.get(table as usize),
-            ) else {
-                continue;
-            };
-            for &slot in ta.free.iter().rev().take(taken as usize) {
-                self.pool.prefetch(slot, 8);
-                self.pool.prefetch(slot + rt.slot - 8, 8);
             }
         }
     }
@@ -1137,7 +1111,6 @@ impl EngineWorker for ZenWorker {
         self.read_only = read_only;
         self.max_seen = 0;
         self.prefetch_garbage();
-        self.prefetch_free_slots();
         self.eng.active[self.thread].store(self.eng.clock.now(), Ordering::Release);
         self.cc_begin();
     }
