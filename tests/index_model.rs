@@ -109,6 +109,38 @@ fn btree_concurrent_writers_on_one_leaf() {
     });
 }
 
+/// An insert that starts at the leaf its earlier lookup found (Falcon's commit publishing an
+/// insert, `insert_new_at`) races another writer that splits that leaf and inserts the same key:
+/// exactly one of the two inserts of the key wins, and every key lands in a well-ordered tree.
+#[test]
+fn btree_hinted_insert_races_a_split_and_a_duplicate() {
+    model(|| {
+        let index = Arc::new(OrderedIndex::new());
+        // Four keys fill a loom-sized leaf: the other writer's insert splits it.
+        for key in [10, 20, 30, 40] {
+            index.insert_new(key, key).unwrap();
+        }
+        let (found, hint) = index.get_for_insert(35);
+        assert_eq!(found, None);
+        let other = {
+            let index = index.clone();
+            thread::spawn(move || {
+                index.insert_new(15, 15).unwrap();
+                index.insert_new(35, 2).is_ok()
+            })
+        };
+        let mut chain = pmtx::index::HintChain::default();
+        let mine = index.insert_new_at(35, 1, hint, &mut chain).is_ok();
+        let theirs = other.join().unwrap();
+        assert!(mine ^ theirs, "exactly one insert of 35 wins");
+        assert_eq!(index.get(35), Some(if mine { 1 } else { 2 }));
+        let mut seen = Vec::new();
+        index.for_each(|k, _| seen.push(k));
+        assert_eq!(seen, vec![10, 15, 20, 30, 35, 40]);
+        assert_eq!(index.len(), 6);
+    });
+}
+
 /// The secondary index is the same tree with two-word keys: a lookup racing an insert of another
 /// pair under the same secondary key sees every pair present before it.
 #[test]

@@ -331,6 +331,44 @@ struct Step<'a, const W: usize> {
 /// The deepest path a tree can have is far below this (30-way fanout).
 const MAX_DEPTH: usize = 24;
 
+/// Where a lookup ended: a leaf and the version it was validated at. Opaque outside the index;
+/// [`BTree::insert_new_at`] uses it to skip the descent while the leaf is unchanged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeafHint {
+    leaf: u64,
+    version: u64,
+}
+
+/// The hints of one batch of inserts (a transaction's, published at its commit), followed from
+/// insert to insert: each lookup read its leaf before any of them was published, so the hints of
+/// keys bound for one leaf name the same version, which the batch's first insert there moves on.
+/// The chain remembers that move, so the next insert into that leaf still takes the shortcut when
+/// nobody else changed the leaf in between (TPC-C New-Order's order lines share a leaf).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HintChain {
+    /// (hint as the lookups observed it, the version this batch's own inserts left).
+    moved: Option<(LeafHint, LeafHint)>,
+}
+
+impl HintChain {
+    /// The hint to use for an insert whose lookup observed `observed`.
+    #[inline]
+    pub fn current(&self, observed: LeafHint) -> LeafHint {
+        match self.moved {
+            Some((from, to)) if from == observed => to,
+            _ => observed,
+        }
+    }
+
+    /// Records that the insert that observed `observed` left its leaf at `after`.
+    #[inline]
+    pub fn advance(&mut self, observed: LeafHint, after: Option<LeafHint>) {
+        if let Some(after) = after {
+            self.moved = Some((observed, after));
+        }
+    }
+}
+
 /// What a write does at the leaf that holds (or would hold) its key.
 #[derive(Clone, Copy)]
 enum LeafWrite {
@@ -497,6 +535,83 @@ impl<const W: usize> BTree<W> {
                 }
             }
         }
+    }
+
+    /// [`get`](Self::get) for a caller about to insert `key` if it is absent: also returns where
+    /// the descent ended (the leaf and the version it was validated at), so that the insert can
+    /// go straight to that leaf (`insert_new_at`) instead of descending again.
+    #[inline]
+    pub(super) fn get_for_insert(&self, key: [u64; W]) -> (Option<u64>, LeafHint) {
+        'restart: loop {
+            let Some((mut id, mut node, mut v)) = self.read_root() else {
+                continue;
+            };
+            loop {
+                let meta = node.meta.load(Ordering::Relaxed);
+                let count = key_count(meta);
+                if is_leaf(meta) {
+                    let (pos, found) = node.lower_bound(count, key);
+                    let value = if found { node.slot(pos) } else { 0 };
+                    if !node.validate(v) {
+                        continue 'restart;
+                    }
+                    let hint = LeafHint {
+                        leaf: id,
+                        version: v,
+                    };
+                    return (found.then_some(value), hint);
+                }
+                let child = node.child_index(count, key);
+                match self.descend(node, v, child) {
+                    Some((next_id, next, nv)) => (id, node, v) = (next_id, next, nv),
+                    None => continue 'restart,
+                }
+            }
+        }
+    }
+
+    /// [`insert_new`](Self::insert_new) starting at the leaf of `hint`, from
+    /// [`get_for_insert`](Self::get_for_insert) (or from an earlier `insert_new_at`). Also returns
+    /// the hint this insert leaves behind when it took the shortcut, for the caller's next insert
+    /// that observed the same leaf version ([`HintChain`]).
+    ///
+    /// Why the shortcut is safe: it is taken only if the leaf's version is still exactly the
+    /// hint's (the lock is taken by a compare-and-swap from that version). The version moves on
+    /// every change under the leaf's lock, and a leaf stops covering a key only through its own
+    /// split or unlinking (both locked), whereas a neighbour's split or unlinking only moves the
+    /// separators around it or widens its range. So at an unchanged version the leaf still covers
+    /// every key it covered when the hint was read, and holds exactly the keys it held then. A
+    /// full leaf, or any change since, takes the ordinary descent.
+    pub(super) fn insert_new_at(
+        &self,
+        key: [u64; W],
+        addr: u64,
+        hint: LeafHint,
+    ) -> (Result<(), u64>, Option<LeafHint>) {
+        if let Some(node) = self.arena.get(hint.leaf) {
+            let meta = node.meta.load(Ordering::Relaxed);
+            let count = key_count(meta);
+            if is_leaf(meta) && count < CAP && node.upgrade(hint.version) {
+                // Locked at the hinted version: `meta` read before the lock is current (a change
+                // to it would have moved the version).
+                let (pos, found) = node.lower_bound(count, key);
+                let outcome =
+                    Self::apply(node, count, pos, found, key, &LeafWrite::InsertNew(addr));
+                node.unlock();
+                if outcome.changed {
+                    self.add_count(hint.leaf, 1);
+                }
+                let after = LeafHint {
+                    leaf: hint.leaf,
+                    version: hint.version + 2 * LOCKED,
+                };
+                return match outcome.previous {
+                    Some(existing) => (Err(existing), Some(after)),
+                    None => (Ok(()), Some(after)),
+                };
+            }
+        }
+        (self.insert_new(key, addr), None)
     }
 
     /// Inserts `key → addr` only if `key` is absent; otherwise leaves the index unchanged and

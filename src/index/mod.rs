@@ -23,6 +23,7 @@ mod primary;
 mod secondary;
 mod sync;
 
+pub use btree::{HintChain, LeafHint};
 pub use hash::HashIndex;
 pub use ordered::OrderedIndex;
 pub use primary::{PrimaryIndex, PrimaryIndexKind};

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::ops::{Bound, RangeBounds};
 
-use super::btree::BTree;
+use super::btree::{BTree, HintChain, LeafHint};
 use super::IndexError;
 
 /// A concurrent ordered map from an 8-byte primary key to an 8-byte tuple address, with
@@ -45,6 +45,31 @@ impl OrderedIndex {
     /// returns the address already stored.
     pub fn insert_new(&self, key: u64, addr: u64) -> Result<(), u64> {
         self.tree.insert_new([key], addr)
+    }
+
+    /// [`get`](Self::get) that also returns where its descent ended, for an insert of `key` to
+    /// start there ([`insert_new_at`](Self::insert_new_at)).
+    #[inline]
+    pub fn get_for_insert(&self, key: u64) -> (Option<u64>, LeafHint) {
+        self.tree.get_for_insert([key])
+    }
+
+    /// [`insert_new`](Self::insert_new) that goes straight to the hinted leaf while it is
+    /// unchanged since the hint was taken (or changed only by the earlier inserts of `chain`), and
+    /// descends from the root otherwise. Same result either way.
+    #[inline]
+    pub fn insert_new_at(
+        &self,
+        key: u64,
+        addr: u64,
+        observed: LeafHint,
+        chain: &mut HintChain,
+    ) -> Result<(), u64> {
+        let (result, after) = self
+            .tree
+            .insert_new_at([key], addr, chain.current(observed));
+        chain.advance(observed, after);
+        result
     }
 
     /// Stores `key → addr` whether or not `key` is present, returning the previous address.
@@ -444,6 +469,10 @@ mod tests {
         RemoveRange(u64, u64),
         Scan(u64, usize),
         ScanRev(u64, usize),
+        /// Lookups of a batch of keys near `.0` (offsets `.1`) taking hints, the writes `.2`
+        /// (key near `.0`, insert or remove) changing the tree meanwhile, then the batch's
+        /// inserts from the hints through one chain, as a Falcon commit publishes its inserts.
+        HintedBatch(u64, Vec<u64>, Vec<(u64, bool)>),
     }
 
     fn op_strategy(keys: u64) -> impl Strategy<Value = Op> {
@@ -457,8 +486,70 @@ mod tests {
             1 => (key.clone(), addr.clone(), addr).prop_map(|(k, e, n)| Op::ReplaceIf(k, e, n)),
             1 => (key.clone(), 0u64..200).prop_map(|(k, n)| Op::RemoveRange(k, n)),
             1 => (key.clone(), 0usize..80).prop_map(|(k, l)| Op::Scan(k, l)),
-            1 => (key, 0usize..80).prop_map(|(k, l)| Op::ScanRev(k, l)),
+            1 => (key.clone(), 0usize..80).prop_map(|(k, l)| Op::ScanRev(k, l)),
+            2 => (
+                key,
+                proptest::collection::vec(0u64..64, 1..16),
+                proptest::collection::vec((0u64..128, any::<bool>()), 0..48),
+            )
+                .prop_map(|(k, offsets, between)| Op::HintedBatch(k, offsets, between)),
         ]
+    }
+
+    /// The shortcut is taken while the hinted leaf is unchanged, and through a chain of inserts
+    /// into one leaf; a leaf changed by anyone else sends the insert down from the root.
+    #[test]
+    fn hinted_inserts_skip_the_descent_only_while_the_leaf_is_unchanged() {
+        let index = tens();
+        let hints: Vec<_> = (1..=5)
+            .map(|k| {
+                let (found, hint) = index.get_for_insert(k);
+                assert_eq!(found, None);
+                hint
+            })
+            .collect();
+        assert!(
+            hints.windows(2).all(|w| w[0] == w[1]),
+            "one leaf, one version"
+        );
+        let mut chain = HintChain::default();
+        for (k, &hint) in (1..=5).zip(&hints) {
+            let (result, after) = index.tree.insert_new_at([k], k + 1, chain.current(hint));
+            assert_eq!(result, Ok(()));
+            assert!(
+                after.is_some(),
+                "key {k}: the chain's shortcut was not taken"
+            );
+            chain.advance(hint, after);
+        }
+        // Another writer changes the leaf between the lookup and the insert.
+        let (_, stale) = index.get_for_insert(6);
+        index.insert_new(7, 8).unwrap();
+        let (result, after) = index.tree.insert_new_at([6], 7, stale);
+        assert_eq!((result, after), (Ok(()), None));
+        // The hinted leaf splits before the insert: the key now belongs to the new right leaf.
+        let full = OrderedIndex::new();
+        for key in (1..=30).map(|k| k * 10) {
+            full.insert_new(key, key + 1).unwrap();
+        }
+        let (_, before_split) = full.get_for_insert(295);
+        full.insert_new(5, 6).unwrap();
+        let (result, after) = full.tree.insert_new_at([295], 296, before_split);
+        assert_eq!((result, after), (Ok(()), None));
+        full.tree.check_invariants();
+        // A stale hint never inserts a duplicate: the descent finds the key.
+        let (_, stale) = index.get_for_insert(8);
+        index.insert_new(8, 9).unwrap();
+        assert_eq!(index.tree.insert_new_at([8], 0, stale).0, Err(9));
+        index.tree.check_invariants();
+        let mut all = Vec::new();
+        index.for_each(|k, a| all.push((k, a)));
+        let mut expected: Vec<_> = (1..=8).chain((10..=100).step_by(10)).collect();
+        expected.sort_unstable();
+        assert_eq!(
+            all,
+            expected.into_iter().map(|k| (k, k + 1)).collect::<Vec<_>>()
+        );
     }
 
     proptest! {
@@ -509,6 +600,31 @@ mod tests {
                         let expected: Vec<_> =
                             model.range(k..).take(limit).map(|(&k, &a)| (k, a)).collect();
                         prop_assert_eq!(seen, expected);
+                    }
+                    Op::HintedBatch(base, ref offsets, ref between) => {
+                        let mut keys: Vec<u64> = offsets.iter().map(|o| base + o).collect();
+                        keys.dedup();
+                        let mut hints = Vec::new();
+                        for &k in &keys {
+                            let (found, hint) = index.get_for_insert(k);
+                            prop_assert_eq!(found, model.get(&k).copied());
+                            hints.push(hint);
+                        }
+                        for &(offset, insert) in between {
+                            let k = base + offset;
+                            if insert {
+                                prop_assert_eq!(index.upsert(k, 2), model.insert(k, 2));
+                            } else {
+                                prop_assert_eq!(index.remove(k), model.remove(&k));
+                            }
+                        }
+                        let mut chain = HintChain::default();
+                        for (&k, hint) in keys.iter().zip(hints) {
+                            let expected = model.get(&k).copied();
+                            let result = index.insert_new_at(k, k % 3, hint, &mut chain);
+                            prop_assert_eq!(result.err(), expected);
+                            model.entry(k).or_insert(k % 3);
+                        }
                     }
                     Op::ScanRev(k, limit) => {
                         let mut seen = Vec::new();

@@ -6,7 +6,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use super::{HashIndex, IndexError, OrderedIndex};
+use super::{HashIndex, HintChain, IndexError, LeafHint, OrderedIndex};
 
 /// Which structure backs a [`PrimaryIndex`]; configured per table by name (`hash`, `ordered`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -154,6 +154,36 @@ impl PrimaryIndex {
     #[inline]
     pub fn insert_new(&self, key: u64, addr: u64) -> Result<(), u64> {
         forward!(self.insert_new(key, addr))
+    }
+
+    /// [`get`](Self::get) that also returns, for an ordered index, the leaf its descent ended in,
+    /// so that an insert of `key` at commit can start there
+    /// ([`insert_new_at`](Self::insert_new_at)). A hash index has no descent to save: `None`.
+    #[inline]
+    pub fn get_for_insert(&self, key: u64) -> (Option<u64>, Option<LeafHint>) {
+        match self {
+            Self::Hash(index) => (index.get(key), None),
+            Self::Ordered(index) => {
+                let (found, hint) = index.get_for_insert(key);
+                (found, Some(hint))
+            }
+        }
+    }
+
+    /// [`insert_new`](Self::insert_new) starting at the leaf of `hint` when there is one and it is
+    /// unchanged (see [`OrderedIndex::insert_new_at`]); the same result either way.
+    #[inline]
+    pub fn insert_new_at(
+        &self,
+        key: u64,
+        addr: u64,
+        hint: Option<LeafHint>,
+        chain: &mut HintChain,
+    ) -> Result<(), u64> {
+        match (self, hint) {
+            (Self::Ordered(index), Some(hint)) => index.insert_new_at(key, addr, hint, chain),
+            _ => self.insert_new(key, addr),
+        }
     }
 
     /// Stores `key → addr`, returning the previous address.

@@ -13,6 +13,7 @@ use super::{Fault, Policy, TableAlloc, ThreadState};
 use crate::catalog::TableId;
 use crate::cc::{MetaWord, Protocol, LOCK_BIT};
 use crate::engine::TxError;
+use crate::index::HintChain;
 use crate::pmem::{Pool, CACHE_LINE};
 use std::sync::atomic::Ordering;
 
@@ -232,6 +233,10 @@ impl FalconWorker {
     /// transaction back.
     fn publish_inserts(&mut self) -> Result<usize, TxError> {
         let mut published = 0;
+        // The duplicate checks' leaves (`insert_hints`, in write order): each insert starts at
+        // its leaf instead of descending again while the leaf is unchanged (`HintChain`).
+        let mut hints = self.insert_hints.iter().copied().peekable();
+        let mut chain = HintChain::default();
         for i in 0..self.writes.len() {
             if self.writes[i].kind != WriteKind::Insert {
                 continue;
@@ -241,10 +246,15 @@ impl FalconWorker {
                 self.writes[i].key,
                 self.writes[i].tuple,
             );
+            while hints.next_if(|&(w, _)| w < i).is_some() {}
+            let hint = hints.next_if(|&(w, _)| w == i).map(|(_, hint)| hint);
             self.word(t).store(LOCK_BIT);
             self.writes[i].locked = true;
             let rt = &self.tables[table as usize];
-            match rt.index.insert_new(&rt.schema.name, key, t) {
+            match rt
+                .index
+                .insert_new_at(&rt.schema.name, key, t, hint, &mut chain)
+            {
                 Ok(Ok(_)) => published += 1,
                 // The key was absent when `insert` checked; a transaction that committed since
                 // has inserted it. That invalidates this transaction's observation of absence,

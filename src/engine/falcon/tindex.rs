@@ -17,7 +17,8 @@ use crate::index::pm::{
     PmHashError, PmHashIndex, PmOrderedError, PmOrderedIndex, PmSecondaryIndex,
 };
 use crate::index::{
-    IndexError, IndexPlacement, PrimaryIndex, PrimaryIndexKind, SecondaryIndex, SecondaryLookup,
+    HintChain, IndexError, IndexPlacement, LeafHint, PrimaryIndex, PrimaryIndexKind,
+    SecondaryIndex, SecondaryLookup,
 };
 use crate::pmem::Pool;
 use std::sync::Arc;
@@ -150,6 +151,33 @@ impl TableIndex {
             TableIndex::PmOrdered(index) => index
                 .insert_new(key, addr)
                 .map_err(|e| ordered_error(table, e)),
+        }
+    }
+
+    /// [`get`](Self::get) that also returns where a DRAM ordered index's descent ended, for the
+    /// insert at commit to start there ([`insert_new_at`](Self::insert_new_at)).
+    #[inline]
+    pub fn get_for_insert(&self, key: u64) -> (Option<u64>, Option<LeafHint>) {
+        match self {
+            TableIndex::Dram(index) => index.get_for_insert(key),
+            _ => (self.get(key), None),
+        }
+    }
+
+    /// [`insert_new`](Self::insert_new) starting at the hinted leaf (a DRAM ordered index; the
+    /// others ignore the hint).
+    #[inline]
+    pub fn insert_new_at(
+        &self,
+        table: &str,
+        key: u64,
+        addr: u64,
+        hint: Option<LeafHint>,
+        chain: &mut HintChain,
+    ) -> Result<Result<(), u64>, TxError> {
+        match self {
+            TableIndex::Dram(index) => Ok(index.insert_new_at(key, addr, hint, chain)),
+            _ => self.insert_new(table, key, addr),
         }
     }
 
