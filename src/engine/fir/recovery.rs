@@ -312,14 +312,30 @@ fn read_pages(
 /// `entries` are block `b`'s, as (slot offset, key, txnId).
 struct ByBlock {
     starts: Vec<usize>,
-    entries: Vec<(u64, u64, u64)>,
+    entries: Vec<BlockEntry>,
+}
+
+/// A checkpoint entry as the header install takes it: (slot offset, key, txnId).
+type BlockEntry = (u64, u64, u64);
+
+/// How [`install_headers`] splits `entries` entries over `workers` threads: the length of each
+/// thread's share.
+fn install_shares(entries: usize, workers: usize) -> Vec<usize> {
+    let share = entries.div_ceil(workers.max(1)).max(1);
+    (0..entries)
+        .step_by(share)
+        .map(|from| share.min(entries - from))
+        .collect()
 }
 
 /// Buckets a share of the checked checkpoint entries by block, with a counting sort, O(n): a
 /// checkpoint is in key order, which scatters its versions over the blocks (written in that
 /// order, nearly every header write missed the cache and the TLB; sorting them by address,
 /// n log n, was about 40 % of this step's samples in a profile at 1 GiB).
-fn bucket_by_block(entries: &[Entry], blocks: usize) -> ByBlock {
+/// `by_block` is the output array, as long as `entries` (made and faulted in ahead by
+/// [`prefault`]).
+fn bucket_by_block(entries: &[Entry], blocks: usize, mut by_block: Vec<BlockEntry>) -> ByBlock {
+    debug_assert_eq!(by_block.len(), entries.len());
     let mut starts = vec![0usize; blocks + 1];
     for e in entries {
         starts[storage::block_of(e[3]) as usize + 1] += 1;
@@ -328,7 +344,6 @@ fn bucket_by_block(entries: &[Entry], blocks: usize) -> ByBlock {
         starts[b + 1] += starts[b];
     }
     let mut next = starts.clone();
-    let mut by_block = vec![(0u64, 0u64, 0u64); entries.len()];
     for &[_, key, txn, addr] in entries {
         let b = storage::block_of(addr) as usize;
         by_block[next[b]] = (storage::offset_of(addr), key, txn);
@@ -346,14 +361,29 @@ fn bucket_by_block(entries: &[Entry], blocks: usize) -> ByBlock {
 /// tile is written by one thread only: split by key range instead, both threads wrote into
 /// every tile, and the cache lines of its headers and update_map words (a `fetch_and` per
 /// entry) moved between the cores.
-fn install_headers(engine: &FirEngine, entries: &[Entry], workers: usize) -> Result<(), DbError> {
+/// `buffers` are the shares' output arrays, as long as [`install_shares`] says.
+fn install_headers(
+    engine: &FirEngine,
+    entries: &[Entry],
+    workers: usize,
+    buffers: Vec<Vec<BlockEntry>>,
+) -> Result<(), DbError> {
     let blocks = engine.tiles.len();
-    let workers = workers.max(1);
-    let share = entries.len().div_ceil(workers).max(1);
+    let lengths = install_shares(entries.len(), workers);
+    let share = lengths.first().copied().unwrap_or(1);
+    // Made for the checkpoint's entry count: fewer if a dropped table's entries were left out.
+    let buffers = if buffers.iter().map(Vec::len).eq(lengths.iter().copied()) {
+        buffers
+    } else {
+        lengths.iter().map(|&n| vec![(0, 0, 0); n]).collect()
+    };
     let shares: Vec<ByBlock> = std::thread::scope(|s| {
         let handles: Vec<_> = entries
             .chunks(share)
-            .map(|part| s.spawn(move || Ok::<_, DbError>(vec![bucket_by_block(part, blocks)])))
+            .zip(buffers)
+            .map(|(part, out)| {
+                s.spawn(move || Ok::<_, DbError>(vec![bucket_by_block(part, blocks, out)]))
+            })
             .collect();
         crate::engine::common::join_parts(handles)
     })?;
@@ -373,18 +403,24 @@ fn install_headers(engine: &FirEngine, entries: &[Entry], workers: usize) -> Res
             .map(|range| {
                 let range = range[0]..range[1];
                 s.spawn(move || {
+                    let mut live: Vec<u64> = Vec::new();
                     for b in range {
+                        if shares.iter().all(|p| p.starts[b] == p.starts[b + 1]) {
+                            continue;
+                        }
+                        let tile = engine.tile_of(storage::logical(0, b as u64, 0));
+                        live.clear();
+                        live.resize(tile.update_map.len(), 0);
                         for part in shares {
-                            let mine = &part.entries[part.starts[b]..part.starts[b + 1]];
-                            if mine.is_empty() {
-                                continue;
-                            }
-                            let tile = engine.tile_of(storage::logical(0, b as u64, 0));
-                            for &(offset, key, txn) in mine {
+                            for &(offset, key, txn) in
+                                &part.entries[part.starts[b]..part.starts[b + 1]]
+                            {
                                 install_header(&tile.headers[offset as usize], key, txn);
-                                tile.mark_live(offset);
+                                live[(offset / 64) as usize] |= 1 << (offset % 64);
                             }
                         }
+                        // One update_map write per 64 slots instead of a locked one per entry.
+                        tile.mark_live_bits(&live);
                     }
                     Ok::<_, DbError>(Vec::<()>::new())
                 })
@@ -439,7 +475,7 @@ fn build_indexes(
 /// more keys (the versions redo may insert, so that no insert of recovery grows it), then the
 /// tiles' headers are written over `workers` threads. Returns the directory.
 fn load_checkpoint(
-    engine: &mut FirEngine,
+    engine: &FirEngine,
     tables: &mut Vec<Arc<TableRt>>,
     lctt: &[u64],
     dir: DirRead,
@@ -447,6 +483,75 @@ fn load_checkpoint(
     workers: usize,
     (phase, report): (&mut PhaseClock, &mut RecoveryReport),
 ) -> Result<CkptDir, DbError> {
+    // The header install's fresh DRAM (the tiles' header pages, its by-block arrays: page
+    // faults and page clearing were a third of recovery's CPU samples) is made and faulted in
+    // by one more thread while the checkpoint is read and the indexes are built, so that those
+    // faults fill the cores' idle moments (the phases' serial steps and joins) instead of
+    // adding to the install.
+    let lengths = install_shares(dir.entries as usize, workers);
+    std::thread::scope(|s| {
+        let ahead = s.spawn(|| prefault(engine, &lengths));
+        let read = read_and_build(engine, tables, lctt, &dir, extra, workers, (phase, report));
+        let buffers = ahead
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p));
+        read.map(|r| (r, buffers))
+    })
+    .and_then(|((entries, pages), buffers)| {
+        install_headers(engine, &entries, workers, buffers)?;
+        Ok(CkptDir {
+            generation: dir.generation,
+            ct: dir.ct,
+            pages,
+        })
+    })
+}
+
+/// Writes one word of every 4 KiB page of every tile's headers and update_map with its own
+/// value (an atomic `fetch_or(0)`: whatever another thread stores there meanwhile stays), so
+/// that the kernel allocates those pages now; then makes the header install's by-block arrays
+/// (`lengths` long) and writes one element of each of their pages.
+fn prefault(engine: &FirEngine, lengths: &[usize]) -> Vec<Vec<BlockEntry>> {
+    const PAGE: usize = 4096;
+    // Zero, hidden from the compiler: an `or` of a known 0 (or a store of 0 into freshly zeroed
+    // memory) may be compiled to a load or to nothing, and a read maps the shared zero page
+    // instead of allocating one.
+    let touch = std::hint::black_box(0u64);
+    let stride = (PAGE / std::mem::size_of::<storage::Header>()).max(1);
+    for tile in engine.tiles.iter().filter_map(|t| t.get()) {
+        let n = tile.headers.len();
+        for i in (0..n).step_by(stride).chain(n.checked_sub(1)) {
+            tile.headers[i].state.fetch_or(touch, Ordering::Relaxed);
+        }
+        let words = tile.update_map.len();
+        for i in (0..words).step_by(PAGE / 8).chain(words.checked_sub(1)) {
+            tile.update_map[i].fetch_or(touch, Ordering::Relaxed);
+        }
+    }
+    let stride = (PAGE / std::mem::size_of::<BlockEntry>()).max(1);
+    lengths
+        .iter()
+        .map(|&n| {
+            let mut out: Vec<BlockEntry> = vec![(0, 0, 0); n];
+            for i in (0..n).step_by(stride).chain(n.checked_sub(1)) {
+                out[i] = (touch, touch, touch);
+            }
+            out
+        })
+        .collect()
+}
+
+/// Reads and checks the checkpoint's pages over `workers` threads and builds the indexes from
+/// them (`load_checkpoint`); returns the entries, for the header install, and the pages.
+fn read_and_build(
+    engine: &FirEngine,
+    tables: &mut Vec<Arc<TableRt>>,
+    lctt: &[u64],
+    dir: &DirRead,
+    extra: &[u64],
+    workers: usize,
+    (phase, report): (&mut PhaseClock, &mut RecoveryReport),
+) -> Result<(Vec<Entry>, Vec<CkptPage>), DbError> {
     let generation = dir.generation;
     let counts = page_counts(engine, generation, &dir.listed)?;
     let total: u64 = counts.iter().sum();
@@ -484,14 +589,9 @@ fn load_checkpoint(
         entries.retain(|e| tables[e[0] as usize].schema.is_live());
     }
     *tables = build_indexes(tables, &entries, extra, generation)?;
-    *engine.tables.get_mut() = tables.clone();
+    *engine.tables.write() = tables.clone();
     phase.lap(report, "index build");
-    install_headers(engine, &entries, workers)?;
-    Ok(CkptDir {
-        generation,
-        ct: dir.ct,
-        pages,
-    })
+    Ok((entries, pages))
 }
 
 /// Runs recovery (§4.4): loads the index leaf checkpoint, redoes the committed versions written
@@ -499,6 +599,7 @@ fn load_checkpoint(
 /// clock in `engine`.
 pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError> {
     let started = Instant::now();
+    let cpu_at_start = process_cpu_ms();
     let started_unix_ms = super::checkpoint::unix_ms();
     let mut report = RecoveryReport::default();
     let mut phase = PhaseClock::start();
@@ -796,7 +897,30 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
             .push(("checkpoint age at recovery (ms)".into(), age));
     }
     report.total_ms = started.elapsed().as_secs_f64() * 1e3;
+    if let (Some(from), Some(to)) = (cpu_at_start, process_cpu_ms()) {
+        // On a shared machine the wall time follows the other processes' load; the CPU time
+        // (user and system, every thread: page faults are system time) follows the work done.
+        report.facts.push((
+            "recovery CPU time (ms, all threads)".into(),
+            to.saturating_sub(from),
+        ));
+    }
     Ok(report)
+}
+
+/// The CPU time (user and system) this process used so far, in ms, from `/proc/self/stat`
+/// (10 ms ticks); `None` where there is no such file.
+fn process_cpu_ms() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may hold spaces): state is the first, utime and
+    // stime the 12th and 13th; both count USER_HZ (100 per second) ticks.
+    let mut rest = stat
+        .get(stat.rfind(')')? + 1..)?
+        .split_whitespace()
+        .skip(11);
+    let user: u64 = rest.next()?.parse().ok()?;
+    let system: u64 = rest.next()?.parse().ok()?;
+    Some((user + system) * 10)
 }
 
 /// A committed version recovery redoes: (txnId, table, key, logical address, tombstone).
