@@ -312,30 +312,14 @@ fn read_pages(
 /// `entries` are block `b`'s, as (slot offset, key, txnId).
 struct ByBlock {
     starts: Vec<usize>,
-    entries: Vec<BlockEntry>,
-}
-
-/// A checkpoint entry as the header install takes it: (slot offset, key, txnId).
-type BlockEntry = (u64, u64, u64);
-
-/// How [`install_headers`] splits `entries` entries over `workers` threads: the length of each
-/// thread's share.
-fn install_shares(entries: usize, workers: usize) -> Vec<usize> {
-    let share = entries.div_ceil(workers.max(1)).max(1);
-    (0..entries)
-        .step_by(share)
-        .map(|from| share.min(entries - from))
-        .collect()
+    entries: Vec<(u64, u64, u64)>,
 }
 
 /// Buckets a share of the checked checkpoint entries by block, with a counting sort, O(n): a
 /// checkpoint is in key order, which scatters its versions over the blocks (written in that
 /// order, nearly every header write missed the cache and the TLB; sorting them by address,
 /// n log n, was about 40 % of this step's samples in a profile at 1 GiB).
-/// `by_block` is the output array, as long as `entries` (made and faulted in ahead by
-/// [`prefault`]).
-fn bucket_by_block(entries: &[Entry], blocks: usize, mut by_block: Vec<BlockEntry>) -> ByBlock {
-    debug_assert_eq!(by_block.len(), entries.len());
+fn bucket_by_block(entries: &[Entry], blocks: usize) -> ByBlock {
     let mut starts = vec![0usize; blocks + 1];
     for e in entries {
         starts[storage::block_of(e[3]) as usize + 1] += 1;
@@ -344,6 +328,7 @@ fn bucket_by_block(entries: &[Entry], blocks: usize, mut by_block: Vec<BlockEntr
         starts[b + 1] += starts[b];
     }
     let mut next = starts.clone();
+    let mut by_block = vec![(0u64, 0u64, 0u64); entries.len()];
     for &[_, key, txn, addr] in entries {
         let b = storage::block_of(addr) as usize;
         by_block[next[b]] = (storage::offset_of(addr), key, txn);
@@ -361,29 +346,14 @@ fn bucket_by_block(entries: &[Entry], blocks: usize, mut by_block: Vec<BlockEntr
 /// tile is written by one thread only: split by key range instead, both threads wrote into
 /// every tile, and the cache lines of its headers and update_map words (a `fetch_and` per
 /// entry) moved between the cores.
-/// `buffers` are the shares' output arrays, as long as [`install_shares`] says.
-fn install_headers(
-    engine: &FirEngine,
-    entries: &[Entry],
-    workers: usize,
-    buffers: Vec<Vec<BlockEntry>>,
-) -> Result<(), DbError> {
+fn install_headers(engine: &FirEngine, entries: &[Entry], workers: usize) -> Result<(), DbError> {
     let blocks = engine.tiles.len();
-    let lengths = install_shares(entries.len(), workers);
-    let share = lengths.first().copied().unwrap_or(1);
-    // Made for the checkpoint's entry count: fewer if a dropped table's entries were left out.
-    let buffers = if buffers.iter().map(Vec::len).eq(lengths.iter().copied()) {
-        buffers
-    } else {
-        lengths.iter().map(|&n| vec![(0, 0, 0); n]).collect()
-    };
+    let workers = workers.max(1);
+    let share = entries.len().div_ceil(workers).max(1);
     let shares: Vec<ByBlock> = std::thread::scope(|s| {
         let handles: Vec<_> = entries
             .chunks(share)
-            .zip(buffers)
-            .map(|(part, out)| {
-                s.spawn(move || Ok::<_, DbError>(vec![bucket_by_block(part, blocks, out)]))
-            })
+            .map(|part| s.spawn(move || Ok::<_, DbError>(vec![bucket_by_block(part, blocks)])))
             .collect();
         crate::engine::common::join_parts(handles)
     })?;
@@ -475,7 +445,7 @@ fn build_indexes(
 /// more keys (the versions redo may insert, so that no insert of recovery grows it), then the
 /// tiles' headers are written over `workers` threads. Returns the directory.
 fn load_checkpoint(
-    engine: &FirEngine,
+    engine: &mut FirEngine,
     tables: &mut Vec<Arc<TableRt>>,
     lctt: &[u64],
     dir: DirRead,
@@ -483,75 +453,6 @@ fn load_checkpoint(
     workers: usize,
     (phase, report): (&mut PhaseClock, &mut RecoveryReport),
 ) -> Result<CkptDir, DbError> {
-    // The header install's fresh DRAM (the tiles' header pages, its by-block arrays: page
-    // faults and page clearing were a third of recovery's CPU samples) is made and faulted in
-    // by one more thread while the checkpoint is read and the indexes are built, so that those
-    // faults fill the cores' idle moments (the phases' serial steps and joins) instead of
-    // adding to the install.
-    let lengths = install_shares(dir.entries as usize, workers);
-    std::thread::scope(|s| {
-        let ahead = s.spawn(|| prefault(engine, &lengths));
-        let read = read_and_build(engine, tables, lctt, &dir, extra, workers, (phase, report));
-        let buffers = ahead
-            .join()
-            .unwrap_or_else(|p| std::panic::resume_unwind(p));
-        read.map(|r| (r, buffers))
-    })
-    .and_then(|((entries, pages), buffers)| {
-        install_headers(engine, &entries, workers, buffers)?;
-        Ok(CkptDir {
-            generation: dir.generation,
-            ct: dir.ct,
-            pages,
-        })
-    })
-}
-
-/// Writes one word of every 4 KiB page of every tile's headers and update_map with its own
-/// value (an atomic `fetch_or(0)`: whatever another thread stores there meanwhile stays), so
-/// that the kernel allocates those pages now; then makes the header install's by-block arrays
-/// (`lengths` long) and writes one element of each of their pages.
-fn prefault(engine: &FirEngine, lengths: &[usize]) -> Vec<Vec<BlockEntry>> {
-    const PAGE: usize = 4096;
-    // Zero, hidden from the compiler: an `or` of a known 0 (or a store of 0 into freshly zeroed
-    // memory) may be compiled to a load or to nothing, and a read maps the shared zero page
-    // instead of allocating one.
-    let touch = std::hint::black_box(0u64);
-    let stride = (PAGE / std::mem::size_of::<storage::Header>()).max(1);
-    for tile in engine.tiles.iter().filter_map(|t| t.get()) {
-        let n = tile.headers.len();
-        for i in (0..n).step_by(stride).chain(n.checked_sub(1)) {
-            tile.headers[i].state.fetch_or(touch, Ordering::Relaxed);
-        }
-        let words = tile.update_map.len();
-        for i in (0..words).step_by(PAGE / 8).chain(words.checked_sub(1)) {
-            tile.update_map[i].fetch_or(touch, Ordering::Relaxed);
-        }
-    }
-    let stride = (PAGE / std::mem::size_of::<BlockEntry>()).max(1);
-    lengths
-        .iter()
-        .map(|&n| {
-            let mut out: Vec<BlockEntry> = vec![(0, 0, 0); n];
-            for i in (0..n).step_by(stride).chain(n.checked_sub(1)) {
-                out[i] = (touch, touch, touch);
-            }
-            out
-        })
-        .collect()
-}
-
-/// Reads and checks the checkpoint's pages over `workers` threads and builds the indexes from
-/// them (`load_checkpoint`); returns the entries, for the header install, and the pages.
-fn read_and_build(
-    engine: &FirEngine,
-    tables: &mut Vec<Arc<TableRt>>,
-    lctt: &[u64],
-    dir: &DirRead,
-    extra: &[u64],
-    workers: usize,
-    (phase, report): (&mut PhaseClock, &mut RecoveryReport),
-) -> Result<(Vec<Entry>, Vec<CkptPage>), DbError> {
     let generation = dir.generation;
     let counts = page_counts(engine, generation, &dir.listed)?;
     let total: u64 = counts.iter().sum();
@@ -589,9 +490,14 @@ fn read_and_build(
         entries.retain(|e| tables[e[0] as usize].schema.is_live());
     }
     *tables = build_indexes(tables, &entries, extra, generation)?;
-    *engine.tables.write() = tables.clone();
+    *engine.tables.get_mut() = tables.clone();
     phase.lap(report, "index build");
-    Ok((entries, pages))
+    install_headers(engine, &entries, workers)?;
+    Ok(CkptDir {
+        generation,
+        ct: dir.ct,
+        pages,
+    })
 }
 
 /// Runs recovery (§4.4): loads the index leaf checkpoint, redoes the committed versions written
@@ -948,7 +854,15 @@ fn redo_part(
         obsolete: 0,
         tombstones: 0,
     };
-    for (txn, table, key, addr, tomb) in part {
+    // The index bucket and the new version's header of a version a few ahead are loaded while
+    // this one is applied: each is a cache miss into tens of MiB, and one after another they
+    // were most of redo's time.
+    const AHEAD: usize = 8;
+    for (i, &(txn, table, key, addr, tomb)) in part.iter().enumerate() {
+        if let Some(&(_, t, k, a, _)) = part.get(i + AHEAD) {
+            tables[t as usize].index.prefetch(k);
+            crate::pmem::prefetch(engine.header(a));
+        }
         out.max_txn = out.max_txn.max(txn);
         let t = &tables[table as usize];
         let current = t.index.get(key);
