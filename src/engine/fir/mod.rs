@@ -124,8 +124,9 @@
 //!   not one cache and TLB miss per key). The checkpoint's pages are read straight into one
 //!   array sized from their headers, each thread into its own part. Inserting key by key into the shared
 //!   index cost about 1 µs per key at 1 GiB (a lock and a cache miss into a table the size of
-//!   the whole index per key). Redo then applies the versions since CT to the built indexes
-//!   with ordinary operations.
+//!   the whole index per key). The header install clears the update_map one word per 64 slots.
+//!   Redo then applies the versions since CT to the built indexes with ordinary operations,
+//!   loading the index bucket and header of a version a few ahead while it applies one.
 //! - **Secondary indexes are rebuilt from the rows** after the primary index (the paper
 //!   checkpoints every index; pmtx's secondary indexes map to primary keys and are rebuilt by
 //!   reading the live rows).

@@ -173,6 +173,16 @@ impl Tile {
         self.update_map[(offset / 64) as usize].fetch_and(!(1 << (offset % 64)), Ordering::Relaxed);
     }
 
+    /// Marks live again every slot whose bit is set in `live` (one word per 64 slots, as the
+    /// update_map): recovery's header install, one write per word instead of one per slot.
+    pub fn mark_live_bits(&self, live: &[u64]) {
+        for (w, &bits) in self.update_map.iter().zip(live) {
+            if bits != 0 {
+                w.fetch_and(!bits, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// Marks the first `used` slots obsolete (recovery's rebuild of the update_map: the live
     /// ones are marked live again from the index).
     pub fn mark_all_obsolete(&self, used: u64) {
