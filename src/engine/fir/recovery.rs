@@ -505,7 +505,7 @@ fn load_checkpoint(
 /// clock in `engine`.
 pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError> {
     let started = Instant::now();
-    let cpu_at_start = process_cpu_ms();
+    let cpu_at_start = crate::pmem::platform::process_cpu_time();
     let started_unix_ms = super::checkpoint::unix_ms();
     let mut report = RecoveryReport::default();
     let mut phase = PhaseClock::start();
@@ -803,30 +803,15 @@ pub(super) fn recover(engine: &mut FirEngine) -> Result<RecoveryReport, DbError>
             .push(("checkpoint age at recovery (ms)".into(), age));
     }
     report.total_ms = started.elapsed().as_secs_f64() * 1e3;
-    if let (Some(from), Some(to)) = (cpu_at_start, process_cpu_ms()) {
+    if let (Some(from), Some(to)) = (cpu_at_start, crate::pmem::platform::process_cpu_time()) {
         // On a shared machine the wall time follows the other processes' load; the CPU time
         // (user and system, every thread: page faults are system time) follows the work done.
         report.facts.push((
             "recovery CPU time (ms, all threads)".into(),
-            to.saturating_sub(from),
+            to.saturating_sub(from).as_millis() as u64,
         ));
     }
     Ok(report)
-}
-
-/// The CPU time (user and system) this process used so far, in ms, from `/proc/self/stat`
-/// (10 ms ticks); `None` where there is no such file.
-fn process_cpu_ms() -> Option<u64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // Fields after the command name (which may hold spaces): state is the first, utime and
-    // stime the 12th and 13th; both count USER_HZ (100 per second) ticks.
-    let mut rest = stat
-        .get(stat.rfind(')')? + 1..)?
-        .split_whitespace()
-        .skip(11);
-    let user: u64 = rest.next()?.parse().ok()?;
-    let system: u64 = rest.next()?.parse().ok()?;
-    Some((user + system) * 10)
 }
 
 /// A committed version recovery redoes: (txnId, table, key, logical address, tombstone).
