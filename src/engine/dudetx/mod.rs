@@ -146,9 +146,9 @@
 //! MiB of 4 KiB pages) and much of the rest behind it; half of TPC-C's reproduced ops are
 //! order lines, whose keys are consecutive per order. The directory now places a run of 8
 //! consecutive keys in consecutive entries (`heap::SlotIndex::home`), so an order's lines share
-//! two or three directory lines instead of one page each; the stall left the loop (what remains
-//! is the rows' prefetch and writes), though on a loaded machine the thread's CPU per
-//! transaction did not measurably fall (docs/ARCHITECTURE.md, stop 43).
+//! two or three directory lines instead of one page each. The stall left the loop, but on a
+//! loaded machine the thread's CPU per transaction did not measurably fall: the rows' page
+//! walks (the PM pool in 4 KiB pages) remain (docs/ARCHITECTURE.md, stop 43).
 //!
 //! # The persistent-object API
 //!
