@@ -141,6 +141,14 @@
 //! prefetches a stage before the rows (`heap::SlotIndex`, `pipeline::LOOKUP_AHEAD`), which
 //! took the reproduce thread's CPU per transaction down by roughly a third on TPC-C and
 //! YCSB-A (1 and 2 threads; measured on a loaded 2-core VM, so only roughly).
+//! `perf` of c37a844 (TPC-C, 2 threads) still put about 45 % of the reproduce loop at the
+//! directory entry's prefetch (a TLB walk per op: the directories of 2 warehouses are tens of
+//! MiB of 4 KiB pages) and much of the rest behind it; half of TPC-C's reproduced ops are
+//! order lines, whose keys are consecutive per order. The directory now places a run of 8
+//! consecutive keys in consecutive entries (`heap::SlotIndex::home`), so an order's lines share
+//! two or three directory lines instead of one page each. The stall left the loop, but on a
+//! loaded machine the thread's CPU per transaction did not measurably fall: the rows' page
+//! walks (the PM pool in 4 KiB pages) remain (docs/ARCHITECTURE.md, stop 43).
 //!
 //! # The persistent-object API
 //!
