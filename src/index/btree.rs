@@ -332,7 +332,8 @@ struct Step<'a, const W: usize> {
 const MAX_DEPTH: usize = 24;
 
 /// Where a lookup ended: a leaf and the version it was validated at. Opaque outside the index;
-/// [`BTree::insert_new_at`] uses it to skip the descent while the leaf is unchanged.
+/// [`OrderedIndex::insert_new_at`](super::OrderedIndex::insert_new_at) uses it to skip the
+/// descent while the leaf is unchanged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeafHint {
     leaf: u64,
@@ -513,28 +514,8 @@ impl<const W: usize> BTree<W> {
     /// Returns the address stored for `key`.
     #[inline]
     pub(super) fn get(&self, key: [u64; W]) -> Option<u64> {
-        'restart: loop {
-            let Some((_, mut node, mut v)) = self.read_root() else {
-                continue;
-            };
-            loop {
-                let meta = node.meta.load(Ordering::Relaxed);
-                let count = key_count(meta);
-                if is_leaf(meta) {
-                    let (pos, found) = node.lower_bound(count, key);
-                    let value = if found { node.slot(pos) } else { 0 };
-                    if !node.validate(v) {
-                        continue 'restart;
-                    }
-                    return found.then_some(value);
-                }
-                let child = node.child_index(count, key);
-                match self.descend(node, v, child) {
-                    Some((_, next, nv)) => (node, v) = (next, nv),
-                    None => continue 'restart,
-                }
-            }
-        }
+        // The same descent as an insert's lookup; the hint it also returns costs a register.
+        self.get_for_insert(key).0
     }
 
     /// [`get`](Self::get) for a caller about to insert `key` if it is absent: also returns where
