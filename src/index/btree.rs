@@ -125,6 +125,13 @@ impl<const W: usize> Node<W> {
         self.version.fetch_add(LOCKED, Ordering::Release);
     }
 
+    /// The version [`unlock`](Self::unlock) leaves on a node locked from version `v` by
+    /// [`upgrade`](Self::upgrade).
+    #[inline]
+    fn version_after_unlock(v: u64) -> u64 {
+        (v | LOCKED) + LOCKED
+    }
+
     /// Unlocks and marks the node unlinked.
     fn unlock_obsolete(&self) {
         self.version.fetch_add(LOCKED | OBSOLETE, Ordering::Release);
@@ -584,7 +591,7 @@ impl<const W: usize> BTree<W> {
                 }
                 let after = LeafHint {
                     leaf: hint.leaf,
-                    version: hint.version + 2 * LOCKED,
+                    version: Node::<W>::version_after_unlock(hint.version),
                 };
                 return match outcome.previous {
                     Some(existing) => (Err(existing), Some(after)),
