@@ -85,6 +85,22 @@ impl<const W: usize> Node<W> {
         }
     }
 
+    /// Starts loading the cache lines of the node's version, count and keys. A descent reads the
+    /// version, then binary-searches keys spread over several lines, each load depending on the
+    /// one before: issued together, the misses of a cold node overlap instead of queueing (Chen
+    /// et al., "Improving index performance through prefetching", SIGMOD'01). The slots are left
+    /// out: the search reads one slot line of four, and every prefetch holds a fill buffer.
+    #[inline]
+    fn prefetch(&self) {
+        #[cfg(not(loom))]
+        {
+            let start = (self as *const Self).cast::<u8>();
+            for line in (0..std::mem::offset_of!(Self, slots)).step_by(64) {
+                crate::pmem::prefetch(start.wrapping_add(line));
+            }
+        }
+    }
+
     /// The version if no writer holds the node and it is linked; `None` means restart.
     #[inline]
     fn read_lock(&self) -> Option<u64> {
@@ -291,10 +307,7 @@ impl<const W: usize> Arena<W> {
             let id = self.next.fetch_add(1, Ordering::AcqRel);
             let (chunk, _) = Self::locate(id);
             self.chunks[chunk].get_or_init(|| {
-                (0..FIRST_CHUNK << chunk)
-                    .map(|_| Node::new())
-                    .collect::<Vec<_>>()
-                    .into_boxed_slice()
+                super::slice_on_huge_pages((FIRST_CHUNK << chunk) as usize, Node::new)
             });
             id
         });
@@ -508,6 +521,7 @@ impl<const W: usize> BTree<W> {
             return None;
         }
         let next = self.arena.get(id)?;
+        next.prefetch();
         let nv = next.read_lock()?;
         // The child was still linked from `node` after its version was read.
         node.validate(v).then_some((id, next, nv))

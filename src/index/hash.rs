@@ -382,7 +382,7 @@ impl Shard {
             } else {
                 MIN_BUCKETS << (s - 1)
             };
-            segment.get_or_init(|| (0..size).map(|_| Bucket::default()).collect());
+            segment.get_or_init(|| super::slice_on_huge_pages(size, Bucket::default));
         }
     }
 

@@ -138,11 +138,39 @@ pub(crate) fn mix64(mut x: u64) -> u64 {
     x
 }
 
+/// A slice of `len` values made by `make`, in memory that asked for transparent huge pages
+/// before it was first written ([`advise_huge_pages`](crate::pmem::platform::advise_huge_pages)):
+/// index node arenas and hash segments are megabytes read at random, and with 4 KiB pages each
+/// descent step or bucket probe would also pay a TLB miss and a page walk (issue 13).
+pub(crate) fn slice_on_huge_pages<T>(len: usize, make: impl FnMut() -> T) -> Box<[T]> {
+    let mut values: Vec<T> = Vec::with_capacity(len);
+    #[cfg(not(loom))]
+    crate::pmem::platform::advise_huge_pages(
+        values.as_ptr().cast(),
+        len * std::mem::size_of::<T>(),
+    );
+    values.extend(std::iter::repeat_with(make).take(len));
+    values.into_boxed_slice()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::collections::BTreeMap;
+
+    #[test]
+    fn a_slice_on_huge_pages_holds_what_make_made_in_order() {
+        for len in [0, 1, 3 << 20] {
+            let mut next = 0u64;
+            let slice = slice_on_huge_pages(len, || {
+                next += 1;
+                next
+            });
+            assert_eq!(slice.len(), len);
+            assert!(slice.iter().zip(1..).all(|(&v, i)| v == i));
+        }
+    }
 
     #[test]
     fn mix64_is_a_bijection_on_samples_and_spreads_low_bits() {

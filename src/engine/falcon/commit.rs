@@ -250,6 +250,7 @@ impl FalconWorker {
             let hint = hints.next_if(|&(w, _)| w == i).map(|(_, hint)| hint);
             self.word(t).store(LOCK_BIT);
             self.writes[i].locked = true;
+            self.any_write_locked = true;
             let rt = &self.tables[table as usize];
             match rt
                 .index

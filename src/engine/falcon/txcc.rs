@@ -136,7 +136,13 @@ impl FalconWorker {
 
     /// Whether this transaction holds the write lock of `t`.
     pub(super) fn write_locked_by_me(&self, t: u64) -> bool {
-        self.writes.iter().any(|w| w.tuple == t && w.locked)
+        self.any_write_locked && self.writes.iter().any(|w| w.tuple == t && w.locked)
+    }
+
+    /// Records that this transaction holds the write lock of write `i`'s tuple.
+    pub(super) fn mark_write_locked(&mut self, i: usize) {
+        self.writes[i].locked = true;
+        self.any_write_locked = true;
     }
 
     /// Reads committed tuple `t` under the protocol into `out`. `Ok(None)` means "not visible to
@@ -380,7 +386,7 @@ impl FalconWorker {
         let Some(old) = got else {
             return false;
         };
-        self.writes[i].locked = true;
+        self.mark_write_locked(i);
         // A blind update or delete (the transaction did not read the row) is validated by
         // nothing else: the row may have been deleted by a transaction that committed since
         // the index gave its address. Writing into the dead slot would acknowledge a write to
@@ -455,7 +461,7 @@ impl FalconWorker {
         match self.proto {
             Protocol::Occ | Protocol::Silo | Protocol::Mvocc => (0..self.reads.len()).all(|i| {
                 let (t, v) = self.reads[i];
-                occ::validate(&self.word(t), v, self.write_locked_by_me(t))
+                occ::validate_with(&self.word(t), v, || self.write_locked_by_me(t))
             }),
             Protocol::Tictoc => (0..self.reads.len()).all(|i| {
                 let (t, wts) = self.reads[i];

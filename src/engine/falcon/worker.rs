@@ -120,6 +120,10 @@ pub(crate) struct FalconWorker {
     /// the tree again (issue 13: the two descents were ~9 % of TPC-C). Kept beside `writes`, not
     /// in them, so that the write set's records stay small for `find_write`.
     pub(super) insert_hints: Vec<(usize, LeafHint)>,
+    /// Whether any write of `writes` has been locked in this transaction: until one is,
+    /// `write_locked_by_me` answers without searching them (an OCC read asks it before the
+    /// commit locks anything, once per read).
+    pub(super) any_write_locked: bool,
     /// Finds a write of `writes` by table and key.
     write_lookup: common::WriteLookup,
     /// Where this transaction's reads found their keys (an update after a read skips the index).
@@ -210,6 +214,7 @@ impl FalconWorker {
             reads: Vec::new(),
             writes: Vec::new(),
             insert_hints: Vec::new(),
+            any_write_locked: false,
             write_lookup: common::WriteLookup::default(),
             recent: common::RecentReads::default(),
             prefetched: common::RecentReads::default(),
@@ -254,7 +259,7 @@ impl FalconWorker {
     fn reads_still_valid(&self) -> bool {
         match self.proto {
             Protocol::Occ | Protocol::Silo | Protocol::Mvocc => self.reads.iter().all(|&(t, v)| {
-                crate::cc::occ::validate(&self.word(t), v, self.write_locked_by_me(t))
+                crate::cc::occ::validate_with(&self.word(t), v, || self.write_locked_by_me(t))
             }),
             Protocol::Tictoc => self.reads.iter().all(|&(t, wts)| self.write_ts(t) == wts),
             // Lock-based and timestamp-ordering protocols never hold a stale read.
@@ -280,6 +285,7 @@ impl FalconWorker {
     fn push_write(&mut self, write: WriteRec) -> usize {
         let position = self.writes.len();
         self.write_lookup.record(position, write.table, write.key);
+        self.any_write_locked |= write.locked;
         self.writes.push(write);
         position
     }
@@ -684,6 +690,7 @@ impl FalconWorker {
         self.locked_rts.clear();
         self.writes.clear();
         self.insert_hints.clear();
+        self.any_write_locked = false;
         self.write_lookup.clear();
         self.recent.next_txn();
         self.prefetched.next_txn();
