@@ -73,8 +73,11 @@ pub(super) struct WriteRec {
     pub target: u64,
     /// The NVM-tuple slot the new version goes to.
     pub slot: u64,
-    /// Offset of the new row in `rows`.
+    /// Offset of the new row in `rows`, or in `data` when `row_in_data`.
     pub row_at: usize,
+    /// The new row is one write's bytes exactly, already in `data` (a whole-row update or an
+    /// insert): commit persists and installs it from there instead of copying it into `rows`.
+    pub row_in_data: bool,
     /// MV protocols: the `begin` of the chain entry retired for this write.
     pub retired_begin: u64,
     /// A write of this transaction replaced every byte of the row: commit builds the new row
@@ -96,6 +99,7 @@ impl WriteRec {
             target: 0,
             slot: 0,
             row_at: 0,
+            row_in_data: false,
             retired_begin: 0,
             whole_row: false,
             row_unloaded: false,
@@ -468,11 +472,19 @@ impl ZenWorker {
                 None => {}
             }
         }
+        // The second pass skips the line the first asked for.
         for p in pending.iter().filter(|p| p.whole_row) {
             let rt = &self.tables[p.table as usize];
             match p.found {
-                Some(v) if is_cache_ref(v) => rt.cache.entry(v).prefetch_row(),
-                Some(v) => self.pool.prefetch(v, p.uncached_bytes),
+                Some(v) if is_cache_ref(v) => rt.cache.entry(v).prefetch_row_after_meta(),
+                Some(v) => {
+                    let after_header_line = (v | 63) + 1;
+                    let end = v + p.uncached_bytes;
+                    if end > after_header_line {
+                        self.pool
+                            .prefetch(after_header_line, end - after_header_line);
+                    }
+                }
                 None => {}
             }
         }
@@ -634,6 +646,26 @@ impl ZenWorker {
             data: self.data.len() as u32,
         });
         self.data.extend_from_slice(bytes);
+    }
+
+    /// Where in `data` the whole new row of write `write` lies, if a single range of the
+    /// transaction covers all `row` bytes of it and no other range touches it.
+    pub(super) fn sole_whole_range(ranges: &[RangeRec], write: usize, row: usize) -> Option<usize> {
+        let mut mine = ranges.iter().filter(|r| r.write as usize == write);
+        match (mine.next(), mine.next()) {
+            (Some(r), None) if r.offset == 0 && r.len as usize == row => Some(r.data as usize),
+            _ => None,
+        }
+    }
+
+    /// The new row of write `w` built by `build_new_rows`, `row` bytes long.
+    pub(super) fn new_row(&self, w: &WriteRec, row: usize) -> &[u8] {
+        let from = if w.row_in_data {
+            &self.data
+        } else {
+            &self.rows
+        };
+        &from[w.row_at..w.row_at + row]
     }
 
     pub(super) fn overlay(ranges: &[RangeRec], data: &[u8], write: usize, out: &mut [u8]) {
