@@ -177,6 +177,12 @@ pub(crate) struct ZenWorker {
     /// This commit took a new NVM page: after it, look for an idle region to adopt
     /// ([`ZenWorker::adopt_idle_region`]).
     pub(super) took_page: bool,
+    /// Slots of other regions (owner, table, slot) that this Maintenance pass reclaimed, handed
+    /// to their owners' inboxes once at its end ([`ZenWorker::hand_over_freed`]): a lock per
+    /// slot would stall each time on the zeroing store just before it (a locked instruction
+    /// waits for the store buffer to drain, and that store misses), so the misses would not
+    /// overlap. Empty between passes.
+    freed_elsewhere: Vec<(usize, TableId, u64)>,
 }
 
 /// Freed slots an idle region must have waiting in its inbox before a worker that had to take a
@@ -251,6 +257,7 @@ impl ZenWorker {
             exclusive_ready: false,
             lock_entries: Vec::new(),
             took_page: false,
+            freed_elsewhere: Vec::new(),
             eng,
         })
     }
@@ -726,8 +733,9 @@ impl ZenWorker {
     }
 
     /// Zeroes the header word of a reclaimable version and hands its slot to the free list of
-    /// the region that owns it; false (keep it) when it is the LP evidence of its region's
-    /// latest commit.
+    /// the region that owns it (another region's at the end of the pass,
+    /// [`hand_over_freed`](Self::hand_over_freed)); false (keep it) when it is the LP evidence of
+    /// its region's latest commit.
     fn reclaim(&mut self, g: Garbage) -> bool {
         let eng = &self.eng;
         // The header word as persisted, kept in DRAM (`Garbage::header`); read from NVM only
@@ -753,9 +761,26 @@ impl ZenWorker {
             let st = self.state.as_mut().expect("state present");
             Self::alloc_state(st, g.table).free.push(g.slot);
         } else {
-            eng.inbox[owner].lock().push((g.table, g.slot));
+            self.freed_elsewhere.push((owner, g.table, g.slot));
         }
         true
+    }
+
+    /// Ends a Maintenance pass: moves the other regions' slots it reclaimed into their owners'
+    /// inboxes, one lock per owner.
+    fn hand_over_freed(&mut self) {
+        if self.freed_elsewhere.is_empty() {
+            return;
+        }
+        // Usually a single owner (the loader's region); sorting groups the rest.
+        self.freed_elsewhere
+            .sort_unstable_by_key(|&(owner, _, _)| owner);
+        for group in self.freed_elsewhere.chunk_by(|a, b| a.0 == b.0) {
+            self.eng.inbox[group[0].0]
+                .lock()
+                .extend(group.iter().map(|&(_, table, slot)| (table, slot)));
+        }
+        self.freed_elsewhere.clear();
     }
 
     /// Between two transactions, after a commit that had to take a new page: if an idle region
@@ -840,6 +865,7 @@ impl ZenWorker {
                 }
             }
         }
+        self.hand_over_freed();
         if self.st().garbage.len() > GARBAGE_THRESHOLD {
             self.eng.request_exclusive();
         }
