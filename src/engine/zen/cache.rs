@@ -182,6 +182,16 @@ impl<'a> Entry<'a> {
         }
     }
 
+    /// [`prefetch_row`](Self::prefetch_row) without the first line, which
+    /// [`prefetch_meta`](Self::prefetch_meta) already asked for: a second hint for a line in
+    /// flight still takes a load slot, and may wait for a line-fill buffer when they are full.
+    #[inline]
+    pub fn prefetch_row_after_meta(self) {
+        for line in self.all.chunks(LINE_WORDS).skip(1) {
+            crate::pmem::prefetch(line.as_ptr());
+        }
+    }
+
     /// Asks the CPU to start loading the entry's first line: its metadata (and the row's first
     /// words), what a lookup, lock or blind overwrite touches before it reads the row, if ever.
     #[inline]

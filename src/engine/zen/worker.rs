@@ -73,8 +73,11 @@ pub(super) struct WriteRec {
     pub target: u64,
     /// The NVM-tuple slot the new version goes to.
     pub slot: u64,
-    /// Offset of the new row in `rows`.
+    /// Offset of the new row in `rows`, or in `data` when `row_in_data`.
     pub row_at: usize,
+    /// The new row is one write's bytes exactly, already in `data` (a whole-row update or an
+    /// insert): commit persists and installs it from there instead of copying it into `rows`.
+    pub row_in_data: bool,
     /// MV protocols: the `begin` of the chain entry retired for this write.
     pub retired_begin: u64,
     /// A write of this transaction replaced every byte of the row: commit builds the new row
@@ -96,6 +99,7 @@ impl WriteRec {
             target: 0,
             slot: 0,
             row_at: 0,
+            row_in_data: false,
             retired_begin: 0,
             whole_row: false,
             row_unloaded: false,
@@ -173,6 +177,12 @@ pub(crate) struct ZenWorker {
     /// This commit took a new NVM page: after it, look for an idle region to adopt
     /// ([`ZenWorker::adopt_idle_region`]).
     pub(super) took_page: bool,
+    /// Slots of other regions (owner, table, slot) that this Maintenance pass reclaimed, handed
+    /// to their owners' inboxes once at its end ([`ZenWorker::hand_over_freed`]): a lock per
+    /// slot would stall each time on the zeroing store just before it (a locked instruction
+    /// waits for the store buffer to drain, and that store misses), so the misses would not
+    /// overlap. Empty between passes.
+    freed_elsewhere: Vec<(usize, TableId, u64)>,
 }
 
 /// Freed slots an idle region must have waiting in its inbox before a worker that had to take a
@@ -247,6 +257,7 @@ impl ZenWorker {
             exclusive_ready: false,
             lock_entries: Vec::new(),
             took_page: false,
+            freed_elsewhere: Vec::new(),
             eng,
         })
     }
@@ -468,11 +479,19 @@ impl ZenWorker {
                 None => {}
             }
         }
+        // The second pass skips the line the first asked for.
         for p in pending.iter().filter(|p| p.whole_row) {
             let rt = &self.tables[p.table as usize];
             match p.found {
-                Some(v) if is_cache_ref(v) => rt.cache.entry(v).prefetch_row(),
-                Some(v) => self.pool.prefetch(v, p.uncached_bytes),
+                Some(v) if is_cache_ref(v) => rt.cache.entry(v).prefetch_row_after_meta(),
+                Some(v) => {
+                    let after_header_line = (v | 63) + 1;
+                    let end = v + p.uncached_bytes;
+                    if end > after_header_line {
+                        self.pool
+                            .prefetch(after_header_line, end - after_header_line);
+                    }
+                }
                 None => {}
             }
         }
@@ -636,6 +655,26 @@ impl ZenWorker {
         self.data.extend_from_slice(bytes);
     }
 
+    /// Where in `data` the whole new row of write `write` lies, if a single range of the
+    /// transaction covers all `row` bytes of it and no other range touches it.
+    pub(super) fn sole_whole_range(ranges: &[RangeRec], write: usize, row: usize) -> Option<usize> {
+        let mut mine = ranges.iter().filter(|r| r.write as usize == write);
+        match (mine.next(), mine.next()) {
+            (Some(r), None) if r.offset == 0 && r.len as usize == row => Some(r.data as usize),
+            _ => None,
+        }
+    }
+
+    /// The new row of write `w` built by `build_new_rows`, `row` bytes long.
+    pub(super) fn new_row(&self, w: &WriteRec, row: usize) -> &[u8] {
+        let from = if w.row_in_data {
+            &self.data
+        } else {
+            &self.rows
+        };
+        &from[w.row_at..w.row_at + row]
+    }
+
     pub(super) fn overlay(ranges: &[RangeRec], data: &[u8], write: usize, out: &mut [u8]) {
         for r in ranges.iter().filter(|r| r.write as usize == write) {
             let (o, l, d) = (r.offset as usize, r.len as usize, r.data as usize);
@@ -694,8 +733,9 @@ impl ZenWorker {
     }
 
     /// Zeroes the header word of a reclaimable version and hands its slot to the free list of
-    /// the region that owns it; false (keep it) when it is the LP evidence of its region's
-    /// latest commit.
+    /// the region that owns it (another region's at the end of the pass,
+    /// [`hand_over_freed`](Self::hand_over_freed)); false (keep it) when it is the LP evidence of
+    /// its region's latest commit.
     fn reclaim(&mut self, g: Garbage) -> bool {
         let eng = &self.eng;
         // The header word as persisted, kept in DRAM (`Garbage::header`); read from NVM only
@@ -721,9 +761,26 @@ impl ZenWorker {
             let st = self.state.as_mut().expect("state present");
             Self::alloc_state(st, g.table).free.push(g.slot);
         } else {
-            eng.inbox[owner].lock().push((g.table, g.slot));
+            self.freed_elsewhere.push((owner, g.table, g.slot));
         }
         true
+    }
+
+    /// Ends a Maintenance pass: moves the other regions' slots it reclaimed into their owners'
+    /// inboxes, one lock per owner.
+    fn hand_over_freed(&mut self) {
+        if self.freed_elsewhere.is_empty() {
+            return;
+        }
+        // Usually a single owner (the loader's region); sorting groups the rest.
+        self.freed_elsewhere
+            .sort_unstable_by_key(|&(owner, _, _)| owner);
+        for group in self.freed_elsewhere.chunk_by(|a, b| a.0 == b.0) {
+            self.eng.inbox[group[0].0]
+                .lock()
+                .extend(group.iter().map(|&(_, table, slot)| (table, slot)));
+        }
+        self.freed_elsewhere.clear();
     }
 
     /// Between two transactions, after a commit that had to take a new page: if an idle region
@@ -808,6 +865,7 @@ impl ZenWorker {
                 }
             }
         }
+        self.hand_over_freed();
         if self.st().garbage.len() > GARBAGE_THRESHOLD {
             self.eng.request_exclusive();
         }
