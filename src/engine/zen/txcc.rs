@@ -617,8 +617,9 @@ impl ZenWorker {
                 if !is_cache_ref(rd.eref) {
                     return self.uncached_read_still_current(rd);
                 }
-                let mine = self.write_locked_by_me(rd.table, rd.eref);
-                occ::validate(self.word(rd.table, rd.eref), rd.token, mine)
+                occ::validate_with(self.word(rd.table, rd.eref), rd.token, || {
+                    self.write_locked_by_me(rd.table, rd.eref)
+                })
             }),
             Protocol::Tictoc => self.reads.iter().all(|rd| {
                 let mine = self.write_locked_by_me(rd.table, rd.eref);
