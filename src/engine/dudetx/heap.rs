@@ -289,7 +289,7 @@ impl super::pipeline::Apply for Heap {
 /// probing whose entries can be prefetched. Reproduce looks a key up per op, and the lookups of
 /// a large table miss the caches twice in a `std` map (control bytes, then the entry); `perf`
 /// put that wait at 60 % of the reproduce thread on TPC-C. Here one key's probe starts at one
-/// 16-byte entry, which reproduce prefetches well before the lookup (`pipeline::LOOKUP_AHEAD`).
+/// 16-byte entry, which reproduce prefetches a pass before the lookup (`pipeline::REPRODUCE_CHUNK`).
 /// At most half full, so a lookup reads one or two entries on average.
 #[derive(Default)]
 pub(crate) struct SlotIndex {

@@ -138,7 +138,7 @@
 //! which §3.4's address-based logs do not need) and the row. `perf` of 7f17aae (TPC-C,
 //! 1 thread) put 60 % of the reproduce thread in the directory lookup that the row's prefetch
 //! waited for; the directory is now an open-addressing table whose entries reproduce
-//! prefetches a stage before the rows (`heap::SlotIndex`, `pipeline::LOOKUP_AHEAD`), which
+//! prefetches a stage before the rows (`heap::SlotIndex`, `pipeline::REPRODUCE_CHUNK`), which
 //! took the reproduce thread's CPU per transaction down by roughly a third on TPC-C and
 //! YCSB-A (1 and 2 threads; measured on a loaded 2-core VM, so only roughly).
 //! `perf` of c37a844 (TPC-C, 2 threads) still put about 45 % of the reproduce loop at the

@@ -393,7 +393,7 @@ pub(crate) trait Apply: Send + 'static {
     ) -> Result<(), String>;
 
     /// Prefetches what finding `op`'s target takes (the heap directory's entry for its key): a
-    /// hint, as [`Apply::prefetch`], issued [`LOOKUP_AHEAD`] ops before the op applies.
+    /// hint, as [`Apply::prefetch`], issued a pass before the op's [`Apply::prefetch`].
     fn prefetch_lookup(&self, _op: OpRef<'_>) {}
 
     /// Prefetches what applying `op` will touch (a hint: it changes nothing, and `op` may
@@ -401,17 +401,15 @@ pub(crate) trait Apply: Send + 'static {
     fn prefetch(&self, _pool: &Pool, _op: OpRef<'_>) {}
 }
 
-/// How many ops ahead of the one it applies reproduce prefetches the target
-/// ([`Apply::prefetch`], which looks the key up in the directory to find the row).
-const PREFETCH_AHEAD: usize = 8;
-
-/// How many ops ahead of the one it applies reproduce prefetches the directory entry
-/// ([`Apply::prefetch_lookup`]): a table op misses twice, on the directory and then on the row
-/// the directory names, so the two prefetches are staged, the lookup's `PREFETCH_AHEAD` ops
-/// before the row's, and neither miss waits for the other. (Looking the key up in the row's
-/// prefetch alone left that lookup's miss in the way: 60 % of the reproduce thread, `perf`
-/// TPC-C.)
-const LOOKUP_AHEAD: usize = 2 * PREFETCH_AHEAD;
+/// How many ops reproduce takes through each of its three passes at a time
+/// (`Core::reproduce_records`): decode (prefetching each directory entry), look up (prefetching
+/// each row), apply. A table op misses twice, on the directory and then on the row the
+/// directory names, and on this VM (4 KiB pages, nested paging) `perf` shows the reproduce
+/// thread waiting right after those prefetches, as if each held the reorder buffer for its page
+/// walk. In a pass of one kind of work an op is a few dozen instructions, so more ops' misses
+/// can be in flight at once than when the stages were interleaved per op (before stop 44:
+/// lookups 16 ops ahead, rows 8, with a whole op's decode and apply between two prefetches).
+const REPRODUCE_CHUNK: usize = 32;
 
 /// The engine's persistent side, shared with the background threads; `H` is what reproduce
 /// applies records to.
@@ -854,33 +852,22 @@ impl<H: Apply> Core<H> {
                     Vec::new()
                 }
                 Batch::Encoded(records) => {
-                    // Software pipelining, in two stages: an op's directory entry is prefetched
-                    // as it is decoded, its row `PREFETCH_AHEAD` ops later, and it is applied
-                    // `LOOKUP_AHEAD` ops later, in the same order as without.
-                    let mut window = VecDeque::with_capacity(LOOKUP_AHEAD + 1);
+                    // Group prefetching in chunks of `REPRODUCE_CHUNK` ops, in the same apply
+                    // order as one op at a time (a prefetch is only a hint, so an op whose key
+                    // an earlier op of its chunk inserts or deletes is still applied right).
+                    let mut chunk = Vec::with_capacity(REPRODUCE_CHUNK);
                     for raw in &records {
                         log::for_each_op(raw, |op| {
                             heap.prefetch_lookup(op);
-                            window.push_back(op);
-                            if let Some(ahead) = window.len().checked_sub(PREFETCH_AHEAD + 1) {
-                                heap.prefetch(pool, window[ahead]);
-                            }
-                            if window.len() <= LOOKUP_AHEAD {
+                            chunk.push(op);
+                            if chunk.len() < REPRODUCE_CHUNK {
                                 return Ok(());
                             }
-                            let next = window.pop_front().expect("a full window");
-                            heap.apply(pool, &self.pages, next, fault)
+                            self.apply_chunk(&mut *heap, &mut chunk, fault)
                         })?;
                     }
-                    // The last ops' rows were not prefetched yet.
-                    let unfetched = window.len().saturating_sub(PREFETCH_AHEAD);
-                    for &op in window.iter().skip(unfetched) {
-                        heap.prefetch(pool, op);
-                    }
-                    while let Some(op) = window.pop_front() {
-                        heap.apply(pool, &self.pages, op, fault)?;
-                    }
-                    drop(window);
+                    self.apply_chunk(&mut *heap, &mut chunk, fault)?;
+                    drop(chunk);
                     records
                 }
             }
@@ -894,6 +881,24 @@ impl<H: Apply> Core<H> {
             truncate();
         }
         Ok(buffers)
+    }
+
+    /// The last two passes of reproduce over `chunk` (its directory entries were prefetched as
+    /// it was decoded): prefetch every op's row, then apply the ops in order; leaves `chunk`
+    /// empty.
+    fn apply_chunk(
+        &self,
+        heap: &mut H,
+        chunk: &mut Vec<OpRef<'_>>,
+        fault: Option<DudetxFault>,
+    ) -> Result<(), String> {
+        for &op in chunk.iter() {
+            heap.prefetch(&self.pool, op);
+        }
+        for op in chunk.drain(..) {
+            heap.apply(&self.pool, &self.pages, op, fault)?;
+        }
+        Ok(())
     }
 
     /// Reproduces every reproducible record in the calling thread, under the state lock.
