@@ -235,7 +235,7 @@ impl FalconWorker {
         let mut published = 0;
         // The duplicate checks' leaves (`insert_hints`, in write order): each insert starts at
         // its leaf instead of descending again while the leaf is unchanged (`HintChain`).
-        let mut hints = self.insert_hints.iter().copied().peekable();
+        let mut next_hint = 0;
         let mut chain = HintChain::default();
         for i in 0..self.writes.len() {
             if self.writes[i].kind != WriteKind::Insert {
@@ -246,11 +246,22 @@ impl FalconWorker {
                 self.writes[i].key,
                 self.writes[i].tuple,
             );
-            while hints.next_if(|&(w, _)| w < i).is_some() {}
-            let hint = hints.next_if(|&(w, _)| w == i).map(|(_, hint)| hint);
+            while self
+                .insert_hints
+                .get(next_hint)
+                .is_some_and(|&(w, _)| w < i)
+            {
+                next_hint += 1;
+            }
+            let hint = match self.insert_hints.get(next_hint) {
+                Some(&(w, hint)) if w == i => {
+                    next_hint += 1;
+                    Some(hint)
+                }
+                _ => None,
+            };
             self.word(t).store(LOCK_BIT);
-            self.writes[i].locked = true;
-            self.any_write_locked = true;
+            self.mark_write_locked(i);
             let rt = &self.tables[table as usize];
             match rt
                 .index
