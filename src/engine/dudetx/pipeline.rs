@@ -411,6 +411,9 @@ pub(crate) trait Apply: Send + 'static {
 /// lookups 16 ops ahead, rows 8, with a whole op's decode and apply between two prefetches).
 const REPRODUCE_CHUNK: usize = 32;
 
+/// The ops of one reproduce chunk, on the stack: no allocation per batch.
+type ReproduceChunk<'a> = smallvec::SmallVec<[OpRef<'a>; REPRODUCE_CHUNK]>;
+
 /// The engine's persistent side, shared with the background threads; `H` is what reproduce
 /// applies records to.
 pub(crate) struct Core<H = Heap> {
@@ -855,7 +858,7 @@ impl<H: Apply> Core<H> {
                     // Group prefetching in chunks of `REPRODUCE_CHUNK` ops, in the same apply
                     // order as one op at a time (a prefetch is only a hint, so an op whose key
                     // an earlier op of its chunk inserts or deletes is still applied right).
-                    let mut chunk = Vec::with_capacity(REPRODUCE_CHUNK);
+                    let mut chunk = ReproduceChunk::new();
                     for raw in &records {
                         log::for_each_op(raw, |op| {
                             heap.prefetch_lookup(op);
@@ -889,7 +892,7 @@ impl<H: Apply> Core<H> {
     fn apply_chunk(
         &self,
         heap: &mut H,
-        chunk: &mut Vec<OpRef<'_>>,
+        chunk: &mut ReproduceChunk<'_>,
         fault: Option<DudetxFault>,
     ) -> Result<(), String> {
         for &op in chunk.iter() {
