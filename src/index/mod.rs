@@ -170,6 +170,17 @@ mod tests {
             assert_eq!(slice.len(), len);
             assert!(slice.iter().zip(1..).all(|(&v, i)| v == i));
         }
+        // 24 MiB certainly holds an aligned 2 MiB; where the kernel takes the advice (Linux
+        // with transparent huge pages) its mapping carries it.
+        let slice = slice_on_huge_pages(3 << 20, || 0u64);
+        let start = slice.as_ptr().cast::<u8>();
+        let aligned = start.wrapping_add(start.align_offset(2 << 20));
+        if std::path::Path::new("/sys/kernel/mm/transparent_hugepage/enabled").exists() {
+            assert_eq!(
+                crate::pmem::platform::huge_pages_advised_at(aligned),
+                Some(true)
+            );
+        }
     }
 
     #[test]

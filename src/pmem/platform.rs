@@ -269,6 +269,34 @@ pub fn advise_huge_pages(_start: *const u8, _len: usize) -> usize {
     0
 }
 
+/// Tests: whether the mapping holding `addr` asked for transparent huge pages (the `hg` flag of
+/// its `VmFlags` in `/proc/self/smaps`); `None` where that file does not say.
+#[cfg(test)]
+pub(crate) fn huge_pages_advised_at(addr: *const u8) -> Option<bool> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let addr = addr as usize;
+    let mut inside = false;
+    for line in smaps.lines() {
+        let range = line.split(' ').next().and_then(|r| r.split_once('-'));
+        // A mapping's first line starts with its range, `start-end` in hex; its fields follow.
+        if let Some((start, end)) = range {
+            if let (Ok(start), Ok(end)) = (
+                usize::from_str_radix(start, 16),
+                usize::from_str_radix(end, 16),
+            ) {
+                inside = (start..end).contains(&addr);
+                continue;
+            }
+        }
+        if inside {
+            if let Some(flags) = line.strip_prefix("VmFlags:") {
+                return Some(flags.split_whitespace().any(|flag| flag == "hg"));
+            }
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -288,6 +316,12 @@ mod tests {
         if cfg!(target_os = "linux") && advised != 0 {
             let aligned_start = start.align_offset(HUGE_PAGE) == 0;
             assert_eq!(advised, if aligned_start { 5 } else { 4 } * HUGE_PAGE);
+            // The kernel recorded the advice on the aligned part, and only there.
+            let first_aligned = start.wrapping_add(start.align_offset(HUGE_PAGE));
+            assert_eq!(huge_pages_advised_at(first_aligned), Some(true));
+            if !aligned_start {
+                assert_eq!(huge_pages_advised_at(start), Some(false));
+            }
         }
         assert!(buffer.iter().all(|&b| b == 7), "the advice changes no byte");
     }
