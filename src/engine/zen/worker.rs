@@ -11,7 +11,7 @@ use crate::catalog::TableId;
 use crate::cc::{Protocol, LOCK_BIT};
 use crate::engine::common::ScanSet;
 use crate::engine::{common, DbError, EngineWorker, FieldWrite, TxError};
-use crate::pmem::Pool;
+use crate::pmem::{Pool, CACHE_LINE};
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
@@ -485,7 +485,7 @@ impl ZenWorker {
             match p.found {
                 Some(v) if is_cache_ref(v) => rt.cache.entry(v).prefetch_row_after_meta(),
                 Some(v) => {
-                    let after_header_line = (v | 63) + 1;
+                    let after_header_line = (v / CACHE_LINE + 1) * CACHE_LINE;
                     let end = v + p.uncached_bytes;
                     if end > after_header_line {
                         self.pool
@@ -1454,6 +1454,36 @@ impl Drop for ZenWorker {
 mod tests {
     use super::*;
     use crate::catalog::{ColumnType, Schema};
+
+    #[test]
+    fn only_one_range_covering_the_whole_row_is_used_in_place() {
+        let range = |write, offset, len, data| RangeRec {
+            write,
+            offset,
+            len,
+            data,
+        };
+        let whole = [range(0, 0, 8, 0), range(1, 0, 100, 8)];
+        assert_eq!(ZenWorker::sole_whole_range(&whole, 1, 100), Some(8));
+        assert_eq!(
+            ZenWorker::sole_whole_range(&whole, 0, 100),
+            None,
+            "part of the row"
+        );
+        assert_eq!(
+            ZenWorker::sole_whole_range(&whole, 2, 100),
+            None,
+            "no range"
+        );
+        let twice = [range(0, 0, 100, 0), range(0, 10, 4, 100)];
+        assert_eq!(
+            ZenWorker::sole_whole_range(&twice, 0, 100),
+            None,
+            "a later range changes the row: it must be built"
+        );
+        let offset = [range(0, 4, 100, 0)];
+        assert_eq!(ZenWorker::sole_whole_range(&offset, 0, 100), None);
+    }
     use crate::engine::zen::ZenConfig;
     use crate::engine::Engine;
     use crate::pmem::{PersistenceDomain, Pool, PoolOptions};
